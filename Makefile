@@ -1,0 +1,24 @@
+# Two entry points, each sets up .venv/ on a fresh machine first.
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/ladder demo
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q
+
+bench: $(STAMP)
+	$(VENV)/bin/python -m benchmarks --quick --json
+
+clean:
+	rm -rf $(VENV) runs/ .pytest_cache

@@ -1,0 +1,70 @@
+"""The `ladder` command line. Subcommands live in `ladder/cli_*.py`, each with a `register`.
+
+Contract (DESIGN.md): a readable table by default, one JSON object with --json, logs on stderr,
+exit 0 on success, exit 2 with one clear paragraph (no traceback) on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from ladder.errors import LadderInputError
+
+# Each module registers its own subcommands; a module that is not there yet is simply absent.
+SUBCOMMAND_MODULES = [
+    "ladder.cli_plan",
+    "ladder.cli_data",
+    "ladder.cli_train",
+    "ladder.cli_sweep",
+    "ladder.cli_fit",
+    "ladder.cli_extrapolate",
+    "ladder.cli_nightly",
+    "ladder.cli_demo",
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own usage errors are bad input too: exit 2
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"ladder: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ladder", description="Scaling-ladder experiment platform (MAI-Base-2 method)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.handler(args) or 0)
+    except LadderInputError as err:
+        sys.stderr.write(f"ladder {args.command}: error: {err}\n")
+        return 2
+    except FileNotFoundError as err:
+        sys.stderr.write(f"ladder {args.command}: error: {err.filename or err}: file not found\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

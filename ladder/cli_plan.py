@@ -1,0 +1,91 @@
+"""`ladder plan RECIPE`: the dry run of a ladder (architecture, counts, tokens, compute, data)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ladder.compute import plan_compute
+from ladder.errors import LadderInputError
+from ladder.output import human_count, make_table, print_json, stdout_console
+from ladder.plan import RungSpec, plan_ladder
+from ladder.recipe import Recipe, load_recipe
+
+
+def parse_rungs(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        rungs = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise LadderInputError(f"expected comma-separated layer counts like 18,24,30, got {text!r}", field="--rungs") from None
+    if not rungs or any(r <= 0 for r in rungs):
+        raise LadderInputError(f"expected positive layer counts, got {text!r}", field="--rungs")
+    return rungs
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="plan a ladder: architecture, exact params/FLOPs, tokens, data, compute")
+    p.add_argument("recipe", help="recipe name (mai-base-2, cpu-demo) or path to a YAML recipe")
+    p.add_argument("--rungs", help="comma-separated L values (default: the recipe's ladder)")
+    p.add_argument("--tpp", type=float, help="tokens per active parameter (default: the recipe's)")
+    p.add_argument("--gpus", type=int, help="pool size; adds wall_clock_days and gpu_hours")
+    p.add_argument("--mfu", type=float, help="model FLOPs utilisation (default: the recipe pool's)")
+    p.add_argument("--goodput", type=float, help="fraction of wall time making progress (default: the pool's)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=run)
+
+
+def plan_payload(recipe: Recipe, rungs: list[RungSpec], args: argparse.Namespace) -> dict:
+    out = []
+    for spec in rungs:
+        row = spec.to_dict()
+        if args.gpus is not None:
+            compute = plan_compute(
+                spec.train_flops,
+                gpus=args.gpus,
+                peak_flops_per_gpu=recipe.gpu_pool.peak_bf16_flops_per_gpu,
+                mfu=args.mfu if args.mfu is not None else recipe.gpu_pool.default_mfu,
+                goodput=args.goodput if args.goodput is not None else recipe.gpu_pool.default_goodput,
+            )
+            row["wall_clock_days"] = compute.wall_clock_days
+            row["gpu_hours"] = compute.gpu_hours
+            # The 6·N·D convention, for comparison with reports that use it.
+            row["wall_clock_days_6nd"] = 6.0 * spec.params_active * spec.tokens / compute.effective_flops_per_second / 86_400
+        out.append(row)
+    return {"recipe": recipe.name, "rungs": out}
+
+
+def run(args: argparse.Namespace) -> int:
+    recipe = load_recipe(args.recipe)
+    rungs = plan_ladder(recipe, parse_rungs(args.rungs), args.tpp)
+    payload = plan_payload(recipe, rungs, args)
+    if args.json:
+        print_json(payload)
+        return 0
+    render_plan(payload)
+    return 0
+
+
+def render_plan(payload: dict) -> None:
+    rows = payload["rungs"]
+    with_days = any("wall_clock_days" in r for r in rows)
+    columns = ["L", "d_model", "heads", "kv g/l", "experts", "latent", "hidden", "params", "active", "tokens",
+               "batch", "steps", "FLOPs", "lr", "wd"] + (["days", "GPU-h"] if with_days else [])
+    table_rows = []
+    for r in rows:
+        row = [r["L"], r["d_model"], r["n_heads"], f"{r['n_kv_heads_global']}/{r['n_kv_heads_local']}",
+               f"{r['n_experts']}×top{r['top_k']}+{r['n_shared_experts']}", r["latent_dim"], r["expert_hidden"],
+               human_count(r["params_total"]), human_count(r["params_active"]), human_count(r["tokens"]),
+               human_count(r["batch_tokens"]), r["steps"], f"{r['train_flops']:.3e}", f"{r['lr']:.3g}",
+               f"{r['weight_decay']:.3g}"]
+        if with_days:
+            row += [f"{r['wall_clock_days']:.2f}", human_count(r["gpu_hours"])]
+        table_rows.append(row)
+    stdout_console.print(make_table(f"ladder plan: {payload['recipe']} (TPP {rows[0]['tpp']:g})", columns, table_rows))
+    sources = rows[-1]["sources"]
+    src_rows = [[name, f"{s['share']:.0%}", human_count(s["tokens"]), human_count(s["unique_tokens"]), f"{s['epochs']:.2f}"]
+                for name, s in sources.items()]
+    stdout_console.print(make_table(
+        f"source scaling at L{rows[-1]['L']} (epochs are the same at every rung; unique data shrinks "
+        f"to {next(iter(sources.values()))['unique_fraction']:.3g} of full scale)",
+        ["source", "share", "tokens", "unique", "epochs"], src_rows))

@@ -1,0 +1,187 @@
+"""Exact parameter and FLOP counts of one rung's architecture, from the tensor shapes it builds.
+
+`parameter_shapes` lists every trainable tensor under the name the torch model
+(`rungs/model.py`) gives it, so the plan's counts can be checked tensor by tensor against a
+built model. FLOPs count every matmul a token passes through (2 FLOPs per multiply-add) plus
+attention scores and values over the real causal/sliding-window context; elementwise work
+(norms, activations, softmax) is left out, as in every MFU convention we know of.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Every field a model builder needs; plain data, no rules."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    head_dim: int
+    n_kv_heads_global: int
+    n_kv_heads_local: int
+    global_every: int
+    window_tokens: int
+    seq_len: int
+    n_experts: int
+    top_k: int
+    n_shared_experts: int
+    latent_dim: int
+    expert_hidden: int
+    shared_hidden: int
+    vocab_size: int
+    tied_embeddings: bool = False
+
+    def is_global_layer(self, layer: int) -> bool:
+        """Layer i (0-based) is global when (i + 1) % global_every == 0: MAI's every 6th layer."""
+        return (layer + 1) % self.global_every == 0
+
+    @property
+    def n_global_layers(self) -> int:
+        return sum(self.is_global_layer(i) for i in range(self.n_layers))
+
+    @property
+    def has_latent_projection(self) -> bool:
+        return self.latent_dim != self.d_model
+
+
+def layer_shapes(arch: Architecture, layer: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of one transformer block's parameters, (out, in) like torch.nn.Linear."""
+    d, hd = arch.d_model, arch.head_dim
+    q = arch.n_heads * hd
+    kv = (arch.n_kv_heads_global if arch.is_global_layer(layer) else arch.n_kv_heads_local) * hd
+    e, h, lat = arch.n_experts, arch.expert_hidden, arch.latent_dim
+    p = f"layers.{layer}."
+    shapes: dict[str, tuple[int, ...]] = {
+        p + "attn_norm.weight": (d,),
+        p + "attn.wq.weight": (q, d),
+        p + "attn.wk.weight": (kv, d),
+        p + "attn.wv.weight": (kv, d),
+        p + "attn.wo.weight": (d, q),
+        p + "moe_norm.weight": (d,),
+        p + "moe.router.weight": (e, d),
+        p + "moe.experts.w_gate": (e, h, lat),
+        p + "moe.experts.w_up": (e, h, lat),
+        p + "moe.experts.w_down": (e, lat, h),
+    }
+    if arch.n_shared_experts:
+        sh = arch.shared_hidden * arch.n_shared_experts
+        shapes |= {
+            p + "moe.shared.w_gate.weight": (sh, d),
+            p + "moe.shared.w_up.weight": (sh, d),
+            p + "moe.shared.w_down.weight": (d, sh),
+        }
+    if arch.has_latent_projection:
+        shapes |= {p + "moe.latent_down.weight": (lat, d), p + "moe.latent_up.weight": (d, lat)}
+    return shapes
+
+
+def parameter_shapes(arch: Architecture) -> dict[str, tuple[int, ...]]:
+    """Every trainable tensor of the model, by its state_dict name."""
+    shapes: dict[str, tuple[int, ...]] = {"embed.weight": (arch.vocab_size, arch.d_model)}
+    for layer in range(arch.n_layers):
+        shapes |= layer_shapes(arch, layer)
+    shapes["final_norm.weight"] = (arch.d_model,)
+    if not arch.tied_embeddings:
+        shapes["lm_head.weight"] = (arch.vocab_size, arch.d_model)
+    return shapes
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    total: int
+    active: int  # touched by one token: everything but the unrouted (n_experts - top_k) experts
+    embedding: int  # input embedding table (+ LM head when untied)
+    nonembedding_total: int
+    nonembedding_active: int
+
+
+def _is_embedding(name: str) -> bool:
+    return name in ("embed.weight", "lm_head.weight")
+
+
+def count_parameters(arch: Architecture) -> ParamCounts:
+    total = active = embedding = 0
+    routed_fraction_num, routed_fraction_den = arch.top_k, arch.n_experts
+    for name, shape in parameter_shapes(arch).items():
+        n = prod(shape)
+        total += n
+        if _is_embedding(name):
+            embedding += n
+        if ".moe.experts." in name:
+            # Each expert is an equal slice of the stack; a token uses top_k of them.
+            active += n * routed_fraction_num // routed_fraction_den
+        else:
+            active += n
+    return ParamCounts(
+        total=total,
+        active=active,
+        embedding=embedding,
+        nonembedding_total=total - embedding,
+        nonembedding_active=active - embedding,
+    )
+
+
+def attention_context_mean(seq_len: int, window: int | None) -> float:
+    """Mean number of keys a query attends to in a causal sequence (optionally windowed)."""
+    if window is None or window >= seq_len:
+        return (seq_len + 1) / 2
+    # Positions t < window see t+1 keys; the rest see `window` keys.
+    total = window * (window + 1) / 2 + (seq_len - window) * window
+    return total / seq_len
+
+
+@dataclass(frozen=True)
+class FlopCounts:
+    """Forward FLOPs per token by component; training is 3× forward (backward = 2× forward)."""
+
+    attention_projections: float
+    attention_scores: float
+    router: float
+    shared_experts: float
+    latent_projections: float
+    routed_experts: float
+    lm_head: float
+
+    @property
+    def forward(self) -> float:
+        return (
+            self.attention_projections
+            + self.attention_scores
+            + self.router
+            + self.shared_experts
+            + self.latent_projections
+            + self.routed_experts
+            + self.lm_head
+        )
+
+    @property
+    def training(self) -> float:
+        return 3.0 * self.forward
+
+
+def count_flops_per_token(arch: Architecture) -> FlopCounts:
+    d, hd = arch.d_model, arch.head_dim
+    q = arch.n_heads * hd
+    proj = scores = 0.0
+    for layer in range(arch.n_layers):
+        is_global = arch.is_global_layer(layer)
+        kv = (arch.n_kv_heads_global if is_global else arch.n_kv_heads_local) * hd
+        proj += 2.0 * d * (2 * q + 2 * kv)
+        ctx = attention_context_mean(arch.seq_len, None if is_global else arch.window_tokens)
+        # QK^T and AV: each 2·head_dim FLOPs per (query head, key) pair.
+        scores += 4.0 * arch.n_heads * hd * ctx
+    n = arch.n_layers
+    lat, h = arch.latent_dim, arch.expert_hidden
+    return FlopCounts(
+        attention_projections=proj,
+        attention_scores=scores,
+        router=n * 2.0 * d * arch.n_experts,
+        shared_experts=n * 2.0 * 3 * d * arch.shared_hidden * arch.n_shared_experts,
+        latent_projections=n * 2.0 * 2 * d * lat if arch.has_latent_projection else 0.0,
+        routed_experts=n * 2.0 * 3 * lat * h * arch.top_k,
+        lm_head=2.0 * d * arch.vocab_size,
+    )

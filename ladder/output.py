@@ -1,0 +1,62 @@
+"""CLI output conventions: a readable table on stdout by default, or exactly one JSON object with
+--json. Logs and progress go to stderr."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+stdout_console = Console(file=sys.stdout, soft_wrap=False, width=200)
+stderr_console = Console(file=sys.stderr)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        return _jsonable(obj.item())
+    return obj
+
+
+def print_json(payload: dict) -> None:
+    sys.stdout.write(json.dumps(_jsonable(payload), indent=2, sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+def make_table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
+    table = Table(title=title, header_style="bold")
+    for c in columns:
+        table.add_column(c, justify="right" if c not in ("name", "source", "domain", "recipe") else "left")
+    for row in rows:
+        table.add_row(*[fmt(v) for v in row])
+    return table
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) < 10**7 else f"{value:.3e}"
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        if abs(value) >= 1e6 or abs(value) < 1e-3:
+            return f"{value:.3e}"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def human_count(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"

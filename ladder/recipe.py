@@ -1,0 +1,209 @@
+"""Recipes as data: the rules that turn one scale parameter L into a model, a run and a data plan.
+
+A recipe is a YAML file validated once here (pydantic, unknown keys rejected); everything below
+trusts it. Recipes are found by name in `ladder/recipes/` or given as a path.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ladder.errors import LadderInputError
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+SHARE_TOLERANCE = 1e-6
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WidthRule(_Strict):
+    """d_model = width_per_layer · L (MAI: 256/3). Written as a fraction so 256/3 stays exact."""
+
+    numerator: int = Field(gt=0)
+    denominator: int = Field(default=1, gt=0)
+    require_integer: bool = True
+
+
+class HeadRule(_Strict):
+    """Query heads = L rounded to the nearest multiple (half rounds up), at least `min_heads`."""
+
+    multiple: int = Field(gt=0)
+    min_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+
+
+class AttentionRule(_Strict):
+    """GQA pattern: layer i (0-based) is global when (i + 1) % global_every == 0, else local."""
+
+    n_kv_heads_global: int = Field(gt=0)
+    n_kv_heads_local: int = Field(gt=0)
+    global_every: int = Field(gt=0)
+    window_tokens: int = Field(gt=0, description="sliding window of the local layers")
+
+
+class MoERule(_Strict):
+    """Every layer is MoE. Widths are ratios of d_model rounded to `round_to`."""
+
+    n_experts: int = Field(gt=0)
+    top_k: int = Field(gt=0)
+    n_shared_experts: int = Field(ge=0)
+    latent_ratio: float = Field(gt=0, le=1, description="latent_dim / d_model (1.0: no latent projection)")
+    expert_hidden_ratio: float = Field(gt=0, description="routed expert SwiGLU hidden / d_model")
+    shared_hidden_ratio: float = Field(gt=0, description="shared expert SwiGLU hidden / d_model")
+    round_to: int = Field(default=1, gt=0)
+
+    @model_validator(mode="after")
+    def _top_k_fits(self) -> MoERule:
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k={self.top_k} exceeds n_experts={self.n_experts}")
+        return self
+
+
+class BatchRule(_Strict):
+    """batch_tokens = coef · tokens^exponent (StepLaw's B_opt form), rounded to whole sequences."""
+
+    coef: float = Field(gt=0)
+    exponent: float = Field(ge=0, lt=1)
+    min_sequences: int = Field(default=1, gt=0)
+    sequence_multiple: int = Field(default=1, gt=0)
+
+
+class HparamLaws(_Strict):
+    """The report's laws (natural logs): LR*·WD* = c / steps^k and log LR* = a + b·log TPP + c·log steps."""
+
+    lr_wd_product_coef: float = Field(default=17.04, gt=0)
+    lr_wd_product_steps_exponent: float = Field(default=-1.0)
+    log_lr_intercept: float = Field(default=-1.51)
+    log_lr_log_tpp: float = Field(default=0.175)
+    log_lr_log_steps: float = Field(default=-0.573)
+    source: str = "MAI-Base-2 report"
+
+
+class Source(_Strict):
+    """One data source: its share of training tokens and its unique tokens at full scale."""
+
+    name: str
+    share: float = Field(gt=0, le=1)
+    unique_tokens: float = Field(gt=0, description="unique tokens available at full scale")
+    domain: str | None = None
+
+
+class GpuPool(_Strict):
+    name: str
+    peak_bf16_flops_per_gpu: float = Field(gt=0)
+    default_gpus: int = Field(default=1, gt=0)
+    default_mfu: float = Field(default=0.4, gt=0, le=1)
+    default_goodput: float = Field(default=0.9, gt=0, le=1)
+
+
+class Recipe(_Strict):
+    name: str
+    description: str = ""
+    width: WidthRule
+    heads: HeadRule
+    attention: AttentionRule
+    moe: MoERule
+    vocab_size: int = Field(gt=0)
+    tied_embeddings: bool = False
+    seq_len: int = Field(gt=0)
+    tpp: float = Field(gt=0, description="training tokens per active (non-embedding) parameter")
+    batch: BatchRule
+    hparam_laws: HparamLaws = HparamLaws()
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    mixture: list[Source] = Field(min_length=1)
+    full_scale_tokens: float = Field(gt=0, description="token budget of the full-scale run")
+    full_scale_rung: int = Field(gt=0, description="L of the full-scale model")
+    ladder_rungs: list[int] = Field(min_length=1, description="the default rungs of `ladder plan`")
+    gpu_pool: GpuPool
+
+    @field_validator("mixture")
+    @classmethod
+    def _shares_sum_to_one(cls, mixture: list[Source]) -> list[Source]:
+        total = sum(s.share for s in mixture)
+        if abs(total - 1.0) > SHARE_TOLERANCE:
+            raise ValueError(f"source shares sum to {total:.6g}; they must sum to 1")
+        names = [s.name for s in mixture]
+        if len(set(names)) != len(names):
+            raise ValueError(f"source names must be unique, got {names}")
+        return mixture
+
+    @field_validator("ladder_rungs")
+    @classmethod
+    def _rungs_positive(cls, rungs: list[int]) -> list[int]:
+        if any(r <= 0 for r in rungs):
+            raise ValueError(f"rungs must be positive layer counts, got {rungs}")
+        return rungs
+
+    def d_model(self, n_layers: int) -> int:
+        """The width rule; raises when L gives a non-integer width under a rule that requires one."""
+        num = self.width.numerator * n_layers
+        if num % self.width.denominator:
+            if self.width.require_integer:
+                raise LadderInputError(
+                    f"L={n_layers} gives d_model = {self.width.numerator}/{self.width.denominator}·{n_layers}"
+                    f" = {num / self.width.denominator:.4g}, not an integer; valid L are multiples of "
+                    f"{self.width.denominator // math.gcd(self.width.numerator, self.width.denominator)}",
+                    where=f"recipe {self.name}",
+                    field="width",
+                )
+            return round(num / self.width.denominator)
+        return num // self.width.denominator
+
+
+def _format_validation_error(err: ValidationError) -> tuple[str, str]:
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    kind = first["type"]
+    msg = first["msg"]
+    if kind == "extra_forbidden":
+        msg = "unknown key; remove it or check its spelling against the recipe schema (ladder/recipe.py)"
+    elif kind == "missing":
+        msg = "required key is missing"
+    extra = f" (and {len(err.errors()) - 1} more problem(s))" if len(err.errors()) > 1 else ""
+    return field, msg + extra
+
+
+def available_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def resolve_recipe_path(name_or_path: str | Path) -> Path:
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") or candidate.exists():
+        if not candidate.is_file():
+            raise LadderInputError(f"recipe file not found; named recipes are {available_recipes()}", where=str(candidate))
+        return candidate
+    named = RECIPES_DIR / f"{name_or_path}.yaml"
+    if not named.is_file():
+        raise LadderInputError(
+            f"no recipe named {name_or_path!r}; valid names are {available_recipes()} or a path to a YAML file",
+            where="recipe",
+        )
+    return named
+
+
+def parse_recipe(data: object, where: str) -> Recipe:
+    if not isinstance(data, dict):
+        raise LadderInputError("a recipe must be a YAML mapping of keys to values", where=where)
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as err:
+        field, msg = _format_validation_error(err)
+        raise LadderInputError(msg, where=where, field=field) from None
+
+
+def load_recipe(name_or_path: str | Path) -> Recipe:
+    """Load and validate a recipe by name (`mai-base-2`) or by path."""
+    path = resolve_recipe_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise LadderInputError(f"not valid YAML: {err}", where=str(path)) from None
+    return parse_recipe(data, str(path))
+
