@@ -1,0 +1,43 @@
+"""`python -m benchmarks [--quick] --json`: every benchmark in one JSON object with all checks."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+import sys
+from pathlib import Path
+
+import benchmarks
+from benchmarks.common import machine_info
+
+NOT_BENCHMARKS = {"common", "__main__"}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--only", help="comma-separated benchmark names")
+    args = parser.parse_args()
+    names = sorted(m.name for m in pkgutil.iter_modules([str(Path(benchmarks.__file__).parent)]) if m.name not in NOT_BENCHMARKS)
+    if args.only:
+        names = [n for n in names if n in args.only.split(",")]
+    out = {"benchmark": "all", "machine": machine_info(), "results": {}, "checks": []}
+    for name in names:
+        module = importlib.import_module(f"benchmarks.{name}")
+        sys.stderr.write(f"benchmarks: running {name}{' (quick)' if args.quick else ''}\n")
+        report = module.run(args.quick).to_dict()
+        out["results"][name] = report["results"]
+        out["checks"] += [dict(c, name=f"{name}.{c['name']}") for c in report["checks"]]
+    if args.json:
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    else:
+        for c in out["checks"]:
+            sys.stdout.write(f"[{'ok ' if c['ok'] else 'FAIL'}] {c['name']}: {c['value']:.4g} {c['op']} {c['target']:g}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

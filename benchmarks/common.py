@@ -1,0 +1,115 @@
+"""Shared pieces of the benchmarks contract (DESIGN.md):
+
+`python -m benchmarks.NAME [--quick] --json` prints one JSON object
+{"benchmark", "machine", "results", "checks": [{"name", "value", "op", "target", "ok"}]}.
+Timings are ratios against a reference measured in the same run wherever one exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import operator
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq,
+}
+
+
+@dataclass
+class Check:
+    name: str
+    value: float
+    op: str
+    target: float
+
+    @property
+    def ok(self) -> bool:
+        return bool(_OPS[self.op](self.value, self.target))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "value": self.value, "op": self.op, "target": self.target, "ok": self.ok}
+
+
+@dataclass
+class Report:
+    benchmark: str
+    results: dict[str, Any] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+
+    def check(self, name: str, value: float, op: str, target: float) -> Check:
+        c = Check(name, float(value), op, float(target))
+        self.checks.append(c)
+        return c
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"benchmark": self.benchmark, "machine": machine_info(), "results": self.results,
+                "checks": [c.to_dict() for c in self.checks]}
+
+
+def time_call(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall seconds of `fn` over `repeats` runs after `warmup` runs."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+_PEAK_CACHE: dict[str, float] = {}
+
+
+def measured_peak_bf16_flops(size: int = 2048, repeats: int = 5) -> float:
+    """bf16 matmul FLOP/s on this device, measured (the MFU denominator)."""
+    if "bf16" not in _PEAK_CACHE:
+        import torch
+
+        a = torch.randn(size, size, dtype=torch.bfloat16)
+        b = torch.randn(size, size, dtype=torch.bfloat16)
+        seconds = time_call(lambda: a @ b, repeats=repeats, warmup=2)
+        _PEAK_CACHE["bf16"] = 2.0 * size**3 / seconds
+    return _PEAK_CACHE["bf16"]
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                            "python": platform.python_version()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+        info["peak_bf16_flops_measured"] = measured_peak_bf16_flops()
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return info
+
+
+def main_for(name: str, run: Callable[[bool], Report], argv: list[str] | None = None) -> int:
+    """Standard entry point: parse --quick/--json, run, print the JSON object (or a summary)."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}")
+    parser.add_argument("--quick", action="store_true", help="small sizes, a minute or less")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    args = parser.parse_args(argv)
+    report = run(args.quick)
+    payload = report.to_dict()
+    if args.json:
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+    else:
+        for c in payload["checks"]:
+            mark = "ok " if c["ok"] else "FAIL"
+            sys.stdout.write(f"[{mark}] {c['name']}: {c['value']:.4g} {c['op']} {c['target']:g}\n")
+    return 0
