@@ -11,8 +11,19 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-stdout_console = Console(file=sys.stdout, soft_wrap=False, width=200)
-stderr_console = Console(file=sys.stderr)
+class _StreamConsole:
+    """A rich Console bound to the *current* sys.stdout/stderr at each use (tests swap them)."""
+
+    def __init__(self, stream: str, **kwargs: Any) -> None:
+        self._stream = stream
+        self._kwargs = kwargs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(Console(file=getattr(sys, self._stream), **self._kwargs), name)
+
+
+stdout_console = _StreamConsole("stdout", soft_wrap=False, width=200)
+stderr_console = _StreamConsole("stderr")
 
 
 def _jsonable(obj: Any) -> Any:
