@@ -1,0 +1,134 @@
+"""Expansion: a validated SweepSpec → the list of trials it asks for, before resolution.
+
+A trial here is (recipe, rung L, overrides, max_steps, resources) plus the coordinates it came from
+(block, grid offsets, arm, seed) for display and analysis. The trial *key* is a hash of the resolved
+config (`sweeps.keys`); resolving a trial into a config is the training job's business
+(`ladder.resolve`), so the orchestrator does that step and deduplicates by key.
+
+Override precedence, lowest first: spec.overrides, block.overrides, the grid point (lr,
+weight_decay, dropout, seed, tpp), the arm. An arm may therefore pin any knob, the learning rate
+included (that is how a forced-divergence arm is written).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ladder.plan import RungSpec, plan_rung
+from ladder.recipe import Recipe, load_recipe
+from sweeps.spec import Block, Centre, Resources, SweepSpec
+
+# Names of the resolved-config knobs the grid sets (the override keys `ladder.resolve` accepts).
+LR_KEY = "lr"
+WD_KEY = "weight_decay"
+DROPOUT_KEY = "dropout"
+SEED_KEY = "seed"
+TPP_KEY = "tpp"
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One point of a sweep before resolution."""
+
+    sweep: str
+    block: str
+    recipe: str
+    L: int
+    tpp: float
+    lr: float
+    weight_decay: float
+    dropout: float | None
+    arm: str
+    seed: int
+    log_lr_offset: float
+    log_lr_wd_offset: float
+    overrides: dict = field(hash=False)
+    max_steps: int | None
+    resources: Resources
+
+    @property
+    def label(self) -> str:
+        drop = "" if self.dropout is None else f" p{self.dropout:g}"
+        arm = "" if self.arm == "base" else f" {self.arm}"
+        return f"{self.block} L{self.L} lr{self.lr:.3g} wd{self.weight_decay:.3g}{drop}{arm} s{self.seed}"
+
+    def coordinates(self) -> dict:
+        """Where the trial sits in the sweep: logged as MLflow tags so fits can group by them."""
+        return {"block": self.block, "L": self.L, "tpp": self.tpp, "arm": self.arm, "seed": self.seed,
+                "lr": self.lr, "weight_decay": self.weight_decay, "dropout": self.dropout,
+                "log_lr_offset": self.log_lr_offset, "log_lr_wd_offset": self.log_lr_wd_offset}
+
+
+class _Planner:
+    """plan_rung is pure but not free; a 1,000-trial sweep asks for the same few (L, TPP) pairs."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+        self._plan = lru_cache(maxsize=None)(self._plan_uncached)
+
+    def _plan_uncached(self, L: int, tpp: float | None) -> RungSpec:
+        return plan_rung(self.recipe, L, tpp)
+
+    def plan(self, L: int, tpp: float | None) -> RungSpec:
+        return self._plan(L, tpp)
+
+
+def grid_points(block: Block, rung: RungSpec) -> list[tuple[float, float, float, float]]:
+    """(lr, weight_decay, Δ log LR, Δ log LR·WD) for each point of the block's grid on this rung."""
+    centre = block.lr_wd.centre
+    lr0, wd0 = (centre.lr, centre.weight_decay) if isinstance(centre, Centre) else (rung.lr, rung.weight_decay)
+    points = []
+    for d_lr, d_prod in block.lr_wd.offsets():
+        # Exact centre when the offset is zero, so the law's point keys the same as a plain rung.
+        lr = lr0 if d_lr == 0 else lr0 * math.exp(d_lr)
+        wd = wd0 if d_lr == 0 and d_prod == 0 else wd0 * math.exp(d_prod - d_lr)
+        points.append((lr, wd, d_lr, d_prod))
+    return points
+
+
+def expand_block(spec: SweepSpec, block: Block, planner: _Planner) -> list[Trial]:
+    trials = []
+    seeds = block.seeds if block.seeds is not None else spec.seeds
+    dropouts: list[float | None] = list(block.dropout) if block.dropout is not None else [None]
+    max_steps = block.max_steps if block.max_steps is not None else spec.max_steps
+    resources = block.resources or spec.resources
+    for L in block.rungs:
+        for tpp in block.tpp:
+            rung = planner.plan(L, tpp)
+            for lr, wd, d_lr, d_prod in grid_points(block, rung):
+                for dropout in dropouts:
+                    for arm, arm_overrides in block.arms.items():
+                        for seed in seeds:
+                            overrides = {**spec.overrides, **block.overrides, LR_KEY: lr, WD_KEY: wd, SEED_KEY: seed}
+                            if tpp is not None:
+                                overrides[TPP_KEY] = tpp
+                            if dropout is not None:
+                                overrides[DROPOUT_KEY] = dropout
+                            overrides.update(arm_overrides)
+                            trials.append(Trial(
+                                sweep=spec.name, block=block.name, recipe=spec.recipe, L=L, tpp=rung.tpp,
+                                lr=float(overrides.get(LR_KEY, lr)), weight_decay=float(overrides.get(WD_KEY, wd)),
+                                dropout=dropout, arm=arm, seed=seed, log_lr_offset=d_lr, log_lr_wd_offset=d_prod,
+                                overrides=overrides, max_steps=max_steps, resources=resources))
+    return trials
+
+
+def expand(spec: SweepSpec, recipe: Recipe | None = None) -> list[Trial]:
+    """All trials of a spec in a stable order (block, rung, TPP, grid point, dropout, arm, seed).
+
+    Trials whose overrides coincide (a grid centre that is also a plain ladder rung) appear once,
+    under the first block that asks for them.
+    """
+    recipe = recipe or load_recipe(spec.recipe)
+    planner = _Planner(recipe)
+    seen: set[tuple] = set()
+    out = []
+    for block in spec.blocks:
+        for trial in expand_block(spec, block, planner):
+            ident = (trial.L, trial.max_steps, tuple(sorted((k, repr(v)) for k, v in trial.overrides.items())))
+            if ident not in seen:
+                seen.add(ident)
+                out.append(trial)
+    return out

@@ -1,0 +1,229 @@
+"""Sweep specs: the validated YAML a researcher writes to ask for a set of trials.
+
+A spec names a recipe and a list of blocks. Each block crosses rungs × TPP values × a learning-rate /
+weight-decay grid × dropout values × named ablation arms × seeds. The LR/WD grid is laid out in
+(log LR, log LR·WD) coordinates, natural logs, because the report finds the optimum along a diagonal
+band of constant LR·WD in (log LR, log WD): stepping log LR·WD moves across the band, stepping
+log LR moves along it. By default it is centred per rung on the recipe's hyperparameter-law
+prediction (`ladder.plan.plan_rung`). Validated once here (unknown keys rejected); expansion
+(`sweeps.expand`) trusts it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ladder.errors import LadderInputError
+
+SWEEPS_DIR = Path(__file__).parent
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+OverrideValue = bool | int | float | str | None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Axis(_Strict):
+    """Offsets in natural-log units around the centre: `points` values `spacing` apart, centred
+    (an even count straddles the centre), or an explicit list of `offsets`."""
+
+    spacing: float = Field(default=0.0, ge=0)
+    points: int = Field(default=1, ge=1)
+    offsets: list[float] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Axis:
+        if self.offsets is not None and len(self.offsets) == 0:
+            raise ValueError("offsets is empty: the grid would have no points; give at least one offset (0 is the centre)")
+        if self.offsets is None and self.points > 1 and self.spacing <= 0:
+            raise ValueError(f"{self.points} points need a positive spacing (natural-log units)")
+        return self
+
+    def values(self) -> list[float]:
+        if self.offsets is not None:
+            return list(self.offsets)
+        mid = (self.points - 1) / 2
+        return [(i - mid) * self.spacing for i in range(self.points)]
+
+
+class Centre(_Strict):
+    """An explicit grid centre instead of the law's prediction."""
+
+    lr: float = Field(gt=0, description="peak learning rate; must be positive")
+    weight_decay: float = Field(gt=0, description="decoupled weight decay; must be positive")
+
+
+class LrWdGrid(_Strict):
+    """The grid in (log LR, log LR·WD). `layout: grid` is the full product of the two axes;
+    `cross` is the centre plus each axis stepped alone (cheaper: a+b-1 points instead of a·b)."""
+
+    centre: Literal["law"] | Centre = "law"
+    log_lr: Axis = Axis()
+    log_lr_wd: Axis = Axis()
+    layout: Literal["grid", "cross"] = "grid"
+
+    def offsets(self) -> list[tuple[float, float]]:
+        """(Δ log LR, Δ log LR·WD) pairs, the centre first when it is on the grid."""
+        lrs, products = self.log_lr.values(), self.log_lr_wd.values()
+        if self.layout == "grid":
+            pairs = [(a, b) for a in lrs for b in products]
+        else:
+            pairs = [(0.0, 0.0)] + [(a, 0.0) for a in lrs if a != 0.0] + [(0.0, b) for b in products if b != 0.0]
+        pairs.sort(key=lambda p: (p != (0.0, 0.0), p))
+        return list(dict.fromkeys(pairs))
+
+
+class Resources(_Strict):
+    """What one trial holds while it runs, per worker; every CPU and GPU it touches is declared to
+    Ray (marin's lesson: an undeclared GPU makes the next job fail with 'device busy')."""
+
+    cpus: float = Field(default=1.0, gt=0)
+    gpus: float = Field(default=0.0, ge=0)
+    workers: int = Field(default=1, ge=1, description=">1 starts a Ray Train TorchTrainer with a process group")
+
+    def total(self) -> dict[str, float]:
+        return {"CPU": self.cpus * self.workers, "GPU": self.gpus * self.workers}
+
+
+class Block(_Strict):
+    """One cross product of the spec. Fields left out inherit the spec's value."""
+
+    name: str
+    rungs: list[int] = Field(min_length=1)
+    tpp: list[float | None] = Field(default=[None], min_length=1, description="None: the recipe's TPP")
+    lr_wd: LrWdGrid = LrWdGrid()
+    dropout: list[float] | None = Field(default=None, description="None: the recipe's dropout")
+    arms: dict[str, dict[str, OverrideValue]] = Field(default={"base": {}}, min_length=1)
+    seeds: list[int] | None = None
+    max_steps: int | None = Field(default=None, gt=0)
+    overrides: dict[str, OverrideValue] = Field(default_factory=dict)
+    resources: Resources | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"name {v!r} must be letters, digits, '_', '-' or '.'")
+        return v
+
+    @field_validator("rungs")
+    @classmethod
+    def _rungs_positive(cls, rungs: list[int]) -> list[int]:
+        if any(r <= 0 for r in rungs):
+            raise ValueError(f"rungs are positive layer counts L, got {rungs}")
+        return rungs
+
+    @field_validator("tpp")
+    @classmethod
+    def _tpp_positive(cls, values: list[float | None]) -> list[float | None]:
+        if any(v is not None and v <= 0 for v in values):
+            raise ValueError(f"TPP values must be positive, got {values}")
+        return values
+
+    @field_validator("dropout")
+    @classmethod
+    def _dropout_range(cls, values: list[float] | None) -> list[float] | None:
+        if values is not None and (not values or any(not 0 <= v < 1 for v in values)):
+            raise ValueError(f"dropout must be a non-empty list of rates in [0, 1), got {values}")
+        return values
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds_ok(cls, values: list[int] | None) -> list[int] | None:
+        if values is not None and (not values or any(s < 0 for s in values)):
+            raise ValueError(f"seeds must be a non-empty list of non-negative integers, got {values}")
+        return values
+
+
+class SweepSpec(_Strict):
+    name: str
+    recipe: str = Field(description="recipe name (cpu-demo, mai-base-2) or a path")
+    description: str = ""
+    experiment: str | None = Field(default=None, description="MLflow experiment (default: sweep-<name>)")
+    blocks: list[Block] = Field(min_length=1)
+    seeds: list[int] = Field(default=[0], min_length=1)
+    max_steps: int | None = Field(default=None, gt=0, description="cap on optimizer steps (smoke/nightly runs)")
+    overrides: dict[str, OverrideValue] = Field(default_factory=dict, description="applied to every trial")
+    resources: Resources = Resources()
+    max_concurrent: int | None = Field(default=None, ge=1)
+    max_failures: int = Field(default=1, ge=0, description="retries of a trial that raises (divergence is not retried)")
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"name {v!r} must be letters, digits, '_', '-' or '.'")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds_ok(cls, values: list[int]) -> list[int]:
+        if any(s < 0 for s in values):
+            raise ValueError(f"seeds must be non-negative integers, got {values}")
+        return values
+
+    @model_validator(mode="after")
+    def _unique_blocks(self) -> SweepSpec:
+        names = [b.name for b in self.blocks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"block names must be unique, got {names}")
+        return self
+
+    @property
+    def experiment_name(self) -> str:
+        return self.experiment or f"sweep-{self.name}"
+
+
+def _format_validation_error(err: ValidationError) -> tuple[str, str]:
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key; remove it or check its spelling against the sweep schema (sweeps/spec.py)"
+    elif first["type"] == "missing":
+        msg = "required key is missing"
+    elif first["type"] == "too_short":
+        msg = f"{msg}: an empty list would give an empty sweep"
+    extra = f" (and {len(err.errors()) - 1} more problem(s))" if len(err.errors()) > 1 else ""
+    return field, msg + extra
+
+
+def available_specs() -> list[str]:
+    return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
+
+
+def resolve_spec_path(name_or_path: str | Path) -> Path:
+    candidate = Path(name_or_path)
+    if candidate.is_file():
+        return candidate
+    named = SWEEPS_DIR / f"{name_or_path}.yaml"
+    if candidate.suffix not in (".yaml", ".yml") and named.is_file():
+        return named
+    raise LadderInputError(f"sweep spec not found; shipped specs are {available_specs()} or give a path to a YAML file",
+                           where=str(name_or_path))
+
+
+def parse_spec(data: object, where: str) -> SweepSpec:
+    if not isinstance(data, dict):
+        raise LadderInputError("a sweep spec must be a YAML mapping of keys to values", where=where)
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as err:
+        field, msg = _format_validation_error(err)
+        raise LadderInputError(msg, where=where, field=field) from None
+
+
+def load_spec(name_or_path: str | Path) -> SweepSpec:
+    """Load and validate a sweep spec by name (`smoke`) or path."""
+    path = resolve_spec_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise LadderInputError(f"not valid YAML: {err}", where=str(path)) from None
+    return parse_spec(data, str(path))

@@ -1,0 +1,49 @@
+"""Trial keys: stable across processes and dict order, sensitive to every value."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sweeps.keys import canonical_json, trial_key
+
+CONFIG = {"recipe": "cpu-demo", "L": 3, "optimizer": {"lr": 0.0147, "weight_decay": 6.25, "betas": [0.9, 0.95]},
+          "max_steps": 40, "deterministic": False, "data": None}
+
+
+def test_key_ignores_dict_order_and_container_type():
+    shuffled = {"max_steps": 40, "data": None, "deterministic": False,
+                "optimizer": {"betas": (0.9, 0.95), "weight_decay": 6.25, "lr": 0.0147}, "L": 3, "recipe": "cpu-demo"}
+    assert trial_key(shuffled) == trial_key(CONFIG)
+
+
+@pytest.mark.parametrize("path, value", [
+    (("optimizer", "lr"), 0.0147000001), (("L",), 4), (("deterministic",), True), (("data",), "x"),
+    (("optimizer", "betas"), [0.9, 0.99]), (("max_steps",), 41),
+])
+def test_any_change_changes_the_key(path, value):
+    changed = json.loads(json.dumps(CONFIG))
+    target = changed
+    for p in path[:-1]:
+        target = target[p]
+    target[path[-1]] = value
+    assert trial_key(changed) != trial_key(CONFIG)
+
+
+def test_key_is_the_same_in_another_process_with_another_hash_seed():
+    code = ("import json,sys; from sweeps.keys import trial_key; "
+            "print(trial_key(json.loads(sys.argv[1])))")
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(CONFIG)], capture_output=True, text=True,
+                         env=env, check=True).stdout.strip()
+    assert out == trial_key(CONFIG)
+
+
+def test_unkeyable_values_are_refused():
+    with pytest.raises(TypeError):
+        trial_key({"f": object()})
+    assert "NaN" not in canonical_json({"x": float("nan")})

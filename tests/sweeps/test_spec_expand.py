@@ -1,0 +1,115 @@
+"""Sweep specs and their expansion: the grid geometry, counts, precedence and validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ladder.errors import LadderInputError
+from ladder.plan import plan_rung
+from ladder.recipe import load_recipe
+from sweeps.expand import expand
+from sweeps.spec import available_specs, load_spec, parse_spec
+
+SHIPPED = ["smoke", "demo", "lr_wd", "dropout", "agc_ablation", "nightly"]
+
+
+def spec_of(**blocks_and_top):
+    data = {"name": "t", "recipe": "cpu-demo", "blocks": [{"name": "b", "rungs": [3]}]}
+    data.update(blocks_and_top)
+    return parse_spec(data, "test.yaml")
+
+
+def test_every_shipped_spec_loads_and_expands():
+    assert set(SHIPPED) <= set(available_specs())
+    for name in SHIPPED:
+        trials = expand(load_spec(name))
+        assert trials, name
+        assert all(t.lr > 0 and t.weight_decay > 0 for t in trials)
+
+
+def test_grid_is_centred_on_the_law_in_log_lr_and_log_lr_wd_coordinates():
+    spec = spec_of(blocks=[{"name": "g", "rungs": [3, 5], "lr_wd": {
+        "log_lr": {"spacing": 0.5, "points": 3}, "log_lr_wd": {"spacing": 0.7, "points": 3}}}])
+    trials = expand(spec)
+    assert len(trials) == 2 * 9
+    recipe = load_recipe("cpu-demo")
+    for t in trials:
+        rung = plan_rung(recipe, t.L)
+        # Independent check in the report's coordinates (natural logs).
+        assert math.log(t.lr) - math.log(rung.lr) == pytest.approx(t.log_lr_offset, abs=1e-12)
+        assert math.log(t.lr * t.weight_decay) - math.log(rung.lr * rung.weight_decay) == pytest.approx(
+            t.log_lr_wd_offset, abs=1e-12)
+    offsets = sorted({(t.log_lr_offset, t.log_lr_wd_offset) for t in trials if t.L == 3})
+    assert offsets == sorted((a, b) for a in (-0.5, 0.0, 0.5) for b in (-0.7, 0.0, 0.7))
+    centre = [t for t in trials if t.L == 5 and t.log_lr_offset == 0 and t.log_lr_wd_offset == 0][0]
+    assert centre.lr == plan_rung(recipe, 5).lr  # exactly the law's value, not exp(log(x))
+    assert centre.weight_decay == plan_rung(recipe, 5).weight_decay
+
+
+def test_cross_layout_steps_each_axis_alone():
+    spec = spec_of(blocks=[{"name": "c", "rungs": [3], "lr_wd": {
+        "layout": "cross", "log_lr": {"spacing": 1.0, "points": 3}, "log_lr_wd": {"spacing": 1.0, "points": 5}}}])
+    pts = [(t.log_lr_offset, t.log_lr_wd_offset) for t in expand(spec)]
+    assert len(pts) == 3 + 5 - 1 and pts[0] == (0.0, 0.0)
+    assert all(a == 0 or b == 0 for a, b in pts)
+
+
+def test_explicit_centre_and_even_point_counts_straddle_it():
+    spec = spec_of(blocks=[{"name": "e", "rungs": [4], "lr_wd": {
+        "centre": {"lr": 1e-3, "weight_decay": 0.1}, "log_lr": {"spacing": 1.0, "points": 2}}}])
+    lrs = sorted(t.lr for t in expand(spec))
+    assert lrs == pytest.approx([1e-3 * math.exp(-0.5), 1e-3 * math.exp(0.5)])
+
+
+def test_cross_product_counts_and_precedence():
+    spec = spec_of(seeds=[0, 1], overrides={"x": 1, "lr": 9.0}, blocks=[{
+        "name": "p", "rungs": [3, 4], "tpp": [None, 10], "dropout": [0.0, 0.1],
+        "overrides": {"x": 2}, "arms": {"a": {}, "hot": {"lr": 5.0}}}])
+    trials = expand(spec)
+    assert len(trials) == 2 * 2 * 2 * 2 * 2
+    for t in trials:
+        assert t.overrides["x"] == 2  # block beats spec
+        assert t.overrides["lr"] == (5.0 if t.arm == "hot" else t.lr)  # grid beats spec, arm beats grid
+        assert ("tpp" in t.overrides) == (t.tpp == 10)
+        assert t.overrides["dropout"] == t.dropout
+    assert {t.tpp for t in trials} == {5.0, 10.0}
+
+
+def test_duplicate_points_across_blocks_appear_once():
+    spec = load_spec("demo")
+    trials = expand(spec)
+    # 4 ladder rungs + a 5-point cross on two rungs whose centres are the ladder's own points.
+    assert len(trials) == 4 + 2 * 4
+    assert [t.block for t in trials[:4]] == ["ladder"] * 4
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"blocks": []}, "blocks"),
+    ({"blocks": [{"name": "b", "rungs": []}]}, "blocks.0.rungs"),
+    ({"blocks": [{"name": "b", "rungs": [3], "lr_wd": {"log_lr": {"offsets": []}}}]}, "blocks.0.lr_wd.log_lr"),
+    ({"blocks": [{"name": "b", "rungs": [3], "lr_wd": {"centre": {"lr": -1e-3, "weight_decay": 0.1}}}]},
+     "blocks.0.lr_wd.centre"),
+    ({"blocks": [{"name": "b", "rungs": [3], "dropout": [1.5]}]}, "blocks.0.dropout"),
+    ({"resources": {"cpus": 0}}, "resources.cpus"),
+    ({"seeds": []}, "seeds"),
+    ({"colour": "red"}, "colour"),
+    ({"blocks": [{"name": "b", "rungs": [3]}, {"name": "b", "rungs": [4]}]}, ""),
+])
+def test_bad_specs_name_the_field(bad, field):
+    with pytest.raises(LadderInputError) as err:
+        spec_of(**bad)
+    assert "test.yaml" in str(err.value)
+    assert field in str(err.value)
+
+
+def test_unknown_recipe_is_an_input_error():
+    spec = spec_of(recipe="no-such-recipe")
+    with pytest.raises(LadderInputError, match="no recipe named"):
+        expand(spec)
+
+
+def test_missing_spec_file_lists_the_shipped_ones(tmp_path):
+    with pytest.raises(LadderInputError, match="smoke"):
+        load_spec(tmp_path / "nope.yaml")
