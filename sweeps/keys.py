@@ -13,6 +13,9 @@ import math
 from typing import Any
 
 KEY_HEX_CHARS = 16  # 64 bits: collision odds ~1e-10 at a million trials
+# Where a run is tracked, how often it logs and how many threads it gets do not change what is
+# trained, so they are not part of its identity: pointing a sweep at a new server reruns nothing.
+NON_IDENTITY_KEYS = frozenset({"tracking_uri", "experiment_name", "trial_key", "log_interval", "threads"})
 
 
 def canonical(obj: Any) -> Any:
@@ -41,5 +44,6 @@ def canonical_json(config: dict) -> str:
 
 
 def trial_key(config: dict) -> str:
-    """Hex digest naming a resolved config."""
-    return hashlib.sha256(canonical_json(config).encode()).hexdigest()[:KEY_HEX_CHARS]
+    """Hex digest naming a resolved config (its top-level NON_IDENTITY_KEYS left out)."""
+    identity = {k: v for k, v in config.items() if k not in NON_IDENTITY_KEYS}
+    return hashlib.sha256(canonical_json(identity).encode()).hexdigest()[:KEY_HEX_CHARS]

@@ -47,3 +47,9 @@ def test_unkeyable_values_are_refused():
     with pytest.raises(TypeError):
         trial_key({"f": object()})
     assert "NaN" not in canonical_json({"x": float("nan")})
+
+
+def test_where_a_run_is_tracked_is_not_part_of_its_identity():
+    moved = {**CONFIG, "tracking_uri": "http://127.0.0.1:5000", "experiment_name": "x", "trial_key": "abc",
+             "threads": 4}
+    assert trial_key(moved) == trial_key(CONFIG)

@@ -1,0 +1,84 @@
+"""The local MLflow tracking server: concurrent writers lose nothing, and a killed driver leaves no server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from ladder.tracking_server import TrackingServer, healthy
+
+WRITERS = 4
+STEPS = 1000
+METRICS = ("loss", "bpb", "grad_norm")  # 3,000 points per writer
+
+WRITER = textwrap.dedent("""
+    import sys, time
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+    uri, exp_id, writer, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    client = MlflowClient(uri)
+    run = client.create_run(exp_id, tags={"writer": str(writer)})
+    batch = []
+    for step in range(steps):
+        for i, name in enumerate(("loss", "bpb", "grad_norm")):
+            batch.append(Metric(name, writer * 1e6 + step * 10 + i, int(time.time() * 1000), step))
+        if len(batch) >= 60:  # a trainer's log interval's worth of points per request
+            client.log_batch(run.info.run_id, metrics=batch); batch = []
+    if batch:
+        client.log_batch(run.info.run_id, metrics=batch)
+    client.set_terminated(run.info.run_id)
+    print(run.info.run_id)
+""")
+
+
+@pytest.mark.slow
+def test_concurrent_writers_through_the_server_lose_no_point(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with TrackingServer(store) as uri:
+        exp_id = MlflowClient(uri).create_experiment("concurrent")
+        procs = [subprocess.Popen([sys.executable, "-c", WRITER, uri, exp_id, str(w), str(STEPS)],
+                                  stdout=subprocess.PIPE, text=True) for w in range(WRITERS)]
+        run_ids = {}
+        for w, p in enumerate(procs):
+            out, _ = p.communicate(timeout=300)
+            assert p.returncode == 0
+            run_ids[w] = out.strip().splitlines()[-1]
+    # Read back from the SQLite file itself, server gone: every point is on disk.
+    client = MlflowClient(store)
+    for w, run_id in run_ids.items():
+        for i, name in enumerate(METRICS):
+            history = client.get_metric_history(run_id, name)
+            assert len(history) == STEPS
+            assert sorted((m.step, m.value) for m in history) == [(s, w * 1e6 + s * 10 + i) for s in range(STEPS)]
+        assert client.get_run(run_id).info.status == "FINISHED"
+
+
+DRIVER = textwrap.dedent("""
+    import sys, time
+    from ladder.tracking_server import TrackingServer
+    server = TrackingServer(sys.argv[1])
+    print(server.start(), flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.mark.slow
+def test_server_dies_with_a_sigkilled_driver(tmp_path):
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, f"sqlite:///{tmp_path / 'mlflow.db'}"],
+                              stdout=subprocess.PIPE, text=True)
+    uri = driver.stdout.readline().strip()
+    assert healthy(uri)
+    os.kill(driver.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while healthy(uri) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    driver.wait()
+    assert not healthy(uri)
