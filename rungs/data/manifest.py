@@ -1,0 +1,207 @@
+"""Corpus manifests: which documents make up each training source and each held-out domain.
+
+A manifest is YAML, paths relative to the manifest file:
+
+    name: demo
+    sources:                       # training sources; shares sum to 1
+      - {name: code, domain: code, share: 0.45, files: [corpus/code.jsonl.gz]}
+    eval:                          # held-out sets, one per domain
+      - {domain: code, files: [corpus/eval_code.jsonl.gz]}
+    decontamination: {ngram_words: 13}
+
+`files` entries may be globs. Formats by extension: `.jsonl`/`.jsonl.gz` (one JSON object per line
+with `text` and optionally `id`; field names configurable with `text_field`/`id_field`), `.txt` /
+`.txt.gz` or any other text file (the whole file is one document, its id the relative path) and
+`.parquet` (columns `text` and optionally `id`).
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from rungs.data.errors import DataInputError
+
+SHARE_TOLERANCE = 1e-6
+DEMO_MANIFEST = Path(__file__).resolve().parent / "demo" / "manifest.yaml"
+
+
+@dataclass(frozen=True)
+class Document:
+    doc_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class DocumentSet:
+    """One training source (with a share) or one held-out domain (share None)."""
+
+    name: str
+    domain: str
+    files: tuple[Path, ...]
+    share: float | None = None
+    text_field: str = "text"
+    id_field: str = "id"
+    base: Path = field(default=Path("."))
+
+    def documents(self) -> Iterator[Document]:
+        seen: set[str] = set()
+        for path in self.files:
+            for doc in _read_file(path, self):
+                if doc.doc_id in seen:
+                    raise DataInputError(f"document id {doc.doc_id!r} appears twice; ids must be unique within a set",
+                                         where=str(path), field=self.name)
+                seen.add(doc.doc_id)
+                if doc.text.strip():
+                    yield doc
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path
+    name: str
+    sources: tuple[DocumentSet, ...]
+    eval_sets: tuple[DocumentSet, ...]
+    ngram_words: int = 13
+
+    def content_hash(self) -> str:
+        """SHA-256 over the manifest text and every data file's bytes: the cache key of its shards."""
+        h = hashlib.sha256(self.path.read_bytes())
+        for ds in self.sources + self.eval_sets:
+            for f in ds.files:
+                h.update(str(f.relative_to(ds.base)).encode())
+                h.update(_file_digest(f).encode())
+        return h.hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _open_text(path: Path):
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _read_file(path: Path, ds: DocumentSet) -> Iterator[Document]:
+    rel = str(path.relative_to(ds.base)) if path.is_relative_to(ds.base) else str(path)
+    name = path.name.removesuffix(".gz")
+    if name.endswith(".jsonl"):
+        with _open_text(path) as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    text = row[ds.text_field]
+                except (json.JSONDecodeError, KeyError, TypeError) as err:
+                    raise DataInputError(f"line {line_no} is not a JSON object with a {ds.text_field!r} string ({err})",
+                                         where=str(path), field=ds.name) from None
+                yield Document(str(row.get(ds.id_field, f"{rel}:{line_no}")), str(text))
+    elif name.endswith(".parquet"):
+        import pandas as pd
+
+        frame = pd.read_parquet(path)
+        if ds.text_field not in frame.columns:
+            raise DataInputError(f"no {ds.text_field!r} column (columns: {list(frame.columns)})",
+                                 where=str(path), field=ds.name)
+        ids = frame[ds.id_field] if ds.id_field in frame.columns else [f"{rel}:{i}" for i in range(len(frame))]
+        for doc_id, text in zip(ids, frame[ds.text_field]):
+            yield Document(str(doc_id), str(text))
+    else:
+        with _open_text(path) as f:
+            yield Document(rel, f.read())
+
+
+def _resolve_files(entry: dict, base: Path, where: str, label: str) -> tuple[Path, ...]:
+    patterns = entry.get("files")
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    if not patterns or not all(isinstance(p, str) for p in patterns):
+        raise DataInputError("needs `files`: a list of paths or globs relative to the manifest", where=where,
+                             field=f"{label}.files")
+    files: list[Path] = []
+    for pattern in patterns:
+        full = base / pattern
+        matches = sorted(Path(m) for m in glob.glob(str(full), recursive=True))
+        if not matches:
+            raise DataInputError(f"{pattern!r} matches no file (looked for {full})", where=where, field=f"{label}.files")
+        files.extend(m for m in matches if m.is_file())
+    return tuple(files)
+
+
+_SOURCE_KEYS = {"name", "domain", "share", "files", "text_field", "id_field"}
+_EVAL_KEYS = {"domain", "name", "files", "text_field", "id_field"}
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    path = Path(path)
+    where = str(path)
+    if not path.is_file():
+        raise DataInputError("manifest file not found", where=where)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise DataInputError(f"not valid YAML ({err})", where=where) from None
+    if not isinstance(raw, dict):
+        raise DataInputError("expected a mapping with `sources` and `eval`", where=where)
+    unknown = set(raw) - {"name", "description", "sources", "eval", "decontamination"}
+    if unknown:
+        raise DataInputError(f"unknown keys {sorted(unknown)}; valid: name, description, sources, eval, decontamination",
+                             where=where)
+    base = path.resolve().parent
+    sources = tuple(_document_set(e, i, base, where, train=True) for i, e in enumerate(raw.get("sources") or []))
+    if not sources:
+        raise DataInputError("needs at least one training source", where=where, field="sources")
+    evals = tuple(_document_set(e, i, base, where, train=False) for i, e in enumerate(raw.get("eval") or []))
+    for label, sets in (("sources", sources), ("eval", evals)):
+        names = [s.name for s in sets]
+        if len(set(names)) != len(names):
+            raise DataInputError(f"names must be unique, got {names}", where=where, field=label)
+    total = sum(s.share for s in sources)
+    if abs(total - 1.0) > SHARE_TOLERANCE:
+        raise DataInputError(f"source shares sum to {total:.6g}; they must sum to 1 "
+                             f"({', '.join(f'{s.name}={s.share:g}' for s in sources)})", where=where, field="sources.share")
+    decon = raw.get("decontamination") or {}
+    ngram = decon.get("ngram_words", 13)
+    if not isinstance(ngram, int) or ngram < 4:
+        raise DataInputError(f"ngram_words must be an integer >= 4, got {ngram!r}", where=where,
+                             field="decontamination.ngram_words")
+    return Manifest(path=path.resolve(), name=str(raw.get("name", path.stem)), sources=sources, eval_sets=evals,
+                    ngram_words=ngram)
+
+
+def _document_set(entry: object, i: int, base: Path, where: str, *, train: bool) -> DocumentSet:
+    label = f"{'sources' if train else 'eval'}[{i}]"
+    if not isinstance(entry, dict):
+        raise DataInputError("expected a mapping", where=where, field=label)
+    unknown = set(entry) - (_SOURCE_KEYS if train else _EVAL_KEYS)
+    if unknown:
+        raise DataInputError(f"unknown keys {sorted(unknown)}; valid: {sorted(_SOURCE_KEYS if train else _EVAL_KEYS)}",
+                             where=where, field=label)
+    domain = entry.get("domain")
+    name = entry.get("name", domain)
+    if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise DataInputError(f"needs a `name` of letters, digits, '-' or '_', got {name!r}", where=where, field=label)
+    share = None
+    if train:
+        share = entry.get("share")
+        if not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise DataInputError(f"share must be a number in (0, 1], got {share!r}", where=where, field=f"{label}.share")
+        share = float(share)
+    files = _resolve_files(entry, base, where, label)
+    return DocumentSet(name=name, domain=str(domain or name), files=files, share=share,
+                       text_field=str(entry.get("text_field", "text")), id_field=str(entry.get("id_field", "id")),
+                       base=base)

@@ -1,0 +1,237 @@
+"""The source-scaled sampler: each source's capped unique subset, cycled its planned epochs.
+
+For every source the plan gives a unique-token cap U and an epoch count e (the same e at every
+rung; `ladder.sources`). The subset is the prefix of the source's documents ordered by a hash of
+their ids, cut at exactly U tokens (the last document truncated): a smaller rung's prefix is
+contained in a larger one's, so subsets nest across rungs. Each pass over the subset visits its
+documents in a fresh seeded permutation; sources are interleaved in chunks so that each advances
+in proportion to its planned tokens U·e (i.e. by share), and the stream is cut into packed
+sequences of `seq_len` (documents separated by EOS; targets are inputs shifted by one).
+
+The state is a few integers per source plus the pieces read ahead but not yet emitted, so a
+checkpoint restores the identical stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rungs.data.corpus import PreparedCorpus
+from rungs.data.errors import DataInputError, SourceTooSmallError
+
+log = logging.getLogger(__name__)
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TokenOrigin:
+    source: str
+    doc_id: str
+    token_offset: int  # position within the document's tokens (== its length for the EOS after it)
+
+
+@dataclass
+class Batch:
+    inputs: torch.Tensor  # int64 [batch_sequences, seq_len]
+    targets: torch.Tensor  # int64 [batch_sequences, seq_len], inputs shifted by one
+    segments: np.ndarray  # int64 [pieces, 5]: buffer start, source index, doc index, doc offset, length
+    _sampler: SourceScaledSampler
+
+    def locate(self, row: int, position: int, *, target: bool = False) -> TokenOrigin:
+        """Where `inputs[row, position]` (or `targets[row, position]`) came from."""
+        seq_len = self.inputs.shape[1]
+        if not (0 <= row < self.inputs.shape[0] and 0 <= position < seq_len):
+            raise IndexError(f"({row}, {position}) is outside the batch shape {tuple(self.inputs.shape)}")
+        flat = row * seq_len + position + (1 if target else 0)
+        k = int(np.searchsorted(self.segments[:, 0], flat, side="right")) - 1
+        start, src, doc, offset, _ = (int(v) for v in self.segments[k])
+        stream = self._sampler.streams[src]
+        return TokenOrigin(stream.name, stream.shard.doc_ids[doc], offset + flat - start)
+
+
+class _SourceStream:
+    """One source's capped subset and its cursor (epoch, position in the epoch's order, offset)."""
+
+    def __init__(self, name: str, shard, cap_tokens: int, epochs: float, seed: int) -> None:
+        self.name = name
+        self.shard = shard
+        self.cap_tokens = cap_tokens
+        self.epochs = epochs
+        self.planned_tokens = cap_tokens * epochs
+        self.seed = seed
+        self.seg_doc, self.seg_len = select_subset(shard, name, cap_tokens)
+        self.epoch = 0
+        self.pos = 0
+        self.offset = 0
+        self.pulled = 0
+        self._order_epoch = -1
+        self._order = np.zeros(0, np.int64)
+
+    def order(self) -> np.ndarray:
+        if self._order_epoch != self.epoch:
+            name_key = int.from_bytes(hashlib.sha256(self.name.encode()).digest()[:4], "little")
+            rng = np.random.default_rng([self.seed, name_key, self.epoch])
+            self._order = rng.permutation(len(self.seg_doc))
+            self._order_epoch = self.epoch
+        return self._order
+
+    def take(self, n: int) -> list[tuple[int, int, int]]:
+        """The next n tokens as pieces (doc index, doc offset, length), crossing documents and epochs."""
+        pieces = []
+        order = self.order()
+        while n > 0:
+            seg = int(order[self.pos])
+            length = min(n, int(self.seg_len[seg]) - self.offset)
+            pieces.append((int(self.seg_doc[seg]), self.offset, length))
+            self.offset += length
+            self.pulled += length
+            n -= length
+            if self.offset == self.seg_len[seg]:
+                self.offset = 0
+                self.pos += 1
+                if self.pos == len(order):
+                    self.pos = 0
+                    self.epoch += 1
+                    order = self.order()
+        return pieces
+
+    def seg_start_of(self, doc: int) -> int:
+        return int(self.shard.index[doc, 0])
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos, "offset": self.offset, "pulled": self.pulled}
+
+
+def select_subset(shard, source: str, cap_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """Documents in hash-of-id order up to exactly `cap_tokens` tokens: (doc indices, lengths used)."""
+    keys = np.array([int.from_bytes(hashlib.sha256(f"{source}\x00{d}".encode()).digest()[:8], "little")
+                     for d in shard.doc_ids], dtype=np.uint64)
+    order = np.argsort(keys, kind="stable")
+    lengths = shard.index[order, 1]
+    cumulative = np.cumsum(lengths)
+    n_docs = int(np.searchsorted(cumulative, cap_tokens, side="left")) + 1
+    n_docs = min(n_docs, len(order))
+    docs = order[:n_docs].astype(np.int64)
+    used = lengths[:n_docs].astype(np.int64).copy()
+    if n_docs:
+        used[-1] -= int(cumulative[n_docs - 1]) - cap_tokens  # truncate the last document at the cap
+    return docs, used
+
+
+def _plan_float(plan: dict, source: str, key: str) -> float:
+    entry = plan[source]
+    if not isinstance(entry, dict) or key not in entry:
+        raise DataInputError(f"plan entry for {source!r} needs {key!r} (share, unique_tokens, epochs)", field="plan")
+    value = float(entry[key])
+    if not value > 0:
+        raise DataInputError(f"{key} must be positive, got {value}", field=f"plan.{source}.{key}")
+    return value
+
+
+class SourceScaledSampler:
+    def __init__(self, corpus: PreparedCorpus, plan: dict[str, dict], *, seq_len: int, batch_sequences: int,
+                 seed: int, chunk_tokens: int | None = None) -> None:
+        if seq_len <= 0 or batch_sequences <= 0:
+            raise DataInputError(f"seq_len and batch_sequences must be positive, got {seq_len}, {batch_sequences}")
+        if not plan:
+            raise DataInputError("the plan has no sources", field="plan")
+        unknown = [s for s in plan if s not in corpus.train_sources]
+        if unknown:
+            raise DataInputError(f"plan sources {unknown} are not in the corpus (it has {corpus.train_sources})",
+                                 where=str(corpus.path), field="plan")
+        total_share = sum(_plan_float(plan, s, "share") for s in plan)
+        if abs(total_share - 1.0) > 1e-6:
+            raise DataInputError(f"plan shares sum to {total_share:.6g}; they must sum to 1", field="plan")
+        self.seq_len = seq_len
+        self.batch_sequences = batch_sequences
+        self.seed = int(seed)
+        self.chunk_tokens = chunk_tokens or seq_len
+        self.plan = {s: {k: plan[s][k] for k in ("share", "unique_tokens", "epochs")} for s in plan}
+        self.streams: list[_SourceStream] = []
+        for name in plan:
+            cap = int(round(_plan_float(plan, name, "unique_tokens")))
+            shard = corpus.train_shard(name)
+            if cap > shard.n_tokens:
+                short = cap - shard.n_tokens
+                raise SourceTooSmallError(
+                    f"source {name!r} has {shard.n_tokens:,} tokens but the plan caps its unique data at {cap:,}: "
+                    f"short by {short:,} tokens ({short / cap:.1%} of the cap); add documents to the source or lower "
+                    f"its unique_tokens in the recipe mixture", where=str(corpus.path), field=f"sources.{name}")
+            self.streams.append(_SourceStream(name, shard, cap, _plan_float(plan, name, "epochs"), self.seed))
+        self.pending: list[tuple[int, int, int, int]] = []  # (source index, doc index, offset, length)
+        self.batches = 0
+        self._warned_past_plan = False
+
+    # ---- stream ----
+    def _pull_chunk(self) -> None:
+        progress = [s.pulled / s.planned_tokens for s in self.streams]
+        i = int(np.argmin(progress))
+        if progress[i] >= 1.0 and not self._warned_past_plan:
+            log.warning("sampler: every source has passed its planned epochs; continuing to cycle")
+            self._warned_past_plan = True
+        self.pending.extend((i, d, o, n) for d, o, n in self.streams[i].take(self.chunk_tokens))
+
+    def next_batch(self) -> Batch:
+        need = self.batch_sequences * self.seq_len + 1
+        while sum(p[3] for p in self.pending) < need:
+            self._pull_chunk()
+        buffer = np.empty(need, dtype=np.int64)
+        segments = []
+        filled = 0
+        keep: list[tuple[int, int, int, int]] = []
+        for k, (src, doc, off, n) in enumerate(self.pending):
+            take = min(n, need - filled)
+            start = int(self.streams[src].seg_start_of(doc)) + off
+            buffer[filled:filled + take] = self.streams[src].shard.tokens[start:start + take]
+            segments.append((filled, src, doc, off, take))
+            filled += take
+            if filled == need:
+                # The last token is both this batch's final target and the next batch's first input.
+                keep = [(src, doc, off + take - 1, n - take + 1)] + self.pending[k + 1:]
+                break
+        self.pending = keep
+        self.batches += 1
+        tokens = torch.from_numpy(buffer)
+        shape = (self.batch_sequences, self.seq_len)
+        return Batch(tokens[:-1].view(shape), tokens[1:].view(shape), np.asarray(segments, dtype=np.int64), self)
+
+    # ---- state ----
+    def _plan_key(self) -> str:
+        payload = json.dumps([self.plan, self.seq_len, self.batch_sequences, self.seed, self.chunk_tokens],
+                             sort_keys=True, default=float)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def state_dict(self) -> dict:
+        return {"version": STATE_VERSION, "plan_key": self._plan_key(), "batches": self.batches,
+                "streams": {s.name: s.state() for s in self.streams}, "pending": [list(p) for p in self.pending]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != STATE_VERSION or state.get("plan_key") != self._plan_key():
+            raise DataInputError("sampler state was saved for a different plan, shape or seed", field="state")
+        for s in self.streams:
+            st = state["streams"][s.name]
+            s.epoch, s.pos, s.offset, s.pulled = int(st["epoch"]), int(st["pos"]), int(st["offset"]), int(st["pulled"])
+        self.pending = [tuple(int(v) for v in p) for p in state["pending"]]
+        self.batches = int(state["batches"])
+
+    def report(self) -> dict[str, dict]:
+        """Per source: planned vs realised unique tokens and epochs, over the tokens emitted so far."""
+        held = [0] * len(self.streams)
+        for src, _, _, n in self.pending:
+            held[src] += n
+        out = {}
+        for i, s in enumerate(self.streams):
+            emitted = s.pulled - held[i]
+            out[s.name] = {
+                "planned_unique_tokens": s.cap_tokens, "planned_epochs": s.epochs,
+                "planned_tokens": s.planned_tokens, "emitted_tokens": emitted,
+                "unique_tokens": min(emitted, s.cap_tokens), "epochs": emitted / s.cap_tokens,
+                "subset_docs": len(s.seg_doc),
+            }
+        return out

@@ -1,0 +1,97 @@
+"""Tokenizers: a byte-level BPE trained with HF `tokenizers`, and the pure byte tokenizer.
+
+Both reserve one end-of-document token (EOS). Shards store every document followed by EOS, and
+BPB evaluation puts EOS before a document so that its first token is scored with a context.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+EOS_TEXT = "<|endoftext|>"
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are tokens 0..255; EOS is 256."""
+
+    kind = "byte"
+
+    def __init__(self) -> None:
+        self.eos_id = 256
+        self.vocab_size = 257
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def encode_many(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.uint16) for t in texts]
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "vocab_size": self.vocab_size, "eos_id": self.eos_id}
+
+
+class BpeTokenizer:
+    """Byte-level BPE (GPT-2 style pre-tokenisation), EOS as the only special token (id 0)."""
+
+    kind = "bpe"
+
+    def __init__(self, hf_tokenizer) -> None:
+        self.hf = hf_tokenizer
+        self.eos_id = int(hf_tokenizer.token_to_id(EOS_TEXT))
+        self.vocab_size = int(hf_tokenizer.get_vocab_size())
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    def encode_many(self, texts: list[str]) -> list[np.ndarray]:
+        """Batch-encode (parallel in Rust) and return one uint16 array per text."""
+        encodings = self.hf.encode_batch_fast(texts, add_special_tokens=False) \
+            if hasattr(self.hf, "encode_batch_fast") else self.hf.encode_batch(texts, add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=np.uint16) for e in encodings]
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "vocab_size": self.vocab_size, "eos_id": self.eos_id}
+
+    def save(self, path: Path) -> None:
+        path.write_text(self.hf.to_str(pretty=False), encoding="utf-8")
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> BpeTokenizer:
+    """Train a byte-level BPE of `vocab_size` entries (256 byte symbols + EOS + merges).
+
+    Deterministic for the same texts in the same order: shards built from it hash identically.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 258:
+        raise ValueError(f"a byte-level BPE needs vocab_size >= 258 (256 bytes + EOS + 1 merge), got {vocab_size}")
+    hf = Tokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS_TEXT], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2)
+    hf.train_from_iterator(texts, trainer=trainer)
+    return BpeTokenizer(hf)
+
+
+def load_tokenizer(directory: Path, meta: dict):
+    """The tokenizer a prepared corpus was built with (`meta` is its `tokenizer` block)."""
+    if meta["kind"] == "byte":
+        return ByteTokenizer()
+    from tokenizers import Tokenizer
+
+    return BpeTokenizer(Tokenizer.from_file(str(directory / "tokenizer.json")))
+
+
+def tokenizer_meta_json(tokenizer) -> str:
+    return json.dumps(tokenizer.to_json(), sort_keys=True)
