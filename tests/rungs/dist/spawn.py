@@ -1,0 +1,39 @@
+"""Run a function in N real gloo processes (CPU): the harness every distributed test uses.
+
+Each process gets one intra-op thread (the CI machine has two cores shared by many jobs), a fresh
+port from the OS, and the same seed; a failure in any rank fails the test with that rank's traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        fn(rank, world, *args)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., Any], world: int, *args: Any) -> None:
+    """Call `fn(rank, world, *args)` in `world` gloo processes; raise if any rank fails."""
+    mp.spawn(_entry, args=(world, free_port(), fn, args), nprocs=world, join=True)
