@@ -1,0 +1,274 @@
+"""Routed SwiGLU experts, computed dropless in rounds of fixed size (multi-round dropless MoE).
+
+Experts sit in groups of `group_size` (on one device a group is a bookkeeping unit; under expert
+parallelism it is one rank's experts). Each round, every group owns a fixed slab of
+S = group_size * capacity rows. An expert is guaranteed min(remaining, capacity) rows of it; slots
+its group mates leave unused go to the group's overloaded experts (capped cumulative sum, the
+priority rotating by one expert per round so no expert is always served last). Whatever still does
+not fit waits for the next round, so nothing is ever dropped and
+
+    rounds = max over groups of ceil(group load / S).
+
+Each round's expert compute is one grouped matmul over a buffer of fixed size (all groups' slabs,
+packed in expert order). Backward recomputes each round's activations instead of saving them, so
+the bytes saved for backward and the live buffers depend on T*k, the capacity and the widths, never
+on how skewed the routing is; skew costs time (more rounds), not memory.
+
+The combine is deterministic: each (token, slot) pair's expert output lands in its own row of a
+(T*k, latent) buffer and the k slots of a token are summed in slot order by one batched matmul with
+the gates (no scatter-add, no atomics).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["MoEConfigError", "RoutedExperts", "calibrate_capacity", "plan_rounds"]
+
+# grouped_mm needs 16-byte aligned row strides; the round buffer's row count is padded to this.
+_ROW_ALIGN = 8
+
+
+class MoEConfigError(ValueError):
+    """Invalid MoE configuration or inputs (bad sizes, indices out of range)."""
+
+
+def plan_rounds(tokens_per_expert: Sequence[int], capacity: int, group_size: int) -> list[list[int]]:
+    """Rows each expert computes in each round: a list of rounds, each a list of E row counts.
+
+    Per group and round: guaranteed min(remaining, capacity) per expert, then the group's spare
+    slots (S - sum of guarantees) go to experts with rows left, by capped cumulative sum starting at
+    expert (round mod group_size) of the group. Every round fills min(group load left, S) rows of
+    each group, hence rounds = max_g ceil(load_g / S).
+    """
+    n_experts = len(tokens_per_expert)
+    if capacity < 1 or group_size < 1 or n_experts % group_size:
+        raise MoEConfigError(f"capacity {capacity} and group_size {group_size} must be >= 1 and "
+                             f"group_size must divide n_experts={n_experts}")
+    slab = group_size * capacity
+    remaining = [int(n) for n in tokens_per_expert]
+    if any(n < 0 for n in remaining):
+        raise MoEConfigError(f"tokens_per_expert must be non-negative, got {remaining}")
+    rounds: list[list[int]] = []
+    while any(remaining):
+        shift = len(rounds) % group_size
+        take = [0] * n_experts
+        for first in range(0, n_experts, group_size):
+            members = [first + (shift + j) % group_size for j in range(group_size)]
+            for e in members:
+                take[e] = min(remaining[e], capacity)
+            spare = slab - sum(take[e] for e in members)
+            for e in members:
+                extra = min(remaining[e] - take[e], spare)
+                take[e] += extra
+                spare -= extra
+        for e in range(n_experts):
+            remaining[e] -= take[e]
+        rounds.append(take)
+    return rounds
+
+
+def calibrate_capacity(tokens_per_expert_samples: Tensor | Sequence[Sequence[int]], group_size: int,
+                       quantile: float = 0.99) -> int:
+    """Smallest per-expert capacity that keeps at least `quantile` of the sampled steps in one round.
+
+    `tokens_per_expert_samples` is (steps, E): the routed counts of steady-state steps (for one layer,
+    or every layer's rows stacked). A step fits one round iff max_g load_g <= group_size * capacity.
+    """
+    counts = torch.as_tensor(tokens_per_expert_samples, dtype=torch.long)
+    if counts.ndim != 2 or counts.shape[0] == 0:
+        raise MoEConfigError(f"tokens_per_expert_samples must be (steps>=1, E), got {tuple(counts.shape)}")
+    if group_size < 1 or counts.shape[1] % group_size:
+        raise MoEConfigError(f"group_size {group_size} must divide n_experts={counts.shape[1]}")
+    if not 0.0 < quantile <= 1.0:
+        raise MoEConfigError(f"quantile must be in (0, 1], got {quantile}")
+    group_loads = counts.view(counts.shape[0], -1, group_size).sum(-1)   # (steps, groups)
+    needed = torch.div(group_loads.max(-1).values + group_size - 1, group_size, rounding_mode="floor")
+    needed = needed.sort().values
+    index = max(0, math.ceil(quantile * len(needed)) - 1)
+    return max(1, int(needed[index]))
+
+
+def _aligned(t: Tensor) -> bool:
+    step = 16 // t.element_size()
+    return t.data_ptr() % 16 == 0 and all(s % step == 0 for s, n in zip(t.stride(), t.shape) if s != 1 and n > 1)
+
+
+def _gmm(a: Tensor, b: Tensor, offs: Tensor, ends: list[int], backend: str) -> Tensor:
+    """Grouped matmul. a (rows, K) with b (E, K, N) -> (rows, N), group e = rows ends[e-1]:ends[e];
+    or a (K, rows) with b (rows, N) -> (E, K, N) (weight gradients). Falls back to one mm per group
+    when the backend is "loop" or the operands break grouped_mm's 16-byte alignment rule."""
+    if backend == "grouped_mm" and a.dtype != torch.float64 and _aligned(a) and _aligned(b):
+        return F.grouped_mm(a, b, offs=offs)
+    starts = [0, *ends[:-1]]
+    if b.ndim == 3:
+        out = a.new_empty(a.shape[0], b.shape[-1])
+        for e, (s, t) in enumerate(zip(starts, ends)):
+            if t > s:
+                torch.mm(a[s:t], b[e], out=out[s:t])
+        return out
+    out = a.new_zeros(len(ends), a.shape[0], b.shape[-1])
+    for e, (s, t) in enumerate(zip(starts, ends)):
+        if t > s:
+            torch.mm(a[:, s:t], b[s:t], out=out[e])
+    return out
+
+
+class _RoundIndex:
+    """Pair ids of each round, in slab order, rebuilt from (order, counts) in forward and backward."""
+
+    def __init__(self, order: Tensor, counts: Tensor, capacity: int, group_size: int):
+        self.order = order
+        self.takes = plan_rounds(counts.tolist(), capacity, group_size)
+        self.starts = [0, *torch.cumsum(counts, 0).tolist()[:-1]]
+
+    def __iter__(self):
+        done = [0] * len(self.starts)
+        for take in self.takes:
+            ends = torch.tensor(take).cumsum(0)
+            n_rows = int(ends[-1])
+            first = torch.tensor([s + d for s, d in zip(self.starts, done)])
+            seg = ends - torch.tensor(take)
+            idx = torch.repeat_interleave(first - seg, torch.tensor(take), output_size=n_rows)
+            idx += torch.arange(n_rows)
+            done = [d + t for d, t in zip(done, take)]
+            yield self.order[idx.to(self.order.device)], ends.to(torch.int32).to(self.order.device), ends.tolist()
+
+
+class _MultiRoundExperts(torch.autograd.Function):
+    """y_pairs[p] = expert(e_p)(x[p // k]) for every (token, slot) pair p; activations recomputed."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate, w_up, w_down, order, counts, k, capacity, group_size, buffer_rows, backend):
+        ctx.save_for_backward(x, w_gate, w_up, w_down, order, counts)
+        ctx.k, ctx.capacity, ctx.group_size, ctx.buffer_rows, ctx.backend = k, capacity, group_size, buffer_rows, backend
+        with torch.autocast(x.device.type, enabled=False):
+            y_pairs = x.new_empty(order.numel(), w_down.shape[1])
+            xin = x.new_zeros(buffer_rows, x.shape[1])
+            for pairs, offs, ends in _RoundIndex(order, counts, capacity, group_size):
+                n = ends[-1]
+                torch.index_select(x, 0, pairs // k, out=xin[:n])
+                h = F.silu(_gmm(xin, w_gate.mT, offs, ends, backend)) * _gmm(xin, w_up.mT, offs, ends, backend)
+                y_pairs.index_copy_(0, pairs, _gmm(h, w_down.mT, offs, ends, backend)[:n])
+        return y_pairs
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_y_pairs):
+        x, w_gate, w_up, w_down, order, counts = ctx.saved_tensors
+        k, backend = ctx.k, ctx.backend
+        acc = torch.float32 if x.dtype != torch.float64 else torch.float64
+        grads = [torch.zeros(w.shape, dtype=acc, device=w.device) for w in (w_gate, w_up, w_down)]
+        dx_pairs = x.new_empty(order.numel(), x.shape[1])
+        xin = x.new_zeros(ctx.buffer_rows, x.shape[1])
+        dy = grad_y_pairs.new_zeros(ctx.buffer_rows, grad_y_pairs.shape[1])
+        grad_y_pairs = grad_y_pairs.contiguous()
+        with torch.autocast(x.device.type, enabled=False):
+            for pairs, offs, ends in _RoundIndex(order, counts, ctx.capacity, ctx.group_size):
+                n = ends[-1]
+                torch.index_select(x, 0, pairs // k, out=xin[:n])
+                torch.index_select(grad_y_pairs, 0, pairs, out=dy[:n])
+                hg = _gmm(xin, w_gate.mT, offs, ends, backend)
+                hu = _gmm(xin, w_up.mT, offs, ends, backend)
+                sig = torch.sigmoid(hg)
+                silu = hg * sig
+                grads[2] += _gmm(dy.mT, silu * hu, offs, ends, backend)          # (E, latent, hidden)
+                dh = _gmm(dy, w_down, offs, ends, backend)                        # (rows, hidden)
+                dhu = dh * silu
+                dhg = dh * hu * sig * (1 + hg * (1 - sig))                         # silu'(z) = s(1 + z(1 - s))
+                grads[0] += _gmm(dhg.mT, xin, offs, ends, backend)
+                grads[1] += _gmm(dhu.mT, xin, offs, ends, backend)
+                dxin = _gmm(dhg, w_gate, offs, ends, backend)
+                dxin += _gmm(dhu, w_up, offs, ends, backend)
+                dx_pairs.index_copy_(0, pairs, dxin[:n])
+        dx = dx_pairs.view(-1, k, x.shape[1]).sum(1)                              # slot order: deterministic
+        dwg, dwu, dwd = (g.to(w.dtype) for g, w in zip(grads, (w_gate, w_up, w_down)))
+        return dx, dwg, dwu, dwd, None, None, None, None, None, None, None
+
+
+class RoutedExperts(nn.Module):
+    """E routed SwiGLU experts in the latent space: y_e(x) = w_down_e (silu(w_gate_e x) * (w_up_e x)).
+
+    forward(x (T, latent), expert_idx (T, k) long, gate (T, k)) -> (T, latent) = sum_j gate_j y_{e_j}(x).
+    capacity_per_expert=None: capacity is ceil(T*k / group_size) for each call, so one round always
+    fits (plain dropless). group_size=None: one group of all E experts.
+    After each forward, `last_stats` = {rounds, tokens_per_expert, capacity_per_expert, group_size,
+    slab_rows, buffer_rows, max_group_load, dropped_tokens}.
+    """
+
+    def __init__(self, n_experts: int, latent_dim: int, hidden: int, *, capacity_per_expert: int | None = None,
+                 group_size: int | None = None, backend: str = "grouped_mm"):
+        super().__init__()
+        group_size = n_experts if group_size is None else group_size
+        if min(n_experts, latent_dim, hidden) < 1:
+            raise MoEConfigError(f"n_experts, latent_dim, hidden must be >= 1, got {n_experts}, {latent_dim}, {hidden}")
+        if group_size < 1 or n_experts % group_size:
+            raise MoEConfigError(f"group_size={group_size} must be >= 1 and divide n_experts={n_experts}")
+        if capacity_per_expert is not None and capacity_per_expert < 1:
+            raise MoEConfigError(f"capacity_per_expert must be >= 1 or None, got {capacity_per_expert}")
+        if backend not in ("grouped_mm", "loop"):
+            raise MoEConfigError(f"backend must be 'grouped_mm' or 'loop', got {backend!r}")
+        self.n_experts, self.latent_dim, self.hidden = n_experts, latent_dim, hidden
+        self.capacity_per_expert, self.group_size, self.backend = capacity_per_expert, group_size, backend
+        self.w_gate = nn.Parameter(torch.empty(n_experts, hidden, latent_dim))
+        self.w_up = nn.Parameter(torch.empty(n_experts, hidden, latent_dim))
+        self.w_down = nn.Parameter(torch.empty(n_experts, latent_dim, hidden))
+        self.last_stats: dict = {}
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for w in (self.w_gate, self.w_up, self.w_down):
+            nn.init.normal_(w, std=w.shape[-1] ** -0.5)
+
+    def extra_repr(self) -> str:
+        return (f"n_experts={self.n_experts}, latent_dim={self.latent_dim}, hidden={self.hidden}, "
+                f"capacity_per_expert={self.capacity_per_expert}, group_size={self.group_size}")
+
+    def forward(self, x: Tensor, expert_idx: Tensor, gate: Tensor) -> Tensor:
+        if x.ndim != 2 or x.shape[1] != self.latent_dim:
+            raise MoEConfigError(f"x must be (T, {self.latent_dim}), got {tuple(x.shape)}")
+        if expert_idx.ndim != 2 or expert_idx.shape[0] != x.shape[0] or gate.shape != expert_idx.shape:
+            raise MoEConfigError(f"expert_idx and gate must both be (T={x.shape[0]}, k), got "
+                                 f"{tuple(expert_idx.shape)} and {tuple(gate.shape)}")
+        if expert_idx.dtype not in (torch.int32, torch.int64):
+            raise MoEConfigError(f"expert_idx must be an integer tensor, got {expert_idx.dtype}")
+        n_tokens, k = expert_idx.shape
+        flat = expert_idx.reshape(-1).long()
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.n_experts):
+            raise MoEConfigError(f"expert_idx values must lie in [0, {self.n_experts}), got "
+                                 f"[{int(flat.min())}, {int(flat.max())}]")
+        n_pairs = flat.numel()
+        counts = torch.bincount(flat, minlength=self.n_experts)
+        capacity = self.capacity_per_expert or max(1, math.ceil(n_pairs / self.group_size))
+        slab_rows = self.group_size * capacity
+        n_groups = self.n_experts // self.group_size
+        # Never more than T*k rows can be in one round, so the buffer is capped there (still fixed).
+        buffer_rows = min(n_groups * slab_rows, max(n_pairs, 1))
+        buffer_rows = -(-buffer_rows // _ROW_ALIGN) * _ROW_ALIGN
+        group_loads = counts.view(n_groups, self.group_size).sum(-1)
+        max_group_load = int(group_loads.max())
+
+        device_type = x.device.type
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+        weights = [w.to(dtype) for w in (self.w_gate, self.w_up, self.w_down)]
+        order = torch.argsort(flat, stable=True)                                 # pairs sorted by expert
+        y_pairs = _MultiRoundExperts.apply(x.to(dtype), *weights, order, counts, k, capacity,
+                                           self.group_size, buffer_rows, self.backend)
+        # (T, 1, k) @ (T, k, latent): the k slots of each token summed in slot order.
+        out = torch.bmm(gate.to(dtype).unsqueeze(1), y_pairs.view(n_tokens, k, self.latent_dim)).squeeze(1)
+        self.last_stats = {
+            "rounds": -(-max_group_load // slab_rows),
+            "tokens_per_expert": counts,
+            "capacity_per_expert": capacity,
+            "group_size": self.group_size,
+            "slab_rows": slab_rows,
+            "buffer_rows": buffer_rows,
+            "max_group_load": max_group_load,
+            "dropped_tokens": 0,
+        }
+        return out

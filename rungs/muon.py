@@ -1,0 +1,155 @@
+"""Muon: momentum, then Newton-Schulz orthogonalisation, for 2-D weights and stacks of matrices.
+
+Math per matrix W (out, in) with gradient G, as torch.optim.Muon / KellerJordan Muon:
+    B <- lerp(B, G, 1 - mu)                       (EMA momentum)
+    U <- lerp(G, B, mu) if nesterov else B
+    O <- NS5(U)                                   (approximately U V^T of U's SVD)
+    W <- W * (1 - lr * wd)                        (decoupled decay, unadjusted lr)
+    W <- W - lr * scale(out, in) * O
+A 3-D parameter (E, out, in) (a per-expert stack) is E independent matrices: each is orthogonalised
+on its own and scaled by its own (out, in).
+
+Update-scale conventions are named by their formula (the `convention` attribute, logged by the train
+loop), because the same names mean different formulas across codebases:
+    "match_rms_adamw": 0.2*sqrt(max(fan_out,fan_in))    (Moonlight; reuse AdamW lr and wd)
+    "original":        sqrt(max(1,fan_out/fan_in))      (KellerJordan; lr in spectral units)
+
+Newton-Schulz is scale-invariant: X / ||X||_F with the norm clamped only at the smallest normal
+float (a divide-by-zero guard), unlike the 1e-7 eps clamp that silently shrinks tiny updates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+__all__ = ["CONVENTIONS", "Muon", "MuonConfigError", "SIMPLE_COEFFICIENTS", "newton_schulz"]
+
+# KellerJordan's quintic: maximal slope at 0; singular values land in about [0.5, 1.5], not 1.
+SIMPLE_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+CONVENTIONS = {
+    "match_rms_adamw": "0.2*sqrt(max(fan_out,fan_in))",
+    "original": "sqrt(max(1,fan_out/fan_in))",
+}
+_TINY = torch.finfo(torch.float32).tiny
+
+
+class MuonConfigError(ValueError):
+    """Invalid Muon configuration or parameter."""
+
+
+def newton_schulz(G: Tensor, steps: int = 5, coefficients: tuple[float, float, float] = SIMPLE_COEFFICIENTS,
+                  *, dtype: torch.dtype | None = torch.bfloat16) -> Tensor:
+    """Orthogonalise G (..., m, n), batched over leading dims; returns `dtype` (None: G's dtype).
+
+    The Gram matrix is formed on the smaller side (transpose when m > n). The same ops as
+    torch.optim.Muon (addmm; baddbmm for batches), so 2-D results match it bit for bit in bf16.
+    """
+    if G.ndim < 2:
+        raise MuonConfigError(f"newton_schulz needs a matrix or a batch of matrices, got shape {tuple(G.shape)}")
+    if not 1 <= steps < 100:
+        raise MuonConfigError(f"steps must be in [1, 100), got {steps}")
+    a, b, c = coefficients
+    lead = G.shape[:-2]
+    X = G.to(dtype) if dtype is not None else G.clone()
+    transposed = G.shape[-2] > G.shape[-1]
+    if transposed:
+        X = X.mT
+    X = X.reshape(-1, *X.shape[-2:]) if X.ndim != 2 else X
+    norm = X.norm(dim=(-2, -1), keepdim=True) if X.ndim == 3 else X.norm()
+    X = X / norm.clamp(min=_TINY)
+    mm = torch.addmm if X.ndim == 2 else torch.baddbmm
+    for _ in range(steps):
+        A = X @ X.mT
+        B = mm(A, A, A, beta=b, alpha=c)
+        X = mm(X, B, X, beta=a)
+    X = X.reshape(*lead, *X.shape[-2:])
+    return X.mT if transposed else X
+
+
+def _scale(convention: str, fan_out: int, fan_in: int) -> float:
+    if convention == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(fan_out, fan_in))
+    return math.sqrt(max(1.0, fan_out / fan_in))
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for 2-D matrices and 3-D stacks of matrices (see the module docstring for the math).
+
+    Matrices of the same (out, in) shape within a param group are orthogonalised in one batched
+    Newton-Schulz call (a stack of experts is already such a batch).
+    """
+
+    def __init__(self, params: Iterable, lr: float, weight_decay: float = 0.0, momentum: float = 0.95,
+                 nesterov: bool = True, ns_steps: int = 5, adjust_lr: str = "match_rms_adamw", *,
+                 ns_coefficients: tuple[float, float, float] = SIMPLE_COEFFICIENTS,
+                 ns_dtype: torch.dtype | None = torch.bfloat16):
+        if lr < 0 or weight_decay < 0 or not 0 <= momentum < 1:
+            raise MuonConfigError(f"need lr >= 0, weight_decay >= 0, 0 <= momentum < 1; got {lr}, {weight_decay}, {momentum}")
+        if adjust_lr not in CONVENTIONS:
+            raise MuonConfigError(f"adjust_lr must be one of {sorted(CONVENTIONS)}, got {adjust_lr!r}")
+        defaults = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
+                    "ns_steps": ns_steps, "ns_coefficients": tuple(ns_coefficients)}
+        super().__init__(params, defaults)
+        self.adjust_lr, self.ns_dtype = adjust_lr, ns_dtype
+        self.convention = CONVENTIONS[adjust_lr]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim not in (2, 3):
+                    raise MuonConfigError(f"Muon takes 2-D matrices or 3-D stacks, got shape {tuple(p.shape)}")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
+            grads = [p.grad for p in params]
+            if any(g.is_sparse for g in grads):
+                raise MuonConfigError("Muon does not support sparse gradients")
+            bufs = []
+            for p in params:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                bufs.append(state["momentum_buffer"])
+            torch._foreach_lerp_(bufs, grads, 1 - mu)
+            updates = torch._foreach_lerp(grads, bufs, mu) if group["nesterov"] else bufs
+            if wd:
+                torch._foreach_mul_(params, 1 - lr * wd)
+            by_shape: dict[tuple, list[int]] = defaultdict(list)
+            for i, p in enumerate(params):
+                by_shape[(tuple(p.shape[-2:]), p.dtype, p.device)].append(i)
+            for (shape, _, _), members in by_shape.items():
+                stack = [updates[i] for i in members]
+                if len(stack) == 1:
+                    ortho = [newton_schulz(stack[0], group["ns_steps"], group["ns_coefficients"], dtype=self.ns_dtype)]
+                else:
+                    sizes = [u.numel() // (shape[0] * shape[1]) for u in stack]
+                    batch = torch.cat([u.reshape(-1, *shape) for u in stack])
+                    out = newton_schulz(batch, group["ns_steps"], group["ns_coefficients"], dtype=self.ns_dtype)
+                    ortho = [o.reshape(params[i].shape) for o, i in zip(out.split(sizes), members)]
+                torch._foreach_add_([params[i] for i in members], ortho,
+                                    alpha=-lr * _scale(self.adjust_lr, *shape))
+        return loss
+
+    def state_dict(self):
+        sd = super().state_dict()
+        sd["convention"] = self.convention
+        return sd
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        saved = state_dict.pop("convention", self.convention)
+        if saved != self.convention:
+            raise MuonConfigError(f"checkpoint was written with update scale {saved!r}, this optimizer uses {self.convention!r}")
+        super().load_state_dict(state_dict)

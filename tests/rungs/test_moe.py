@@ -1,0 +1,186 @@
+"""Multi-round dropless MoE against a per-expert float64 loop; rounds; memory fixed under skew."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rungs.moe import MoEConfigError, RoutedExperts, calibrate_capacity, plan_rounds
+
+torch.set_num_threads(1)
+
+E, LATENT, HIDDEN, T, K = 4, 8, 16, 12, 2
+
+
+def routing(kind: str, n_tokens: int = T, k: int = K, n_experts: int = E, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if kind == "balanced":      # every expert gets exactly n_tokens*k/E pairs
+        return (torch.arange(n_tokens * k) % n_experts).view(n_tokens, k)
+    if kind == "skewed":        # ~70% of pairs on expert 1, distinct experts per token
+        first = torch.where(torch.rand(n_tokens, generator=g) < 0.85, 1, torch.randint(0, n_experts, (n_tokens,), generator=g))
+        rest = [(first + 1 + torch.randint(0, n_experts - 1, (n_tokens,), generator=g)) % n_experts for _ in range(k - 1)]
+        return torch.stack([first, *rest], 1)
+    if kind == "one_expert":    # all tokens, all slots on expert E-1
+        return torch.full((n_tokens, k), n_experts - 1)
+    raise ValueError(kind)
+
+
+def reference(x, idx, gate, w_gate, w_up, w_down):
+    """Per-token, per-slot float64 loop: sum_j gate_j * w_down_e (silu(w_gate_e x) * (w_up_e x))."""
+    rows = []
+    for t in range(x.shape[0]):
+        acc = torch.zeros(w_down.shape[1], dtype=torch.float64)
+        for j in range(idx.shape[1]):
+            e = int(idx[t, j])
+            acc = acc + gate[t, j] * (w_down[e] @ (F.silu(w_gate[e] @ x[t]) * (w_up[e] @ x[t])))
+        rows.append(acc)
+    return torch.stack(rows)
+
+
+def run_both(module: RoutedExperts, idx: torch.Tensor, seed: int = 1, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    n = idx.shape[0]
+    x = torch.randn(n, module.latent_dim, generator=g)
+    gate = torch.rand(idx.shape, generator=g)
+    upstream = torch.randn(n, module.latent_dim, generator=g)
+    xs = x.to(dtype).requires_grad_()
+    gs = gate.to(dtype).requires_grad_()
+    module.to(dtype).zero_grad(set_to_none=True)
+    out = module(xs, idx, gs)
+    (out * upstream.to(dtype)).sum().backward()
+    got = [out, xs.grad, gs.grad, module.w_gate.grad, module.w_up.grad, module.w_down.grad]
+
+    leaves = [t.detach().double().requires_grad_() for t in (x, gate, module.w_gate, module.w_up, module.w_down)]
+    ref_out = reference(leaves[0], idx, leaves[1], *leaves[2:])
+    (ref_out * upstream.double()).sum().backward()
+    want = [ref_out.detach(), *(t.grad for t in leaves)]
+    return got, want
+
+
+def assert_close(got, want, rtol, atol):
+    names = ["output", "d_x", "d_gate", "d_w_gate", "d_w_up", "d_w_down"]
+    for name, a, b in zip(names, got, want):
+        torch.testing.assert_close(a.double(), b, rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("kind", ["balanced", "skewed", "one_expert"])
+@pytest.mark.parametrize("capacity", [1, 2, 3, 7, None])
+@pytest.mark.parametrize("group_size", [1, 2, E])
+def test_output_and_all_gradients_equal_float64_loop(kind, capacity, group_size):
+    torch.manual_seed(0)
+    module = RoutedExperts(E, LATENT, HIDDEN, capacity_per_expert=capacity, group_size=group_size)
+    idx = routing(kind)
+    got, want = run_both(module, idx)
+    assert_close(got, want, rtol=1e-4, atol=1e-5)
+    stats = module.last_stats
+    assert stats["dropped_tokens"] == 0
+    assert int(stats["tokens_per_expert"].sum()) == T * K
+    assert torch.equal(stats["tokens_per_expert"], torch.bincount(idx.reshape(-1), minlength=E))
+
+
+@pytest.mark.parametrize("backend", ["grouped_mm", "loop"])
+@pytest.mark.parametrize("latent,hidden", [(8, 16), (6, 10)])   # (6, 10) breaks grouped_mm alignment
+def test_both_backends_and_unaligned_widths_match_reference(backend, latent, hidden):
+    torch.manual_seed(0)
+    module = RoutedExperts(E, latent, hidden, capacity_per_expert=2, group_size=2, backend=backend)
+    got, want = run_both(module, routing("skewed"))
+    assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert module.last_stats["rounds"] > 1
+
+
+def test_bf16_autocast_matches_reference_loosely():
+    torch.manual_seed(0)
+    module = RoutedExperts(E, LATENT, HIDDEN, capacity_per_expert=3, group_size=2)
+    idx = routing("skewed")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = run_both(module, idx)
+    assert got[0].dtype == torch.bfloat16
+    assert module.w_gate.grad.dtype == torch.float32
+    for a, b in zip(got, want):
+        rel = (a.double() - b).norm() / b.norm()
+        assert rel < 2e-2
+
+
+@pytest.mark.parametrize("kind", ["balanced", "skewed", "one_expert"])
+@pytest.mark.parametrize("capacity,group_size", [(1, 1), (2, 2), (3, 4), (7, 2), (1, 4)])
+def test_rounds_equal_ceil_max_group_load_over_slab(kind, capacity, group_size):
+    idx = routing(kind, n_tokens=20)
+    module = RoutedExperts(E, LATENT, HIDDEN, capacity_per_expert=capacity, group_size=group_size)
+    module(torch.randn(20, LATENT), idx, torch.rand(20, K))
+    counts = torch.bincount(idx.reshape(-1), minlength=E)
+    loads = counts.view(-1, group_size).sum(-1)
+    expected = math.ceil(int(loads.max()) / (group_size * capacity))
+    assert module.last_stats["rounds"] == expected
+    assert len(plan_rounds(counts.tolist(), capacity, group_size)) == expected
+
+
+def test_plan_rounds_guarantees_capacity_and_lends_spare_slots():
+    counts = [10, 1, 0, 3]
+    rounds = plan_rounds(counts, capacity=2, group_size=4)
+    assert [sum(col) for col in zip(*rounds)] == counts                 # everything computed once
+    assert all(sum(r) <= 8 for r in rounds)                              # slab S = 4 * 2
+    assert rounds[0][0] > 2                                              # overloaded expert borrowed slots
+    remaining = list(counts)
+    for r in rounds:                                                     # guarantee min(remaining, C)
+        assert all(t >= min(rem, 2) for t, rem in zip(r, remaining))
+        remaining = [rem - t for rem, t in zip(remaining, r)]
+    # groups never lend across group boundaries: group (0, 1) is busy, group (2, 3) cannot help it
+    rounds = plan_rounds([9, 0, 0, 0], capacity=1, group_size=2)
+    assert len(rounds) == 5 and all(r[2] == r[3] == 0 for r in rounds)
+
+
+def test_capacity_none_is_one_round_even_when_all_tokens_pick_one_expert():
+    module = RoutedExperts(E, LATENT, HIDDEN, group_size=2)
+    module(torch.randn(T, LATENT), routing("one_expert"), torch.rand(T, K))
+    assert module.last_stats["rounds"] == 1
+
+
+def test_deterministic_across_runs():
+    torch.manual_seed(3)
+    module = RoutedExperts(E, LATENT, HIDDEN, capacity_per_expert=2, group_size=2)
+    idx = routing("skewed")
+    first, _ = run_both(module, idx)
+    second, _ = run_both(module, idx)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_empty_batch_and_bad_inputs():
+    module = RoutedExperts(E, LATENT, HIDDEN, capacity_per_expert=2)
+    out = module(torch.randn(0, LATENT), torch.zeros(0, K, dtype=torch.long), torch.zeros(0, K))
+    assert out.shape == (0, LATENT) and module.last_stats["rounds"] == 0
+    with pytest.raises(MoEConfigError, match="expert_idx values"):
+        module(torch.randn(2, LATENT), torch.tensor([[0, E]] * 2), torch.rand(2, 2))
+    with pytest.raises(MoEConfigError, match="x must be"):
+        module(torch.randn(2, LATENT + 1), torch.zeros(2, 2, dtype=torch.long), torch.rand(2, 2))
+    with pytest.raises(MoEConfigError, match="group_size"):
+        RoutedExperts(E, LATENT, HIDDEN, group_size=3)
+    with pytest.raises(MoEConfigError, match="capacity"):
+        RoutedExperts(E, LATENT, HIDDEN, capacity_per_expert=0)
+
+
+def test_parameter_names_and_shapes():
+    module = RoutedExperts(8, 24, 48)
+    assert {n: tuple(p.shape) for n, p in module.named_parameters()} == {
+        "w_gate": (8, 48, 24), "w_up": (8, 48, 24), "w_down": (8, 24, 48)}
+
+
+def test_calibrate_capacity_keeps_quantile_of_steps_in_one_round():
+    g = torch.Generator().manual_seed(0)
+    steps, n_tokens = 400, 64
+    samples = torch.stack([torch.bincount(torch.multinomial(torch.tensor([3.0, 1, 1, 1, 2, 1, 1, 2]), n_tokens * K,
+                                                            replacement=True, generator=g), minlength=8)
+                           for _ in range(steps)])
+    for group_size in (1, 2, 8):
+        capacity = calibrate_capacity(samples, group_size, quantile=0.99)
+        loads = samples.view(steps, -1, group_size).sum(-1).max(-1).values
+        rounds = torch.div(loads + group_size * capacity - 1, group_size * capacity, rounding_mode="floor")
+        assert (rounds == 1).float().mean() >= 0.99
+        if capacity > 1:                                  # and it is the smallest such capacity
+            smaller = torch.div(loads + group_size * (capacity - 1) - 1, group_size * (capacity - 1), rounding_mode="floor")
+            assert (smaller == 1).float().mean() < 0.99
+    with pytest.raises(MoEConfigError):
+        calibrate_capacity(samples, 3)

@@ -1,0 +1,121 @@
+"""Muon: scale-invariant Newton-Schulz, agreement with torch.optim.Muon, batched expert stacks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rungs.muon import CONVENTIONS, Muon, MuonConfigError, newton_schulz
+
+torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("shape", [(16, 32), (32, 16), (3, 24, 8)])
+@pytest.mark.parametrize("c", [1e-9, 1e-7, 1e-5, 1e-3, 1e-1, 1.0, 10.0, 1e3])
+def test_newton_schulz_is_scale_invariant(shape, c):
+    G = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(newton_schulz(c * G, dtype=torch.float32), newton_schulz(G, dtype=torch.float32),
+                               rtol=1e-4, atol=1e-5)
+    # bf16 compute: c*G rounds differently to bf16 than G, so only bf16-level agreement
+    diff = (newton_schulz(c * G).float() - newton_schulz(G).float()).abs().max()
+    assert diff < 0.05
+
+
+def test_eps_clamp_would_break_scale_invariance_but_ours_does_not():
+    """torch.optim.Muon clamps the norm at 1e-7, so a gradient with ||G|| < 1e-7 is divided by eps
+    instead of its norm and comes out shrunk (NVIDIA-NeMo/Emerging-Optimizers #229); ours does not."""
+    from torch.optim._muon import _zeropower_via_newtonschulz as torch_ns
+
+    G = torch.randn(16, 32, generator=torch.Generator().manual_seed(0)) * 1e-11
+    ours = torch.linalg.svdvals(newton_schulz(G).float())
+    clamped = torch.linalg.svdvals(torch_ns(G, (3.4445, -4.7750, 2.0315), 5, 1e-7).float())
+    assert ours.min() > 0.5 and ours.max() < 1.5                  # orthogonalised
+    assert clamped.max() < 0.6                                      # the eps clamp shrank it
+
+
+def test_newton_schulz_approximately_orthogonalises_and_batches():
+    G = torch.randn(4, 24, 40, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    out = newton_schulz(G, dtype=None)
+    assert out.shape == G.shape and out.dtype == torch.float64
+    s = torch.linalg.svdvals(out)
+    assert s.min() > 0.5 and s.max() < 1.3                         # the quintic's known band
+    # singular vectors are those of G: out ~ U f(S) V^T
+    U, _, Vh = torch.linalg.svd(G, full_matrices=False)
+    inner = U.mT @ out @ Vh.mT
+    off_diag = inner - torch.diag_embed(torch.diagonal(inner, dim1=-2, dim2=-1))
+    assert off_diag.abs().max() < 1e-6
+    for i in range(4):                                             # batch == one at a time
+        torch.testing.assert_close(out[i], newton_schulz(G[i], dtype=None))
+
+
+@pytest.mark.parametrize("adjust_lr", ["match_rms_adamw", "original"])
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_matches_torch_optim_muon_on_plain_matrices(adjust_lr, nesterov):
+    g = torch.Generator().manual_seed(0)
+    shapes = [(16, 32), (32, 16), (24, 24), (16, 32)]              # two share a shape: batched NS path
+    init = [torch.randn(s, generator=g) for s in shapes]
+    ours = [torch.nn.Parameter(p.clone()) for p in init]
+    ref = [torch.nn.Parameter(p.clone()) for p in init]
+    opt = Muon(ours, lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov, adjust_lr=adjust_lr)
+    torch_opt = torch.optim.Muon(ref, lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov,
+                                 adjust_lr_fn=adjust_lr)
+    for _ in range(4):
+        grads = [torch.randn(s, generator=g) for s in shapes]
+        for p, gr in zip(ours, grads):
+            p.grad = gr.clone()
+        for p, gr in zip(ref, grads):
+            p.grad = gr.clone()
+        opt.step()
+        torch_opt.step()
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert opt.convention == CONVENTIONS[adjust_lr]
+
+
+def test_expert_stack_is_each_expert_orthogonalised_separately_with_its_own_scale():
+    g = torch.Generator().manual_seed(0)
+    stack = torch.nn.Parameter(torch.randn(3, 8, 24, generator=g))
+    singles = [torch.nn.Parameter(stack[e].detach().clone()) for e in range(3)]
+    opt_stack = Muon([stack], lr=0.01, weight_decay=0.05)
+    opt_single = torch.optim.Muon(singles, lr=0.01, weight_decay=0.05, adjust_lr_fn="match_rms_adamw")
+    for _ in range(3):
+        grad = torch.randn(3, 8, 24, generator=g)
+        stack.grad = grad.clone()
+        for e in range(3):
+            singles[e].grad = grad[e].clone()
+        opt_stack.step()
+        opt_single.step()
+    for e in range(3):
+        torch.testing.assert_close(stack[e], singles[e], rtol=1e-5, atol=2e-6)
+
+
+def test_update_scale_formula_and_decoupled_weight_decay():
+    """One step from zero momentum with G = a known orthogonal matrix: the NS fixed point is not 1,
+    so measure the RMS ratio against NS(G) directly: W1 = W0 (1 - lr wd) - lr * scale * NS(G)."""
+    W0 = torch.randn(12, 48)
+    G = torch.randn(12, 48)
+    for adjust, scale in [("match_rms_adamw", 0.2 * math.sqrt(48)), ("original", 1.0)]:
+        p = torch.nn.Parameter(W0.clone())
+        p.grad = G.clone()
+        Muon([p], lr=0.1, weight_decay=0.5, momentum=0.0, nesterov=False, adjust_lr=adjust, ns_dtype=torch.float32).step()
+        want = W0 * (1 - 0.1 * 0.5) - 0.1 * scale * newton_schulz(G, dtype=torch.float32)
+        torch.testing.assert_close(p.detach(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_state_dict_round_trip_and_errors():
+    p = torch.nn.Parameter(torch.randn(8, 8))
+    opt = Muon([p], lr=0.01)
+    p.grad = torch.randn(8, 8)
+    opt.step()
+    q = torch.nn.Parameter(p.detach().clone())
+    opt2 = Muon([q], lr=0.01)
+    opt2.load_state_dict(opt.state_dict())
+    torch.testing.assert_close(opt2.state[q]["momentum_buffer"], opt.state[p]["momentum_buffer"])
+    with pytest.raises(MuonConfigError, match="update scale"):
+        Muon([q], lr=0.01, adjust_lr="original").load_state_dict(opt.state_dict())
+    with pytest.raises(MuonConfigError, match="2-D"):
+        Muon([torch.nn.Parameter(torch.randn(4))], lr=0.01)
+    with pytest.raises(MuonConfigError, match="adjust_lr"):
+        Muon([p], lr=0.01, adjust_lr="spectral")
