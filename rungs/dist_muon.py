@@ -96,15 +96,19 @@ class _Batch:
         return self.per_rank * m * n * (self.world - 1)
 
 
-def _default_orthogonalize(steps: int) -> Orthogonalize:
-    from rungs.muon import newton_schulz
+def _default_orthogonalize(steps: int, coefficients: tuple[float, float, float] | None,
+                           dtype: torch.dtype | None) -> Orthogonalize:
+    from rungs.muon import SIMPLE_COEFFICIENTS, newton_schulz
 
-    return lambda x: newton_schulz(x, steps=steps)
+    coefficients = coefficients or SIMPLE_COEFFICIENTS
+    return lambda x: newton_schulz(x, steps, coefficients, dtype=dtype)
 
 
 def _default_adjust_lr(mode: str) -> AdjustLR:
-    from rungs.muon import adjust_lr
+    from rungs.muon import CONVENTIONS, adjust_lr  # the single-process Muon's formula, shared on purpose
 
+    if mode not in CONVENTIONS:
+        raise DistMuonError(f"adjust_lr must be one of {sorted(CONVENTIONS)}, got {mode!r}")
     return lambda lr, shape: adjust_lr(lr, shape, mode)
 
 
@@ -118,12 +122,16 @@ class DistMuon(torch.optim.Optimizer):
     stack replicated over its data-parallel group; its gradient must already be reduced.
 
     Momentum is the EMA form (``m.lerp_(g, 1-β)``, Nesterov ``g.lerp(m, β)``), weight decay is
-    decoupled with the unadjusted lr, the update is scaled by ``adjust_lr(lr, (m, n))``.
+    decoupled with the unadjusted lr, the update is scaled by ``adjust_lr(lr, (m, n))``: the same
+    math as ``rungs.muon.Muon`` (whose ``newton_schulz`` and scale conventions are used), except that
+    a missing gradient counts as zero so that every rank issues the same collectives.
     """
 
     def __init__(self, params: Iterable[Any], *, lr: float = 0.02, weight_decay: float = 0.0,
                  momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
-                 adjust_lr: str | AdjustLR = "match_rms_adamw", comm_dtype: torch.dtype = torch.bfloat16,
+                 adjust_lr: str | AdjustLR = "match_rms_adamw",
+                 ns_coefficients: tuple[float, float, float] | None = None,
+                 ns_dtype: torch.dtype | None = torch.bfloat16, comm_dtype: torch.dtype = torch.bfloat16,
                  orthogonalize: Orthogonalize | None = None, replica_group: Any = None) -> None:
         if lr < 0 or weight_decay < 0 or not 0 <= momentum < 1:
             raise DistMuonError(f"need lr >= 0, weight_decay >= 0, 0 <= momentum < 1; got {lr}, {weight_decay}, {momentum}")
@@ -131,7 +139,7 @@ class DistMuon(torch.optim.Optimizer):
                         replica_group=replica_group)
         super().__init__(params, defaults)
         self.comm_dtype = comm_dtype
-        self._orthogonalize = orthogonalize or _default_orthogonalize(ns_steps)
+        self._orthogonalize = orthogonalize or _default_orthogonalize(ns_steps, ns_coefficients, ns_dtype)
         self._adjust_lr = adjust_lr if callable(adjust_lr) else _default_adjust_lr(adjust_lr)
         self._plan_key: tuple[int, ...] | None = None
         self._plan: list[_Batch] = []

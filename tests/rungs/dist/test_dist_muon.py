@@ -60,22 +60,42 @@ def reference_muon(fulls, grads_per_step, comm_dtype):
     return params
 
 
-def _worker(rank: int, world: int, comm_dtype: torch.dtype) -> None:
-    mesh = init_device_mesh("cpu", (world,))
+def _grads(step: int, specs) -> list[torch.Tensor]:
+    """The same gradients on every rank (and in the reference), scales from 1e-4 to 1e3."""
+    gen = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(shape, generator=gen) * 10.0 ** (i - 4) for i, (shape, _) in enumerate(specs)]
+
+
+def _run_dist(mesh, specs, make_opt) -> tuple[list, list]:
     torch.manual_seed(0)
-    fulls = [torch.randn(shape) for shape, _ in SPECS]
+    fulls = [torch.randn(shape) for shape, _ in specs]
     params = [torch.nn.Parameter(distribute_tensor(f.clone(), mesh, [pl]) if pl else f.clone())
-              for f, (_, pl) in zip(fulls, SPECS)]
-    opt = DistMuon(params, lr=LR, weight_decay=WD, momentum=MOMENTUM, nesterov=True, adjust_lr=scale,
-                   comm_dtype=comm_dtype, orthogonalize=reference_ns)
+              for f, (_, pl) in zip(fulls, specs)]
+    opt = make_opt(params)
     steps = []
     for step in range(3):
-        gen = torch.Generator().manual_seed(100 + step)
-        grads = [torch.randn(shape, generator=gen) * 10.0 ** (i - 4) for i, (shape, _) in enumerate(SPECS)]
-        steps.append(grads)
-        for p, g, (_, pl) in zip(params, grads, SPECS):
+        steps.append(_grads(step, specs))
+        for p, g, (_, pl) in zip(params, steps[-1], specs):
             p.grad = distribute_tensor(g, mesh, [pl]) if pl else g.clone()
         opt.step()
+    return params, fulls, steps
+
+
+def _single_process(fulls, steps, make_opt) -> list[torch.Tensor]:
+    params = [torch.nn.Parameter(f.clone()) for f in fulls]
+    opt = make_opt(params)
+    for grads in steps:
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        opt.step()
+    return [p.detach() for p in params]
+
+
+def _worker(rank: int, world: int, comm_dtype: torch.dtype) -> None:
+    mesh = init_device_mesh("cpu", (world,))
+    params, fulls, steps = _run_dist(mesh, SPECS, lambda ps: DistMuon(
+        ps, lr=LR, weight_decay=WD, momentum=MOMENTUM, nesterov=True, adjust_lr=scale,
+        comm_dtype=comm_dtype, orthogonalize=reference_ns))
     ref = reference_muon(fulls, steps, comm_dtype)
     # rows of (2, 6) over 3-4 ranks and experts of (3, 4, 4) over 4 ranks leave some shards empty
     empty = torch.tensor(sum(p.to_local().numel() == 0 for p, (_, pl) in zip(params, SPECS) if pl))
@@ -97,6 +117,27 @@ def _worker(rank: int, world: int, comm_dtype: torch.dtype) -> None:
             gathered = [torch.empty_like(p.detach()) for _ in range(world)]
             dist.all_gather(gathered, p.detach())
             assert all(torch.equal(gathered[0], t) for t in gathered)
+    if comm_dtype == torch.float32:  # the project's single-process Muon, NS in fp32 on both sides
+        from rungs.muon import Muon
+
+        kw = dict(lr=LR, weight_decay=WD, momentum=MOMENTUM, nesterov=True, adjust_lr="match_rms_adamw",
+                  ns_dtype=None)
+        params, fulls, steps = _run_dist(mesh, SPECS, lambda ps: DistMuon(ps, comm_dtype=torch.float32, **kw))
+        ref = _single_process(fulls, steps, lambda ps: Muon(ps, **kw))
+        for (shape, pl), p, r in zip(SPECS, params, ref):
+            got = p.full_tensor() if pl else p.detach()
+            rel = (got - r).norm() / r.norm()
+            assert rel < 1e-5, f"rank {rank} {shape} {pl} vs rungs.muon.Muon: relative error {rel:.2e}"
+    else:  # torch.optim.Muon (2-D only, NS in bf16) with BF16 communication
+        specs = [s for s in SPECS if len(s[0]) == 2]
+        kw = dict(lr=LR, weight_decay=WD, momentum=MOMENTUM, nesterov=True)
+        params, fulls, steps = _run_dist(mesh, specs, lambda ps: DistMuon(ps, adjust_lr="original", **kw))
+        ref = _single_process(fulls, steps, lambda ps: torch.optim.Muon(ps, **kw))
+        for (shape, pl), p, r in zip(specs, params, ref):
+            got = p.full_tensor() if pl else p.detach()
+            bound = 3 * LR * math.sqrt(max(1, shape[0] / shape[1])) * 2.0 ** -6
+            err = (got - r).abs().max()
+            assert err <= bound, f"rank {rank} {shape} vs torch.optim.Muon: max error {err:.2e} > {bound:.2e}"
 
 
 def test_dist_muon_matches_single_process_fp32_comm():
