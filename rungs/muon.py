@@ -27,7 +27,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-__all__ = ["CONVENTIONS", "Muon", "MuonConfigError", "SIMPLE_COEFFICIENTS", "newton_schulz"]
+__all__ = ["CONVENTIONS", "Muon", "MuonConfigError", "SIMPLE_COEFFICIENTS", "adjust_lr", "newton_schulz"]
 
 # KellerJordan's quintic: maximal slope at 0; singular values land in about [0.5, 1.5], not 1.
 SIMPLE_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -71,10 +71,14 @@ def newton_schulz(G: Tensor, steps: int = 5, coefficients: tuple[float, float, f
     return X.mT if transposed else X
 
 
-def _scale(convention: str, fan_out: int, fan_in: int) -> float:
-    if convention == "match_rms_adamw":
-        return 0.2 * math.sqrt(max(fan_out, fan_in))
-    return math.sqrt(max(1.0, fan_out / fan_in))
+def adjust_lr(lr: float, shape: tuple[int, ...], mode: str = "match_rms_adamw") -> float:
+    """lr times the update scale of `mode` (see CONVENTIONS) for a matrix of shape (..., fan_out, fan_in)."""
+    fan_out, fan_in = shape[-2], shape[-1]
+    if mode == "match_rms_adamw":
+        return lr * 0.2 * math.sqrt(max(fan_out, fan_in))
+    if mode == "original":
+        return lr * math.sqrt(max(1.0, fan_out / fan_in))
+    raise MuonConfigError(f"adjust_lr mode must be one of {sorted(CONVENTIONS)}, got {mode!r}")
 
 
 class Muon(torch.optim.Optimizer):
@@ -139,7 +143,7 @@ class Muon(torch.optim.Optimizer):
                     out = newton_schulz(batch, group["ns_steps"], group["ns_coefficients"], dtype=self.ns_dtype)
                     ortho = [o.reshape(params[i].shape) for o, i in zip(out.split(sizes), members)]
                 torch._foreach_add_([params[i] for i in members], ortho,
-                                    alpha=-lr * _scale(self.adjust_lr, *shape))
+                                    alpha=-adjust_lr(lr, shape, self.adjust_lr))
         return loss
 
     def state_dict(self):
