@@ -1,0 +1,80 @@
+"""`ladder sweep run SPEC` and `ladder sweep status SPEC` (DESIGN.md contract)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ladder.errors import LadderInputError
+from ladder.output import make_table, print_json, stdout_console
+from ladder.orchestrate import SweepOutcome, run_sweep, sweep_status
+from sweeps.spec import load_spec, resolve_spec_path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sweep", help="run a sweep spec on Ray, tracked in MLflow; or show its status")
+    ss = p.add_subparsers(dest="sweep_command", required=True, parser_class=type(p))
+    r = ss.add_parser("run", help="run every trial not yet finished (finished trials are skipped)")
+    r.add_argument("spec", help="sweep spec: a name (smoke, demo, ...) or a path to a YAML file")
+    r.add_argument("--address", help="Ray cluster address (default: a private local Ray)")
+    r.add_argument("--tracking-uri", help="MLflow store or server (default: sqlite:///runs/mlflow.db behind a "
+                                          "local tracking server)")
+    r.add_argument("--max-concurrent", type=int, help="trials at once (default: the spec's, else what fits)")
+    r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.set_defaults(handler=run)
+    s = ss.add_parser("status", help="pending / running / finished / failed / diverged per trial")
+    s.add_argument("spec", help="sweep spec: a name or a path")
+    s.add_argument("--tracking-uri", help="MLflow store or server (default: sqlite:///runs/mlflow.db)")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.set_defaults(handler=status)
+
+
+def _progress(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def _load(name: str):
+    path = resolve_spec_path(name)
+    return load_spec(path), str(path)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_concurrent is not None and args.max_concurrent < 1:
+        raise LadderInputError(f"must be at least 1, got {args.max_concurrent}", field="--max-concurrent")
+    spec, where = _load(args.spec)
+    outcome = run_sweep(spec, where=where, address=args.address, tracking_uri=args.tracking_uri,
+                        max_concurrent=args.max_concurrent, progress=_progress)
+    counts = outcome.counts()
+    if args.json:
+        print_json({**counts, "sweep": outcome.sweep, "experiment": outcome.experiment,
+                    "tracking_uri": outcome.tracking_uri, "results": [_row_json(r) for r in outcome.rows]})
+    else:
+        _render(outcome, f"sweep {outcome.sweep}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return 0
+
+
+def status(args: argparse.Namespace) -> int:
+    spec, where = _load(args.spec)
+    outcome = sweep_status(spec, where=where, tracking_uri=args.tracking_uri)
+    by_state: dict[str, int] = {}
+    for r in outcome.rows:
+        by_state[r.state] = by_state.get(r.state, 0) + 1
+    if args.json:
+        print_json({"sweep": outcome.sweep, "experiment": outcome.experiment, "tracking_uri": outcome.tracking_uri,
+                    "counts": by_state, "trials": [_row_json(r) for r in outcome.rows]})
+    else:
+        _render(outcome, f"sweep {outcome.sweep}: " + ", ".join(f"{k} {v}" for k, v in sorted(by_state.items())))
+    return 0
+
+
+def _row_json(r) -> dict:
+    return {"key": r.key, "trial": r.label, "state": r.state, "run_id": r.run_id, "attempts": r.attempts,
+            "ran_now": r.ran_now, "bpb_mean": r.bpb_mean, "wall_seconds": r.wall_seconds,
+            "train_wall_seconds": r.train_wall_seconds, "train_loop_seconds": r.train_loop_seconds, "error": r.error}
+
+
+def _render(outcome: SweepOutcome, title: str) -> None:
+    rows = [[r.label, r.key, r.state, r.attempts, r.bpb_mean, r.wall_seconds, r.run_id or "-"] for r in outcome.rows]
+    stdout_console.print(make_table(title, ["name", "key", "state", "attempts", "bpb", "seconds", "run"], rows))
+    sys.stdout.flush()

@@ -1,0 +1,253 @@
+"""Run a sweep on Ray: skip what MLflow says is finished, run the rest with Ray Tune, report.
+
+Ray does the scheduling: `ray.init(address="local")` on a laptop, `--address` for a cluster; Ray
+Tune's `Tuner` runs one trial per resolved config with `tune.with_resources` declaring every CPU
+and GPU it uses, `max_concurrent_trials` bounding concurrency, and `FailureConfig(max_failures)`
+retrying a trial that raises (a dead worker counts too). A diverged trial returns normally and is
+not retried. Trials with more than one worker launch a Ray Train `TorchTrainer` from inside their
+Tune trial (`ladder.sweep_trial.run_distributed_trial`).
+
+Tracking: a local store (the embedded `sqlite:///runs/mlflow.db`) is fronted by a tracking server
+on loopback for the length of the sweep, because SQLite takes one writer at a time
+(`ladder.tracking_server`); a server URI is used as given. MLflow, not Ray, is the record of what
+is done, so a killed driver loses nothing: the rerun skips finished keys and resumes the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ladder.sweep_plan import PlannedTrial, check_fits_cluster, plan_sweep, runs_root_for
+from ladder.sweep_runs import find_runs, trial_state
+from ladder.tracking_server import DEFAULT_STORE_URI, TrackingServer, is_local_store
+from sweeps.spec import SweepSpec
+
+log = logging.getLogger(__name__)
+
+# Paths in a resolved config that must not depend on the worker's working directory.
+_PATH_KEYS = ("data_cache_root", "data_manifest")
+
+
+@dataclass
+class TrialRow:
+    key: str
+    label: str
+    state: str  # pending, running, finished, failed, diverged
+    run_id: str | None = None
+    attempts: int = 0
+    ran_now: bool = False
+    bpb_mean: float | None = None
+    wall_seconds: float | None = None  # driver-observed, start to end of the Tune trial
+    train_wall_seconds: float | None = None
+    train_loop_seconds: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class SweepOutcome:
+    sweep: str
+    experiment: str
+    tracking_uri: str
+    rows: list[TrialRow] = field(default_factory=list)
+
+    def counts(self) -> dict:
+        now = [r for r in self.rows if r.ran_now]
+        return {"trials": len(self.rows),
+                "completed": sum(r.state == "finished" for r in now),
+                "skipped": sum(not r.ran_now for r in self.rows),
+                "failed": sum(r.state not in ("finished", "diverged") for r in now),
+                "diverged": sum(r.state == "diverged" for r in now)}
+
+
+def launch_config(planned: PlannedTrial, *, tracking_uri: str, experiment: str) -> dict:
+    """The keyed config plus where it is tracked and how many threads it may use."""
+    config = dict(planned.config)
+    for name in _PATH_KEYS:
+        if config.get(name):
+            config[name] = str(Path(config[name]).resolve())
+    config.update(tracking_uri=tracking_uri, experiment_name=experiment, trial_key=planned.key)
+    res = planned.trial.resources
+    if res.cpus >= 1:
+        config["threads"] = int(res.cpus)
+    return config
+
+
+def _payload(planned: PlannedTrial, spec: SweepSpec, *, tracking_uri: str, runs_root: Path) -> dict:
+    res = planned.trial.resources
+    return {
+        "key": planned.key, "sweep": spec.name, "label": planned.label,
+        "coordinates": planned.trial.coordinates(),
+        "config": launch_config(planned, tracking_uri=tracking_uri, experiment=spec.experiment_name),
+        "run_dir": str(runs_root / "sweeps" / spec.name / planned.key),
+        "resources": {"cpus": res.cpus, "gpus": res.gpus, "workers": res.workers},
+        "storage_path": str(runs_root / "ray_results"),
+    }
+
+
+def connect_ray(address: str | None) -> bool:
+    """Connect to `address` or start a private local Ray; True when this call started Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    kwargs = dict(log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING,
+                  runtime_env={"env_vars": {"RAY_CHDIR_TO_TRIAL_DIR": "0"}})
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        # "local", not None: never attach silently to some other cluster running on this machine.
+        ray.init(address="local", num_cpus=os.cpu_count(), **kwargs)
+    return True
+
+
+def cluster_nodes() -> list[dict[str, float]]:
+    import ray
+
+    return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+
+
+def _tune_trainable(config: dict, payloads: list[dict]) -> None:
+    from ray import tune
+
+    from ladder.sweep_trial import run_distributed_trial, run_trial
+
+    payload = payloads[config["index"]]
+    metrics = run_distributed_trial(payload) if payload["resources"]["workers"] > 1 else run_trial(payload)
+    tune.report(metrics)
+
+
+def _resources_for(payload: dict):
+    from ray.tune import PlacementGroupFactory
+
+    res = payload["resources"]
+    if res["workers"] > 1:  # the TorchTrainer's workers declare their own CPUs/GPUs
+        return PlacementGroupFactory([{"CPU": 0.01}])
+    bundle = {"CPU": res["cpus"]}
+    if res["gpus"]:
+        bundle["GPU"] = res["gpus"]
+    return PlacementGroupFactory([bundle])
+
+
+def run_on_tune(payloads: list[dict], *, name: str, storage_path: Path, max_concurrent: int | None,
+                max_failures: int, progress) -> dict[int, dict]:
+    """One Tune experiment over the payloads; returns {index: {metrics, error, wall_seconds}}."""
+    from ray import tune
+    from ray.tune import FailureConfig, RunConfig, TuneConfig
+
+    class _Progress(tune.Callback):
+        def __init__(self) -> None:
+            self.started: dict[str, float] = {}
+            self.ended: dict[int, float] = {}
+            self.done = 0
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            self.started.setdefault(trial.trial_id, time.monotonic())
+            progress(f"start  {payloads[trial.config['index']]['label']}")
+
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            progress(f"retry  {payloads[trial.config['index']]['label']} (attempt failed; Ray Tune restarts it)")
+
+        def _end(self, trial, word: str, detail: str) -> None:
+            self.done += 1
+            index = trial.config["index"]
+            self.ended[index] = time.monotonic() - self.started.get(trial.trial_id, time.monotonic())
+            progress(f"[{self.done}/{len(payloads)}] {word:8s} {payloads[index]['label']} {detail} "
+                     f"({self.ended[index]:.0f} s)")
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            r = trial.last_result or {}
+            bpb = r.get("bpb_mean")
+            self._end(trial, r.get("outcome", "done"), f"bpb {bpb:.4f}" if isinstance(bpb, float) else "")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._end(trial, "failed", "")
+
+    callback = _Progress()
+    trainable = tune.with_resources(tune.with_parameters(_tune_trainable, payloads=payloads),
+                                    resources=lambda config: _resources_for(payloads[config["index"]]))
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"index": tune.grid_search(list(range(len(payloads))))},
+        tune_config=TuneConfig(max_concurrent_trials=max_concurrent, num_samples=1, reuse_actors=False),
+        run_config=RunConfig(name=name, storage_path=str(storage_path), verbose=0, callbacks=[callback],
+                             failure_config=FailureConfig(max_failures=max_failures)),
+    )
+    grid = tuner.fit()
+    out: dict[int, dict] = {}
+    for result in grid:
+        index = result.config["index"]
+        out[index] = {"metrics": dict(result.metrics or {}), "error": repr(result.error) if result.error else None,
+                      "wall_seconds": callback.ended.get(index)}
+    return out
+
+
+def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None = None,
+              tracking_uri: str | None = None, max_concurrent: int | None = None,
+              progress=lambda msg: log.info(msg)) -> SweepOutcome:
+    """Run every trial of `spec` that MLflow does not already hold as finished."""
+    planned = plan_sweep(spec, where=where)  # bad specs fail here, before anything starts
+    store = tracking_uri or DEFAULT_STORE_URI
+    runs_root = runs_root_for(store)
+    # A read needs no server: decide what to run first, so a finished sweep reruns in seconds.
+    records = find_runs(store, spec.experiment_name)
+    rows = {p.key: _row(p, records.get(p.key, [])) for p in planned}
+    todo = [p for p in planned if rows[p.key].state not in ("finished", "diverged")]
+    progress(f"sweep {spec.name}: {len(planned)} trials, {len(planned) - len(todo)} already finished, "
+             f"{len(todo)} to run; tracking {store}")
+    if not todo:
+        return SweepOutcome(sweep=spec.name, experiment=spec.experiment_name, tracking_uri=store,
+                            rows=[rows[p.key] for p in planned])
+    started = connect_ray(address)
+    try:
+        check_fits_cluster(todo, cluster_nodes(), where=where)  # before any trial is launched
+        server = TrackingServer(store) if is_local_store(store) else None
+        with server if server is not None else nullcontext(store) as uri:
+            payloads = [_payload(p, spec, tracking_uri=uri, runs_root=runs_root) for p in todo]
+            results = run_on_tune(payloads, name=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}",
+                                  storage_path=runs_root / "ray_results",
+                                  max_concurrent=max_concurrent or spec.max_concurrent,
+                                  max_failures=spec.max_failures, progress=progress)
+            records = find_runs(uri, spec.experiment_name)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    for i, p in enumerate(todo):
+        row = _row(p, records.get(p.key, []))
+        row.ran_now = True
+        got = results.get(i, {})
+        m = got.get("metrics", {})
+        row.wall_seconds = got.get("wall_seconds")
+        row.train_wall_seconds = m.get("train_wall_seconds")
+        row.train_loop_seconds = m.get("train_loop_seconds")
+        row.error = got.get("error")
+        if row.error and row.state not in ("finished", "diverged"):
+            row.state = "failed"
+        rows[p.key] = row
+    return SweepOutcome(sweep=spec.name, experiment=spec.experiment_name, tracking_uri=store,
+                        rows=[rows[p.key] for p in planned])
+
+
+def _row(planned: PlannedTrial, records) -> TrialRow:
+    st = trial_state(records)
+    bpb = None
+    if st.run_id and st.state in ("finished", "diverged"):
+        bpb = next((r.tags.get("bpb_mean") for r in records if r.run_id == st.run_id), None)
+    return TrialRow(key=planned.key, label=planned.label, state=st.state, run_id=st.run_id, attempts=st.attempts,
+                    bpb_mean=float(bpb) if bpb else None)
+
+
+def sweep_status(spec: SweepSpec, *, where: str = "sweep spec", tracking_uri: str | None = None) -> SweepOutcome:
+    """Each trial's state from MLflow alone (no Ray, no server: a read)."""
+    planned = plan_sweep(spec, where=where)
+    store = tracking_uri or DEFAULT_STORE_URI
+    records = find_runs(store, spec.experiment_name)
+    return SweepOutcome(sweep=spec.name, experiment=spec.experiment_name, tracking_uri=store,
+                        rows=[_row(p, records.get(p.key, [])) for p in planned])

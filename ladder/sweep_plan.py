@@ -1,0 +1,89 @@
+"""From a sweep spec to keyed, resolved trials, and the checks that must pass before launch.
+
+Expansion (`sweeps.expand`) says which points the spec asks for; resolution
+(`ladder.resolve.resolve_train_config`) turns each point into the exact config a training job
+runs; the trial key is the hash of that config (`sweeps.keys`). Everything here is pure and fast,
+so a bad spec is refused before Ray or the tracking server starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ladder.errors import LadderInputError
+from ladder.recipe import Recipe, load_recipe
+from sweeps.expand import Trial, expand
+from sweeps.keys import trial_key
+from sweeps.spec import Resources, SweepSpec
+
+Resolver = Callable[..., dict]
+
+
+@dataclass(frozen=True)
+class PlannedTrial:
+    trial: Trial
+    key: str
+    config: dict  # the resolved training config (identity only: tracking fields are added at launch)
+
+    @property
+    def label(self) -> str:
+        return self.trial.label
+
+
+def default_resolver() -> Resolver:
+    from ladder.resolve import resolve_train_config
+
+    return resolve_train_config
+
+
+def plan_sweep(spec: SweepSpec, *, where: str = "sweep spec", recipe: Recipe | None = None,
+               resolve: Resolver | None = None) -> list[PlannedTrial]:
+    """Resolve and key every trial; trials that resolve to the same config run once."""
+    recipe = recipe or load_recipe(spec.recipe)
+    resolve = resolve or default_resolver()
+    planned: dict[str, PlannedTrial] = {}
+    for trial in expand(spec, recipe):
+        try:
+            config = resolve(spec.recipe, trial.L, dict(trial.overrides), max_steps=trial.max_steps)
+        except LadderInputError as err:
+            raise LadderInputError(f"trial {trial.label}: {err.detail}", where=where,
+                                   field=f"blocks.{trial.block}" + (f".{err.field}" if err.field else "")) from None
+        except ValueError as err:  # the training job's own config errors (rungs.config.TrainConfigError)
+            raise LadderInputError(f"trial {trial.label}: {err}", where=where, field=f"blocks.{trial.block}") from None
+        key = trial_key(config)
+        planned.setdefault(key, PlannedTrial(trial=trial, key=key, config=config))
+    if not planned:
+        raise LadderInputError("the spec expands to no trials", where=where, field="blocks")
+    return list(planned.values())
+
+
+def check_fits_cluster(trials: list[PlannedTrial], nodes: list[dict[str, float]], *, where: str) -> None:
+    """Every trial's workers must fit on the cluster's nodes (each worker on one node), so a
+    trial never waits forever for resources that do not exist."""
+    if not nodes:
+        raise LadderInputError("the Ray cluster reports no alive nodes", field="--address")
+    total = {r: sum(n.get(r, 0.0) for n in nodes) for r in ("CPU", "GPU")}
+    biggest = {r: max(n.get(r, 0.0) for n in nodes) for r in ("CPU", "GPU")}
+    seen: set[Resources] = set()
+    for planned in trials:
+        res = planned.trial.resources
+        if res in seen:
+            continue
+        seen.add(res)
+        need = res.total()
+        for kind, per_worker in (("CPU", res.cpus), ("GPU", res.gpus)):
+            if need[kind] > total[kind] + 1e-9 or per_worker > biggest[kind] + 1e-9:
+                raise LadderInputError(
+                    f"trial {planned.label} asks for {res.workers} worker(s) × {per_worker:g} {kind} "
+                    f"= {need[kind]:g} {kind}, but the cluster has {total[kind]:g} {kind} in all and at most "
+                    f"{biggest[kind]:g} per node; lower resources.{kind.lower()}s or resources.workers, or point "
+                    f"--address at a larger cluster", where=where, field="resources")
+
+
+def runs_root_for(store_uri: str) -> Path:
+    """Run directories live next to the SQLite store (runs/), or under ./runs for a remote store."""
+    if store_uri.startswith("sqlite:///"):
+        return Path(store_uri[len("sqlite:///"):]).resolve().parent
+    return Path("runs").resolve()

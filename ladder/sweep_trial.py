@@ -1,0 +1,123 @@
+"""What runs on a Ray worker for one trial: the training job, wrapped with the sweep's bookkeeping.
+
+The job itself (`rungs.train.train`) owns its MLflow run, its checkpoints and its resume; a trial
+always calls it with `resume=True` in a run directory named by the trial key, so a retry or a rerun
+after a killed driver continues the same run from its last checkpoint instead of starting a second.
+Around it this wrapper counts attempts and tags the run with the sweep, the attempt and the outcome.
+A diverged job returns normally (recorded, not retried); an exception propagates so that Ray Tune's
+FailureConfig retries the trial.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+from ladder.sweep_runs import TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, tag_run
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS_FILE = "attempts"
+RUN_ID_FILE = "mlflow_run_id"  # the training job's own record of its MLflow run (rungs.tracking)
+
+
+def next_attempt(run_dir: Path) -> int:
+    path = run_dir / ATTEMPTS_FILE
+    attempt = int(path.read_text().strip() or 0) + 1 if path.is_file() else 1
+    path.write_text(f"{attempt}\n")
+    return attempt
+
+
+def _run_id(run_dir: Path) -> str | None:
+    path = run_dir / RUN_ID_FILE
+    return path.read_text().strip() or None if path.is_file() else None
+
+
+def _record_failure(payload: dict, run_dir: Path, tags: dict, err: BaseException) -> None:
+    """Mark the attempt failed in MLflow; when the job died before creating its run, leave a
+    FAILED run carrying the key so `ladder sweep status` can show why."""
+    from mlflow.tracking import MlflowClient
+
+    uri = payload["config"]["tracking_uri"]
+    tags = {**tags, TAG_OUTCOME: "failed", "error": f"{type(err).__name__}: {err}"[:4000]}
+    run_id = _run_id(run_dir)
+    try:
+        if run_id is not None:
+            tag_run(uri, run_id, tags, status="FAILED")
+            return
+        client = MlflowClient(uri)
+        name = payload["config"]["experiment_name"]
+        exp = client.get_experiment_by_name(name)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(name)
+        run = client.create_run(exp_id, run_name=f"failed-{payload['key'][:8]}",
+                                tags={k: str(v) for k, v in tags.items()})
+        client.set_terminated(run.info.run_id, status="FAILED")
+    except Exception:  # the tracking store is down too: the exception we re-raise says enough
+        log.exception("could not record the failure of trial %s in MLflow", payload["key"])
+
+
+def run_trial(payload: dict) -> dict:
+    """Train one trial; return the metrics Tune records as its final result."""
+    t0 = time.perf_counter()
+    run_dir = Path(payload["run_dir"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    attempt = next_attempt(run_dir)
+    tags = {TAG_KEY: payload["key"], TAG_SWEEP: payload["sweep"], TAG_LABEL: payload["label"], TAG_ATTEMPT: attempt,
+            **{f"coord.{k}": v for k, v in payload["coordinates"].items() if v is not None}}
+    from rungs.train import train
+
+    t_train = time.perf_counter()
+    try:
+        result = train(payload["config"], run_dir=run_dir, resume=True, progress=False)
+    except Exception as err:
+        _record_failure(payload, run_dir, tags, err)
+        raise
+    train_call_seconds = time.perf_counter() - t_train
+    outcome = "diverged" if result.diverged else "finished"
+    bpb = [v for v in result.bpb.values() if v is not None and math.isfinite(v)]
+    if result.run_id:
+        summary = {"bpb_mean": f"{sum(bpb) / len(bpb):.6f}"} if bpb else {}
+        tag_run(payload["config"]["tracking_uri"], result.run_id, {**tags, TAG_OUTCOME: outcome, **summary})
+    train_loop_seconds = result.tokens / result.tokens_per_second if result.tokens_per_second else 0.0
+    return {
+        "outcome": outcome, "run_id": result.run_id, "attempt": attempt, "steps": result.steps,
+        "final_loss": result.final_loss, "bpb_mean": sum(bpb) / len(bpb) if bpb else float("nan"),
+        "tokens_per_second": result.tokens_per_second, "train_wall_seconds": result.wall_seconds,
+        "train_loop_seconds": train_loop_seconds, "train_call_seconds": train_call_seconds,
+        "worker_seconds": time.perf_counter() - t0,
+    }
+
+
+def run_distributed_trial(payload: dict) -> dict:
+    """A trial with >1 worker: Ray Train's TorchTrainer starts the workers and their process group,
+    each worker declaring its CPUs/GPUs; rank 0's metrics are the trial's. The job's sharding lives
+    in `rungs` (it sees torch.distributed initialised); this is only the launch."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    res = payload["resources"]
+    trainer = TorchTrainer(
+        _worker_loop,
+        train_loop_config=payload,
+        scaling_config=ScalingConfig(num_workers=res["workers"], use_gpu=res["gpus"] > 0,
+                                     resources_per_worker={"CPU": res["cpus"], "GPU": res["gpus"]}),
+        run_config=RunConfig(name=f"train-{payload['key']}", storage_path=payload["storage_path"]),
+    )
+    result = trainer.fit()
+    if result.error:
+        raise result.error
+    return dict(result.metrics)
+
+
+def _worker_loop(payload: dict) -> None:
+    import ray.train
+
+    if ray.train.get_context().get_world_rank() == 0:  # bookkeeping and tracking once, on rank 0
+        ray.train.report(run_trial(payload))
+        return
+    from rungs.train import train
+
+    train(payload["config"], run_dir=Path(payload["run_dir"]), resume=True, progress=False)
+    ray.train.report({})
