@@ -1,0 +1,72 @@
+"""Small real-text corpora written on the fly (words drawn from the shipped demo corpus)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from rungs.data.manifest import DEMO_MANIFEST
+from rungs.data.prepare import prepare
+
+_WORDS: list[str] = []
+
+
+def demo_words() -> list[str]:
+    if not _WORDS:
+        with gzip.open(DEMO_MANIFEST.parent / "corpus" / "eval_books.jsonl.gz", "rt", encoding="utf-8") as f:
+            text = " ".join(json.loads(line)["text"] for line in f)
+        _WORDS.extend(text.split()[:20_000])
+    return _WORDS
+
+
+def make_docs(prefix: str, n_docs: int, seed: int, min_words: int = 20, max_words: int = 200,
+              span: tuple[int, int] = (0, 12_000)) -> list[dict]:
+    """Documents of consecutive words from `span` of the word list (disjoint spans never share a 13-gram)."""
+    rng = random.Random(seed)
+    words = demo_words()[span[0]:span[1]]
+    docs = []
+    for i in range(n_docs):
+        n = rng.randint(min_words, max_words)
+        start = rng.randrange(len(words) - n)
+        docs.append({"id": f"{prefix}-{i}", "text": " ".join(words[start:start + n]) + " é✓"})
+    return docs
+
+
+def write_jsonl(path: Path, docs: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+
+
+def write_manifest(root: Path, *, shares=(0.6, 0.4), n_docs=(60, 40), eval_docs=12, extra: str = "") -> Path:
+    write_jsonl(root / "a.jsonl", make_docs("a", n_docs[0], seed=1))
+    write_jsonl(root / "b.jsonl", make_docs("b", n_docs[1], seed=2))
+    write_jsonl(root / "held" / "x.jsonl", make_docs("x", eval_docs, seed=3, span=(12_000, 20_000)))
+    manifest = root / "manifest.yaml"
+    manifest.write_text(
+        "name: tiny\n"
+        "sources:\n"
+        f"  - {{name: a, domain: web, share: {shares[0]}, files: [a.jsonl]}}\n"
+        f"  - {{name: b, domain: code, share: {shares[1]}, files: [b.jsonl]}}\n"
+        "eval:\n"
+        "  - {domain: x, files: ['held/*.jsonl']}\n" + extra
+    )
+    return manifest
+
+
+@pytest.fixture(scope="session")
+def tiny_manifest(tmp_path_factory) -> Path:
+    return write_manifest(tmp_path_factory.mktemp("tiny_corpus"))
+
+
+@pytest.fixture(scope="session")
+def tiny_byte(tiny_manifest, tmp_path_factory) -> Path:
+    return prepare(tiny_manifest, tmp_path_factory.mktemp("tiny_byte"), vocab_size=257, tokenizer="byte")
+
+
+@pytest.fixture(scope="session")
+def tiny_bpe(tiny_manifest, tmp_path_factory) -> Path:
+    return prepare(tiny_manifest, tmp_path_factory.mktemp("tiny_bpe"), vocab_size=300, tokenizer="bpe")

@@ -1,0 +1,143 @@
+"""Manifests, tokenizers and shards: round trips, idempotence, resume, the cache, bad input."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from rungs.data import prepare as prepare_mod
+from rungs.data.corpus import PreparedCorpus
+from rungs.data.errors import DataInputError
+from rungs.data.manifest import load_manifest
+from rungs.data.prepare import ensure_prepared, prepare
+
+from .conftest import write_jsonl, write_manifest
+
+
+@pytest.mark.parametrize("fixture", ["tiny_byte", "tiny_bpe"])
+def test_shards_decode_back_to_every_document_with_its_byte_count(fixture, tiny_manifest, request):
+    corpus = PreparedCorpus.open(request.getfixturevalue(fixture))
+    manifest = load_manifest(tiny_manifest)
+    for ds, shard in [(s, corpus.train_shard(s.name)) for s in manifest.sources] + \
+                     [(e, corpus.eval_shard(e.name)) for e in manifest.eval_sets]:
+        docs = list(ds.documents())
+        assert list(shard.doc_ids) == [d.doc_id for d in docs]
+        for i, doc in enumerate(docs):
+            start, n, n_bytes = shard.index[i]
+            assert shard.tokens[start + n - 1] == corpus.eos_id  # every document ends with EOS
+            assert corpus.tokenizer.decode(shard.document_tokens(i).tolist()) == doc.text
+            assert n_bytes == len(doc.text.encode("utf-8"))
+        if ds.share is not None:
+            assert corpus.unique_tokens(ds.name) == shard.n_tokens
+
+
+def test_bpe_has_the_requested_vocabulary_and_round_trips_arbitrary_text(tiny_bpe):
+    tok = PreparedCorpus.open(tiny_bpe).tokenizer
+    assert tok.vocab_size == 300
+    text = "naïve café — 数学 \t\n def f(x): return x**2  # 🙂"
+    ids = tok.encode(text)
+    assert max(ids) < 300 and tok.decode(ids) == text
+
+
+def test_prepare_is_idempotent_and_deterministic(tiny_manifest, tiny_bpe, tmp_path):
+    again = prepare(tiny_manifest, tmp_path / "again", vocab_size=300)
+    first = json.loads((tiny_bpe / "meta.json").read_text())
+    second = json.loads((again / "meta.json").read_text())
+    assert [s["sha256"] for s in first["sources"] + first["eval"]] == \
+           [s["sha256"] for s in second["sources"] + second["eval"]]
+    assert (tiny_bpe / "tokenizer.json").read_bytes() == (again / "tokenizer.json").read_bytes()
+    stamp = (again / "meta.json").stat().st_mtime_ns
+    prepare(tiny_manifest, again, vocab_size=300)  # a finished prepare is a no-op
+    assert (again / "meta.json").stat().st_mtime_ns == stamp
+
+
+def test_an_interrupted_prepare_continues_without_redoing_finished_steps(tiny_manifest, tiny_bpe, tmp_path,
+                                                                           monkeypatch):
+    real = prepare_mod.tokenize_documents
+    calls = []
+    interrupt = [True]
+
+    def fail_on_second_set(tokenizer, texts):
+        calls.append(len(texts))
+        if len(calls) == 2 and interrupt[0]:
+            interrupt[0] = False
+            raise RuntimeError("simulated interruption")
+        return real(tokenizer, texts)
+
+    monkeypatch.setattr(prepare_mod, "tokenize_documents", fail_on_second_set)
+    out = tmp_path / "resumed"
+    with pytest.raises(RuntimeError, match="simulated"):
+        prepare(tiny_manifest, out, vocab_size=300)
+    assert not (out / "meta.json").exists()
+    calls.clear()
+    prepare(tiny_manifest, out, vocab_size=300)
+    assert len(calls) == 2  # sets b and x; set a was already done
+    done = json.loads((out / "meta.json").read_text())
+    ref = json.loads((tiny_bpe / "meta.json").read_text())
+    assert [s["sha256"] for s in done["sources"] + done["eval"]] == [s["sha256"] for s in ref["sources"] + ref["eval"]]
+
+
+def test_ensure_prepared_caches_by_content_and_survives_a_race(tiny_manifest, tmp_path):
+    results: list = []
+    threads = [threading.Thread(target=lambda: results.append(
+        ensure_prepared(tiny_manifest, vocab_size=257, tokenizer="byte", cache_root=tmp_path))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 2 and results[0] == results[1]
+    assert PreparedCorpus.open(results[0]).train_sources == ["a", "b"]
+    assert ensure_prepared(tiny_manifest, vocab_size=300, cache_root=tmp_path) != results[0]  # other tokenizer
+
+
+def test_missing_file_is_named(tmp_path):
+    manifest = write_manifest(tmp_path)
+    (tmp_path / "b.jsonl").unlink()
+    with pytest.raises(DataInputError, match=r"sources\[1\]\.files.*'b\.jsonl' matches no file"):
+        load_manifest(manifest)
+    with pytest.raises(DataInputError, match="manifest file not found"):
+        load_manifest(tmp_path / "nope.yaml")
+
+
+def test_shares_must_sum_to_one(tmp_path):
+    manifest = write_manifest(tmp_path, shares=(0.6, 0.3))
+    with pytest.raises(DataInputError, match=r"sources\.share: source shares sum to 0\.9; they must sum to 1"):
+        load_manifest(manifest)
+
+
+def test_empty_source_is_rejected(tmp_path):
+    manifest = write_manifest(tmp_path)
+    write_jsonl(tmp_path / "b.jsonl", [{"id": "blank", "text": "   \n"}])
+    with pytest.raises(DataInputError, match="sources: b: has no non-empty documents"):
+        prepare(manifest, tmp_path / "out", vocab_size=300)
+
+
+def test_bad_rows_and_duplicate_ids_are_reported(tmp_path):
+    manifest = write_manifest(tmp_path)
+    (tmp_path / "a.jsonl").write_text('{"id": "1", "text": "ok"}\nnot json\n')
+    with pytest.raises(DataInputError, match="line 2 is not a JSON object"):
+        prepare(manifest, tmp_path / "out", vocab_size=300)
+    write_jsonl(tmp_path / "a.jsonl", [{"id": "same", "text": "one"}, {"id": "same", "text": "two"}])
+    with pytest.raises(DataInputError, match="'same' appears twice"):
+        prepare(manifest, tmp_path / "out", vocab_size=300)
+
+
+def test_text_files_and_parquet_are_documents(tmp_path):
+    pd = pytest.importorskip("pandas")
+    try:
+        pd.DataFrame({"id": ["p1", "p2"], "text": ["first parquet doc", "second"]}).to_parquet(tmp_path / "p.parquet")
+    except ImportError:
+        pytest.skip("no parquet engine installed")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "one.txt").write_text("a whole file is a document")
+    (tmp_path / "m.yaml").write_text(
+        "sources:\n  - {name: p, share: 0.5, files: [p.parquet]}\n  - {name: t, share: 0.5, files: ['docs/*.txt']}\n")
+    m = load_manifest(tmp_path / "m.yaml")
+    assert [(d.doc_id, d.text) for d in m.sources[0].documents()] == [("p1", "first parquet doc"), ("p2", "second")]
+    assert [(d.doc_id, d.text) for d in m.sources[1].documents()] == [("docs/one.txt", "a whole file is a document")]
+    out = prepare(tmp_path / "m.yaml", tmp_path / "out", vocab_size=257, tokenizer="byte")
+    assert np.array_equal(PreparedCorpus.open(out).train_shard("t").document_tokens(0),
+                          list(b"a whole file is a document"))
