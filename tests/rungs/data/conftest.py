@@ -24,15 +24,18 @@ def demo_words() -> list[str]:
 
 
 def make_docs(prefix: str, n_docs: int, seed: int, min_words: int = 20, max_words: int = 200,
-              span: tuple[int, int] = (0, 12_000)) -> list[dict]:
-    """Documents of consecutive words from `span` of the word list (disjoint spans never share a 13-gram)."""
+              span: tuple[int, int] = (0, 7_000)) -> list[dict]:
+    """Documents of consecutive, non-overlapping runs of words from `span` of the word list (wrapping
+    around if the span runs out), so sets drawn from disjoint spans never share a 13-gram."""
     rng = random.Random(seed)
     words = demo_words()[span[0]:span[1]]
-    docs = []
+    docs, cursor = [], 0
     for i in range(n_docs):
         n = rng.randint(min_words, max_words)
-        start = rng.randrange(len(words) - n)
-        docs.append({"id": f"{prefix}-{i}", "text": " ".join(words[start:start + n]) + " é✓"})
+        if cursor + n > len(words):
+            cursor = 0
+        docs.append({"id": f"{prefix}-{i}", "text": " ".join(words[cursor:cursor + n]) + " é✓"})
+        cursor += n
     return docs
 
 
@@ -43,7 +46,7 @@ def write_jsonl(path: Path, docs: list[dict]) -> None:
 
 def write_manifest(root: Path, *, shares=(0.6, 0.4), n_docs=(60, 40), eval_docs=12, extra: str = "") -> Path:
     write_jsonl(root / "a.jsonl", make_docs("a", n_docs[0], seed=1))
-    write_jsonl(root / "b.jsonl", make_docs("b", n_docs[1], seed=2))
+    write_jsonl(root / "b.jsonl", make_docs("b", n_docs[1], seed=2, span=(7_000, 12_000)))
     write_jsonl(root / "held" / "x.jsonl", make_docs("x", eval_docs, seed=3, span=(12_000, 20_000)))
     manifest = root / "manifest.yaml"
     manifest.write_text(

@@ -1,0 +1,64 @@
+"""The shipped demo corpus prepares from the repository alone and fits every cpu-demo rung."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from ladder.plan import plan_rung
+from ladder.recipe import load_recipe
+from rungs.data.bpb import evaluate_bpb
+from rungs.data.corpus import PreparedCorpus
+from rungs.data.prepare import ensure_prepared
+from rungs.data.sampler import SourceScaledSampler
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> PreparedCorpus:
+    recipe = load_recipe("cpu-demo")
+    path = ensure_prepared(vocab_size=recipe.vocab_size, cache_root=tmp_path_factory.mktemp("cache"))
+    return PreparedCorpus.open(path)
+
+
+@pytest.mark.slow
+def test_demo_corpus_matches_the_recipe_and_fits_every_rung_to_full_scale(demo):
+    recipe = load_recipe("cpu-demo")
+    assert demo.train_sources == [s.name for s in recipe.mixture]
+    assert {"code", "qa", "stem", "math"} <= set(demo.eval_domains)
+    assert demo.tokenizer.vocab_size == recipe.vocab_size
+    for source in recipe.mixture:
+        real = demo.unique_tokens(source.name)
+        # The recipe states the corpus's own size (rounded down to 3 significant figures).
+        assert real * 0.99 <= source.unique_tokens <= real
+    for L in range(3, recipe.full_scale_rung + 1):
+        spec = plan_rung(recipe, L).to_dict()
+        sampler = SourceScaledSampler(demo, spec["sources"], seq_len=spec["seq_len"],
+                                      batch_sequences=spec["batch_sequences"], seed=0)
+        assert {s: r["planned_unique_tokens"] for s, r in sampler.report().items()} == \
+               {s: round(v["unique_tokens"]) for s, v in spec["sources"].items()}
+    report = json.loads((demo.path / "decontamination.json").read_text())
+    assert set(report["train_docs_removed"]) == set(demo.train_sources)
+
+
+@pytest.mark.slow
+def test_smallest_rung_streams_its_plan_and_bpb_runs_on_the_demo(demo):
+    spec = plan_rung(load_recipe("cpu-demo"), 3).to_dict()
+    sampler = SourceScaledSampler(demo, spec["sources"], seq_len=spec["seq_len"],
+                                  batch_sequences=spec["batch_sequences"], seed=0)
+    for _ in range(spec["steps"]):
+        batch = sampler.next_batch()
+    assert int(batch.inputs.max()) < spec["vocab_size"]
+    for name, r in sampler.report().items():
+        assert r["epochs"] == pytest.approx(spec["sources"][name]["epochs"], rel=0.01)
+        assert r["unique_tokens"] == pytest.approx(
+            min(1.0, spec["sources"][name]["epochs"]) * spec["sources"][name]["unique_tokens"], rel=0.01)
+
+    vocab = demo.tokenizer.vocab_size
+    results = evaluate_bpb(lambda x: torch.zeros(*x.shape, vocab), demo, seq_len=spec["seq_len"],
+                           max_docs_per_domain=2)
+    for r in results.values():  # uniform over the vocabulary: ln V nats per token
+        assert r.nats == pytest.approx(r.tokens * math.log(vocab), rel=1e-12)
+        assert 1.0 < r.bytes / r.tokens < 4.0
