@@ -1,0 +1,143 @@
+"""Bootstrap over runs: resample the fitted rows with replacement, refit, and read parameter and
+prediction intervals off the percentiles of the draws (Epoch's procedure for Chinchilla).
+
+Each resample is warm-started from the full-data solution, which is what makes 1,000 resamples
+of every domain's law cheap. A resample whose fit is non-finite, or that has too few distinct
+x values for the form, is counted in `bootstrap_failed` and left out, never silently patched.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+
+from fits.batched import batched_huber_lm, resample_weights
+from fits.errors import FitError
+from fits.results import FitResult
+
+log = logging.getLogger(__name__)
+
+
+def percentile_interval(draws: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+    q = 50.0 * (1.0 - level)
+    return np.percentile(draws, q, axis=0), np.percentile(draws, 100.0 - q, axis=0)
+
+
+def resample_indices(rng: np.random.Generator, n_rows: int, clusters: np.ndarray | None = None) -> np.ndarray:
+    """Row indices of one resample; with `clusters` (e.g. a run id repeated over its seeds or
+    checkpoints) whole clusters are drawn, so correlated rows travel together."""
+    if clusters is None:
+        return rng.integers(0, n_rows, n_rows)
+    labels, inverse = np.unique(clusters, return_inverse=True)
+    members = [np.flatnonzero(inverse == k) for k in range(len(labels))]
+    chosen = rng.integers(0, len(labels), len(labels))
+    return np.concatenate([members[k] for k in chosen])
+
+
+def bootstrap_draws(fit_one: Callable[[np.ndarray], np.ndarray], n_rows: int, n: int, seed: int,
+                    clusters: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """Call `fit_one(indices) -> parameter vector` on `n` resamples. Returns (draws, n_failed)."""
+    rng = np.random.default_rng(seed)
+    draws, failed = [], 0
+    for _ in range(n):
+        idx = resample_indices(rng, n_rows, clusters)
+        try:
+            vec = fit_one(idx)
+        except FitError:
+            failed += 1
+            continue
+        if np.all(np.isfinite(vec)):
+            draws.append(vec)
+        else:
+            failed += 1
+    if failed:
+        log.info("bootstrap: %d of %d resamples failed and were left out", failed, n)
+    if len(draws) < max(10, n // 2):
+        raise FitError(f"bootstrap: only {len(draws)} of {n} resamples gave a finite fit; the law is not identified "
+                       "by these points")
+    return np.asarray(draws), failed
+
+
+def attach_bootstrap(result: FitResult, draws: np.ndarray, failed: int, ci_level: float) -> None:
+    lo, hi = percentile_interval(draws, ci_level)
+    names = list(result.params)
+    result.bootstrap_params = draws
+    result.ci = {k: (float(lo[i]), float(hi[i])) for i, k in enumerate(names)}
+    result.se = {k: float(np.std(draws[:, i], ddof=1)) for i, k in enumerate(names)}
+    result.ci_level = ci_level
+    result.n_bootstrap = len(draws)
+    result.extra["bootstrap_failed"] = failed
+
+
+def power_law_residuals(z: np.ndarray, log_y: np.ndarray):
+    """Batched (r, J) of log ŷ = LSE(a − α·z, e) − log y for theta rows (a, α, e)."""
+
+    def fn(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        t1 = theta[:, 0:1] - theta[:, 1:2] * z[None, :]
+        e = theta[:, 2:3]
+        lse = np.logaddexp(t1, e)
+        s1 = np.exp(t1 - lse)
+        J = np.stack([s1, -z[None, :] * s1, 1.0 - s1], axis=-1)
+        return lse - log_y[None, :], J
+
+    return fn
+
+
+def chinchilla_residuals(log_n: np.ndarray, log_d: np.ndarray, log_l: np.ndarray):
+    """Batched (r, J) of LSE(a − α·log N, b − β·log D, e) − log L for theta rows (a, b, e, α, β)."""
+
+    def fn(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        a, b, e, al, be = (theta[:, k:k + 1] for k in range(5))
+        terms = np.stack([a - al * log_n, b - be * log_d, np.broadcast_to(e, (len(theta), len(log_n)))])
+        top = terms.max(axis=0)
+        ex = np.exp(terms - top)
+        tot = ex.sum(axis=0)
+        soft = ex / tot
+        r = top + np.log(tot) - log_l[None, :]
+        J = np.stack([soft[0], soft[1], soft[2], -log_n * soft[0], -log_d * soft[1]], axis=-1)
+        return r, J
+
+    return fn
+
+
+def bootstrap_power_law(result: FitResult, raw, xs: np.ndarray, ys: np.ndarray, *, n: int, seed: int,
+                        ci_level: float, delta: float, reduction: str, clusters: np.ndarray | None = None) -> None:
+    """All resamples at once (batched IRLS Levenberg–Marquardt), each warm-started at the full fit.
+    The reduction does not move a minimum, so resamples always use the summed objective."""
+    from fits.power_law import MIN_DISTINCT_X, _bounds
+
+    rng = np.random.default_rng(seed)
+    W = resample_weights(rng, len(xs), n, clusters)
+    _, x_group = np.unique(xs, return_inverse=True)
+    distinct = np.stack([np.bincount(x_group, weights=w) > 0 for w in W]).sum(axis=1)
+    ok = distinct >= MIN_DISTINCT_X
+    z, log_y = np.log(xs) - raw.log_x0, np.log(ys)
+    bounds = np.array(_bounds(log_y))
+    theta, _ = batched_huber_lm(power_law_residuals(z, log_y), np.repeat(raw.theta[None, :], ok.sum(), axis=0), W[ok],
+                                delta=delta, lower=bounds[:, 0], upper=bounds[:, 1])
+    a, alpha, e = theta.T
+    draws = np.column_stack([np.exp(e), np.exp(a + alpha * raw.log_x0), alpha])
+    finite = np.all(np.isfinite(draws), axis=1)
+    failed = int((~ok).sum() + (~finite).sum())
+    if finite.sum() < max(10, n // 2):
+        raise FitError(f"bootstrap: only {int(finite.sum())} of {n} resamples gave a finite fit")
+    attach_bootstrap(result, draws[finite], failed, ci_level)
+
+
+def bootstrap_chinchilla(result: FitResult, raw, N: np.ndarray, D: np.ndarray, L: np.ndarray, *, n: int, seed: int,
+                         ci_level: float, delta: float, clusters: np.ndarray | None = None) -> None:
+    from fits.chinchilla import BOUNDS, natural_params
+
+    rng = np.random.default_rng(seed)
+    W = resample_weights(rng, len(L), n, clusters)
+    bounds = np.array(BOUNDS)
+    theta, _ = batched_huber_lm(chinchilla_residuals(np.log(N), np.log(D), np.log(L)),
+                                np.repeat(raw.theta[None, :], n, axis=0), W, delta=delta,
+                                lower=bounds[:, 0], upper=bounds[:, 1])
+    draws = np.array([list(natural_params(t).values()) for t in theta])
+    finite = np.all(np.isfinite(draws), axis=1)
+    if finite.sum() < max(10, n // 2):
+        raise FitError(f"bootstrap: only {int(finite.sum())} of {n} resamples gave a finite fit")
+    attach_bootstrap(result, draws[finite], int((~finite).sum()), ci_level)

@@ -1,0 +1,175 @@
+"""The compute law of one eval domain: BPB(C) = E + A·C^(−α).
+
+Fitted in log space, log ŷ = LSE(a − α·z, e) with z = log(C / C0), A = exp(a + α·log C0) and
+E = exp(e), so E and A stay positive and the optimiser works on well-scaled numbers (C0 is the
+geometric mean of the sampled compute). Objective: Huber(δ = 1e-3) on log residuals, summed.
+
+Starts come from variable projection: for each α on a grid, E and A enter linearly, so they are
+solved exactly by least squares; the best few grid points then start L-BFGS-B with the analytic
+gradient. A solution on a bound raises `FitBoundaryError` (an E that wants to be 0, an α at the
+grid's end), a non-finite one `FitConvergenceError`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import minimize
+
+from fits.errors import FitBoundaryError, FitConvergenceError
+from fits.results import FitResult
+from fits.robust import HUBER_DELTA, huber, huber_grad, lse_terms, reduce_weight
+from fits.validate import numeric_column, require_columns, require_points, row_ids
+
+log = logging.getLogger(__name__)
+
+ALPHA_BOUNDS = (1e-4, 4.0)
+ALPHA_GRID = np.geomspace(2e-4, 3.5, 64)
+MIN_DISTINCT_X = 3
+N_REFINED_STARTS = 3
+PARAM_NAMES = ("E", "A", "alpha")
+FORMULA = "y = E + A * x^(-alpha)"
+
+
+@dataclass(frozen=True)
+class RawFit:
+    """Optimiser-space solution: theta = (a, alpha, e) with z = log(x / x0)."""
+
+    theta: np.ndarray
+    objective: float
+    log_x0: float
+
+    @property
+    def params(self) -> tuple[float, float, float]:
+        a, alpha, e = self.theta
+        return float(np.exp(e)), float(np.exp(a + alpha * self.log_x0)), float(alpha)
+
+
+def _objective(theta: np.ndarray, z: np.ndarray, log_y: np.ndarray, delta: float, weight: float):
+    a, alpha, e = theta
+    lse, soft = lse_terms(np.stack([a - alpha * z, np.full_like(z, e)]))
+    r = lse - log_y
+    psi = weight * huber_grad(r, delta)
+    grad = np.array([psi @ soft[0], -(psi * z) @ soft[0], psi @ soft[1]])
+    return weight * huber(r, delta).sum(), grad
+
+
+def _grid_starts(z: np.ndarray, y: np.ndarray, log_y: np.ndarray, delta: float) -> np.ndarray:
+    """Variable projection over α: exact least squares for (E, A) at every grid α, scored by the
+    robust log objective. Returns starts (a, α, e) sorted best first."""
+    u = np.exp(-ALPHA_GRID[:, None] * z[None, :])  # (G, n)
+    u_mean, y_mean = u.mean(axis=1), y.mean()
+    cov = ((u - u_mean[:, None]) * (y - y_mean)).mean(axis=1)
+    var = ((u - u_mean[:, None]) ** 2).mean(axis=1)
+    floor = 1e-6 * y.min()
+    A = np.maximum(cov / np.maximum(var, 1e-300), floor)
+    E = np.clip(y_mean - A * u_mean, floor, 0.999 * y.min())
+    pred = E[:, None] + A[:, None] * u
+    score = huber(np.log(pred) - log_y[None, :], delta).sum(axis=1)
+    order = np.argsort(score)
+    return np.column_stack([np.log(A), ALPHA_GRID, np.log(E)])[order]
+
+
+def _bounds(log_y: np.ndarray) -> list[tuple[float, float]]:
+    lo, hi = float(log_y.min()), float(log_y.max())
+    return [(lo - 30.0, hi + 10.0), ALPHA_BOUNDS, (lo - 12.0, hi + 1.0)]
+
+
+def fit_arrays(x: np.ndarray, y: np.ndarray, *, delta: float = HUBER_DELTA, reduction: str = "sum",
+               start: np.ndarray | None = None, log_x0: float | None = None, check: bool = True) -> RawFit:
+    """Core fit on float arrays (already validated). `start` (optimiser space) skips the grid:
+    the bootstrap warm-starts every resample from the full-data solution."""
+    log_x = np.log(x)
+    log_x0 = float(log_x.mean()) if log_x0 is None else log_x0
+    z = log_x - log_x0
+    log_y = np.log(y)
+    weight = reduce_weight(len(y), reduction)
+    bounds = _bounds(log_y)
+    starts = [start] if start is not None else list(_grid_starts(z, y, log_y, delta)[:N_REFINED_STARTS])
+    best = None
+    for s in starts:
+        s = np.clip(s, [b[0] for b in bounds], [b[1] for b in bounds])
+        res = minimize(_objective, s, args=(z, log_y, delta, weight), jac=True, method="L-BFGS-B", bounds=bounds,
+                       options={"maxiter": 2000, "ftol": 1e-15, "gtol": 1e-12 * weight})
+        if np.all(np.isfinite(res.x)) and np.isfinite(res.fun) and (best is None or res.fun < best.fun):
+            best = res
+    if best is None:
+        raise FitConvergenceError(f"power law: every start ended non-finite ({FORMULA})")
+    raw = RawFit(theta=best.x, objective=float(best.fun), log_x0=log_x0)
+    if check:
+        check_bounds(raw.theta, bounds)
+    return raw
+
+
+def check_bounds(theta: np.ndarray, bounds: list[tuple[float, float]]) -> None:
+    names = ("log A (at the reference compute)", "alpha", "log E")
+    for name, value, (lo, hi) in zip(names, theta, bounds):
+        tol = 1e-6 * (hi - lo)
+        if value <= lo + tol or value >= hi - tol:
+            hint = " (E → 0: the data show no floor; fit a pure power law or add larger rungs)" if name == "log E" else ""
+            raise FitBoundaryError(f"power law: {name} = {value:.4g} ended on its bound [{lo:.4g}, {hi:.4g}]{hint}",
+                                   parameter=name, value=float(value))
+
+
+class PowerLawResult(FitResult):
+    """E + A·x^(−α) with prediction, inversion and bootstrap bands."""
+
+    def predict(self, x) -> np.ndarray:
+        p = self.params
+        return p["E"] + p["A"] * np.asarray(x, dtype=float) ** (-p["alpha"])
+
+    def inverse(self, y) -> np.ndarray:
+        """The x at which the law reaches y; inf where y is at or below the floor E."""
+        p = self.params
+        return _inverse(np.asarray(y, dtype=float), p["E"], p["A"], p["alpha"])
+
+    def predict_draws(self, x) -> np.ndarray:
+        """(n_bootstrap, len(x)) predictions from the bootstrap parameter draws."""
+        E, A, alpha = (self.bootstrap_column(n)[:, None] for n in PARAM_NAMES)
+        return E + A * np.atleast_1d(np.asarray(x, dtype=float))[None, :] ** (-alpha)
+
+    def inverse_draws(self, y) -> np.ndarray:
+        E, A, alpha = (self.bootstrap_column(n)[:, None] for n in PARAM_NAMES)
+        return _inverse(np.atleast_1d(np.asarray(y, dtype=float))[None, :], E, A, alpha)
+
+    def predict_interval(self, x, level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        level = level or self.ci_level or 0.95
+        draws = self.predict_draws(x)
+        q = 50 * (1 - level)
+        return np.percentile(draws, q, axis=0), np.percentile(draws, 100 - q, axis=0)
+
+
+def _inverse(y, E, A, alpha):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = (A / (y - E)) ** (1.0 / alpha)
+    return np.where(y > E, out, np.inf)
+
+
+def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, delta: float = HUBER_DELTA,
+                  reduction: str = "sum", bootstrap: int = 0, ci_level: float = 0.95, seed: int = 0,
+                  id_column: str | None = "run_id", group: str | None = None) -> PowerLawResult:
+    """Fit y = E + A·x^(−α) to the rows of `df` (one law; group the table yourself for several)."""
+    require_columns(df, [x, y])
+    xs = numeric_column(df, x, positive=True)
+    ys = numeric_column(df, y, positive=True)
+    require_points(len(np.unique(xs)), MIN_DISTINCT_X, "the power law E + A·x^(−α) (3 parameters)", x)
+    raw = fit_arrays(xs, ys, delta=delta, reduction=reduction)
+    E, A, alpha = raw.params
+    residuals = np.log(ys) - np.log(E + A * xs ** (-alpha))
+    result = PowerLawResult(
+        law="power_law", formula=FORMULA.replace("x", x).replace("y =", f"{y} ="),
+        params={"E": E, "A": A, "alpha": alpha}, objective=raw.objective, n_points=len(ys),
+        rows_used=row_ids(df, id_column), residuals=residuals.tolist(),
+        options={"x": x, "y": y, "delta": delta, "reduction": reduction, "bootstrap": bootstrap, "seed": seed,
+                 "ci_level": ci_level, "alpha_grid": [float(ALPHA_GRID[0]), float(ALPHA_GRID[-1]), len(ALPHA_GRID)]},
+        extra={"group": group, "log_x0": raw.log_x0},
+    )
+    if bootstrap > 0:
+        from fits.bootstrap import bootstrap_power_law
+
+        bootstrap_power_law(result, raw, xs, ys, n=bootstrap, seed=seed, ci_level=ci_level, delta=delta,
+                            reduction=reduction)
+    return result
