@@ -66,6 +66,8 @@ class _SourceStream:
         self.planned_tokens = cap_tokens * epochs
         self.seed = seed
         self.seg_doc, self.seg_len = select_subset(shard, name, cap_tokens)
+        self.tokens = np.asarray(shard.tokens)  # a plain view of the memory map (cheaper slicing)
+        self.doc_starts = shard.index[:, 0].tolist()
         self.epoch = 0
         self.pos = 0
         self.offset = 0
@@ -100,9 +102,6 @@ class _SourceStream:
                     self.epoch += 1
                     order = self.order()
         return pieces
-
-    def seg_start_of(self, doc: int) -> int:
-        return int(self.shard.index[doc, 0])
 
     def state(self) -> dict:
         return {"epoch": self.epoch, "pos": self.pos, "offset": self.offset, "pulled": self.pulled}
@@ -165,21 +164,23 @@ class SourceScaledSampler:
                     f"its unique_tokens in the recipe mixture", where=str(corpus.path), field=f"sources.{name}")
             self.streams.append(_SourceStream(name, shard, cap, _plan_float(plan, name, "epochs"), self.seed))
         self.pending: list[tuple[int, int, int, int]] = []  # (source index, doc index, offset, length)
+        self._pending_tokens = 0
         self.batches = 0
         self._warned_past_plan = False
 
     # ---- stream ----
     def _pull_chunk(self) -> None:
         progress = [s.pulled / s.planned_tokens for s in self.streams]
-        i = int(np.argmin(progress))
+        i = progress.index(min(progress))  # the source furthest behind its share (ties: plan order)
         if progress[i] >= 1.0 and not self._warned_past_plan:
             log.warning("sampler: every source has passed its planned epochs; continuing to cycle")
             self._warned_past_plan = True
         self.pending.extend((i, d, o, n) for d, o, n in self.streams[i].take(self.chunk_tokens))
+        self._pending_tokens += self.chunk_tokens
 
     def next_batch(self) -> Batch:
         need = self.batch_sequences * self.seq_len + 1
-        while sum(p[3] for p in self.pending) < need:
+        while self._pending_tokens < need:
             self._pull_chunk()
         buffer = np.empty(need, dtype=np.int64)
         segments = []
@@ -187,8 +188,9 @@ class SourceScaledSampler:
         keep: list[tuple[int, int, int, int]] = []
         for k, (src, doc, off, n) in enumerate(self.pending):
             take = min(n, need - filled)
-            start = int(self.streams[src].seg_start_of(doc)) + off
-            buffer[filled:filled + take] = self.streams[src].shard.tokens[start:start + take]
+            stream = self.streams[src]
+            start = stream.doc_starts[doc] + off
+            buffer[filled:filled + take] = stream.tokens[start:start + take]
             segments.append((filled, src, doc, off, take))
             filled += take
             if filled == need:
@@ -196,6 +198,7 @@ class SourceScaledSampler:
                 keep = [(src, doc, off + take - 1, n - take + 1)] + self.pending[k + 1:]
                 break
         self.pending = keep
+        self._pending_tokens = sum(p[3] for p in keep)
         self.batches += 1
         tokens = torch.from_numpy(buffer)
         shape = (self.batch_sequences, self.seq_len)
@@ -218,6 +221,7 @@ class SourceScaledSampler:
             st = state["streams"][s.name]
             s.epoch, s.pos, s.offset, s.pulled = int(st["epoch"]), int(st["pos"]), int(st["offset"]), int(st["pulled"])
         self.pending = [tuple(int(v) for v in p) for p in state["pending"]]
+        self._pending_tokens = sum(p[3] for p in self.pending)
         self.batches = int(state["batches"])
 
     def report(self) -> dict[str, dict]:
