@@ -1,0 +1,78 @@
+"""Backtests of a compute law: would the ladder have predicted its own top rung?
+
+- held-out-rung backtest: fit without the top `holdout_top` rungs (distinct x values), predict
+  them, report the relative error and whether the measured value falls inside the interval;
+- progressive backtest: add rungs one at a time (Porian et al.'s `predict_and_estimate_cost`
+  loop), predicting the next rung from those below it, so the error can be watched shrinking.
+
+The interval is a prediction interval for a new run: bootstrap draws of the law plus a resampled
+log residual of the fit (observation noise), at `ci_level`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fits.errors import FitInputError
+from fits.power_law import MIN_DISTINCT_X, PowerLawResult, fit_power_law
+from fits.validate import numeric_column, require_columns
+
+
+def prediction_interval(fit: PowerLawResult, x: np.ndarray, ci_level: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    draws = fit.predict_draws(x)
+    resid = np.asarray(fit.residuals)
+    if resid.size:
+        rng = np.random.default_rng(seed)
+        draws = draws * np.exp(rng.choice(resid, size=draws.shape))
+    q = 50.0 * (1.0 - ci_level)
+    return np.percentile(draws, q, axis=0), np.percentile(draws, 100 - q, axis=0)
+
+
+def _predict_rows(fit: PowerLawResult, test: pd.DataFrame, x: str, y: str, ci_level: float, seed: int) -> list[dict[str, Any]]:
+    actual = test.groupby(x)[y].mean()
+    xs = actual.index.to_numpy(dtype=float)
+    pred = fit.predict(xs)
+    lo, hi = prediction_interval(fit, xs, ci_level, seed)
+    return [{"x": float(xv), "actual": float(a), "predicted": float(p), "lo": float(l), "hi": float(h),
+             "rel_error": float((p - a) / a), "inside": bool(l <= a <= h)}
+            for xv, a, p, l, h in zip(xs, actual.to_numpy(), pred, lo, hi)]
+
+
+def holdout_backtest(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, holdout_top: int = 1,
+                     bootstrap: int = 400, ci_level: float = 0.95, seed: int = 0, **fit_kwargs) -> dict[str, Any]:
+    """Fit without the `holdout_top` largest x values and predict them."""
+    require_columns(df, [x, y])
+    xs = numeric_column(df, x, positive=True)
+    levels = np.unique(xs)
+    if holdout_top < 1:
+        raise FitInputError(f"holdout_top must be ≥ 1, got {holdout_top}", column=x)
+    if len(levels) - holdout_top < MIN_DISTINCT_X:
+        raise FitInputError(f"holding out {holdout_top} rung(s) leaves {len(levels) - holdout_top} distinct values; "
+                            f"the power law needs {MIN_DISTINCT_X} to fit", column=x)
+    cut = levels[-holdout_top]
+    train, test = df[xs < cut], df[xs >= cut]
+    fit = fit_power_law(train, x, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed, **fit_kwargs)
+    rows = _predict_rows(fit, test, x, y, ci_level, seed)
+    return {"kind": "holdout", "holdout_top": holdout_top, "n_train": len(train), "ci_level": ci_level,
+            "params_without_holdout": fit.params, "predictions": rows,
+            "max_abs_rel_error": max(abs(r["rel_error"]) for r in rows), "all_inside": all(r["inside"] for r in rows)}
+
+
+def progressive_backtest(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, bootstrap: int = 200,
+                         ci_level: float = 0.95, seed: int = 0, **fit_kwargs) -> dict[str, Any]:
+    """For k = 3 … n−1 rungs: fit the k smallest, predict rung k+1."""
+    require_columns(df, [x, y])
+    xs = numeric_column(df, x, positive=True)
+    levels = np.unique(xs)
+    if len(levels) <= MIN_DISTINCT_X:
+        raise FitInputError(f"a progressive backtest needs more than {MIN_DISTINCT_X} distinct values, got "
+                            f"{len(levels)}", column=x)
+    steps = []
+    for k in range(MIN_DISTINCT_X, len(levels)):
+        fit = fit_power_law(df[xs < levels[k]], x, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed, **fit_kwargs)
+        row = _predict_rows(fit, df[xs == levels[k]], x, y, ci_level, seed)[0]
+        steps.append({"n_rungs_fitted": k, **row, "alpha": fit.params["alpha"]})
+    return {"kind": "progressive", "ci_level": ci_level, "steps": steps}
