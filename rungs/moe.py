@@ -140,53 +140,75 @@ class _RoundIndex:
             yield self.order[idx.to(self.order.device)], ends.to(torch.int32).to(self.order.device), ends.tolist()
 
 
+def _round_forward(x, w_gate, w_up, w_down, k, xin, y_pairs, pairs, offs, ends, backend) -> None:
+    # One round; a function so that its temporaries are freed before the next round starts.
+    n = ends[-1]
+    torch.index_select(x, 0, pairs // k, out=xin[:n])
+    h = F.silu(_gmm(xin, w_gate.mT, offs, ends, backend)) * _gmm(xin, w_up.mT, offs, ends, backend)
+    y_pairs.index_copy_(0, pairs, _gmm(h, w_down.mT, offs, ends, backend)[:n])
+
+
+def _round_backward(x, w_gate, w_up, w_down, k, xin, dy, grad_y_pairs, dx_pairs, grads, pairs, offs, ends,
+                    backend) -> None:
+    # Recompute the round's activations, then its share of every gradient (in-place where possible,
+    # so about six (rows, hidden) temporaries are alive at once).
+    n = ends[-1]
+    torch.index_select(x, 0, pairs // k, out=xin[:n])
+    torch.index_select(grad_y_pairs, 0, pairs, out=dy[:n])
+    hg = _gmm(xin, w_gate.mT, offs, ends, backend)                           # (rows, hidden)
+    hu = _gmm(xin, w_up.mT, offs, ends, backend)
+    sig = torch.sigmoid(hg)
+    silu = hg * sig
+    grads[2] += _gmm(dy.mT, silu * hu, offs, ends, backend)                  # (E, latent, hidden)
+    dh = _gmm(dy, w_down, offs, ends, backend)                                # (rows, hidden)
+    dhu = dh * silu
+    del silu
+    dsilu = torch.rsub(sig, 1).mul_(hg).add_(1).mul_(sig)                    # silu'(z) = s(1 + z(1 - s))
+    del hg, sig
+    dhg = dh.mul_(hu).mul_(dsilu)
+    del hu, dsilu
+    grads[0] += _gmm(dhg.mT, xin, offs, ends, backend)
+    grads[1] += _gmm(dhu.mT, xin, offs, ends, backend)
+    dxin = _gmm(dhg, w_gate, offs, ends, backend)
+    dxin += _gmm(dhu, w_up, offs, ends, backend)
+    dx_pairs.index_copy_(0, pairs, dxin[:n])
+
+
 class _MultiRoundExperts(torch.autograd.Function):
-    """y_pairs[p] = expert(e_p)(x[p // k]) for every (token, slot) pair p; activations recomputed."""
+    """y_pairs[p] = expert(e_p)(x[p // k]) for every (token, slot) pair p; activations recomputed.
+
+    The weights come in as the (fp32) parameters and are cast to x's dtype inside forward and again
+    inside backward, so no low-precision weight copy is saved and weight gradients are accumulated
+    over rounds in fp32 and returned in fp32."""
 
     @staticmethod
     def forward(ctx, x, w_gate, w_up, w_down, order, counts, k, capacity, group_size, buffer_rows, backend):
         ctx.save_for_backward(x, w_gate, w_up, w_down, order, counts)
         ctx.k, ctx.capacity, ctx.group_size, ctx.buffer_rows, ctx.backend = k, capacity, group_size, buffer_rows, backend
         with torch.autocast(x.device.type, enabled=False):
+            weights = [w.to(x.dtype) for w in (w_gate, w_up, w_down)]
             y_pairs = x.new_empty(order.numel(), w_down.shape[1])
             xin = x.new_zeros(buffer_rows, x.shape[1])
             for pairs, offs, ends in _RoundIndex(order, counts, capacity, group_size):
-                n = ends[-1]
-                torch.index_select(x, 0, pairs // k, out=xin[:n])
-                h = F.silu(_gmm(xin, w_gate.mT, offs, ends, backend)) * _gmm(xin, w_up.mT, offs, ends, backend)
-                y_pairs.index_copy_(0, pairs, _gmm(h, w_down.mT, offs, ends, backend)[:n])
+                _round_forward(x, *weights, k, xin, y_pairs, pairs, offs, ends, backend)
         return y_pairs
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_y_pairs):
         x, w_gate, w_up, w_down, order, counts = ctx.saved_tensors
-        k, backend = ctx.k, ctx.backend
-        acc = torch.float32 if x.dtype != torch.float64 else torch.float64
+        acc = torch.promote_types(w_gate.dtype, torch.float32)
         grads = [torch.zeros(w.shape, dtype=acc, device=w.device) for w in (w_gate, w_up, w_down)]
-        dx_pairs = x.new_empty(order.numel(), x.shape[1])
-        xin = x.new_zeros(ctx.buffer_rows, x.shape[1])
-        dy = grad_y_pairs.new_zeros(ctx.buffer_rows, grad_y_pairs.shape[1])
-        grad_y_pairs = grad_y_pairs.contiguous()
         with torch.autocast(x.device.type, enabled=False):
+            weights = [w.to(x.dtype) for w in (w_gate, w_up, w_down)]
+            dx_pairs = x.new_empty(order.numel(), x.shape[1])
+            xin = x.new_zeros(ctx.buffer_rows, x.shape[1])
+            grad_y_pairs = grad_y_pairs.to(x.dtype).contiguous()
+            dy = grad_y_pairs.new_zeros(ctx.buffer_rows, grad_y_pairs.shape[1])
             for pairs, offs, ends in _RoundIndex(order, counts, ctx.capacity, ctx.group_size):
-                n = ends[-1]
-                torch.index_select(x, 0, pairs // k, out=xin[:n])
-                torch.index_select(grad_y_pairs, 0, pairs, out=dy[:n])
-                hg = _gmm(xin, w_gate.mT, offs, ends, backend)
-                hu = _gmm(xin, w_up.mT, offs, ends, backend)
-                sig = torch.sigmoid(hg)
-                silu = hg * sig
-                grads[2] += _gmm(dy.mT, silu * hu, offs, ends, backend)          # (E, latent, hidden)
-                dh = _gmm(dy, w_down, offs, ends, backend)                        # (rows, hidden)
-                dhu = dh * silu
-                dhg = dh * hu * sig * (1 + hg * (1 - sig))                         # silu'(z) = s(1 + z(1 - s))
-                grads[0] += _gmm(dhg.mT, xin, offs, ends, backend)
-                grads[1] += _gmm(dhu.mT, xin, offs, ends, backend)
-                dxin = _gmm(dhg, w_gate, offs, ends, backend)
-                dxin += _gmm(dhu, w_up, offs, ends, backend)
-                dx_pairs.index_copy_(0, pairs, dxin[:n])
-        dx = dx_pairs.view(-1, k, x.shape[1]).sum(1)                              # slot order: deterministic
+                _round_backward(x, *weights, ctx.k, xin, dy, grad_y_pairs, dx_pairs, grads,
+                                pairs, offs, ends, ctx.backend)
+        dx = dx_pairs.view(-1, ctx.k, x.shape[1]).sum(1)                          # slot order: deterministic
         dwg, dwu, dwd = (g.to(w.dtype) for g, w in zip(grads, (w_gate, w_up, w_down)))
         return dx, dwg, dwu, dwd, None, None, None, None, None, None, None
 
@@ -255,10 +277,9 @@ class RoutedExperts(nn.Module):
 
         device_type = x.device.type
         dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
-        weights = [w.to(dtype) for w in (self.w_gate, self.w_up, self.w_down)]
         order = torch.argsort(flat, stable=True)                                 # pairs sorted by expert
-        y_pairs = _MultiRoundExperts.apply(x.to(dtype), *weights, order, counts, k, capacity,
-                                           self.group_size, buffer_rows, self.backend)
+        y_pairs = _MultiRoundExperts.apply(x.to(dtype), self.w_gate, self.w_up, self.w_down, order, counts, k,
+                                           capacity, self.group_size, buffer_rows, self.backend)
         # (T, 1, k) @ (T, k, latent): the k slots of each token summed in slot order.
         out = torch.bmm(gate.to(dtype).unsqueeze(1), y_pairs.view(n_tokens, k, self.latent_dim)).squeeze(1)
         self.last_stats = {

@@ -1,0 +1,157 @@
+"""Multi-round dropless MoE vs a naive per-expert loop vs capacity-padded dispatch.
+
+Shapes of the largest cpu-demo rung's MoE layer (E=8, top-2, latent 48, expert hidden 96, one
+micro-batch of 2688 tokens), bf16 autocast as in training; forward + backward of one layer.
+Routing: balanced (every expert T*k/E pairs) and the worst skew for groups of 2 (every token picks
+experts 0 and 1, so group 0 gets all T*k pairs). Capacity: calibrated with
+`rungs.moe.calibrate_capacity` from random near-balanced routings, so balanced steps take one round.
+
+Measured per method and routing: median wall seconds of forward+backward, peak live bytes (torch
+profiler memory timeline, CREATE/DESTROY events of every CPU allocation inside the step) and bytes
+saved for backward (`saved_tensors_hooks`). The padded dispatch is made dropless by padding every
+expert to the largest expert's load, the only way a capacity-padded layout drops nothing.
+Checks: peak memory skew/balanced <= 1.1 (multi-round), multi-round/naive time at balanced <= 1.0.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+from torch.profiler._memory_profiler import Action
+
+from benchmarks.common import Report, main_for, time_call
+from rungs.moe import RoutedExperts, calibrate_capacity
+
+
+def naive_loop(x, expert_idx, gate, w_gate, w_up, w_down):
+    """Per-expert loop in plain autograd: gather the expert's pairs, SwiGLU, scatter-add gated."""
+    out = None
+    n_tokens, k = expert_idx.shape
+    flat = expert_idx.reshape(-1)
+    for e in range(w_gate.shape[0]):
+        pairs = torch.nonzero(flat == e).squeeze(1)
+        if pairs.numel() == 0:
+            continue
+        tokens = pairs // k
+        xe = x[tokens]
+        y = (F.silu(xe @ w_gate[e].T) * (xe @ w_up[e].T)) @ w_down[e].T
+        out = x.new_zeros(x.shape, dtype=y.dtype) if out is None else out
+        out = out.index_add(0, tokens, y * gate.reshape(-1)[pairs].unsqueeze(1).to(y.dtype))
+    return x.new_zeros(x.shape) if out is None else out
+
+
+def padded_dispatch(x, expert_idx, gate, w_gate, w_up, w_down):
+    """Capacity-padded (E, C, d) layout with C = the largest expert load (dropless), batched bmm."""
+    n_experts = w_gate.shape[0]
+    n_tokens, k = expert_idx.shape
+    flat = expert_idx.reshape(-1)
+    counts = torch.bincount(flat, minlength=n_experts)
+    capacity = int(counts.max())
+    order = torch.argsort(flat, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(flat.numel()) - starts[flat[order]]                 # position within expert
+    dest = flat[order] * capacity + slot                                    # row in the (E*C) buffer
+    buf = x.new_zeros(n_experts * capacity, x.shape[1]).index_copy(0, dest, x[order // k])
+    buf = buf.view(n_experts, capacity, -1)
+    h = F.silu(torch.bmm(buf, w_gate.mT)) * torch.bmm(buf, w_up.mT)
+    y = torch.bmm(h, w_down.mT).reshape(n_experts * capacity, -1)[dest]       # (T*k, d) in `order`
+    y_pairs = torch.empty_like(y).index_copy(0, order, y)
+    return torch.bmm(gate.to(y.dtype).unsqueeze(1), y_pairs.view(n_tokens, k, -1)).squeeze(1)
+
+
+def peak_live_bytes(fn) -> int:
+    """Peak of live CPU allocations made inside fn, from the profiler's memory timeline."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        fn()
+    live = peak = 0
+    for _, action, _, size in prof._memory_profile().timeline:
+        if action == Action.CREATE:
+            live += size
+        elif action == Action.DESTROY:
+            live -= size
+        peak = max(peak, live)
+    return peak
+
+
+def saved_bytes(fn) -> int:
+    """Bytes of every tensor autograd saves for backward while fn runs (parameters included)."""
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total[0]
+
+
+def routings(n_tokens: int, n_experts: int, k: int) -> dict[str, torch.Tensor]:
+    balanced = (torch.arange(n_tokens * k) % n_experts).view(n_tokens, k)
+    worst = torch.arange(k).repeat(n_tokens, 1)                              # everyone picks experts 0..k-1
+    return {"balanced": balanced, "worst_skew": worst}
+
+
+def run(quick: bool) -> Report:
+    torch.manual_seed(0)
+    n_experts, k, latent, hidden, group_size = 8, 2, 48, 96, 2
+    n_tokens = 1024 if quick else 2688
+    repeats = 3 if quick else 7
+    g = torch.Generator().manual_seed(0)
+    samples = torch.stack([torch.bincount(torch.randint(0, n_experts, (n_tokens * k,), generator=g), minlength=n_experts)
+                           for _ in range(200)])
+    capacity = calibrate_capacity(samples, group_size, quantile=0.99)
+    module = RoutedExperts(n_experts, latent, hidden, capacity_per_expert=capacity, group_size=group_size)
+    weights = (module.w_gate, module.w_up, module.w_down)
+    x = torch.randn(n_tokens, latent, requires_grad=True)
+    gate = torch.rand(n_tokens, k, requires_grad=True)
+    upstream = torch.randn(n_tokens, latent)
+
+    methods = {
+        "multi_round": lambda idx: module(x, idx, gate),
+        "naive_loop": lambda idx: naive_loop(x, idx, gate, *weights),
+        "padded_dispatch": lambda idx: padded_dispatch(x, idx, gate, *weights),
+    }
+    results: dict = {"n_tokens": n_tokens, "top_k": k, "n_experts": n_experts, "latent_dim": latent,
+                     "expert_hidden": hidden, "group_size": group_size, "capacity_per_expert": capacity,
+                     "dtype": "bf16 autocast", "torch_threads": torch.get_num_threads()}
+    for route_name, idx in routings(n_tokens, n_experts, k).items():
+        for name, forward in methods.items():
+            def step(forward=forward, idx=idx):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    out = forward(idx)
+                (out.float() * upstream).sum().backward()
+
+            def clear():
+                for t in (x, gate, *weights):
+                    t.grad = None
+
+            clear()
+            seconds = time_call(lambda: (clear(), step()), repeats=repeats, warmup=1)
+            clear()
+            peak = peak_live_bytes(step)
+            clear()
+            saved = saved_bytes(step)
+            clear()
+            entry = {"seconds": seconds, "peak_live_bytes": peak, "saved_bytes": saved}
+            if name == "multi_round":
+                entry["rounds"] = module.last_stats["rounds"]
+            results[f"{name}/{route_name}"] = entry
+
+    report = Report("moe", results)
+    mr_bal, mr_skew = results["multi_round/balanced"], results["multi_round/worst_skew"]
+    report.check("moe_peak_memory_skew_over_balanced", mr_skew["peak_live_bytes"] / mr_bal["peak_live_bytes"], "<=", 1.1)
+    report.check("moe_saved_bytes_skew_over_balanced", mr_skew["saved_bytes"] / mr_bal["saved_bytes"], "<=", 1.1)
+    report.check("moe_time_multi_round_over_naive_balanced",
+                 mr_bal["seconds"] / results["naive_loop/balanced"]["seconds"], "<=", 1.0)
+    for name in ("naive_loop", "padded_dispatch"):
+        results[f"{name}_peak_memory_skew_over_balanced"] = (
+            results[f"{name}/worst_skew"]["peak_live_bytes"] / results[f"{name}/balanced"]["peak_live_bytes"])
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(main_for("moe", run))
