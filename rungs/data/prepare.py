@@ -22,16 +22,15 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
-from rungs.data.decontam import DecontaminationReport, decontaminate
+from rungs.data.decontam import decontaminate
 from rungs.data.errors import DataInputError
 from rungs.data.manifest import DEMO_MANIFEST, Manifest, load_manifest
-from rungs.data.tokenizer import ByteTokenizer, BpeTokenizer, load_tokenizer, train_bpe
+from rungs.data.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -210,10 +209,3 @@ def ensure_prepared(manifest_path: str | Path | None = None, *, vocab_size: int,
             return prepare(manifest.path, target, vocab_size=vocab_size, tokenizer=tokenizer)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def remove_prepared(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
-__all__ = ["prepare", "ensure_prepared", "tokenize_documents", "input_key", "DecontaminationReport", "BpeTokenizer"]

@@ -125,7 +125,9 @@ def select_subset(shard, source: str, cap_tokens: int) -> tuple[np.ndarray, np.n
 
 def _plan_float(plan: dict, source: str, key: str) -> float:
     entry = plan[source]
-    if not isinstance(entry, dict) or key not in entry:
+    if not isinstance(entry, dict):  # a SourceAllocation-like object instead of its dict
+        entry = {k: getattr(entry, k) for k in ("share", "unique_tokens", "epochs") if hasattr(entry, k)}
+    if key not in entry:
         raise DataInputError(f"plan entry for {source!r} needs {key!r} (share, unique_tokens, epochs)", field="plan")
     value = float(entry[key])
     if not value > 0:
@@ -151,7 +153,7 @@ class SourceScaledSampler:
         self.batch_sequences = batch_sequences
         self.seed = int(seed)
         self.chunk_tokens = chunk_tokens or seq_len
-        self.plan = {s: {k: plan[s][k] for k in ("share", "unique_tokens", "epochs")} for s in plan}
+        self.plan = {s: {k: _plan_float(plan, s, k) for k in ("share", "unique_tokens", "epochs")} for s in plan}
         self.streams: list[_SourceStream] = []
         for name in plan:
             cap = int(round(_plan_float(plan, name, "unique_tokens")))

@@ -6,7 +6,6 @@ BPB evaluation puts EOS before a document so that its first token is scored with
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -62,9 +61,6 @@ class BpeTokenizer:
     def to_json(self) -> dict:
         return {"kind": self.kind, "vocab_size": self.vocab_size, "eos_id": self.eos_id}
 
-    def save(self, path: Path) -> None:
-        path.write_text(self.hf.to_str(pretty=False), encoding="utf-8")
-
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> BpeTokenizer:
     """Train a byte-level BPE of `vocab_size` entries (256 byte symbols + EOS + merges).
@@ -91,7 +87,3 @@ def load_tokenizer(directory: Path, meta: dict):
     from tokenizers import Tokenizer
 
     return BpeTokenizer(Tokenizer.from_file(str(directory / "tokenizer.json")))
-
-
-def tokenizer_meta_json(tokenizer) -> str:
-    return json.dumps(tokenizer.to_json(), sort_keys=True)

@@ -39,6 +39,10 @@ def test_demo_corpus_matches_the_recipe_and_fits_every_rung_to_full_scale(demo):
                                       batch_sequences=spec["batch_sequences"], seed=0)
         assert {s: r["planned_unique_tokens"] for s, r in sampler.report().items()} == \
                {s: round(v["unique_tokens"]) for s, v in spec["sources"].items()}
+    # RungSpec.sources (SourceAllocation objects) is accepted as well as its dict form.
+    from_objects = SourceScaledSampler(demo, plan_rung(recipe, L).sources, seq_len=spec["seq_len"],
+                                       batch_sequences=spec["batch_sequences"], seed=0)
+    assert from_objects.next_batch().inputs.equal(sampler.next_batch().inputs)
     report = json.loads((demo.path / "decontamination.json").read_text())
     assert set(report["train_docs_removed"]) == set(demo.train_sources)
 
