@@ -1,0 +1,101 @@
+"""The dropout law: the best dropout as a function of model size.
+
+Per model size, the metric is profiled over the other hyperparameters (the best run at each
+dropout value) and fitted by the weighted 1-D quadratic of `fits.surfaces` in dropout itself
+(linear, since 0 is a valid value) → p*(N) with its standard error. Then a sigmoid in log active
+parameters,
+
+    p*(N) = p_max / (1 + exp(−k · (log N − m)))
+
+fitted by weighted least squares (weights 1/se²). k's sign is free: the law may rise with size
+(a larger model overfits repeated data more) or fall. Optima outside the sampled dropout range
+are flagged and left out of the sigmoid fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import curve_fit
+
+from fits.errors import FitConvergenceError, FitInputError
+from fits.results import code_version, jsonable
+from fits.surfaces import WEIGHT_SCALE_REL, SurfaceResult, fit_surface
+from fits.validate import numeric_column, require_columns
+
+MIN_SIZES = 4
+
+
+def sigmoid(log_n, p_max, k, m):
+    return p_max / (1.0 + np.exp(-k * (log_n - m)))
+
+
+@dataclass
+class DropoutLawResult:
+    surfaces: list[SurfaceResult]
+    params: dict[str, float]
+    cov: np.ndarray
+    excluded: list[dict[str, Any]]
+    options: dict[str, Any]
+
+    def predict(self, params_active, n_draws: int = 2000, level: float = 0.95, seed: int = 0) -> dict[str, Any]:
+        log_n = np.log(np.atleast_1d(np.asarray(params_active, dtype=float)))
+        p = self.params
+        mean = sigmoid(log_n, p["p_max"], p["k"], p["m"])
+        draws = np.random.default_rng(seed).multivariate_normal([p["p_max"], p["k"], p["m"]], self.cov, n_draws)
+        curves = np.clip(sigmoid(log_n[None, :], draws[:, 0:1], draws[:, 1:2], draws[:, 2:3]), 0.0, 1.0)
+        q = 50 * (1 - level)
+        return {"dropout": mean.tolist(), "interval": [np.percentile(curves, q, axis=0).tolist(),
+                                                       np.percentile(curves, 100 - q, axis=0).tolist()]}
+
+    def to_dict(self) -> dict[str, Any]:
+        se = np.sqrt(np.clip(np.diag(self.cov), 0, None))
+        return jsonable({"form": "p*(N) = p_max / (1 + exp(-k (log N - m)))", "params": self.params,
+                         "se": dict(zip(self.params, se)),
+                         "optima": [{"params_active": s.key["params_active"], "dropout": s.optimum_natural()[s.coords[0]],
+                                     "se": s.optimum_se[0], "flags": s.flags} for s in self.surfaces],
+                         "excluded": self.excluded, "options": self.options, "code_version": code_version()})
+
+
+def fit_dropout_law(df: pd.DataFrame, y: str = "bpb", *, dropout: str = "dropout", size: str = "params_active",
+                    weight_scale_rel: float = WEIGHT_SCALE_REL, id_column: str | None = "run_id") -> DropoutLawResult:
+    require_columns(df, [dropout, size, y])
+    df = df.assign(**{dropout: numeric_column(df, dropout), size: numeric_column(df, size, positive=True)})
+    if (df[dropout] < 0).any() or (df[dropout] >= 1).any():
+        raise FitInputError("dropout must lie in [0, 1)", column=dropout)
+    surfaces, excluded = [], []
+    for n_active, group in df.groupby(size, sort=True):
+        profile = group.loc[group.groupby(dropout)[y].idxmin()]  # best run at each dropout value
+        s = fit_surface(profile, [dropout], y, log_coords=[False], weight_scale_rel=weight_scale_rel,
+                        id_column=id_column, key={size: float(n_active)})
+        surfaces.append(s)
+        if not s.ok:
+            excluded.append({size: float(n_active), "reason": ", ".join(s.flags)})
+    good = [s for s in surfaces if s.ok]
+    if len(good) < MIN_SIZES:
+        raise FitInputError(f"the dropout sigmoid has 3 parameters and needs optima at {MIN_SIZES} or more model sizes; "
+                            f"got {len(good)} usable of {len(surfaces)}", column=size)
+    log_n = np.log([s.key[size] for s in good])
+    p_opt = np.array([s.optimum[0] for s in good])
+    sigma = np.maximum(np.array([s.optimum_se[0] for s in good]), 1e-4)
+    best = None
+    for k0 in (2.0, -2.0):
+        try:
+            popt, pcov = curve_fit(sigmoid, log_n, p_opt, p0=[min(max(p_opt.max() * 1.2, 0.05), 0.99), k0, np.median(log_n)],
+                                   sigma=sigma, bounds=([0.0, -50.0, log_n.min() - 10], [1.0, 50.0, log_n.max() + 10]),
+                                   maxfev=20000)
+        except RuntimeError:
+            continue
+        sse = float(np.sum(((sigmoid(log_n, *popt) - p_opt) / sigma) ** 2))
+        if best is None or sse < best[2]:
+            best = (popt, pcov, sse)
+    if best is None or not np.all(np.isfinite(best[1])):
+        raise FitConvergenceError("dropout law: the sigmoid fit did not converge (or its covariance is not finite); "
+                                  "the optima may not follow a sigmoid in log size")
+    popt, pcov, _ = best
+    return DropoutLawResult(surfaces=surfaces, params=dict(zip(("p_max", "k", "m"), map(float, popt))), cov=pcov,
+                            excluded=excluded, options={"y": y, "dropout": dropout, "size": size,
+                                                        "weight_scale_rel": weight_scale_rel})

@@ -1,0 +1,208 @@
+"""From sweeps to hyperparameter laws (the report's method).
+
+1. Per slice (model size, TPP): a weighted quadratic surface of the metric over the diagonal
+   coordinates (log LR, log LR·WD) → the optimum (LR*, LR*·WD*) with its standard error
+   (`fits.surfaces`). Slices whose surface is not a bowl, or whose optimum is outside the sampled
+   region, are reported and left out of the laws.
+2. Regress the optima on log steps, log TPP and log size with statsmodels OLS, over candidate
+   forms, choosing by AIC (or BIC). The report's forms are always among the candidates and
+   always reported, for comparison with its numbers:
+       LR*·WD* = coef · steps^steps_exponent        (report: 17.04 · steps^−1)
+       log LR* = intercept + b·log TPP + c·log steps (report: −1.51 + 0.175·log TPP − 0.573·log steps)
+   A regressor that does not vary across slices (TPP held constant, say) is not identifiable:
+   its coefficient is reported as null and the forms that need it are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import statsmodels.api as sm
+
+from fits.errors import FitInputError, FlatSurfaceError
+from fits.results import code_version, jsonable
+from fits.surfaces import WEIGHT_SCALE_REL, SurfaceResult, fit_surface
+from fits.validate import numeric_column, require_columns
+
+log = logging.getLogger(__name__)
+
+REQUIRED = ("lr", "wd", "steps", "tpp", "params_active")
+LR_WD_CANDIDATES = [("log_steps",), ("log_steps", "log_tpp"), ("log_steps", "log_params"), ("log_tpp",),
+                    ("log_params",)]
+LOG_LR_CANDIDATES = [("log_tpp", "log_steps"), ("log_steps",), ("log_tpp",), ("log_params",),
+                     ("log_steps", "log_params"), ("log_tpp", "log_params"), ("log_tpp", "log_steps", "log_params")]
+MAX_CONDITION = 30.0
+REPORT_FORMS = {"log_lr_wd": ("log_steps",), "log_lr": ("log_tpp", "log_steps")}
+
+
+@dataclass
+class RegressionLaw:
+    target: str
+    terms: tuple[str, ...]
+    params: dict[str, float]
+    ci: dict[str, tuple[float, float]]
+    aic: float
+    bic: float
+    r2: float
+    n: int
+    model: Any = field(repr=False)
+
+    def predict(self, values: dict[str, float], alpha: float = 0.05) -> tuple[float, float, float]:
+        """Mean prediction and its (1−alpha) observation interval, in the target's (log) units."""
+        row = pd.DataFrame([{"const": 1.0, **{t: values[t] for t in self.terms}}])[["const", *self.terms]]
+        frame = self.model.get_prediction(row).summary_frame(alpha=alpha)
+        return float(frame["mean"].iloc[0]), float(frame["obs_ci_lower"].iloc[0]), float(frame["obs_ci_upper"].iloc[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable({"target": self.target, "terms": list(self.terms), "params": self.params,
+                         "ci95": {k: list(v) for k, v in self.ci.items()}, "aic": self.aic, "bic": self.bic,
+                         "r2": self.r2, "n": self.n})
+
+
+def fit_regression(table: pd.DataFrame, target: str, terms: tuple[str, ...]) -> RegressionLaw | None:
+    """OLS of `target` on `terms` + constant; None when not identifiable (constant regressor,
+    rank deficiency, or no residual degree of freedom)."""
+    X = sm.add_constant(table[list(terms)], has_constant="add")
+    if len(table) <= X.shape[1] or np.linalg.matrix_rank(X.to_numpy()) < X.shape[1]:
+        return None
+    if any(np.ptp(table[t].to_numpy()) <= 1e-12 for t in terms):
+        return None
+    # Near-collinear regressors (steps is nearly a function of TPP and size once the batch rule is
+    # fixed) give coefficients that cancel and explode off the sampled line: not identifiable.
+    Z = table[list(terms)].to_numpy()
+    Z = (Z - Z.mean(axis=0)) / Z.std(axis=0)
+    if len(terms) > 1 and np.linalg.cond(Z) > MAX_CONDITION:
+        return None
+    model = sm.OLS(table[target], X).fit()
+    ci = model.conf_int(0.05)
+    return RegressionLaw(target=target, terms=terms, params={k: float(v) for k, v in model.params.items()},
+                         ci={k: (float(ci.loc[k, 0]), float(ci.loc[k, 1])) for k in model.params.index},
+                         aic=float(model.aic), bic=float(model.bic), r2=float(model.rsquared), n=len(table), model=model)
+
+
+def select_law(table: pd.DataFrame, target: str, candidates: list[tuple[str, ...]], criterion: str) -> tuple[RegressionLaw, list[RegressionLaw]]:
+    fitted = [law for terms in candidates if (law := fit_regression(table, target, terms)) is not None]
+    if not fitted:
+        raise FitInputError(f"no candidate law for {target} is identifiable from {len(table)} slice optima; add "
+                            "slices (model sizes, TPPs) so the regressors vary", column=target)
+    best = min(fitted, key=lambda law: getattr(law, criterion))
+    return best, fitted
+
+
+@dataclass
+class HparamLawsResult:
+    slices: list[SurfaceResult]
+    excluded: list[dict[str, Any]]
+    lr_wd: RegressionLaw
+    log_lr: RegressionLaw
+    lr_wd_candidates: list[RegressionLaw]
+    log_lr_candidates: list[RegressionLaw]
+    report_lr_wd: RegressionLaw | None
+    report_log_lr: RegressionLaw | None
+    options: dict[str, Any]
+    dropout: Any = None  # fits.dropout.DropoutLawResult when the sweep varied dropout
+
+    def predict(self, steps: float, tpp: float, params_active: float) -> dict[str, Any]:
+        """LR*, WD* (and the product) from the selected laws, with 95% observation intervals."""
+        v = {"log_steps": np.log(steps), "log_tpp": np.log(tpp), "log_params": np.log(params_active)}
+        lr, lr_lo, lr_hi = self.log_lr.predict(v)
+        prod, p_lo, p_hi = self.lr_wd.predict(v)
+        return {"lr": float(np.exp(lr)), "lr_interval": [float(np.exp(lr_lo)), float(np.exp(lr_hi))],
+                "lr_wd_product": float(np.exp(prod)), "lr_wd_product_interval": [float(np.exp(p_lo)), float(np.exp(p_hi))],
+                "wd": float(np.exp(prod - lr)), "laws": {"lr": list(self.log_lr.terms), "lr_wd": list(self.lr_wd.terms)}}
+
+    def to_dict(self) -> dict[str, Any]:
+        rep_p, rep_l = self.report_lr_wd, self.report_log_lr
+        return jsonable({
+            "lr_wd_product": {
+                "coef": float(np.exp(rep_p.params["const"])) if rep_p else None,
+                "steps_exponent": rep_p.params["log_steps"] if rep_p else None,
+                "ci95": {"log_coef": list(rep_p.ci["const"]), "steps_exponent": list(rep_p.ci["log_steps"])} if rep_p else None,
+                "r2": rep_p.r2 if rep_p else None,
+            },
+            "log_lr": {
+                "intercept": rep_l.params["const"] if rep_l else None,
+                "log_tpp": rep_l.params.get("log_tpp") if rep_l else None,
+                "log_steps": rep_l.params.get("log_steps") if rep_l else None,
+                "ci95": {k: list(v) for k, v in rep_l.ci.items()} if rep_l else None,
+                "r2": rep_l.r2 if rep_l else None,
+            },
+            "selected": {"lr_wd_product": self.lr_wd.to_dict(), "log_lr": self.log_lr.to_dict()},
+            "candidates": {"lr_wd_product": [c.to_dict() for c in self.lr_wd_candidates],
+                           "log_lr": [c.to_dict() for c in self.log_lr_candidates]},
+            "slices": [s.to_dict() for s in self.slices],
+            "excluded_slices": self.excluded,
+            "dropout": self.dropout.to_dict() if self.dropout is not None else None,
+            "options": self.options,
+            "code_version": code_version(),
+        })
+
+
+def slice_optima(df: pd.DataFrame, y: str, slice_cols: tuple[str, ...], *, weight_scale_rel: float,
+                 id_column: str | None) -> tuple[list[SurfaceResult], list[dict[str, Any]]]:
+    surfaces, excluded = [], []
+    for key_vals, group in df.groupby(list(slice_cols), sort=True):
+        key = dict(zip(slice_cols, np.atleast_1d(key_vals).tolist()))
+        key["steps"] = float(group["steps"].median())
+        try:
+            s = fit_surface(group, ["lr", "lr_wd"], y, weight_scale_rel=weight_scale_rel, id_column=id_column, key=key)
+        except FlatSurfaceError as err:
+            excluded.append({**key, "reason": str(err)})
+            continue
+        surfaces.append(s)
+        if not s.ok:
+            excluded.append({**key, "reason": ", ".join(s.flags)})
+    return surfaces, excluded
+
+
+def fit_hparam_laws(df: pd.DataFrame, y: str = "bpb", *, criterion: str = "aic",
+                    slice_cols: tuple[str, ...] = ("params_active", "tpp"), weight_scale_rel: float = WEIGHT_SCALE_REL,
+                    id_column: str | None = "run_id", dropout_column: str = "dropout") -> HparamLawsResult:
+    """Surfaces per slice → optima → laws. Rows whose metric is not finite (diverged runs) are
+    dropped and counted; everything else must be clean."""
+    if criterion not in ("aic", "bic"):
+        raise FitInputError(f"criterion must be 'aic' or 'bic', got {criterion!r}")
+    require_columns(df, [*REQUIRED, y])
+    df = df.copy()
+    metric = pd.to_numeric(df[y], errors="coerce")
+    diverged = int((~np.isfinite(metric)).sum())
+    df = df[np.isfinite(metric)]
+    for c in REQUIRED:
+        df[c] = numeric_column(df, c, positive=True)
+    df["lr_wd"] = df["lr"] * df["wd"]
+    has_dropout = dropout_column in df.columns and df[dropout_column].nunique() > 1
+    dropout_law = None
+    if has_dropout:
+        from fits.dropout import fit_dropout_law
+
+        dropout_law = fit_dropout_law(df, y=y, dropout=dropout_column, id_column=id_column)
+        # the LR/WD surfaces use each size's best dropout only, so dropout does not blur them
+        best_p = {s.key["params_active"]: s.best_observed[dropout_column] for s in dropout_law.surfaces}
+        df = df[np.isclose(df[dropout_column], df["params_active"].map(best_p))]
+    surfaces, excluded = slice_optima(df, y, slice_cols, weight_scale_rel=weight_scale_rel, id_column=id_column)
+    good = [s for s in surfaces if s.ok]
+    if not good:
+        raise FitInputError(f"no slice gave a usable LR/WD optimum ({len(excluded)} excluded: "
+                            f"{[e['reason'] for e in excluded][:3]})", column=y)
+    table = pd.DataFrame({
+        "log_lr": [s.optimum[0] for s in good], "log_lr_wd": [s.optimum[1] for s in good],
+        "log_steps": [np.log(s.key["steps"]) for s in good], "log_tpp": [np.log(s.key["tpp"]) for s in good],
+        "log_params": [np.log(s.key["params_active"]) for s in good],
+    })
+    lr_wd, lr_wd_all = select_law(table, "log_lr_wd", LR_WD_CANDIDATES, criterion)
+    log_lr, log_lr_all = select_law(table, "log_lr", LOG_LR_CANDIDATES, criterion)
+    report_lr_wd = next((c for c in lr_wd_all if c.terms == REPORT_FORMS["log_lr_wd"]), None)
+    report_log_lr = next((c for c in log_lr_all if c.terms == REPORT_FORMS["log_lr"]), None)
+    if report_log_lr is None:  # TPP constant: the report's form reduces to its steps term
+        report_log_lr = next((c for c in log_lr_all if c.terms == ("log_steps",)), None)
+    return HparamLawsResult(
+        slices=surfaces, excluded=excluded, lr_wd=lr_wd, log_lr=log_lr, lr_wd_candidates=lr_wd_all,
+        log_lr_candidates=log_lr_all, report_lr_wd=report_lr_wd, report_log_lr=report_log_lr,
+        options={"y": y, "criterion": criterion, "slice_cols": list(slice_cols), "weight_scale_rel": weight_scale_rel,
+                 "diverged_rows_dropped": diverged, "n_rows": len(df)},
+        dropout=dropout_law,
+    )

@@ -1,0 +1,186 @@
+"""Quadratic surfaces of held-out loss over hyperparameter coordinates, and their optimum.
+
+For one slice of a sweep (one model size and TPP), the loss is fitted by weighted least squares
+as a full quadratic in the coordinates (2-D: log LR and log LR·WD, the diagonal coordinates in
+which good runs line up; 1-D: dropout):
+
+    y ≈ c + gᵀx + ½ xᵀHx,        optimum x* = −H⁻¹g   (a minimum only if H is positive definite)
+
+Weights decay with a point's distance in loss from the slice's best:
+
+    w_i = exp(−(y_i − y_min) / (WEIGHT_SCALE_REL · y_min)),   WEIGHT_SCALE_REL = 0.01
+
+so a run 1% worse than the best counts e⁻¹ as much and one 5% worse e⁻⁵. The loss is only
+quadratic near its minimum; without the weights, far-off (and diverging) runs dominate the fit
+and drag the optimum. The optimum's uncertainty is the delta method on the WLS coefficient
+covariance. A surface whose Hessian is not positive definite, or whose optimum lies outside the
+sampled region (the convex hull of the sampled points), is flagged, never silently used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import statsmodels.api as sm
+from scipy.spatial import Delaunay
+
+from fits.errors import FitInputError, FlatSurfaceError
+from fits.results import jsonable
+from fits.validate import numeric_column, require_columns
+
+WEIGHT_SCALE_REL = 0.01
+
+
+def design(x: np.ndarray) -> np.ndarray:
+    """Columns [1, x_j, x_j·x_k (j ≤ k)]; the quadratic terms enter as ½H, see `hessian`."""
+    n, d = x.shape
+    cols = [np.ones(n)] + [x[:, j] for j in range(d)]
+    cols += [x[:, j] * x[:, k] for j in range(d) for k in range(j, d)]
+    return np.column_stack(cols)
+
+
+def gradient_hessian(coef: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
+    g = coef[1:1 + d]
+    H = np.zeros((d, d))
+    i = 1 + d
+    for j in range(d):
+        for k in range(j, d):
+            if j == k:
+                H[j, j] = 2.0 * coef[i]
+            else:
+                H[j, k] = H[k, j] = coef[i]
+            i += 1
+    return g, H
+
+
+def optimum_of(coef: np.ndarray, d: int) -> np.ndarray:
+    g, H = gradient_hessian(coef, d)
+    return -np.linalg.solve(H, g)
+
+
+@dataclass
+class SurfaceResult:
+    coords: list[str]
+    log_coords: list[bool]
+    center: np.ndarray  # coordinates are centred before fitting (conditioning); the optimum is not
+    coef: np.ndarray
+    cov: np.ndarray
+    optimum: np.ndarray  # in fitted coordinates (log where log_coords)
+    optimum_se: np.ndarray
+    predicted_min: float
+    positive_definite: bool
+    inside_sampled: bool
+    n_points: int
+    best_observed: dict[str, float]
+    rows_used: list[Any]
+    weight_scale: float
+    key: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.positive_definite and self.inside_sampled
+
+    @property
+    def flags(self) -> list[str]:
+        out = []
+        if not self.positive_definite:
+            out.append("hessian_not_positive_definite")
+        if not self.inside_sampled:
+            out.append("optimum_outside_sampled_region")
+        return out
+
+    def optimum_natural(self) -> dict[str, float]:
+        return {c: float(np.exp(v) if lg else v) for c, v, lg in zip(self.coords, self.optimum, self.log_coords)}
+
+    def predict(self, points: np.ndarray) -> np.ndarray:
+        x = _to_fit_space(np.atleast_2d(points), self.log_coords) - self.center
+        return design(x) @ self.coef
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable({
+            **self.key, "coords": self.coords, "log_coords": self.log_coords, "optimum": self.optimum_natural(),
+            "optimum_fit_space": self.optimum, "optimum_se_fit_space": self.optimum_se,
+            "predicted_min": self.predicted_min, "flags": self.flags, "n_points": self.n_points,
+            "best_observed": self.best_observed, "weight_scale": self.weight_scale, "rows_used": self.rows_used,
+        })
+
+
+def _to_fit_space(points: np.ndarray, log_coords: list[bool]) -> np.ndarray:
+    out = np.array(points, dtype=float)
+    for j, lg in enumerate(log_coords):
+        if lg:
+            out[:, j] = np.log(out[:, j])
+    return out
+
+
+def fit_surface(df: pd.DataFrame, coords: list[str], y: str, *, log_coords: list[bool] | None = None,
+                weight_scale_rel: float = WEIGHT_SCALE_REL, id_column: str | None = "run_id",
+                key: dict[str, Any] | None = None) -> SurfaceResult:
+    """Weighted quadratic fit of `y` over `coords` (1 or 2 of them) and its analytic optimum."""
+    log_coords = [True] * len(coords) if log_coords is None else list(log_coords)
+    d = len(coords)
+    if d not in (1, 2) or len(log_coords) != d:
+        raise FitInputError(f"a surface takes 1 or 2 coordinates, got {coords}")
+    require_columns(df, [*coords, y])
+    raw = np.column_stack([numeric_column(df, c, positive=lg) for c, lg in zip(coords, log_coords)])
+    loss = numeric_column(df, y)
+    n_params = 1 + d + d * (d + 1) // 2
+    where = f" (slice {key})" if key else ""
+    if len(loss) <= n_params:
+        raise FitInputError(f"a {d}-D quadratic surface has {n_params} coefficients and needs more points; got "
+                            f"{len(loss)}{where}", column=y)
+    for j, c in enumerate(coords):
+        if len(np.unique(raw[:, j])) < 3:
+            raise FlatSurfaceError(f"needs at least 3 distinct values to see curvature, got "
+                                   f"{len(np.unique(raw[:, j]))}{where}", column=c)
+    y_min = float(loss.min())
+    if np.ptp(loss) <= 1e-12 * max(abs(y_min), 1.0):
+        raise FlatSurfaceError(f"the loss does not vary across the slice (all {y_min:g}){where}; there is no optimum "
+                               "to locate", column=y)
+    x = _to_fit_space(raw, log_coords)
+    center = x[np.argmin(loss)]
+    X = design(x - center)
+    if np.linalg.matrix_rank(X) < n_params:
+        raise FlatSurfaceError(f"the sampled points do not determine a quadratic (rank-deficient design){where}",
+                               column=",".join(coords))
+    scale = weight_scale_rel * abs(y_min)
+    w = np.exp(-(loss - y_min) / scale)
+    model = sm.WLS(loss, X, weights=w).fit()
+    coef, cov = np.asarray(model.params), np.asarray(model.cov_params())
+    g, H = gradient_hessian(coef, d)
+    pd_ok = bool(np.all(np.linalg.eigvalsh(H) > 0))
+    opt_c = optimum_of(coef, d) if abs(np.linalg.det(H)) > 1e-300 else np.full(d, np.nan)
+    # delta method: numerical Jacobian of the optimum with respect to the coefficients
+    J = np.zeros((d, len(coef)))
+    for i in range(len(coef)):
+        h = 1e-6 * max(abs(coef[i]), 1e-3)
+        up, dn = coef.copy(), coef.copy()
+        up[i] += h
+        dn[i] -= h
+        J[:, i] = (optimum_of(up, d) - optimum_of(dn, d)) / (2 * h)
+    se = np.sqrt(np.clip(np.diag(J @ cov @ J.T), 0, None))
+    optimum = opt_c + center
+    inside = _inside(x, optimum)
+    best = int(np.argmin(loss))
+    return SurfaceResult(
+        coords=list(coords), log_coords=log_coords, center=center, coef=coef, cov=cov, optimum=optimum,
+        optimum_se=se, predicted_min=float(design(opt_c[None, :])[0] @ coef) if np.all(np.isfinite(opt_c)) else float("nan"),
+        positive_definite=pd_ok, inside_sampled=inside, n_points=len(loss),
+        best_observed={**{c: float(raw[best, j]) for j, c in enumerate(coords)}, y: float(loss[best])},
+        rows_used=df[id_column].tolist() if id_column and id_column in df.columns else df.index.tolist(),
+        weight_scale=scale, key=dict(key or {}),
+    )
+
+
+def _inside(x: np.ndarray, point: np.ndarray) -> bool:
+    if not np.all(np.isfinite(point)):
+        return False
+    if x.shape[1] == 1:
+        return bool(x[:, 0].min() <= point[0] <= x[:, 0].max())
+    try:
+        return bool(Delaunay(np.unique(x, axis=0)).find_simplex(point[None, :])[0] >= 0)
+    except Exception:  # collinear points: no hull, fall back to the bounding box
+        return bool(np.all((x.min(axis=0) <= point) & (point <= x.max(axis=0))))

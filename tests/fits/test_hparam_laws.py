@@ -1,0 +1,80 @@
+"""Sweeps → slice optima → the report's hyperparameter laws, and the dropout law."""
+
+import numpy as np
+import pytest
+
+from fits.dropout import fit_dropout_law, sigmoid
+from fits.errors import FitInputError
+from fits.hparam_laws import fit_hparam_laws
+from tests.fits.hparam_synth import REPORT, sweep, true_optimum
+
+
+def test_synthetic_sweep_recovers_the_report_laws_within_their_intervals():
+    fit = fit_hparam_laws(sweep(seed=1))
+    out = fit.to_dict()
+    assert len(out["slices"]) == 15 and out["excluded_slices"] == []
+    prod, lr = out["lr_wd_product"], out["log_lr"]
+    lo, hi = prod["ci95"]["steps_exponent"]
+    assert lo <= REPORT["k"] <= hi and prod["steps_exponent"] == pytest.approx(-1.0, abs=0.05)
+    assert prod["coef"] == pytest.approx(REPORT["coef"], rel=0.25)
+    for name, truth in (("const", REPORT["a"]), ("log_tpp", REPORT["b"]), ("log_steps", REPORT["c"])):
+        lo, hi = lr["ci95"][name]
+        assert lo <= truth <= hi, (name, lo, hi)
+    assert lr["log_tpp"] == pytest.approx(0.175, abs=0.05) and lr["log_steps"] == pytest.approx(-0.573, abs=0.05)
+    # model selection picks forms that contain the true regressors
+    assert "log_steps" in out["selected"]["lr_wd_product"]["terms"]
+    assert {"log_tpp", "log_steps"} <= set(out["selected"]["log_lr"]["terms"]) or \
+        out["selected"]["log_lr"]["aic"] <= min(c["aic"] for c in out["candidates"]["log_lr"])
+    # prediction at a new scale lands on the true optimum
+    n, tpp = 3e9, 40.0
+    steps = int(np.ceil(tpp * n / (0.58 * (tpp * n) ** 0.571)))  # the sweep's batch rule
+    pred = fit.predict(steps=steps, tpp=tpp, params_active=n)
+    u, v = true_optimum(steps, tpp)
+    assert pred["lr"] == pytest.approx(np.exp(u), rel=0.1)
+    assert pred["lr_interval"][0] < np.exp(u) < pred["lr_interval"][1]
+    assert pred["wd"] == pytest.approx(np.exp(v - u), rel=0.15)
+
+
+def test_constant_tpp_leaves_the_tpp_term_unidentified_not_invented():
+    fit = fit_hparam_laws(sweep(seed=2, tpps=(20.0,)))
+    out = fit.to_dict()
+    assert out["log_lr"]["log_tpp"] is None and out["log_lr"]["log_steps"] is not None
+    assert all("log_tpp" not in c["terms"] for c in out["candidates"]["log_lr"])
+
+
+def test_diverged_runs_are_dropped_and_counted():
+    df = sweep(seed=3, sizes=(1e7, 1e8, 1e9), tpps=(5.0, 80.0))
+    df.loc[df.index[:4], "bpb"] = np.nan
+    fit = fit_hparam_laws(df)
+    assert fit.options["diverged_rows_dropped"] == 4
+
+
+def test_missing_columns_and_too_few_slices_are_typed_errors():
+    df = sweep(seed=0, sizes=(1e7, 1e8), tpps=(5.0,))
+    with pytest.raises(FitInputError, match="missing column"):
+        fit_hparam_laws(df.drop(columns="wd"))
+    with pytest.raises(FitInputError, match="identifiable"):
+        fit_hparam_laws(df)
+
+
+def test_dropout_law_recovers_a_sigmoid_in_log_size():
+    truth = lambda n: 0.2 / (1 + np.exp(-1.0 * (np.log(n) - np.log(1e8))))
+    sizes = (1e6, 1e7, 3e7, 1e8, 3e8, 1e9, 1e10)
+    df = sweep(seed=4, sizes=sizes, tpps=(20.0,), dropout_law=truth)
+    law = fit_dropout_law(df)
+    for s in law.surfaces:
+        assert s.optimum[0] == pytest.approx(truth(s.key["params_active"]), abs=0.01)
+    assert law.params["p_max"] == pytest.approx(0.2, abs=0.03)
+    assert law.params["k"] == pytest.approx(1.0, rel=0.3)
+    pred = law.predict([3e9])
+    assert pred["interval"][0][0] <= truth(3e9) <= pred["interval"][1][0]
+    # …and the hparams pipeline carries it along when the sweep varies dropout
+    full = fit_hparam_laws(df).to_dict()
+    assert full["dropout"]["params"]["p_max"] == pytest.approx(law.params["p_max"])
+    assert sigmoid(np.log(1e8), 0.2, 1.0, np.log(1e8)) == pytest.approx(0.1)
+
+
+def test_dropout_law_needs_enough_sizes():
+    df = sweep(seed=5, sizes=(1e7, 1e8, 1e9), tpps=(20.0,), dropout_law=lambda n: 0.1)
+    with pytest.raises(FitInputError, match="4 or more model sizes"):
+        fit_dropout_law(df)
