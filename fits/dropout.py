@@ -54,7 +54,7 @@ class DropoutLawResult:
     def to_dict(self) -> dict[str, Any]:
         se = np.sqrt(np.clip(np.diag(self.cov), 0, None))
         return jsonable({"form": "p*(N) = p_max / (1 + exp(-k (log N - m)))", "params": self.params,
-                         "se": dict(zip(self.params, se)),
+                         "se": dict(zip(self.params, se)), "cov": self.cov,
                          "optima": [{"params_active": s.key["params_active"], "dropout": s.optimum_natural()[s.coords[0]],
                                      "se": s.optimum_se[0], "flags": s.flags} for s in self.surfaces],
                          "excluded": self.excluded, "options": self.options, "code_version": code_version()})

@@ -60,7 +60,8 @@ class RegressionLaw:
     def to_dict(self) -> dict[str, Any]:
         return jsonable({"target": self.target, "terms": list(self.terms), "params": self.params,
                          "ci95": {k: list(v) for k, v in self.ci.items()}, "aic": self.aic, "bic": self.bic,
-                         "r2": self.r2, "n": self.n})
+                         "r2": self.r2, "n": self.n, "cov": np.asarray(self.model.cov_params()).tolist(),
+                         "scale": float(self.model.scale), "df_resid": float(self.model.df_resid)})
 
 
 def fit_regression(table: pd.DataFrame, target: str, terms: tuple[str, ...]) -> RegressionLaw | None:

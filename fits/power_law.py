@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from fits.errors import FitBoundaryError, FitConvergenceError
+from fits.errors import FitBoundaryError, FitConvergenceError, FitInputError
 from fits.results import FitResult
 from fits.robust import HUBER_DELTA, huber, huber_grad, lse_terms, reduce_weight
 from fits.validate import numeric_column, require_columns, require_points, row_ids
@@ -142,6 +142,26 @@ class PowerLawResult(FitResult):
         return np.percentile(draws, q, axis=0), np.percentile(draws, 100 - q, axis=0)
 
 
+def power_law_from_dict(d: dict) -> PowerLawResult:
+    """Rebuild a result from its `to_dict(include_draws=True)` form (a saved laws file)."""
+    known = {"law", "formula", "params", "ci", "se", "ci_level", "n_bootstrap", "objective", "n_points",
+             "rows_used", "residuals", "options", "code_version", "bootstrap_draws"}
+    try:
+        params = {k: float(d["params"][k]) for k in PARAM_NAMES}
+    except (KeyError, TypeError, ValueError):
+        raise FitInputError(f"not a power-law result: needs params {list(PARAM_NAMES)}") from None
+    draws = d.get("bootstrap_draws")
+    return PowerLawResult(
+        law="power_law", formula=d.get("formula", FORMULA), params=params, objective=float(d.get("objective") or 0.0),
+        n_points=int(d.get("n_points") or 0), rows_used=list(d.get("rows_used") or []),
+        residuals=list(d.get("residuals") or []), options=dict(d.get("options") or {}),
+        ci={k: tuple(v) for k, v in (d.get("ci") or {}).items()}, se=dict(d.get("se") or {}),
+        ci_level=d.get("ci_level"), n_bootstrap=int(d.get("n_bootstrap") or 0),
+        extra={k: v for k, v in d.items() if k not in known}, code_version=d.get("code_version") or "unknown",
+        bootstrap_params=np.asarray(draws, dtype=float) if draws else None,
+    )
+
+
 def _inverse(y, E, A, alpha):
     with np.errstate(divide="ignore", invalid="ignore"):
         out = (A / (y - E)) ** (1.0 / alpha)
@@ -165,7 +185,7 @@ def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, d
         rows_used=row_ids(df, id_column), residuals=residuals.tolist(),
         options={"x": x, "y": y, "delta": delta, "reduction": reduction, "bootstrap": bootstrap, "seed": seed,
                  "ci_level": ci_level, "alpha_grid": [float(ALPHA_GRID[0]), float(ALPHA_GRID[-1]), len(ALPHA_GRID)]},
-        extra={"group": group, "log_x0": raw.log_x0},
+        extra={"group": group, "log_x0": raw.log_x0, "x_range": [float(xs.min()), float(xs.max())]},
     )
     if bootstrap > 0:
         from fits.bootstrap import bootstrap_power_law

@@ -76,7 +76,10 @@ class FitResult:
     # Bootstrap parameter draws, one row per resample in `params` order; not serialised.
     bootstrap_params: np.ndarray | None = field(default=None, repr=False)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, include_draws: bool = False) -> dict[str, Any]:
+        """Plain JSON. With include_draws the bootstrap parameter draws come along (a laws file
+        for `ladder extrapolate` needs them for prediction intervals)."""
+        draws = {"bootstrap_draws": self.bootstrap_params} if include_draws and self.bootstrap_params is not None else {}
         return jsonable({
             "law": self.law,
             "formula": self.formula,
@@ -92,6 +95,7 @@ class FitResult:
             "options": self.options,
             "code_version": self.code_version,
             **self.extra,
+            **draws,
         })
 
     def to_json(self, path: str | Path | None = None) -> str:

@@ -1,0 +1,101 @@
+"""The numbers of the full-scale recipe card, from fitted laws (or the report's, as a fallback).
+
+Everything here works on the JSON forms of the laws (`to_dict()`), so a card can be made from
+laws fitted in this process or loaded from a saved laws file. The caller (the `ladder extrapolate`
+command) supplies the target run: steps, TPP, active parameters, training FLOPs, from the plan.
+
+- LR*, WD*: the selected hyperparameter laws, with 95% observation intervals (t-based, from the
+  OLS coefficient covariance plus the residual variance);
+- dropout*: the sigmoid law with its interval;
+- BPB per domain: each domain's compute law at the target's FLOPs, with the bootstrap band, and
+  how far it extrapolates (target FLOPs over the largest fitted FLOPs).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from fits.dropout import sigmoid
+from fits.power_law import PowerLawResult
+from fits.results import code_version, jsonable
+
+
+def predict_regression(law: dict[str, Any], values: dict[str, float], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and observation interval of an OLS law from its dict form (params, cov, scale, df_resid)."""
+    names = list(law["params"])
+    x = np.array([1.0 if n == "const" else values[n] for n in names])
+    beta = np.array([law["params"][n] for n in names])
+    mean = float(x @ beta)
+    var = float(x @ np.asarray(law["cov"]) @ x + law["scale"])
+    half = stats.t.ppf(0.5 + level / 2, law["df_resid"]) * math.sqrt(max(var, 0.0))
+    return mean, mean - half, mean + half
+
+
+def hparams_from_laws(hparams: dict[str, Any], *, steps: float, tpp: float, params_active: float) -> dict[str, Any]:
+    v = {"log_steps": math.log(steps), "log_tpp": math.log(tpp), "log_params": math.log(params_active)}
+    sel = hparams["selected"]
+    lr, lr_lo, lr_hi = predict_regression(sel["log_lr"], v)
+    prod, p_lo, p_hi = predict_regression(sel["lr_wd_product"], v)
+    return {
+        "lr": {"value": math.exp(lr), "interval95": [math.exp(lr_lo), math.exp(lr_hi)], "law": sel["log_lr"]["terms"]},
+        "lr_wd_product": {"value": math.exp(prod), "interval95": [math.exp(p_lo), math.exp(p_hi)],
+                          "law": sel["lr_wd_product"]["terms"]},
+        "wd": {"value": math.exp(prod - lr), "law": "LR*·WD* / LR*"},
+        "source": "fitted laws",
+    }
+
+
+def hparams_from_report(laws: dict[str, float], *, steps: float, tpp: float, source: str) -> dict[str, Any]:
+    """The report's published laws (the recipe's `hparam_laws`): point values only, no intervals."""
+    lr = math.exp(laws["log_lr_intercept"] + laws["log_lr_log_tpp"] * math.log(tpp) + laws["log_lr_log_steps"] * math.log(steps))
+    prod = laws["lr_wd_product_coef"] * steps ** laws["lr_wd_product_steps_exponent"]
+    return {"lr": {"value": lr, "interval95": None, "law": "log LR* = a + b·log TPP + c·log steps"},
+            "lr_wd_product": {"value": prod, "interval95": None, "law": "LR*·WD* = coef·steps^k"},
+            "wd": {"value": prod / lr, "law": "LR*·WD* / LR*"},
+            "source": f"{source} (published laws from the recipe, NOT fitted by this ladder)"}
+
+
+def dropout_from_law(dropout: dict[str, Any], params_active: float, level: float = 0.95, seed: int = 0) -> dict[str, Any]:
+    p = dropout["params"]
+    mean = float(sigmoid(math.log(params_active), p["p_max"], p["k"], p["m"]))
+    draws = np.random.default_rng(seed).multivariate_normal([p["p_max"], p["k"], p["m"]], np.asarray(dropout["cov"]), 2000)
+    curve = np.clip(sigmoid(math.log(params_active), draws[:, 0], draws[:, 1], draws[:, 2]), 0.0, 1.0)
+    q = 50 * (1 - level)
+    return {"value": mean, "interval95": [float(np.percentile(curve, q)), float(np.percentile(curve, 100 - q))],
+            "source": "fitted dropout law"}
+
+
+def bpb_from_law(law: PowerLawResult, train_flops: float, level: float = 0.95) -> dict[str, Any]:
+    out = {"value": float(law.predict([train_flops])[0]), "interval": None, "ci_level": level,
+           "law": law.params, "n_points": law.n_points,
+           "extrapolation_factor": train_flops / law.extra["x_range"][1] if "x_range" in law.extra else None}
+    if law.bootstrap_params is not None:
+        lo, hi = law.predict_interval([train_flops], level)
+        out["interval"] = [float(lo[0]), float(hi[0])]
+    return out
+
+
+def recipe_card(target: dict[str, Any], *, power_laws: dict[str, PowerLawResult] | None = None,
+                hparams: dict[str, Any] | None = None, dropout: dict[str, Any] | None = None,
+                report_laws: dict[str, float] | None = None, report_source: str = "MAI-Base-2 report",
+                recipe_dropout: float | None = None, provenance: dict[str, Any] | None = None) -> dict[str, Any]:
+    """target needs steps, tpp, params_active, train_flops; everything else in it is passed through."""
+    steps, tpp, n_active = target["steps"], target["tpp"], target["params_active"]
+    if hparams is not None:
+        hp = hparams_from_laws(hparams, steps=steps, tpp=tpp, params_active=n_active)
+    elif report_laws is not None:
+        hp = hparams_from_report(report_laws, steps=steps, tpp=tpp, source=report_source)
+    else:
+        hp = {"source": "none: no fitted laws and no recipe laws given"}
+    if dropout is not None and dropout.get("params"):
+        hp["dropout"] = dropout_from_law(dropout, n_active)
+    elif recipe_dropout is not None:
+        hp["dropout"] = {"value": recipe_dropout, "interval95": None,
+                         "source": "the recipe's fixed dropout (no dropout law fitted)"}
+    bpb = {d: bpb_from_law(law, target["train_flops"]) for d, law in sorted((power_laws or {}).items())}
+    return jsonable({"target": target, "hyperparameters": hp, "predicted_bpb": bpb,
+                     "provenance": provenance or {}, "code_version": code_version()})
