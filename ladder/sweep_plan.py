@@ -41,7 +41,11 @@ def default_resolver() -> Resolver:
 def plan_sweep(spec: SweepSpec, *, where: str = "sweep spec", recipe: Recipe | None = None,
                resolve: Resolver | None = None) -> list[PlannedTrial]:
     """Resolve and key every trial; trials that resolve to the same config run once."""
-    recipe = recipe or load_recipe(spec.recipe)
+    if recipe is None:
+        try:
+            recipe = load_recipe(spec.recipe)
+        except LadderInputError as err:
+            raise LadderInputError(err.detail, where=where, field="recipe") from None
     resolve = resolve or default_resolver()
     planned: dict[str, PlannedTrial] = {}
     for trial in expand(spec, recipe):

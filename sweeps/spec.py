@@ -181,8 +181,10 @@ class SweepSpec(_Strict):
 
 
 def _format_validation_error(err: ValidationError) -> tuple[str, str]:
-    first = err.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    errors = err.errors()
+    # In a union (centre: law | {lr, weight_decay}) the literal branch's mismatch says least.
+    first = next((e for e in errors if e["type"] != "literal_error"), errors[0])
+    field = ".".join(str(p) for p in first["loc"] if not str(p).startswith(("literal[", "Centre"))) or "(top level)"
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         msg = "unknown key; remove it or check its spelling against the sweep schema (sweeps/spec.py)"

@@ -1,0 +1,211 @@
+"""Sweeps on a real Ray cluster: resumable after a killed driver, retries, divergence, bad specs.
+
+The cluster is real and multi-node on loopback: a head node (`ray start --head`) plus a second node
+joined to it (`ray start --address`), each in a process session of its own so teardown ends exactly
+the processes this test started. Trials are real training jobs (`rungs.train.train`) on the
+smallest cpu-demo rung, a few steps each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from ladder.cli import main
+from ladder.sweep_runs import find_runs
+from ladder.tracking_server import free_port
+from sweeps.spec import SWEEPS_DIR
+
+RAY = str(Path(sys.executable).parent / "ray")
+LADDER = [sys.executable, "-m", "ladder"]
+
+
+def _ray_node(args: list[str], temp_dir: Path) -> subprocess.Popen:
+    log = open(temp_dir.parent / f"ray-{len(list(temp_dir.parent.glob('ray-*')))}.log", "wb")  # noqa: SIM115
+    return subprocess.Popen([RAY, "start", "--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
+                             f"--temp-dir={temp_dir}", *args],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+
+
+def _wait_for_nodes(address: str, count: int, timeout_seconds: float = 180) -> None:
+    probe = textwrap.dedent(f"""
+        import ray
+        ray.init(address="{address}", logging_level="ERROR")
+        print(sum(1 for n in ray.nodes() if n["Alive"]))
+    """)
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+        if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(count)]:
+            return
+        time.sleep(2)
+    raise TimeoutError(f"Ray cluster at {address} did not reach {count} nodes")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A two-node Ray cluster on loopback (2 + 1 CPUs); its address."""
+    short = Path(f"/tmp/lt{os.getpid()}")  # Ray's unix sockets need a short path
+    short.mkdir(exist_ok=True)
+    port = free_port()
+    head = _ray_node(["--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false"], short / "ray")
+    address = f"127.0.0.1:{port}"
+    nodes = [head]
+    try:
+        _wait_for_nodes(address, 1)
+        nodes.append(_ray_node([f"--address={address}", "--num-cpus=1"], short / "ray"))
+        _wait_for_nodes(address, 2)
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+        yield address
+    finally:
+        for proc in reversed(nodes):  # only the sessions this fixture started
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=20)
+                    break
+                except ProcessLookupError:
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+
+
+def _sweep(args: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*LADDER, "sweep", *args], capture_output=True, text=True, timeout=900, **kw)
+
+
+def _states(store: str, spec_name: str = "smoke") -> dict[str, str]:
+    out = subprocess.run([*LADDER, "sweep", "status", spec_name, "--tracking-uri", store, "--json"],
+                         capture_output=True, text=True, check=True)
+    return {t["key"]: t["state"] for t in json.loads(out.stdout)["trials"]}
+
+
+@pytest.mark.slow
+def test_killed_driver_rerun_finishes_every_trial_exactly_once(ray_cluster, tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cmd = [*LADDER, "sweep", "run", "smoke", "--address", ray_cluster, "--tracking-uri", store, "--json"]
+    driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(2)
+        if (tmp_path / "mlflow.db").exists():
+            states = _states(store)
+            if "finished" in states.values() and "running" in states.values():
+                break
+    assert driver.poll() is None, f"the sweep ended before it could be killed: {driver.communicate()}"
+    os.kill(driver.pid, signal.SIGKILL)  # mid-sweep: some trials finished, some running
+    driver.wait()
+    finished_before = {k for k, s in states.items() if s == "finished"}
+    assert finished_before and len(finished_before) < 3
+
+    rerun = _sweep(["run", "smoke", "--address", ray_cluster, "--tracking-uri", store, "--json"])
+    assert rerun.returncode == 0, rerun.stderr
+    summary = json.loads(rerun.stdout)
+    assert summary["trials"] == 3
+    assert summary["skipped"] == len(finished_before)
+    assert summary["completed"] == 3 - len(finished_before)
+    assert summary["failed"] == summary["diverged"] == 0
+
+    # Exactly once in MLflow: one run per key, finished, its final metrics logged once.
+    records = find_runs(store, "sweep-smoke")
+    keys = {t["key"] for t in summary["results"]}
+    assert set(records) == keys
+    client = MlflowClient(store)
+    for key in keys:
+        assert len(records[key]) == 1, f"trial {key} has {len(records[key])} runs"
+        run = records[key][0]
+        assert run.status == "FINISHED" and run.tags["sweep"] == "smoke" and run.tags["outcome"] == "finished"
+        assert len(client.get_metric_history(run.run_id, "final_loss")) == 1
+        steps = sorted(m.step for m in client.get_metric_history(run.run_id, "loss"))
+        assert set(steps) == set(range(1, 21))  # nothing lost (a resumed stretch may be logged twice)
+
+    again = _sweep(["run", "smoke", "--address", ray_cluster, "--tracking-uri", store, "--json"])
+    assert again.returncode == 0
+    counts = {k: v for k, v in json.loads(again.stdout).items() if k in ("trials", "completed", "skipped", "failed",
+                                                                         "diverged")}
+    assert counts == {"trials": 3, "completed": 0, "skipped": 3, "failed": 0, "diverged": 0}
+
+
+FAULTS = {
+    "name": "faults", "recipe": "cpu-demo", "max_steps": 6, "max_failures": 1, "max_concurrent": 3,
+    "resources": {"cpus": 1},
+    "blocks": [{"name": "f", "rungs": [3], "arms": {
+        "ok": {},
+        "broken": {"data_manifest": "/nonexistent/manifest.yaml"},  # resolves, then raises at run time
+        "blowup": {"lr": 1.0e4, "adam_lr": 10.0},  # loss goes non-finite within a few steps
+    }}],
+}
+
+
+@pytest.mark.slow
+def test_raising_trial_is_retried_then_failed_and_diverged_trial_is_not_retried(ray_cluster, tmp_path):
+    spec_path = tmp_path / "faults.yaml"
+    spec_path.write_text(yaml.safe_dump(FAULTS))
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = _sweep(["run", str(spec_path), "--address", ray_cluster, "--tracking-uri", store, "--json"])
+    assert out.returncode == 0, out.stderr  # a crashing trial does not take the sweep down
+    summary = json.loads(out.stdout)
+    by_arm = {r["trial"].split()[-2]: r for r in summary["results"]}
+    assert {k: summary[k] for k in ("trials", "completed", "failed", "diverged")} == {
+        "trials": 3, "completed": 1, "failed": 1, "diverged": 1}
+    assert by_arm["ok"]["state"] == "finished"
+    assert by_arm["broken"]["state"] == "failed" and by_arm["broken"]["attempts"] == 2  # 1 try + 1 retry
+    assert "manifest" in (by_arm["broken"]["error"] or "")
+    assert by_arm["blowup"]["state"] == "diverged" and by_arm["blowup"]["attempts"] == 1
+
+    status = json.loads(_sweep(["status", str(spec_path), "--tracking-uri", store, "--json"]).stdout)
+    assert status["counts"] == {"finished": 1, "failed": 1, "diverged": 1}
+    runs = find_runs(store, "sweep-faults")
+    diverged = runs[by_arm["blowup"]["key"]][0]
+    assert diverged.tags["outcome"] == "diverged" and diverged.tags["diverged"] == "true"
+    assert all(r.tags["outcome"] == "failed" for r in runs[by_arm["broken"]["key"]])
+
+
+def _bad_spec(tmp_path: Path, **changes) -> str:
+    data = yaml.safe_load((SWEEPS_DIR / "smoke.yaml").read_text())
+    data.update(changes)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"recipe": "no-such-recipe"}, "no recipe named"),
+    ({"blocks": [{"name": "b", "rungs": [3], "lr_wd": {"log_lr": {"offsets": []}}}]}, "no points"),
+    ({"blocks": [{"name": "b", "rungs": [3], "lr_wd": {"centre": {"lr": -0.01, "weight_decay": 0.1}}}]},
+     "greater than 0"),
+    ({"blocks": []}, "blocks"),
+    ({"overrides": {"no_such_knob": 1}}, "unknown override key"),
+])
+def test_bad_specs_exit_2_before_anything_starts(tmp_path, capsys, changes, says):
+    store = tmp_path / "mlflow.db"
+    rc = main(["sweep", "run", _bad_spec(tmp_path, **changes), "--tracking-uri", f"sqlite:///{store}", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert says in captured.err and "bad.yaml" in captured.err
+    assert captured.out == ""
+    assert not store.exists()  # nothing was launched or tracked
+
+
+@pytest.mark.slow
+def test_resources_larger_than_the_cluster_exit_2_before_any_trial(ray_cluster, tmp_path):
+    spec = _bad_spec(tmp_path, resources={"cpus": 2, "workers": 4})
+    store = tmp_path / "mlflow.db"
+    out = _sweep(["run", spec, "--address", ray_cluster, "--tracking-uri", f"sqlite:///{store}", "--json"])
+    assert out.returncode == 2
+    assert "cluster has 3 CPU" in out.stderr and "Traceback" not in out.stderr
+    assert out.stdout == ""
+    assert find_runs(f"sqlite:///{store}", "sweep-smoke") == {}
