@@ -44,6 +44,14 @@ EVAL_BYTES = {"code": 150_000, "qa": 120_000, "stem": 150_000, "math": 150_000, 
 
 EMAIL_RE = re.compile(r"[\w.+\-=]+@[\w\-]+(\.[\w\-]+)+")
 SPACE_RE = re.compile(r"[ \t]+\n")
+# Header lines that mail bodies carry along (forwarded or quoted messages), and reply attributions
+# ("On Mon, 2 Sep 2002, Jane Doe wrote:"), which name people.
+BODY_HEADER_RE = re.compile(
+    r"^[ \t>|]*(From|To|Cc|Bcc|Subject|Date|Sent|Reply-To|Message-I[Dd]|Received|Return-Path|Delivered-To|"
+    r"X-[\w-]+|Content-[\w-]+|MIME-Version|In-Reply-To|References|Organi[sz]ation|User-Agent|List-[\w-]+|"
+    r"Precedence|Errors-To|Sender)[ \t]*:.*$\n?", re.M)
+ATTRIBUTION_RE = re.compile(r"^[ \t>|]*((On .*,|.*\b(wrote|writes|said)|Quoting .*):|-+ ?Original Message ?-+)[ \t]*$\n?",
+                            re.M | re.I)
 
 
 class _SphinxText(html.parser.HTMLParser):
@@ -85,7 +93,8 @@ class _SphinxText(html.parser.HTMLParser):
 
 
 def clean(text: str) -> str:
-    text = text.replace("\r\n", "\n").replace("\u00b6", "")
+    """Normalise newlines and blank runs; replace every e-mail address (in any domain) by `[email]`."""
+    text = EMAIL_RE.sub("[email]", text.replace("\r\n", "\n").replace("\u00b6", ""))
     text = SPACE_RE.sub("\n", text)
     return re.sub(r"\n{3,}", "\n\n", text).strip()
 
@@ -185,7 +194,7 @@ def mail_body(raw: bytes) -> str | None:
     if not payload:
         return None
     text = payload.decode(part.get_content_charset() or "latin-1", errors="replace")
-    text = EMAIL_RE.sub("[email]", text)
+    text = BODY_HEADER_RE.sub("", ATTRIBUTION_RE.sub("", text))
     # Mailing-list footers and signatures carry no content.
     text = re.split(r"\n_{20,}\n|\n-- \n", text)[0]
     text = clean(text)
