@@ -10,13 +10,16 @@ not fit waits for the next round, so nothing is ever dropped and
     rounds = max over groups of ceil(group load / S).
 
 Each round's expert compute is one grouped matmul over a buffer of fixed size (all groups' slabs,
-packed in expert order). Backward recomputes each round's activations instead of saving them, so
-the bytes saved for backward and the live buffers depend on T*k, the capacity and the widths, never
-on how skewed the routing is; skew costs time (more rounds), not memory.
+packed in expert order). When a step needs more than one round, backward recomputes each round's
+activations instead of saving them; a one-round step keeps its single slab (`recompute="always"`
+recomputes that too). Either way the bytes saved for backward and the live buffers are bounded by
+the one-round step's, set by T*k, the capacity and the widths, never by how skewed the routing is:
+skew costs time (more rounds), not memory.
 
-The combine is deterministic: each (token, slot) pair's expert output lands in its own row of a
-(T*k, latent) buffer and the k slots of a token are summed in slot order by one batched matmul with
-the gates (no scatter-add, no atomics).
+The combine is deterministic: each (token, slot) pair's gated output lands in its own row of a
+(T*k, latent) buffer and the k slots of a token are summed in slot order (no scatter-add, no
+atomics); backward accumulates input gradients the same way and weight gradients round by round
+in fp32.
 """
 
 from __future__ import annotations
@@ -140,33 +143,45 @@ class _RoundIndex:
             yield self.order[idx.to(self.order.device)], ends.to(torch.int32).to(self.order.device), ends.tolist()
 
 
-def _round_forward(x, w_gate, w_up, w_down, k, xin, y_pairs, pairs, offs, ends, backend) -> None:
+def _round_forward(x, gate_pairs, w_gate, w_up, w_down, k, xin, y_pairs, pairs, offs, ends, backend):
     # One round; a function so that its temporaries are freed before the next round starts.
     n = ends[-1]
     torch.index_select(x, 0, pairs // k, out=xin[:n])
-    h = F.silu(_gmm(xin, w_gate.mT, offs, ends, backend)) * _gmm(xin, w_up.mT, offs, ends, backend)
-    y_pairs.index_copy_(0, pairs, _gmm(h, w_down.mT, offs, ends, backend)[:n])
-
-
-def _round_backward(x, w_gate, w_up, w_down, k, xin, dy, grad_y_pairs, dx_pairs, grads, pairs, offs, ends,
-                    backend) -> None:
-    # Recompute the round's activations, then its share of every gradient (in-place where possible,
-    # so about six (rows, hidden) temporaries are alive at once).
-    n = ends[-1]
-    torch.index_select(x, 0, pairs // k, out=xin[:n])
-    torch.index_select(grad_y_pairs, 0, pairs, out=dy[:n])
     hg = _gmm(xin, w_gate.mT, offs, ends, backend)                           # (rows, hidden)
     hu = _gmm(xin, w_up.mT, offs, ends, backend)
-    sig = torch.sigmoid(hg)
-    silu = hg * sig
-    grads[2] += _gmm(dy.mT, silu * hu, offs, ends, backend)                  # (E, latent, hidden)
-    dh = _gmm(dy, w_down, offs, ends, backend)                                # (rows, hidden)
+    y = _gmm(F.silu(hg) * hu, w_down.mT, offs, ends, backend)                # (rows, latent)
+    y[:n] *= gate_pairs[pairs].unsqueeze(1)
+    y_pairs.index_copy_(0, pairs, y[:n])
+    return hg, hu
+
+
+def _round_backward(x, gate_pairs, w_gate, w_up, w_down, k, xin, dy, dout, dx_pairs, dgate_pairs, grads,
+                    pairs, offs, ends, backend, kept=None) -> None:
+    # Recompute the round's activations (unless `kept` from forward), then its share of every
+    # gradient. y_p = g_p * w_down h_p, so d g_p = <w_down^T dy_p, h_p>, d w_down += (g_p dy_p) h_p^T
+    # and d h_p = g_p * w_down^T dy_p. Eight elementwise passes over (rows, hidden), in place
+    # where possible.
+    n = ends[-1]
+    if kept is None:
+        torch.index_select(x, 0, pairs // k, out=xin[:n])
+        hg = _gmm(xin, w_gate.mT, offs, ends, backend)
+        hu = _gmm(xin, w_up.mT, offs, ends, backend)
+    else:
+        xin, hg, hu = kept
+    torch.index_select(dout, 0, pairs // k, out=dy[:n])
+    g = gate_pairs[pairs].unsqueeze(1)                                        # (n, 1)
+    silu = F.silu(hg)
+    h = silu * hu                                                             # ungated hidden rows
+    dh = _gmm(dy, w_down, offs, ends, backend)                                # (rows, hidden) = w_down^T dy
+    dgate_pairs.index_copy_(0, pairs, torch.linalg.vecdot(dh[:n], h[:n]).to(dgate_pairs.dtype))
+    dy[:n] *= g
+    grads[2] += _gmm(dy.mT, h, offs, ends, backend)                           # (E, latent, hidden)
+    del h
+    dh[:n] *= g                                                               # d(ungated hidden)
     dhu = dh * silu
     del silu
-    dsilu = torch.rsub(sig, 1).mul_(hg).add_(1).mul_(sig)                    # silu'(z) = s(1 + z(1 - s))
-    del hg, sig
-    dhg = dh.mul_(hu).mul_(dsilu)
-    del hu, dsilu
+    dhg = torch.ops.aten.silu_backward(dh.mul_(hu), hg)
+    del dh, hg, hu
     grads[0] += _gmm(dhg.mT, xin, offs, ends, backend)
     grads[1] += _gmm(dhu.mT, xin, offs, ends, backend)
     dxin = _gmm(dhg, w_gate, offs, ends, backend)
@@ -175,42 +190,57 @@ def _round_backward(x, w_gate, w_up, w_down, k, xin, dy, grad_y_pairs, dx_pairs,
 
 
 class _MultiRoundExperts(torch.autograd.Function):
-    """y_pairs[p] = expert(e_p)(x[p // k]) for every (token, slot) pair p; activations recomputed.
+    """out[t] = sum_j gate[t, j] * expert(idx[t, j])(x[t]), computed in rounds.
 
+    Memory policy: with more than one round nothing per round is saved and backward recomputes
+    each round; a single round keeps its own (xin, hg, hu) slab (unless recompute="always"), the
+    same buffers a recomputed round allocates in backward, so the peak never exceeds the one-round
+    peak whatever the skew, and the common one-round step skips the recompute.
     The weights come in as the (fp32) parameters and are cast to x's dtype inside forward and again
-    inside backward, so no low-precision weight copy is saved and weight gradients are accumulated
-    over rounds in fp32 and returned in fp32."""
+    inside backward, so no low-precision weight copy is saved; weight gradients are accumulated
+    over rounds in fp32 and returned in the parameters' dtype."""
 
     @staticmethod
-    def forward(ctx, x, w_gate, w_up, w_down, order, counts, k, capacity, group_size, buffer_rows, backend):
-        ctx.save_for_backward(x, w_gate, w_up, w_down, order, counts)
+    def forward(ctx, x, gate, w_gate, w_up, w_down, order, counts, k, capacity, group_size, buffer_rows, backend,
+                recompute):
         ctx.k, ctx.capacity, ctx.group_size, ctx.buffer_rows, ctx.backend = k, capacity, group_size, buffer_rows, backend
+        rounds = _RoundIndex(order, counts, capacity, group_size)
+        keep = recompute == "multi_round" and len(rounds.takes) == 1
         with torch.autocast(x.device.type, enabled=False):
             weights = [w.to(x.dtype) for w in (w_gate, w_up, w_down)]
+            gate_pairs = gate.reshape(-1).to(x.dtype)
             y_pairs = x.new_empty(order.numel(), w_down.shape[1])
             xin = x.new_zeros(buffer_rows, x.shape[1])
-            for pairs, offs, ends in _RoundIndex(order, counts, capacity, group_size):
-                _round_forward(x, *weights, k, xin, y_pairs, pairs, offs, ends, backend)
-        return y_pairs
+            kept: tuple = ()
+            for pairs, offs, ends in rounds:
+                hg, hu = _round_forward(x, gate_pairs, *weights, k, xin, y_pairs, pairs, offs, ends, backend)
+                kept = (xin, hg, hu) if keep else ()
+                del hg, hu
+            out = y_pairs.view(-1, k, y_pairs.shape[1]).sum(1)                   # slot order: deterministic
+        ctx.save_for_backward(x, gate, w_gate, w_up, w_down, order, counts, *kept)
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_y_pairs):
-        x, w_gate, w_up, w_down, order, counts = ctx.saved_tensors
+    def backward(ctx, dout):
+        x, gate, w_gate, w_up, w_down, order, counts, *kept = ctx.saved_tensors
         acc = torch.promote_types(w_gate.dtype, torch.float32)
         grads = [torch.zeros(w.shape, dtype=acc, device=w.device) for w in (w_gate, w_up, w_down)]
         with torch.autocast(x.device.type, enabled=False):
             weights = [w.to(x.dtype) for w in (w_gate, w_up, w_down)]
+            gate_pairs = gate.reshape(-1).to(x.dtype)
             dx_pairs = x.new_empty(order.numel(), x.shape[1])
-            xin = x.new_zeros(ctx.buffer_rows, x.shape[1])
-            grad_y_pairs = grad_y_pairs.to(x.dtype).contiguous()
-            dy = grad_y_pairs.new_zeros(ctx.buffer_rows, grad_y_pairs.shape[1])
+            dgate_pairs = torch.empty(order.numel(), dtype=torch.float32, device=x.device)
+            xin = x.new_zeros(ctx.buffer_rows, x.shape[1]) if not kept else None
+            dout = dout.to(x.dtype).contiguous()
+            dy = dout.new_zeros(ctx.buffer_rows, dout.shape[1])
             for pairs, offs, ends in _RoundIndex(order, counts, ctx.capacity, ctx.group_size):
-                _round_backward(x, *weights, ctx.k, xin, dy, grad_y_pairs, dx_pairs, grads,
-                                pairs, offs, ends, ctx.backend)
+                _round_backward(x, gate_pairs, *weights, ctx.k, xin, dy, dout, dx_pairs, dgate_pairs, grads,
+                                pairs, offs, ends, ctx.backend, kept=kept or None)
         dx = dx_pairs.view(-1, ctx.k, x.shape[1]).sum(1)                          # slot order: deterministic
+        dgate = dgate_pairs.view(gate.shape).to(gate.dtype)
         dwg, dwu, dwd = (g.to(w.dtype) for g, w in zip(grads, (w_gate, w_up, w_down)))
-        return dx, dwg, dwu, dwd, None, None, None, None, None, None, None
+        return dx, dgate, dwg, dwu, dwd, None, None, None, None, None, None, None, None
 
 
 class RoutedExperts(nn.Module):
@@ -218,13 +248,16 @@ class RoutedExperts(nn.Module):
 
     forward(x (T, latent), expert_idx (T, k) long, gate (T, k)) -> (T, latent) = sum_j gate_j y_{e_j}(x).
     capacity_per_expert=None: capacity is ceil(T*k / group_size) for each call, so one round always
-    fits (plain dropless). group_size=None: one group of all E experts.
+    fits (plain dropless). group_size=None: one group of all E experts. backend: "grouped_mm"
+    (one grouped matmul per round; falls back per call to one mm per expert where grouped_mm's
+    16-byte alignment rule fails) or "loop". recompute: "multi_round" (keep a one-round step's
+    activations, recompute when there are several rounds) or "always".
     After each forward, `last_stats` = {rounds, tokens_per_expert, capacity_per_expert, group_size,
     slab_rows, buffer_rows, max_group_load, dropped_tokens}.
     """
 
     def __init__(self, n_experts: int, latent_dim: int, hidden: int, *, capacity_per_expert: int | None = None,
-                 group_size: int | None = None, backend: str = "grouped_mm"):
+                 group_size: int | None = None, backend: str = "grouped_mm", recompute: str = "multi_round"):
         super().__init__()
         group_size = n_experts if group_size is None else group_size
         if min(n_experts, latent_dim, hidden) < 1:
@@ -235,6 +268,9 @@ class RoutedExperts(nn.Module):
             raise MoEConfigError(f"capacity_per_expert must be >= 1 or None, got {capacity_per_expert}")
         if backend not in ("grouped_mm", "loop"):
             raise MoEConfigError(f"backend must be 'grouped_mm' or 'loop', got {backend!r}")
+        if recompute not in ("multi_round", "always"):
+            raise MoEConfigError(f"recompute must be 'multi_round' or 'always', got {recompute!r}")
+        self.recompute = recompute
         self.n_experts, self.latent_dim, self.hidden = n_experts, latent_dim, hidden
         self.capacity_per_expert, self.group_size, self.backend = capacity_per_expert, group_size, backend
         self.w_gate = nn.Parameter(torch.empty(n_experts, hidden, latent_dim))
@@ -278,10 +314,8 @@ class RoutedExperts(nn.Module):
         device_type = x.device.type
         dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
         order = torch.argsort(flat, stable=True)                                 # pairs sorted by expert
-        y_pairs = _MultiRoundExperts.apply(x.to(dtype), self.w_gate, self.w_up, self.w_down, order, counts, k,
-                                           capacity, self.group_size, buffer_rows, self.backend)
-        # (T, 1, k) @ (T, k, latent): the k slots of each token summed in slot order.
-        out = torch.bmm(gate.to(dtype).unsqueeze(1), y_pairs.view(n_tokens, k, self.latent_dim)).squeeze(1)
+        out = _MultiRoundExperts.apply(x.to(dtype), gate, self.w_gate, self.w_up, self.w_down, order, counts, k,
+                                       capacity, self.group_size, buffer_rows, self.backend, self.recompute)
         self.last_stats = {
             "rounds": -(-max_group_load // slab_rows),
             "tokens_per_expert": counts,

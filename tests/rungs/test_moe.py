@@ -69,9 +69,10 @@ def assert_close(got, want, rtol, atol):
 @pytest.mark.parametrize("kind", ["balanced", "skewed", "one_expert"])
 @pytest.mark.parametrize("capacity", [1, 2, 3, 7, None])
 @pytest.mark.parametrize("group_size", [1, 2, E])
-def test_output_and_all_gradients_equal_float64_loop(kind, capacity, group_size):
+@pytest.mark.parametrize("recompute", ["multi_round", "always"])
+def test_output_and_all_gradients_equal_float64_loop(kind, capacity, group_size, recompute):
     torch.manual_seed(0)
-    module = RoutedExperts(E, LATENT, HIDDEN, capacity_per_expert=capacity, group_size=group_size)
+    module = RoutedExperts(E, LATENT, HIDDEN, capacity_per_expert=capacity, group_size=group_size, recompute=recompute)
     idx = routing(kind)
     got, want = run_both(module, idx)
     assert_close(got, want, rtol=1e-4, atol=1e-5)
@@ -160,6 +161,8 @@ def test_empty_batch_and_bad_inputs():
         RoutedExperts(E, LATENT, HIDDEN, group_size=3)
     with pytest.raises(MoEConfigError, match="capacity"):
         RoutedExperts(E, LATENT, HIDDEN, capacity_per_expert=0)
+    with pytest.raises(MoEConfigError, match="recompute"):
+        RoutedExperts(E, LATENT, HIDDEN, recompute="never")
 
 
 def test_parameter_names_and_shapes():
@@ -208,15 +211,16 @@ def _memory(forward, idx, x, gate, upstream, params):
     return peak, saved
 
 
-@pytest.mark.parametrize("group_size", [1, 2])
-def test_memory_under_worst_skew_within_10_percent_of_balanced(group_size):
+@pytest.mark.parametrize("group_size,recompute", [(1, "multi_round"), (2, "multi_round"), (2, "always")])
+def test_memory_under_worst_skew_within_10_percent_of_balanced(group_size, recompute):
     """Bytes saved for backward (saved_tensors_hooks) and peak live bytes (profiler memory timeline)
     of forward+backward: all-tokens-to-one-expert (many rounds) vs balanced (one round)."""
     from benchmarks.moe import padded_dispatch
 
     torch.manual_seed(0)
     n_tokens, n_experts, k = 256, 8, 2
-    module = RoutedExperts(n_experts, 32, 64, capacity_per_expert=n_tokens * k // n_experts, group_size=group_size)
+    module = RoutedExperts(n_experts, 32, 64, capacity_per_expert=n_tokens * k // n_experts, group_size=group_size,
+                           recompute=recompute)
     x = torch.randn(n_tokens, 32, requires_grad=True)
     gate = torch.rand(n_tokens, k, requires_grad=True)
     upstream = torch.randn(n_tokens, 32)
@@ -233,6 +237,10 @@ def test_memory_under_worst_skew_within_10_percent_of_balanced(group_size):
     saved_ratio = ours["worst"][1] / ours["balanced"][1]
     assert peak_ratio <= 1.10, ours
     assert saved_ratio <= 1.10, ours
+    if recompute == "always":           # nothing per round is saved: identical bytes whatever the skew
+        assert saved_ratio == 1.0
+    else:                               # the one-round step keeps its slab; a multi-round step keeps none
+        assert saved_ratio < 1.0
 
     # the instruments do see skew-dependent memory: dropless capacity padding grows with the max load
     padded = {name: _memory(lambda i: padded_dispatch(x, i, gate, *params), idx, x, gate, upstream, params)
