@@ -17,6 +17,7 @@ class FitInputError(FitError):
 
     def __init__(self, message: str, *, column: str | None = None) -> None:
         self.column = column
+        self.detail = message
         super().__init__(f"column {column!r}: {message}" if column else message)
 
 

@@ -1,0 +1,159 @@
+"""`ladder extrapolate RECIPE --rung L`: the full-scale recipe card.
+
+Architecture, tokens, steps, batch and compute come from the plan (`ladder.plan.plan_rung`,
+`ladder.compute.plan_compute` on the recipe's GPU pool). LR*, WD*, dropout* and the predicted
+BPB per domain come from fitted laws: a laws file (`ladder fit ... --save`, `--laws`, repeatable)
+and/or fits made here from an MLflow experiment (`--experiment`). With no fitted hyperparameter
+laws, the card falls back to the recipe's `hparam_laws` (the report's published laws) and says
+so on the card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from ladder.compute import plan_compute
+from ladder.errors import LadderInputError
+from ladder.mlflow_runs import DEFAULT_TRACKING_URI, domains_of, fit_table, long_by_domain, read_runs
+from ladder.output import human_count, make_table, print_json, stdout_console
+from ladder.plan import plan_rung
+from ladder.recipe import load_recipe
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("extrapolate", help="the full-scale recipe card from the fitted laws")
+    p.add_argument("recipe", help="recipe name (mai-base-2, cpu-demo) or path to a YAML recipe")
+    p.add_argument("--rung", type=int, required=True, help="L of the target model (e.g. 102)")
+    p.add_argument("--tpp", type=float, help="tokens per active parameter (default: the recipe's)")
+    p.add_argument("--experiment", help="fit the laws from this MLflow experiment's runs")
+    p.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI)
+    p.add_argument("--laws", action="append", default=[], help="laws JSON from `ladder fit ... --save` (repeatable)")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for fits made here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=run)
+
+
+def load_laws(paths: list[str]) -> dict[str, Any]:
+    """Merge laws files: {"power_law": {domain: fit}, "hparams": {...}} (or a bare `fit hparams` JSON)."""
+    from fits.errors import FitInputError
+    from fits.power_law import power_law_from_dict
+
+    laws: dict[str, Any] = {"power_law": {}, "hparams": None, "files": list(paths)}
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise LadderInputError("laws file not found; write one with `ladder fit ... --save FILE.json`", where=path) from None
+        except json.JSONDecodeError as err:
+            raise LadderInputError(f"not valid JSON: {err}", where=path) from None
+        if not isinstance(data, dict):
+            raise LadderInputError("expected a JSON object", where=path)
+        if "lr_wd_product" in data and "selected" in data:
+            data = {"hparams": data}
+        if not {"power_law", "hparams"} & set(data):
+            raise LadderInputError("no laws found: expected 'power_law' and/or 'hparams' keys (the files "
+                                   "`ladder fit power-law|hparams --save` write)", where=path)
+        for domain, fit in (data.get("power_law") or {}).items():
+            try:
+                laws["power_law"][domain] = power_law_from_dict(fit)
+            except FitInputError as err:
+                raise LadderInputError(err.detail, where=path, field=f"power_law.{domain}") from None
+        if data.get("hparams"):
+            if "selected" not in data["hparams"]:
+                raise LadderInputError("hparams laws lack 'selected' (re-fit with `ladder fit hparams --save`)",
+                                       where=path, field="hparams")
+            laws["hparams"] = data["hparams"]
+    return laws
+
+
+def laws_from_experiment(args: argparse.Namespace, laws: dict[str, Any]) -> dict[str, Any]:
+    """Fit every domain's compute law (and the hyperparameter laws, when the runs sweep LR/WD)."""
+    from fits.errors import FitError
+    from fits.hparam_laws import fit_hparam_laws
+    from fits.power_law import fit_power_law
+
+    runs = fit_table(read_runs(args.experiment, args.tracking_uri))
+    info = {"experiment": args.experiment, "tracking_uri": args.tracking_uri, "n_runs": len(runs),
+            "run_ids": runs["run_id"].tolist(), "domains": domains_of(runs)}
+    long = long_by_domain(runs)
+    for domain, part in long.groupby("domain"):
+        # the compute law is a frontier: at each rung, the best run of its sweep
+        best = part.loc[part.groupby("train_flops")["bpb"].idxmin()]
+        try:
+            laws["power_law"][domain] = fit_power_law(best, "train_flops", "bpb", bootstrap=args.bootstrap, group=domain)
+        except FitError as err:
+            info.setdefault("power_law_errors", {})[domain] = str(err)
+    if laws["hparams"] is None and {"lr", "wd"} <= set(runs.columns) and runs["lr"].nunique() > 2:
+        try:
+            laws["hparams"] = fit_hparam_laws(runs).to_dict()
+        except FitError as err:
+            info["hparams_error"] = str(err)
+    laws["experiment"] = info
+    return laws
+
+
+def run(args: argparse.Namespace) -> int:
+    from fits.extrapolate import recipe_card
+
+    recipe = load_recipe(args.recipe)
+    spec = plan_rung(recipe, args.rung, args.tpp)
+    pool = recipe.gpu_pool
+    compute = plan_compute(spec.train_flops, gpus=pool.default_gpus, peak_flops_per_gpu=pool.peak_bf16_flops_per_gpu,
+                           mfu=pool.default_mfu, goodput=pool.default_goodput)
+    laws = load_laws(args.laws)
+    if args.experiment:
+        laws = laws_from_experiment(args, laws)
+    plan = spec.to_dict()
+    target = {k: plan[k] for k in ("recipe", "L", "n_layers", "d_model", "n_heads", "head_dim", "n_kv_heads_global",
+                                   "n_kv_heads_local", "n_experts", "top_k", "n_shared_experts", "latent_dim",
+                                   "expert_hidden", "vocab_size", "params_total", "params_active", "tokens", "tpp",
+                                   "batch_tokens", "steps", "flops_per_token", "train_flops") if k in plan}
+    target["compute"] = {"pool": pool.name, "gpus": pool.default_gpus, "mfu": pool.default_mfu,
+                         "goodput": pool.default_goodput, "wall_clock_days": compute.wall_clock_days,
+                         "gpu_hours": compute.gpu_hours}
+    provenance = {"laws_files": laws["files"], "experiment": laws.get("experiment"),
+                  "hparam_laws": "fitted" if laws["hparams"] else f"recipe fallback: {recipe.hparam_laws.source}",
+                  "power_laws": {d: {"n_points": f.n_points, "rows_used": f.rows_used, "code_version": f.code_version}
+                                 for d, f in laws["power_law"].items()}}
+    card = recipe_card(target, power_laws=laws["power_law"], hparams=laws["hparams"],
+                       dropout=(laws["hparams"] or {}).get("dropout"),
+                       report_laws=recipe.hparam_laws.model_dump(exclude={"source"}), report_source=recipe.hparam_laws.source,
+                       recipe_dropout=recipe.dropout, provenance=provenance)
+    if args.json:
+        print_json(card)
+        return 0
+    render(card)
+    return 0
+
+
+def _interval(iv) -> str:
+    return f"[{iv[0]:.4g}, {iv[1]:.4g}]" if iv else "-"
+
+
+def render(card: dict[str, Any]) -> None:
+    t, hp = card["target"], card["hyperparameters"]
+    rows = [["architecture", f"L{t['L']}: d_model {t['d_model']}, {t['n_heads']} heads × {t['head_dim']}, kv "
+             f"{t['n_kv_heads_global']}/{t['n_kv_heads_local']}, {t['n_experts']} experts top-{t['top_k']} "
+             f"+{t['n_shared_experts']} shared, latent {t['latent_dim']}", ""],
+            ["parameters", f"{human_count(t['params_total'])} total / {human_count(t['params_active'])} active", ""],
+            ["tokens / TPP", f"{human_count(t['tokens'])} / {t['tpp']:g}", ""],
+            ["batch / steps", f"{human_count(t['batch_tokens'])} tokens / {t['steps']:,}", ""],
+            ["training FLOPs", f"{t['train_flops']:.3e}", ""],
+            ["compute", f"{t['compute']['wall_clock_days']:.1f} days on {t['compute']['gpus']:,} {t['compute']['pool']} "
+             f"(MFU {t['compute']['mfu']:.0%}, goodput {t['compute']['goodput']:.0%})", ""]]
+    for name, label in (("lr", "LR*"), ("wd", "WD*"), ("lr_wd_product", "LR*·WD*"), ("dropout", "dropout*")):
+        if name in hp:
+            rows.append([label, f"{hp[name]['value']:.4g}", _interval(hp[name].get("interval95"))])
+    for domain, b in card["predicted_bpb"].items():
+        ext = f" (×{b['extrapolation_factor']:.3g} beyond the data)" if b.get("extrapolation_factor") else ""
+        rows.append([f"BPB {domain}", f"{b['value']:.4f}{ext}", _interval(b.get("interval"))])
+    stdout_console.print(make_table(f"recipe card: {t['recipe']} L{t['L']}", ["name", "value", "interval"], rows))
+    stdout_console.print(f"hyperparameters from: {hp['source']}")
+    if not card["predicted_bpb"]:
+        stdout_console.print("no BPB laws given: pass --laws FILE.json (from `ladder fit power-law --save`) or --experiment")

@@ -1,0 +1,247 @@
+"""`ladder fit power-law|chinchilla|hparams`: fit laws to a CSV or straight to an MLflow experiment.
+
+JSON contracts (DESIGN.md): power-law → {"fits": [{"group", "E", "A", "alpha", "ci", "backtest"}]};
+chinchilla → E, A, B, alpha, beta; hparams → {"lr_wd_product": {coef, steps_exponent},
+"log_lr": {intercept, log_tpp, log_steps}, "slices": [...]}. Fits read from MLflow are logged back
+as an MLflow run of their own. `--save FILE.json` writes the laws (with bootstrap draws) in the
+form `ladder extrapolate --laws` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ladder.errors import LadderInputError
+from ladder.mlflow_runs import DEFAULT_TRACKING_URI, fit_table, log_fit_run, long_by_domain, read_runs
+from ladder.output import make_table, print_json, stdout_console
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fit", help="fit scaling and hyperparameter laws to a CSV or an MLflow experiment")
+    fit_sub = p.add_subparsers(dest="fit_command", required=True, parser_class=type(p))
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--csv", help="input table (one row per run)")
+        q.add_argument("--experiment", help="read the runs of this MLflow experiment instead of a CSV")
+        q.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI, help=f"MLflow store (default {DEFAULT_TRACKING_URI})")
+        q.add_argument("--no-log", action="store_true", help="do not log the fit back to MLflow (with --experiment)")
+        q.add_argument("--save", help="write the fitted laws (with bootstrap draws) to this JSON file")
+        q.add_argument("--plot", help="write a PNG figure of the fit to this path")
+        q.add_argument("--json", action="store_true", help="print one JSON object")
+
+    q = fit_sub.add_parser("power-law", help="y = E + A·x^(−α) per group (BPB against training FLOPs)")
+    common(q)
+    q.add_argument("--x", help="compute column (default with --experiment: train_flops)")
+    q.add_argument("--y", help="metric column (default with --experiment: bpb, one law per domain)")
+    q.add_argument("--group", help="one law per value of this column (default with --experiment: domain)")
+    q.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for intervals (default 1000)")
+    q.add_argument("--holdout-top", type=int, default=1, help="rungs held out for the backtest (default 1; 0: none)")
+    q.add_argument("--ci-level", type=float, default=0.95)
+    q.add_argument("--seed", type=int, default=0)
+    q.set_defaults(handler=run_power_law)
+
+    q = fit_sub.add_parser("chinchilla", help="L(N, D) = E + A/N^α + B/D^β")
+    common(q)
+    q.add_argument("--n", help="parameters column (default with --experiment: params_active)")
+    q.add_argument("--d", help="tokens column (default with --experiment: tokens)")
+    q.add_argument("--y", help="loss column (default with --experiment: bpb)")
+    q.add_argument("--bootstrap", type=int, default=0)
+    q.add_argument("--starts", choices=["hoffmann", "varpro"], default="hoffmann")
+    q.add_argument("--n-starts", type=int, default=64, help="grid starts refined by L-BFGS-B (0: all 4,500)")
+    q.add_argument("--ci-level", type=float, default=0.95)
+    q.add_argument("--seed", type=int, default=0)
+    q.set_defaults(handler=run_chinchilla)
+
+    q = fit_sub.add_parser("hparams", help="LR/WD surfaces per slice → LR*·WD* and LR* laws (+ dropout law)")
+    common(q)
+    q.add_argument("--y", default="bpb", help="metric column (default bpb)")
+    q.add_argument("--criterion", choices=["aic", "bic"], default="aic")
+    q.set_defaults(handler=run_hparams)
+
+
+# ---------------------------------------------------------------- input and errors
+
+def load_input(args: argparse.Namespace) -> tuple[pd.DataFrame, dict[str, Any]]:
+    if bool(args.csv) == bool(args.experiment):
+        raise LadderInputError("give exactly one of --csv FILE or --experiment NAME", field="--csv/--experiment")
+    if args.csv:
+        path = Path(args.csv)
+        if not path.is_file():
+            raise LadderInputError("file not found; give a CSV with a header row", where=str(path))
+        try:
+            df = pd.read_csv(path)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+            raise LadderInputError(f"not a readable CSV: {err}", where=str(path)) from None
+        return df, {"csv": str(path), "n_rows": len(df)}
+    runs = fit_table(read_runs(args.experiment, args.tracking_uri))
+    return runs, {"experiment": args.experiment, "tracking_uri": args.tracking_uri, "n_runs": len(runs)}
+
+
+def input_error(err: Exception, source: dict[str, Any]) -> LadderInputError:
+    """A fits error as the CLI's one-paragraph message: where (file or experiment), field, what."""
+    from fits.errors import FitInputError
+
+    where = source.get("csv") or f"experiment {source.get('experiment')}"
+    if isinstance(err, FitInputError):
+        return LadderInputError(err.detail, where=where, field=err.column)
+    return LadderInputError(f"{err} (the fit was refused rather than reported)", where=where)
+
+
+def finish(args: argparse.Namespace, payload: dict[str, Any], source: dict[str, Any], runs: pd.DataFrame,
+           saved: dict[str, Any] | None, metrics: dict[str, Any]) -> None:
+    if args.save and saved is not None:
+        Path(args.save).write_text(json.dumps(saved, indent=2) + "\n")
+        payload["saved"] = args.save
+    if args.experiment and not args.no_log:
+        options = {k: v for k, v in vars(args).items() if k not in ("handler", "json") and not callable(v)}
+        payload["mlflow_fit_run_id"] = log_fit_run(
+            args.tracking_uri, args.experiment, command=args.fit_command, payload=payload,
+            source_run_ids=list(dict.fromkeys(runs["run_id"].astype(str))) if "run_id" in runs else [], options=options,
+            metrics=metrics)
+
+
+def column_arg(args: argparse.Namespace, name: str, default: str) -> str:
+    value = getattr(args, name)
+    if value:
+        return value
+    if args.experiment:
+        return default
+    raise LadderInputError(f"required with --csv: name the column, e.g. --{name} {default}", field=f"--{name}")
+
+
+# ---------------------------------------------------------------- power law
+
+def run_power_law(args: argparse.Namespace) -> int:
+    from fits.backtest import holdout_backtest
+    from fits.errors import FitError
+    from fits.power_law import fit_power_law
+
+    df, source = load_input(args)
+    x, y = column_arg(args, "x", "train_flops"), column_arg(args, "y", "bpb")
+    group = args.group or ("domain" if args.experiment and y == "bpb" else None)
+    if args.experiment and group == "domain":
+        df = long_by_domain(df)
+    if group and group not in df.columns:
+        raise LadderInputError(f"no such column; the table has {sorted(map(str, df.columns))}",
+                               where=source.get("csv") or args.experiment, field=group)
+    if args.bootstrap < 0 or args.holdout_top < 0 or not 0 < args.ci_level < 1:
+        raise LadderInputError("--bootstrap and --holdout-top must be ≥ 0 and --ci-level in (0, 1)", field="--bootstrap")
+    groups = [(None, df)] if not group else list(df.groupby(group, sort=True))
+    fits, saved, laws = [], {}, {}
+    for name, part in groups:
+        try:
+            fit = fit_power_law(part, x, y, bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed,
+                                group=None if name is None else str(name))
+            backtest = _backtest(part, x, y, args, holdout_backtest)
+        except FitError as err:
+            raise input_error(err, source) from None
+        d = fit.to_dict()
+        fits.append({"group": d["group"], **fit.params, "ci": d["ci"], "ci_level": d["ci_level"], "backtest": backtest,
+                     "n_points": fit.n_points, "objective": fit.objective, "x_range": d["x_range"],
+                     "bootstrap_failed": d.get("bootstrap_failed", 0), "rows_used": d["rows_used"],
+                     "options": d["options"], "code_version": d["code_version"]})
+        saved[str(name) if name is not None else y] = fit.to_dict(include_draws=True)
+        laws[str(name) if name is not None else y] = fit
+    payload = {"fits": fits, "source": source}
+    if args.plot:
+        from fits.plots import plot_power_laws
+
+        payload["plot"] = str(plot_power_laws(laws, df, x=x, y=y, group=group, path=args.plot,
+                                              holdout_top=args.holdout_top))
+    finish(args, payload, source, df, {"power_law": saved},
+           {f["group"] or y: {"E": f["E"], "A": f["A"], "alpha": f["alpha"]} for f in fits})
+    if args.json:
+        print_json(payload)
+        return 0
+    rows = []
+    for f in fits:
+        ci = f["ci"].get("alpha")
+        bt = f["backtest"] or {}
+        pred = (bt.get("predictions") or [{}])[0]
+        rows.append([f["group"] or y, f["E"], f["A"], f["alpha"], f"[{ci[0]:.4g}, {ci[1]:.4g}]" if ci else "-",
+                     f["n_points"], f"{pred['rel_error']:+.2%}" if pred else bt.get("skipped", "-"),
+                     str(pred.get("inside", "-"))])
+    stdout_console.print(make_table(f"power law {y} = E + A·{x}^(−α)", ["domain", "E", "A", "alpha", "alpha CI",
+                                    "points", "held-out error", "inside CI"], rows))
+    return 0
+
+
+def _backtest(part: pd.DataFrame, x: str, y: str, args: argparse.Namespace, holdout_backtest) -> dict[str, Any] | None:
+    from fits.errors import FitInputError
+
+    if args.holdout_top == 0:
+        return None
+    try:
+        return holdout_backtest(part, x, y, holdout_top=args.holdout_top, bootstrap=max(args.bootstrap, 200),
+                                ci_level=args.ci_level, seed=args.seed)
+    except FitInputError as err:  # too few rungs to hold one out: say so instead of failing the fit
+        return {"skipped": err.detail}
+
+
+# ---------------------------------------------------------------- chinchilla
+
+def run_chinchilla(args: argparse.Namespace) -> int:
+    from fits.chinchilla import fit_chinchilla
+    from fits.errors import FitError
+
+    df, source = load_input(args)
+    n, d, y = column_arg(args, "n", "params_active"), column_arg(args, "d", "tokens"), column_arg(args, "y", "bpb")
+    try:
+        fit = fit_chinchilla(df, n=n, d=d, y=y, starts=args.starts, n_starts=args.n_starts or None,
+                             bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed)
+    except FitError as err:
+        raise input_error(err, source) from None
+    out = fit.to_dict()
+    payload = {**fit.params, **{k: v for k, v in out.items() if k not in ("params",)}, "source": source}
+    finish(args, payload, source, df, {"chinchilla": fit.to_dict(include_draws=True)},
+           {**fit.params, **out["compute_optimal"]})
+    if args.json:
+        print_json(payload)
+        return 0
+    rows = [[k, v, f"[{fit.ci[k][0]:.4g}, {fit.ci[k][1]:.4g}]" if k in fit.ci else "-"] for k, v in fit.params.items()]
+    rows += [[f"compute-optimal {k}", v, "-"] for k, v in out["compute_optimal"].items()]
+    stdout_console.print(make_table(f"{y} = E + A/{n}^α + B/{d}^β ({fit.n_points} points, objective "
+                                    f"{fit.objective:.6g})", ["name", "value", "CI"], rows))
+    return 0
+
+
+# ---------------------------------------------------------------- hyperparameters
+
+def run_hparams(args: argparse.Namespace) -> int:
+    from fits.errors import FitError
+    from fits.hparam_laws import fit_hparam_laws
+
+    df, source = load_input(args)
+    try:
+        fit = fit_hparam_laws(df, y=args.y, criterion=args.criterion)
+    except FitError as err:
+        raise input_error(err, source) from None
+    payload = {**fit.to_dict(), "source": source}
+    if args.plot:
+        from fits.plots import plot_hparams
+
+        payload["plot"] = [str(p) for p in plot_hparams(fit, args.plot)]
+    finish(args, payload, source, df, {"hparams": fit.to_dict()},
+           {"lr_wd_product": payload["lr_wd_product"], "log_lr": payload["log_lr"]})
+    if args.json:
+        print_json(payload)
+        return 0
+    rows = [[f"{s['params_active']:.3g}", s["tpp"], s["steps"], s["optimum"]["lr"],
+             s["optimum"]["lr_wd"] / s["optimum"]["lr"], ", ".join(s["flags"]) or "ok"] for s in payload["slices"]]
+    stdout_console.print(make_table("LR/WD optima per slice", ["params_active", "tpp", "steps", "LR*", "WD*", "flags"], rows))
+    p, lr = payload["lr_wd_product"], payload["log_lr"]
+    stdout_console.print(f"LR*·WD* = {p['coef']:.4g} · steps^{p['steps_exponent']:.3f}   (report: 17.04 · steps^-1)")
+    tpp_term = f" + {lr['log_tpp']:.3f}·log TPP" if lr["log_tpp"] is not None else " (TPP constant: no TPP term)"
+    stdout_console.print(f"log LR* = {lr['intercept']:.3f}{tpp_term} + {lr['log_steps']:.3f}·log steps   "
+                         "(report: -1.51 + 0.175·log TPP - 0.573·log steps)")
+    stdout_console.print(f"selected by {args.criterion.upper()}: LR*·WD* ~ {payload['selected']['lr_wd_product']['terms']}, "
+                         f"log LR* ~ {payload['selected']['log_lr']['terms']}")
+    return 0

@@ -1,0 +1,155 @@
+"""MLflow runs ↔ the tables the fits take.
+
+`read_runs` turns an experiment's runs into a DataFrame with `params.X`, `metrics.X` and `tags.X`
+columns (params converted to numbers where they are numbers). `fit_table` adds the canonical
+columns the fits use, from the names the training job logs (`rungs/train.py`): lr, wd (param
+weight_decay), dropout, steps, tpp, params_active, train_flops (metric total_train_flops),
+wall_seconds, rung (tag), arm (tag), diverged (tag), `bpb_<domain>` (metric final_bpb/<domain>)
+and bpb (their mean). `long_by_domain` stacks the domains for one law per domain.
+`log_fit_run` records a fit as an MLflow run of its own (tag kind=fit) in the same experiment,
+with the source run ids, the options, the numeric results as metrics and the full JSON as an
+artifact; `read_runs` leaves such runs out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ladder.errors import LadderInputError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
+FIT_KIND_TAG = "kind"
+CANONICAL = {  # canonical column ← candidates in order of preference
+    "lr": ["params.lr"], "wd": ["params.weight_decay", "params.wd"], "dropout": ["params.dropout"],
+    "steps": ["params.steps"], "tpp": ["params.tpp"], "params_active": ["params.params_active"],
+    "train_flops": ["metrics.total_train_flops", "metrics.train_flops"], "wall_seconds": ["metrics.wall_seconds"],
+    "final_loss": ["metrics.final_loss"], "tokens": ["metrics.total_tokens", "params.tokens"], "rung": ["tags.rung", "params.L"], "arm": ["tags.arm", "params.arm"],
+    "recipe": ["tags.recipe"], "trial_key": ["tags.trial_key"],
+}
+BPB_PREFIX = "metrics.final_bpb/"
+
+
+def _client(tracking_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def _number(value: str) -> Any:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return value
+    return int(f) if f.is_integer() and "." not in value and "e" not in value.lower() else f
+
+
+def read_runs(experiment: str, tracking_uri: str = DEFAULT_TRACKING_URI, *, finished_only: bool = True) -> pd.DataFrame:
+    """All runs of `experiment` (fit runs excluded) as one row each."""
+    client = _client(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        names = [e.name for e in client.search_experiments()]
+        raise LadderInputError(f"no experiment named {experiment!r} in {tracking_uri}; experiments there: {names}",
+                               field="--experiment")
+    rows, token = [], None
+    while True:
+        page = client.search_runs([exp.experiment_id], max_results=1000, page_token=token)
+        for run in page:
+            tags = run.data.tags
+            if tags.get(FIT_KIND_TAG) == "fit" or (finished_only and run.info.status != "FINISHED"):
+                continue
+            row = {"run_id": run.info.run_id, "status": run.info.status, "run_name": run.info.run_name,
+                   "start_time": run.info.start_time, "end_time": run.info.end_time}
+            row |= {f"params.{k}": _number(v) for k, v in run.data.params.items()}
+            row |= {f"metrics.{k}": v for k, v in run.data.metrics.items()}
+            row |= {f"tags.{k}": v for k, v in tags.items()}
+            rows.append(row)
+        token = page.token
+        if not token:
+            break
+    if not rows:
+        raise LadderInputError(f"experiment {experiment!r} in {tracking_uri} has no finished runs to fit",
+                               field="--experiment")
+    return pd.DataFrame(rows)
+
+
+def fit_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Add the canonical columns; diverged runs get NaN BPB (the fits drop and count them)."""
+    out = runs.copy()
+    for name, candidates in CANONICAL.items():
+        if name in out.columns:
+            continue
+        for c in candidates:
+            if c in out.columns:
+                out[name] = out[c]
+                break
+    for c in ("lr", "wd", "dropout", "steps", "tpp", "params_active", "train_flops", "wall_seconds", "final_loss", "tokens"):
+        if c in out.columns:
+            out[c] = pd.to_numeric(out[c], errors="coerce")
+    domains = sorted(c[len(BPB_PREFIX):] for c in out.columns if c.startswith(BPB_PREFIX))
+    for d in domains:
+        out[f"bpb_{d}"] = pd.to_numeric(out[BPB_PREFIX + d], errors="coerce")
+    if domains and "bpb" not in out.columns:
+        out["bpb"] = out[[f"bpb_{d}" for d in domains]].mean(axis=1)
+    out["diverged"] = out.get("tags.diverged", pd.Series("false", index=out.index)).astype(str).eq("true")
+    bpb_cols = [c for c in out.columns if c == "bpb" or c.startswith("bpb_")]
+    out.loc[out["diverged"], bpb_cols] = np.nan
+    return out
+
+
+def domains_of(table: pd.DataFrame) -> list[str]:
+    return sorted(c[4:] for c in table.columns if c.startswith("bpb_"))
+
+
+def long_by_domain(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, domain) with columns `domain` and `bpb` (rows with no BPB dropped)."""
+    domains = domains_of(table)
+    if not domains:
+        raise LadderInputError("the runs have no final_bpb/<domain> metrics to fit", field="--experiment")
+    keep = [c for c in table.columns if not (c == "bpb" or c.startswith("bpb_"))]
+    parts = [table[keep].assign(domain=d, bpb=table[f"bpb_{d}"]) for d in domains]
+    return pd.concat(parts, ignore_index=True).dropna(subset=["bpb"])
+
+
+def _flat_numbers(obj: Any, prefix: str = "") -> dict[str, float]:
+    out: dict[str, float] = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out |= _flat_numbers(v, f"{prefix}{k}." if prefix or k else "")
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool) and np.isfinite(obj):
+        out[prefix.rstrip(".")] = float(obj)
+    return out
+
+
+def log_fit_run(tracking_uri: str, experiment: str, *, command: str, payload: dict[str, Any], source_run_ids: list[str],
+                options: dict[str, Any], metrics: dict[str, Any]) -> str:
+    """Record a fit as its own MLflow run; returns its run id."""
+    from mlflow.entities import Metric, Param
+
+    client = _client(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    run = client.create_run(exp_id, run_name=f"fit {command}",
+                            tags={FIT_KIND_TAG: "fit", "fit_command": command, "n_source_runs": str(len(source_run_ids)),
+                                  "source_runs": ",".join(source_run_ids)[:4900]})
+    params = [Param(k, str(v)[:500]) for k, v in options.items() if v is not None][:100]
+    numbers = list(_flat_numbers(metrics).items())
+    for i in range(0, max(len(numbers), 1), 900):
+        client.log_batch(run.info.run_id, params=params if i == 0 else [],
+                         metrics=[Metric(k[:250], v, 0, 0) for k, v in numbers[i:i + 900]])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "fit.json"
+        path.write_text(json.dumps(payload, indent=2))
+        client.log_artifact(run.info.run_id, str(path))
+    client.set_terminated(run.info.run_id, "FINISHED")
+    log.info("logged fit %s as MLflow run %s", command, run.info.run_id)
+    return run.info.run_id

@@ -1,0 +1,142 @@
+"""`ladder fit …` and `ladder extrapolate …`: JSON contracts, exit 2 on bad input, MLflow round trip."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ladder.cli import main
+from tests.fits.hparam_synth import sweep
+
+
+def ladder_csv(tmp_path, n_rungs=5):
+    rng = np.random.default_rng(0)
+    rows = []
+    for C in np.geomspace(1e17, 1e20, n_rungs):
+        for domain, (E, A) in {"code": (0.4, 20.0), "math": (0.5, 30.0)}.items():
+            for seed in range(2):
+                rows.append({"run_id": f"{domain}-{C:.0e}-{seed}", "train_flops": C, "domain": domain,
+                             "bpb": (E + A * C**-0.08) * np.exp(rng.normal(0, 0.002))})
+    path = tmp_path / "ladder.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def run_json(capsys, argv):
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, (json.loads(out.out) if code == 0 else None), out.err
+
+
+def test_power_law_json_schema(tmp_path, capsys):
+    csv = ladder_csv(tmp_path)
+    code, payload, _ = run_json(capsys, ["fit", "power-law", "--csv", str(csv), "--x", "train_flops", "--y", "bpb",
+                                         "--group", "domain", "--bootstrap", "200", "--holdout-top", "1", "--json"])
+    assert code == 0
+    assert [f["group"] for f in payload["fits"]] == ["code", "math"]
+    for f in payload["fits"]:
+        assert {"group", "E", "A", "alpha", "ci", "backtest"} <= set(f)
+        assert set(f["ci"]) == {"E", "A", "alpha"} and f["ci"]["alpha"][0] < f["alpha"] < f["ci"]["alpha"][1]
+        assert f["backtest"]["kind"] == "holdout" and len(f["backtest"]["predictions"]) == 1
+        assert f["n_points"] == 10 and f["backtest"]["n_train"] == 8  # the top rung is held out of the backtest only
+    assert payload["fits"][0]["alpha"] == pytest.approx(0.08, abs=0.02)
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda df: df.drop(columns="bpb"), "bpb"),
+    (lambda df: df.assign(train_flops=np.where(df.index == 3, -5.0, df.train_flops)), "non-positive"),
+])
+def test_power_law_bad_input_exits_2_with_one_message(tmp_path, capsys, mutate, needle):
+    csv = ladder_csv(tmp_path)
+    pd.read_csv(csv).pipe(mutate).to_csv(csv, index=False)
+    code, _, err = run_json(capsys, ["fit", "power-law", "--csv", str(csv), "--x", "train_flops", "--y", "bpb", "--json"])
+    assert code == 2
+    assert needle in err and str(csv) in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_power_law_csv_needs_its_columns_named(tmp_path, capsys):
+    code, _, err = run_json(capsys, ["fit", "power-law", "--csv", str(ladder_csv(tmp_path)), "--json"])
+    assert code == 2 and "--x" in err
+
+
+def test_chinchilla_cli_on_epochs_points(tmp_path, capsys, epoch_240):
+    csv = tmp_path / "chin.csv"
+    epoch_240.rename(columns={"Model Size": "N"})[["N", "tokens", "loss"]].to_csv(csv, index=False)
+    code, payload, _ = run_json(capsys, ["fit", "chinchilla", "--csv", str(csv), "--n", "N", "--d", "tokens", "--y",
+                                         "loss", "--n-starts", "16", "--json"])
+    assert code == 0
+    assert {"E", "A", "B", "alpha", "beta"} <= set(payload)
+    assert payload["alpha"] == pytest.approx(0.34731, rel=0.01) and payload["beta"] == pytest.approx(0.36718, rel=0.01)
+
+
+def test_hparams_cli_contract(tmp_path, capsys):
+    csv = tmp_path / "sweep.csv"
+    sweep(seed=11).to_csv(csv, index=False)
+    code, payload, _ = run_json(capsys, ["fit", "hparams", "--csv", str(csv), "--json"])
+    assert code == 0
+    assert set(payload["lr_wd_product"]) >= {"coef", "steps_exponent"}
+    assert set(payload["log_lr"]) >= {"intercept", "log_tpp", "log_steps"}
+    assert len(payload["slices"]) == 15
+    assert payload["lr_wd_product"]["steps_exponent"] == pytest.approx(-1.0, abs=0.05)
+
+
+def test_extrapolate_falls_back_to_the_reports_laws_and_says_so(capsys):
+    code, card, _ = run_json(capsys, ["extrapolate", "mai-base-2", "--rung", "102", "--json"])
+    assert code == 0
+    t, hp = card["target"], card["hyperparameters"]
+    assert t["L"] == 102 and t["d_model"] == 8704 and t["n_heads"] == 96
+    assert 35 < t["compute"]["wall_clock_days"] < 45
+    assert "NOT fitted" in hp["source"] and "report" in card["provenance"]["hparam_laws"]
+    lr = np.exp(-1.51 + 0.175 * np.log(t["tpp"]) - 0.573 * np.log(t["steps"]))
+    assert hp["lr"]["value"] == pytest.approx(lr)
+    assert hp["lr_wd_product"]["value"] == pytest.approx(17.04 / t["steps"])
+
+
+def test_extrapolate_with_saved_laws(tmp_path, capsys):
+    csv, laws, hp = ladder_csv(tmp_path), tmp_path / "laws.json", tmp_path / "hp.json"
+    assert main(["fit", "power-law", "--csv", str(csv), "--x", "train_flops", "--y", "bpb", "--group", "domain",
+                 "--bootstrap", "200", "--save", str(laws), "--json"]) == 0
+    sweep(seed=12).to_csv(tmp_path / "sweep.csv", index=False)
+    assert main(["fit", "hparams", "--csv", str(tmp_path / "sweep.csv"), "--save", str(hp), "--json"]) == 0
+    capsys.readouterr()
+    code, card, _ = run_json(capsys, ["extrapolate", "cpu-demo", "--rung", "8", "--laws", str(laws), "--laws", str(hp),
+                                      "--json"])
+    assert code == 0
+    assert set(card["predicted_bpb"]) == {"code", "math"}
+    b = card["predicted_bpb"]["code"]
+    assert b["interval"][0] < b["value"] < b["interval"][1]
+    assert card["hyperparameters"]["source"] == "fitted laws"
+    assert card["hyperparameters"]["lr"]["interval95"] is not None
+    code, _, err = run_json(capsys, ["extrapolate", "cpu-demo", "--rung", "8", "--laws", str(tmp_path / "nope.json")])
+    assert code == 2 and "nope.json" in err
+
+
+def test_fit_from_an_mlflow_experiment_and_logged_back(tmp_path, capsys):
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    from ladder.mlflow_runs import fit_table, read_runs
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("ladder-test", artifact_location=str(tmp_path / "artifacts"))
+    rng = np.random.default_rng(1)
+    for L, C in zip((3, 4, 5, 6, 7), np.geomspace(1e14, 1e17, 5)):
+        run = client.create_run(exp, tags={"rung": str(L), "diverged": "false"})
+        bpb = {d: (E + 9 * C**-0.1) * np.exp(rng.normal(0, 0.002)) for d, E in (("code", 0.9), ("math", 1.1))}
+        client.log_batch(run.info.run_id, params=[Param("lr", "0.003"), Param("weight_decay", "0.1")],
+                         metrics=[Metric("total_train_flops", C, 0, 1), Metric("wall_seconds", C / 1e12, 0, 1)]
+                         + [Metric(f"final_bpb/{d}", v, 0, 1) for d, v in bpb.items()])
+        client.set_terminated(run.info.run_id, "FINISHED")
+    table = fit_table(read_runs("ladder-test", uri))
+    assert len(table) == 5 and {"bpb_code", "bpb_math", "train_flops", "lr", "wd"} <= set(table.columns)
+    code, payload, _ = run_json(capsys, ["fit", "power-law", "--experiment", "ladder-test", "--tracking-uri", uri,
+                                         "--bootstrap", "100", "--json"])
+    assert code == 0
+    assert [f["group"] for f in payload["fits"]] == ["code", "math"]
+    fit_run = client.get_run(payload["mlflow_fit_run_id"])
+    assert fit_run.data.tags["kind"] == "fit" and fit_run.data.tags["n_source_runs"] == "5"
+    assert "code.alpha" in fit_run.data.metrics
+    assert len(read_runs("ladder-test", uri)) == 5  # the fit run is not read back as a training run
