@@ -141,6 +141,7 @@ class DistMuon(torch.optim.Optimizer):
         self.comm_dtype = comm_dtype
         self._orthogonalize = orthogonalize or _default_orthogonalize(ns_steps, ns_coefficients, ns_dtype)
         self._adjust_lr = adjust_lr if callable(adjust_lr) else _default_adjust_lr(adjust_lr)
+        self.convention = _convention(adjust_lr)
         self._plan_key: tuple[int, ...] | None = None
         self._plan: list[_Batch] = []
         self._entries: list[tuple[Tensor, dict]] = []
@@ -321,6 +322,15 @@ class DistMuon(torch.optim.Optimizer):
         if wd:
             local.mul_(1 - lr * wd)
         local.add_(update.to(local.dtype), alpha=-scaled)
+
+
+def _convention(adjust_lr: str | AdjustLR) -> str:
+    """The update-scale formula, named like rungs.muon.Muon.convention (logged by the trainer)."""
+    if callable(adjust_lr):
+        return getattr(adjust_lr, "__name__", "custom")
+    from rungs.muon import CONVENTIONS
+
+    return CONVENTIONS[adjust_lr]
 
 
 def _local(t: Tensor) -> Tensor:

@@ -1,0 +1,209 @@
+"""Data parallel × expert parallel, applied to the unmodified model from outside (torchtitan's rule).
+
+Layout on W = dp × ep ranks (rank = dp_index · ep + ep_index):
+- dense parameters (attention, shared expert, latent projections, norms, router, embeddings, head)
+  are FSDP2-sharded (`fully_shard`, one unit per block plus the root) over all W ranks;
+- with ep > 1 each block's `moe.experts` is swapped for `ExpertParallelExperts` over its EP group
+  (ranks with the same dp index); those stacks are kept out of FSDP and are replicated over the
+  data-parallel group (ranks with the same ep index), whose gradients are all-reduced in one
+  flat collective per step;
+- with ep == 1 the expert stacks are FSDP-sharded like everything else (dim 0: whole experts).
+
+Gradients are means over the W ranks' losses, each a mean over that rank's equal share of the
+batch, so the update equals the single-process update on the whole batch. The load-balancing
+statistics of all layers are all-reduced in one collective per step (the router module's stacked
+counts), making f the global batch's assignment fraction as in the single-process loss.
+gloo on CPU, NCCL on GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from rungs.dist_muon import DistMuon
+from rungs.expert_parallel import ExpertParallelExperts
+from rungs.optim import ADAMW_ROLES, DEFAULT_NO_DECAY_ROLES, MUON_ROLES, MuonAdamW, param_role
+from rungs.router import load_balancing_loss, z_loss
+
+log = logging.getLogger(__name__)
+
+
+class DistributedError(ValueError):
+    """A parallel layout that cannot run (sizes that do not multiply to the world, bad model)."""
+
+
+@dataclass
+class Parallel:
+    """The process groups of one job (built by `setup`)."""
+    dp: int
+    ep: int
+    rank: int
+    world: int
+    device_type: str
+    world_mesh: DeviceMesh            # 1-D over all ranks: FSDP2 shards dense parameters here
+    mesh: DeviceMesh                  # 2-D ("dp", "ep")
+    dp_group: Any
+    ep_group: Any
+    expert_params: list[nn.Parameter] = field(default_factory=list)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def backend_for(device_type: str) -> str:
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def setup(dp: int | None = None, ep: int = 1, *, device_type: str | None = None) -> Parallel:
+    """Initialise the default process group from the environment (torchrun / Ray Train set RANK,
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT) if needed, then build the DP × EP meshes."""
+    device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend_for(device_type))
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dp = world // ep if dp is None else dp
+    if ep < 1 or dp < 1 or dp * ep != world:
+        raise DistributedError(f"dp={dp} × ep={ep} must equal the world size {world}")
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count())))
+    world_mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("world",))
+    mesh = init_device_mesh(device_type, (dp, ep), mesh_dim_names=("dp", "ep"))
+    return Parallel(dp=dp, ep=ep, rank=rank, world=world, device_type=device_type, world_mesh=world_mesh,
+                    mesh=mesh, dp_group=mesh.get_group("dp"), ep_group=mesh.get_group("ep"))
+
+
+def parallelize(model: nn.Module, par: Parallel, *, capacity_per_expert: int | None = None,
+                reshard_after_forward: bool = True) -> nn.Module:
+    """Shard `model` (a `rungs.model.Transformer`, unmodified) in place for `par`; returns it."""
+    if not hasattr(model, "layers"):
+        raise DistributedError("parallelize expects a rungs.model.Transformer (a model with .layers)")
+    par.expert_params = []
+    if par.ep > 1:
+        for block in model.layers:
+            ep_experts = ExpertParallelExperts(block.moe.experts, par.ep_group, capacity_per_expert=capacity_per_expert)
+            block.moe.experts = ep_experts
+            par.expert_params += [ep_experts.w_gate, ep_experts.w_up, ep_experts.w_down]
+    ignored = set(par.expert_params) or None
+    for block in model.layers:
+        fully_shard(block, mesh=par.world_mesh, reshard_after_forward=reshard_after_forward, ignored_params=ignored)
+    fully_shard(model, mesh=par.world_mesh, reshard_after_forward=reshard_after_forward, ignored_params=ignored)
+    return model
+
+
+def build_optimizer(model: nn.Module, par: Parallel, *, lr: float, weight_decay: float, adam_lr: float | None = None,
+                    adam_betas: tuple[float, float] = (0.9, 0.95), adam_eps: float = 1e-8,
+                    muon_momentum: float = 0.95, adjust_lr: str = "match_rms_adamw",
+                    comm_dtype: torch.dtype = torch.bfloat16, ns_dtype: torch.dtype | None = torch.bfloat16
+                    ) -> MuonAdamW:
+    """`rungs.optim.build_optimizer`'s groups and hyperparameters, with DistMuon for the matrices.
+
+    Expert stacks under expert parallelism are replicated over the data-parallel group: DistMuon
+    orthogonalises each on one owner there and all-gathers (the report's replicated path).
+    """
+    adam_lr = lr if adam_lr is None else adam_lr
+    experts = {id(p) for p in par.expert_params}
+    by_role: dict[str, list[nn.Parameter]] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            role = param_role(name, p)
+            if role == "expert_stack" and id(p) in experts:
+                role = "expert_stack_ep"
+            by_role.setdefault(role, []).append(p)
+
+    def group(role: str, base_lr: float) -> dict:
+        base = role.removesuffix("_ep")
+        g = {"params": by_role[role], "role": base, "lr": base_lr, "initial_lr": base_lr,
+             "weight_decay": 0.0 if base in DEFAULT_NO_DECAY_ROLES else weight_decay}
+        if role == "expert_stack_ep":
+            g["replica_group"] = par.dp_group
+        return g
+
+    muon_groups = [group(r, lr) for r in (*MUON_ROLES, "expert_stack_ep") if r in by_role]
+    adam_groups = [group(r, adam_lr) for r in ADAMW_ROLES if r in by_role]
+    muon = DistMuon(muon_groups, lr=lr, weight_decay=weight_decay, momentum=muon_momentum, adjust_lr=adjust_lr,
+                    comm_dtype=comm_dtype, ns_dtype=ns_dtype) if muon_groups else None
+    adamw = torch.optim.AdamW(adam_groups, lr=adam_lr, betas=adam_betas, eps=adam_eps,
+                              weight_decay=weight_decay) if adam_groups else None
+    return MuonAdamW(muon, adamw)
+
+
+def reduce_expert_grads(par: Parallel) -> None:
+    """Expert gradients: the EP exchange already summed the EP group's sources; sum over the
+    data-parallel replicas in one flat all-reduce and divide by the world (a mean over ranks)."""
+    grads = [p.grad for p in par.expert_params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    if par.dp > 1:
+        dist.all_reduce(flat, group=par.dp_group)
+    flat /= par.world
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def clip_grad_norm(model: nn.Module, par: Parallel, max_norm: float | None) -> float:
+    """Global L2 norm of all gradients (one all-reduce), clipped like `rungs.optim.clip_grad_norm_`."""
+    experts = {id(p) for p in par.expert_params}
+    sq = torch.zeros((), dtype=torch.float64)
+    grads = []
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        g = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
+        grads.append(g)
+        # FSDP shards are disjoint over the world; expert stacks are repeated on the dp replicas
+        sq += g.double().square().sum() / (par.dp if id(p) in experts else 1)
+    dist.all_reduce(sq)
+    norm = float(sq.sqrt())
+    if max_norm is not None and torch.isfinite(torch.tensor(norm)) and norm > max_norm:
+        torch._foreach_mul_(grads, max_norm / (norm + 1e-6))
+    return norm
+
+
+def lbl_reduce(par: Parallel):
+    """The one collective per step that makes the balancing statistics global (all layers stacked)."""
+    def reduce(counts: Tensor) -> Tensor:
+        counts = counts.clone()
+        dist.all_reduce(counts)
+        return counts
+    return reduce
+
+
+def train_step(model: nn.Module, optimizer: MuonAdamW, par: Parallel, inputs: Tensor, targets: Tensor, *,
+               n_experts: int, top_k: int, lb_loss_coef: float = 0.0, z_loss_coef: float = 0.0,
+               grad_clip: float | None = None, autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
+    """One optimizer step on this rank's share (inputs, targets: (b, T)) of the global batch."""
+    with torch.autocast(par.device_type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+        logits, routes = model(inputs)
+    ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+    aux = ce.new_zeros(())
+    if lb_loss_coef:
+        aux = aux + lb_loss_coef * load_balancing_loss(routes, n_experts, top_k, reduce_fn=lbl_reduce(par))
+    if z_loss_coef:
+        aux = aux + z_loss_coef * z_loss(routes)
+    (ce + aux).backward()
+    reduce_expert_grads(par)
+    grad_norm = clip_grad_norm(model, par, grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    losses = torch.stack([ce.detach(), aux.detach()]).double()
+    dist.all_reduce(losses)
+    losses /= par.world
+    rounds = [float(block.moe.experts.last_stats.get("rounds", 1)) for block in model.layers]
+    return {"loss": float(losses[0]), "aux_loss": float(losses[1]), "grad_norm": grad_norm,
+            "moe_rounds_max": max(rounds, default=1.0)}
+
