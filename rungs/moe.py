@@ -24,6 +24,7 @@ in fp32.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 
@@ -32,6 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = ["MoEConfigError", "RoutedExperts", "calibrate_capacity", "plan_rounds"]
+
+logger = logging.getLogger(__name__)
 
 # grouped_mm needs 16-byte aligned row strides; the round buffer's row count is padded to this.
 _ROW_ALIGN = 8
@@ -102,12 +105,23 @@ def _aligned(t: Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and all(s % step == 0 for s, n in zip(t.stride(), t.shape) if s != 1 and n > 1)
 
 
+# (device type, dtype) pairs on which grouped_mm raised (e.g. fp32 on CUDA, older GPUs): loop there.
+_GROUPED_MM_UNSUPPORTED: set[tuple[str, torch.dtype]] = set()
+
+
 def _gmm(a: Tensor, b: Tensor, offs: Tensor, ends: list[int], backend: str) -> Tensor:
     """Grouped matmul. a (rows, K) with b (E, K, N) -> (rows, N), group e = rows ends[e-1]:ends[e];
     or a (K, rows) with b (rows, N) -> (E, K, N) (weight gradients). Falls back to one mm per group
-    when the backend is "loop" or the operands break grouped_mm's 16-byte alignment rule."""
-    if backend == "grouped_mm" and a.dtype != torch.float64 and _aligned(a) and _aligned(b):
-        return F.grouped_mm(a, b, offs=offs)
+    when the backend is "loop", the operands break grouped_mm's 16-byte alignment rule, or
+    grouped_mm does not support this device and dtype."""
+    key = (a.device.type, a.dtype)
+    if (backend == "grouped_mm" and a.dtype != torch.float64 and key not in _GROUPED_MM_UNSUPPORTED
+            and _aligned(a) and _aligned(b)):
+        try:
+            return F.grouped_mm(a, b, offs=offs)
+        except (RuntimeError, NotImplementedError) as err:
+            _GROUPED_MM_UNSUPPORTED.add(key)
+            logger.warning("grouped_mm unavailable for %s %s (%s); computing one mm per expert", *key, err)
     starts = [0, *ends[:-1]]
     if b.ndim == 3:
         out = a.new_empty(a.shape[0], b.shape[-1])

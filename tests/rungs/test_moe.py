@@ -67,7 +67,7 @@ def assert_close(got, want, rtol, atol):
 
 
 @pytest.mark.parametrize("kind", ["balanced", "skewed", "one_expert"])
-@pytest.mark.parametrize("capacity", [1, 2, 3, 7, None])
+@pytest.mark.parametrize("capacity", [1, 2, 3, 7, 1000, None])
 @pytest.mark.parametrize("group_size", [1, 2, E])
 @pytest.mark.parametrize("recompute", ["multi_round", "always"])
 def test_output_and_all_gradients_equal_float64_loop(kind, capacity, group_size, recompute):
@@ -90,6 +90,25 @@ def test_both_backends_and_unaligned_widths_match_reference(backend, latent, hid
     got, want = run_both(module, routing("skewed"))
     assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert module.last_stats["rounds"] > 1
+
+
+def test_falls_back_to_per_expert_mm_where_grouped_mm_raises(monkeypatch):
+    """E.g. fp32 on CUDA or an older GPU: grouped_mm raises once, the layer still computes."""
+    import rungs.moe as moe
+
+    calls = []
+
+    def unsupported(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("grouped_mm: unsupported device/dtype")
+
+    monkeypatch.setattr(moe.F, "grouped_mm", unsupported)
+    monkeypatch.setattr(moe, "_GROUPED_MM_UNSUPPORTED", set())
+    torch.manual_seed(0)
+    module = RoutedExperts(E, LATENT, HIDDEN, capacity_per_expert=2, group_size=2)
+    got, want = run_both(module, routing("skewed"))
+    assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert len(calls) == 1 and ("cpu", torch.float32) in moe._GROUPED_MM_UNSUPPORTED
 
 
 def test_bf16_autocast_matches_reference_loosely():
