@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["MoEConfigError", "RoutedExperts", "calibrate_capacity", "plan_rounds"]
+__all__ = ["MoEConfigError", "RoutedExperts", "calibrate_capacity", "count_per_expert", "plan_rounds"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,20 @@ _ROW_ALIGN = 8
 
 class MoEConfigError(ValueError):
     """Invalid MoE configuration or inputs (bad sizes, indices out of range)."""
+
+
+def count_per_expert(expert_idx: Tensor, n_experts: int) -> Tensor:
+    """(E,) long: how many (token, slot) pairs chose each expert. bincount, except on an accelerator
+    in deterministic mode, where bincount has no deterministic kernel: sort + searchsorted there."""
+    flat = expert_idx.reshape(-1)
+    if flat.device.type == "cpu" or not torch.are_deterministic_algorithms_enabled():
+        return torch.bincount(flat, minlength=n_experts)
+    return _count_sorted(flat, n_experts)
+
+
+def _count_sorted(flat: Tensor, n_experts: int) -> Tensor:
+    edges = torch.arange(n_experts + 1, device=flat.device, dtype=flat.dtype)
+    return torch.diff(torch.searchsorted(torch.sort(flat).values, edges)).long()
 
 
 def plan_rounds(tokens_per_expert: Sequence[int], capacity: int, group_size: int) -> list[list[int]]:
@@ -315,7 +329,7 @@ class RoutedExperts(nn.Module):
             raise MoEConfigError(f"expert_idx values must lie in [0, {self.n_experts}), got "
                                  f"[{int(flat.min())}, {int(flat.max())}]")
         n_pairs = flat.numel()
-        counts = torch.bincount(flat, minlength=self.n_experts)
+        counts = count_per_expert(flat, self.n_experts)
         capacity = self.capacity_per_expert or max(1, math.ceil(n_pairs / self.group_size))
         slab_rows = self.group_size * capacity
         n_groups = self.n_experts // self.group_size

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rungs.moe import count_per_expert
+
 __all__ = ["RouterConfigError", "RouterOutput", "Router", "load_balancing_loss", "z_loss"]
 
 
@@ -81,7 +83,7 @@ class Router(nn.Module):
             gate = probs.gather(-1, expert_idx)
             if self.normalize_gates:
                 gate = gate / gate.sum(-1, keepdim=True).clamp_min(torch.finfo(gate.dtype).tiny)
-        counts = torch.bincount(expert_idx.reshape(-1), minlength=self.n_experts)
+        counts = count_per_expert(expert_idx, self.n_experts)
         if self.training and torch.is_grad_enabled():
             self.pending_counts += counts
         return RouterOutput(expert_idx, gate, probs, logits, counts)

@@ -282,3 +282,12 @@ def test_benchmark_reference_implementations_match_the_float64_loop():
         for fn in (naive_loop, padded_dispatch):
             got = fn(x, idx, gate, *(w.detach() for w in module.parameters()))
             torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_count_per_expert_sort_path_equals_a_python_count():
+    from rungs.moe import _count_sorted, count_per_expert
+
+    idx = torch.randint(0, 6, (50, 2), generator=torch.Generator().manual_seed(0))
+    want = torch.tensor([sum(int(v) == e for v in idx.reshape(-1)) for e in range(8)])
+    assert torch.equal(count_per_expert(idx, 8), want)
+    assert torch.equal(_count_sorted(idx.reshape(-1), 8), want)   # the path used on accelerators in deterministic mode
