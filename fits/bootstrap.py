@@ -122,7 +122,9 @@ def bootstrap_power_law(result: FitResult, raw, xs: np.ndarray, ys: np.ndarray, 
     finite = np.all(np.isfinite(draws), axis=1)
     failed = int((~ok).sum() + (~finite).sum())
     if finite.sum() < max(10, n // 2):
-        raise FitError(f"bootstrap: only {int(finite.sum())} of {n} resamples gave a finite fit")
+        raise FitError(f"bootstrap: only {int(finite.sum())} of {n} resamples had ≥ {MIN_DISTINCT_X} distinct x values "
+                       f"and a finite fit; with {len(np.unique(xs))} rungs the law is barely determined — add rungs "
+                       "or repeat runs per rung before asking for intervals")
     attach_bootstrap(result, draws[finite], failed, ci_level)
 
 

@@ -78,6 +78,7 @@ class SurfaceResult:
     rows_used: list[Any]
     weight_scale: float
     key: dict[str, Any] = field(default_factory=dict)
+    samples: np.ndarray | None = field(default=None, repr=False)  # (n, d+1): fit-space coords, then y
 
     @property
     def ok(self) -> bool:
@@ -171,7 +172,7 @@ def fit_surface(df: pd.DataFrame, coords: list[str], y: str, *, log_coords: list
         positive_definite=pd_ok, inside_sampled=inside, n_points=len(loss),
         best_observed={**{c: float(raw[best, j]) for j, c in enumerate(coords)}, y: float(loss[best])},
         rows_used=df[id_column].tolist() if id_column and id_column in df.columns else df.index.tolist(),
-        weight_scale=scale, key=dict(key or {}),
+        weight_scale=scale, key=dict(key or {}), samples=np.column_stack([x, loss]),
     )
 
 

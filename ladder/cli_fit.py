@@ -154,8 +154,8 @@ def run_power_law(args: argparse.Namespace) -> int:
     if args.plot:
         from fits.plots import plot_power_laws
 
-        payload["plot"] = str(plot_power_laws(laws, df, x=x, y=y, group=group, path=args.plot,
-                                              holdout_top=args.holdout_top))
+        plot_power_laws(laws, df, x=x, y=y, group=group, path=args.plot, holdout_top=args.holdout_top)
+        payload["plot"] = args.plot
     finish(args, payload, source, df, {"power_law": saved},
            {f["group"] or y: {"E": f["E"], "A": f["A"], "alpha": f["alpha"]} for f in fits})
     if args.json:

@@ -1,0 +1,181 @@
+"""Figures of the fitted laws, drawn on matplotlib's Agg canvas (no display, no global backend
+switch, so notebooks keep their own) and saved as PNG when a path is given. Every function returns
+the Figure, which a notebook shows as is.
+
+- `plot_power_laws`: BPB against FLOPs on log axes per domain, the bootstrap band, the held-out
+  rung(s) marked, and the law continued past the data;
+- `plot_surface` / `plot_hparams`: loss contours in the diagonal coordinates (log LR, log LR·WD)
+  with the sampled runs and the optimum; optima against steps and TPP with the fitted laws;
+- `plot_efficiency`: EG_FLOPs and EG_time against compute with intervals;
+- `plot_dropout`: the per-size dropout optima and the sigmoid law.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+
+def _figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (5.0, 4.0)) -> tuple[Figure, np.ndarray]:
+    fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+    return fig, axes
+
+
+def _save(fig: Figure, path: str | Path | None) -> Figure:
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png", dpi=110)
+    return fig
+
+
+def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_flops", y: str = "bpb",
+                    group: str | None = "domain", path: str | Path | None = None, holdout_top: int = 1,
+                    extend: float = 10.0) -> Figure:
+    """One panel per law: data, fit, band (when bootstrapped), held-out rung(s) as open markers."""
+    names = list(laws)
+    fig, axes = _figure(ncols=min(len(names), 4), nrows=int(np.ceil(len(names) / 4)))
+    for ax, name in zip(axes, names):
+        law = laws[name]
+        part = df if group is None or group not in df.columns else df[df[group].astype(str) == name]
+        xs, ys = part[x].to_numpy(float), part[y].to_numpy(float)
+        levels = np.unique(xs)
+        held = xs >= levels[-holdout_top] if holdout_top and len(levels) > holdout_top else np.zeros(len(xs), bool)
+        grid = np.geomspace(xs.min(), xs.max() * extend, 200)
+        ax.plot(grid, law.predict(grid), color="C0", label=f"E + A·C^-α, α={law.params['alpha']:.3g}")
+        if law.bootstrap_params is not None:
+            lo, hi = law.predict_interval(grid)
+            ax.fill_between(grid, lo, hi, color="C0", alpha=0.2, label=f"{(law.ci_level or 0.95):.0%} band")
+        ax.scatter(xs[~held], ys[~held], color="k", s=14, zorder=3, label="runs")
+        if held.any():
+            ax.scatter(xs[held], ys[held], facecolors="none", edgecolors="C3", s=40, zorder=4, label="held-out rung")
+        ax.axhline(law.params["E"], color="grey", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ax.set_title(str(name))
+        ax.legend(fontsize=7)
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
+    return _save(fig, path)
+
+
+def plot_surface(surface, ax=None, path: str | Path | None = None) -> Figure:
+    """Contours of the fitted quadratic in its (log) coordinates, the runs, and the optimum."""
+    fig, axes = (ax.figure, [ax]) if ax is not None else _figure()
+    ax = axes[0]
+    s = surface.samples
+    u = np.linspace(s[:, 0].min() - 0.3, s[:, 0].max() + 0.3, 80)
+    v = np.linspace(s[:, 1].min() - 0.3, s[:, 1].max() + 0.3, 80)
+    U, V = np.meshgrid(u, v)
+    pts = np.column_stack([U.ravel(), V.ravel()])
+    nat = np.exp(pts) if all(surface.log_coords) else pts
+    Z = surface.predict(nat).reshape(U.shape)
+    cs = ax.contour(U, V, Z, levels=np.quantile(s[:, 2], np.linspace(0.02, 0.7, 10)), cmap="viridis")
+    ax.clabel(cs, fontsize=6, fmt="%.3g")
+    ax.scatter(s[:, 0], s[:, 1], c=s[:, 2], cmap="viridis", s=18, edgecolors="k", linewidths=0.3)
+    if np.all(np.isfinite(surface.optimum)):
+        ax.errorbar(*surface.optimum, xerr=surface.optimum_se[0], yerr=surface.optimum_se[1], color="C3", marker="*",
+                    ms=12, capsize=3, label="optimum" + (f" ({', '.join(surface.flags)})" if surface.flags else ""))
+    ax.set_xlabel(f"log {surface.coords[0]}")
+    ax.set_ylabel(f"log {surface.coords[1]}")
+    ax.set_title(", ".join(f"{k}={v:.3g}" for k, v in surface.key.items()), fontsize=8)
+    if surface.flags:
+        ax.legend(fontsize=6)
+    return _save(fig, path)
+
+
+def plot_hparams(fit, out: str | Path) -> list[Path]:
+    """Writes OUT_surfaces.png (every slice) and OUT_laws.png (optima vs steps/TPP with the laws);
+    `out` is a file stem or a .png path whose stem is used. Adds OUT_dropout.png with a dropout law."""
+    out = Path(out)
+    stem = out.with_suffix("") if out.suffix == ".png" else out
+    n = len(fit.slices)
+    cols = min(n, 5)
+    fig, axes = _figure(ncols=cols, nrows=int(np.ceil(n / cols)), size=(3.6, 3.2))
+    for ax, s in zip(axes, fit.slices):
+        plot_surface(s, ax=ax)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    paths = [Path(f"{stem}_surfaces.png")]
+    _save(fig, paths[0])
+    fig, (a1, a2) = _figure(ncols=2)
+    good = [s for s in fit.slices if s.ok]
+    steps = np.array([s.key["steps"] for s in good])
+    tpps = np.array([s.key["tpp"] for s in good])
+    for i, tpp in enumerate(np.unique(tpps)):
+        m, color = tpps == tpp, f"C{i}"
+        a1.scatter(steps[m], [np.exp(s.optimum[0]) for s, k in zip(good, m) if k], color=color, label=f"TPP {tpp:g}")
+        a2.scatter(steps[m], [np.exp(s.optimum[1]) for s, k in zip(good, m) if k], color=color, label=f"TPP {tpp:g}")
+        grid = np.geomspace(steps.min() / 2, steps.max() * 2, 50)
+        vals = {"log_steps": np.log(grid), "log_tpp": np.full_like(grid, np.log(tpp)),
+                "log_params": np.full_like(grid, np.nan)}
+        if "log_params" not in fit.log_lr.terms:
+            a1.plot(grid, np.exp([fit.log_lr.predict({k: v[j] for k, v in vals.items()})[0] for j in range(len(grid))]),
+                    lw=1, color=color)
+        if "log_params" not in fit.lr_wd.terms:
+            a2.plot(grid, np.exp([fit.lr_wd.predict({k: v[j] for k, v in vals.items()})[0] for j in range(len(grid))]),
+                    lw=1, color=color)
+    for ax, label in ((a1, "LR*"), (a2, "LR*·WD*")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("steps")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7)
+    a1.set_title(f"log LR* ~ {' + '.join(fit.log_lr.terms)}", fontsize=9)
+    a2.set_title(f"log LR*·WD* ~ {' + '.join(fit.lr_wd.terms)}", fontsize=9)
+    paths.append(Path(f"{stem}_laws.png"))
+    _save(fig, paths[-1])
+    if fit.dropout is not None:
+        paths.append(Path(f"{stem}_dropout.png"))
+        plot_dropout(fit.dropout, paths[-1])
+    return paths
+
+
+def plot_efficiency(eg: dict[str, Any], path: str | Path | None = None) -> Figure:
+    """EG − 1 against compute for each arm, EG_FLOPs and (when measured) EG_time, with intervals."""
+    fig, axes = _figure()
+    ax = axes[0]
+    for i, (arm, rows) in enumerate(eg["arms"].items()):
+        C = np.array([r["train_flops"] for r in rows])
+        for key, style in (("eg_flops", "o-"), ("eg_time", "s--")):
+            if key not in rows[0]:
+                continue
+            val = np.array([r[key] for r in rows]) - 1
+            iv = np.array([r[f"{key}_interval"] for r in rows]) - 1
+            ax.errorbar(C, 100 * val, yerr=100 * np.abs(iv.T - val), fmt=style, color=f"C{i}", capsize=3,
+                        label=f"{arm} {key.replace('eg_', 'EG_')}")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("training FLOPs")
+    ax.set_ylabel("efficiency gain (%)")
+    ax.set_title(f"against {eg['baseline']}")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_dropout(law, path: str | Path | None = None) -> Figure:
+    from fits.dropout import sigmoid
+
+    fig, axes = _figure()
+    ax = axes[0]
+    for s in law.surfaces:
+        n = s.key[law.options["size"]]
+        ax.errorbar(n, s.optimum[0], yerr=s.optimum_se[0], fmt="o" if s.ok else "x", color="k" if s.ok else "C3", capsize=3)
+    sizes = np.array([s.key[law.options["size"]] for s in law.surfaces])
+    grid = np.geomspace(sizes.min() / 3, sizes.max() * 10, 200)
+    p = law.params
+    ax.plot(grid, sigmoid(np.log(grid), p["p_max"], p["k"], p["m"]), color="C0",
+            label=f"p_max={p['p_max']:.3g}, k={p['k']:.3g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("active parameters")
+    ax.set_ylabel("dropout*")
+    ax.legend(fontsize=7)
+    return _save(fig, path)

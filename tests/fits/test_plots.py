@@ -1,0 +1,39 @@
+"""Every figure renders to a PNG (the plotted numbers are the tested fits')."""
+
+import numpy as np
+import pandas as pd
+
+from fits.efficiency import efficiency_gains
+from fits.hparam_laws import fit_hparam_laws
+from fits.plots import plot_efficiency, plot_power_laws
+from fits.power_law import fit_power_law
+from tests.fits.hparam_synth import sweep
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_power_law_figure(tmp_path):
+    C = np.repeat(np.geomspace(1e18, 1e21, 5), 2)
+    df = pd.DataFrame({"train_flops": C, "bpb": 0.6 + 30 * C**-0.08, "domain": "code"})
+    fit = fit_power_law(df, bootstrap=100)
+    fig = plot_power_laws({"code": fit}, df, path=tmp_path / "pl.png")
+    assert (tmp_path / "pl.png").read_bytes()[:8] == PNG
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "held-out rung" in labels and any("band" in t for t in labels)
+
+
+def test_hparam_dropout_and_efficiency_figures(tmp_path):
+    truth = lambda n: 0.2 / (1 + np.exp(-(np.log(n) - np.log(1e8))))
+    fit = fit_hparam_laws(sweep(seed=4, sizes=(1e6, 1e7, 1e8, 1e9, 1e10), tpps=(20.0,), dropout_law=truth))
+    from fits.plots import plot_hparams
+
+    paths = plot_hparams(fit, tmp_path / "hp.png")
+    assert [p.name for p in paths] == ["hp_surfaces.png", "hp_laws.png", "hp_dropout.png"]
+    assert all(p.read_bytes()[:8] == PNG for p in paths)
+    rows = []
+    for L, C in zip((18, 24, 30, 36, 42), (1e18, 1e19, 1e20, 1e21, 1e22)):
+        rows += [{"arm": "baseline", "rung": L, "train_flops": C, "wall_seconds": C / 1e15, "bpb": 0.5 + 30 * C**-0.07},
+                 {"arm": "agc", "rung": L, "train_flops": C, "wall_seconds": C / 1e15, "bpb": 0.5 + 30 * (1.1 * C)**-0.07}]
+    eg = efficiency_gains(pd.DataFrame(rows), bootstrap=50)
+    plot_efficiency(eg, tmp_path / "eg.png")
+    assert (tmp_path / "eg.png").read_bytes()[:8] == PNG
