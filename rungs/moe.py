@@ -9,8 +9,9 @@ not fit waits for the next round, so nothing is ever dropped and
 
     rounds = max over groups of ceil(group load / S).
 
-Each round's expert compute is one grouped matmul over a buffer of fixed size (all groups' slabs,
-packed in expert order). When a step needs more than one round, backward recomputes each round's
+Each round's expert compute is one grouped matmul per projection over a buffer of fixed size (all
+groups' slabs, packed in expert order, allocated once per forward and once per backward); a round
+that fills only part of it computes on that prefix. When a step needs more than one round, backward recomputes each round's
 activations instead of saving them; a one-round step keeps its single slab (`recompute="always"`
 recomputes that too). Either way the bytes saved for backward and the live buffers are bounded by
 the one-round step's, set by T*k, the capacity and the widths, never by how skewed the routing is:
@@ -171,16 +172,23 @@ class _RoundIndex:
             yield self.order[idx.to(self.order.device)], ends.to(torch.int32).to(self.order.device), ends.tolist()
 
 
+def _used_rows(n: int, buffer: Tensor) -> int:
+    # A round computes on the first n rows of the fixed buffer, rounded up to the row alignment
+    # (rows n.. hold finite stale values and lie past the last offset, which grouped_mm ignores).
+    return min(buffer.shape[0], -(-n // _ROW_ALIGN) * _ROW_ALIGN)
+
+
 def _round_forward(x, gate_pairs, w_gate, w_up, w_down, k, xin, y_pairs, pairs, offs, ends, backend):
     # One round; a function so that its temporaries are freed before the next round starts.
     n = ends[-1]
+    xin = xin[:_used_rows(n, xin)]
     torch.index_select(x, 0, pairs // k, out=xin[:n])
     hg = _gmm(xin, w_gate.mT, offs, ends, backend)                           # (rows, hidden)
     hu = _gmm(xin, w_up.mT, offs, ends, backend)
     y = _gmm(F.silu(hg) * hu, w_down.mT, offs, ends, backend)                # (rows, latent)
     y[:n] *= gate_pairs[pairs].unsqueeze(1)
     y_pairs.index_copy_(0, pairs, y[:n])
-    return hg, hu
+    return xin, hg, hu
 
 
 def _round_backward(x, gate_pairs, w_gate, w_up, w_down, k, xin, dy, dout, dx_pairs, dgate_pairs, grads,
@@ -190,7 +198,9 @@ def _round_backward(x, gate_pairs, w_gate, w_up, w_down, k, xin, dy, dout, dx_pa
     # and d h_p = g_p * w_down^T dy_p. Eight elementwise passes over (rows, hidden), in place
     # where possible.
     n = ends[-1]
+    dy = dy[:_used_rows(n, dy)]
     if kept is None:
+        xin = xin[:_used_rows(n, xin)]
         torch.index_select(x, 0, pairs // k, out=xin[:n])
         hg = _gmm(xin, w_gate.mT, offs, ends, backend)
         hu = _gmm(xin, w_up.mT, offs, ends, backend)
@@ -241,9 +251,9 @@ class _MultiRoundExperts(torch.autograd.Function):
             xin = x.new_zeros(buffer_rows, x.shape[1])
             kept: tuple = ()
             for pairs, offs, ends in rounds:
-                hg, hu = _round_forward(x, gate_pairs, *weights, k, xin, y_pairs, pairs, offs, ends, backend)
-                kept = (xin, hg, hu) if keep else ()
-                del hg, hu
+                used = _round_forward(x, gate_pairs, *weights, k, xin, y_pairs, pairs, offs, ends, backend)
+                kept = used if keep else ()
+                del used
             out = y_pairs.view(-1, k, y_pairs.shape[1]).sum(1)                   # slot order: deterministic
         ctx.save_for_backward(x, gate, w_gate, w_up, w_down, order, counts, *kept)
         return out
