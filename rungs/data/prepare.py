@@ -22,10 +22,14 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rungs.data.decontam import decontaminate
 from rungs.data.errors import DataInputError
@@ -61,8 +65,12 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def tokenize_documents(tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens of every text followed by EOS, concatenated, and the [docs, 3] index (start, tokens, bytes)."""
+def tokenize_documents(tokenizer, texts: list[str], on_batch: Callable[[int], None] | None = None,
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of every text followed by EOS, concatenated, and the [docs, 3] index (start, tokens, bytes).
+
+    `on_batch(n_docs)` is called after each batch of documents (progress display).
+    """
     dtype = np.uint16 if tokenizer.vocab_size <= 65_536 else np.uint32
     pieces: list[np.ndarray] = []
     eos = np.array([tokenizer.eos_id], dtype=dtype)
@@ -76,6 +84,8 @@ def tokenize_documents(tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndar
             pieces.append(ids.astype(dtype, copy=False))
             pieces.append(eos)
             start += n
+        if on_batch is not None:
+            on_batch(len(batch))
     tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=dtype)
     return tokens, index
 
@@ -146,12 +156,19 @@ def prepare(manifest_path: str | Path, out_dir: str | Path, *, vocab_size: int, 
 
     tok = _tokenizer_step(out, progress, tokenizer, vocab_size, train_docs)
     shards: dict[str, dict] = {}
+    bar = Progress(TextColumn("tokenize {task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True,
+                   disable=not sys.stderr.isatty())
     for split, sets in (("train", train_docs), ("eval", eval_docs)):
         for name, docs in sets.items():
             step = f"{split}/{name}"
             info = progress.done(step)
             if info is None:
-                tokens, index = tokenize_documents(tok, [t for _, t in docs])
+                with bar:
+                    task = bar.add_task(step, total=len(docs))
+                    tokens, index = tokenize_documents(tok, [t for _, t in docs],
+                                                       on_batch=lambda n, task=task: bar.advance(task, n))
+                    bar.remove_task(task)
                 blob = _npy_bytes(tokens)
                 _atomic_write_bytes(out / split / f"{name}.tokens.npy", blob)
                 _atomic_write_bytes(out / split / f"{name}.index.npy", _npy_bytes(index))

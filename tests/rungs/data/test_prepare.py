@@ -60,12 +60,12 @@ def test_an_interrupted_prepare_continues_without_redoing_finished_steps(tiny_ma
     calls = []
     interrupt = [True]
 
-    def fail_on_second_set(tokenizer, texts):
+    def fail_on_second_set(tokenizer, texts, **kwargs):
         calls.append(len(texts))
         if len(calls) == 2 and interrupt[0]:
             interrupt[0] = False
             raise RuntimeError("simulated interruption")
-        return real(tokenizer, texts)
+        return real(tokenizer, texts, **kwargs)
 
     monkeypatch.setattr(prepare_mod, "tokenize_documents", fail_on_second_set)
     out = tmp_path / "resumed"
