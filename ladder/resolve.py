@@ -1,0 +1,98 @@
+"""Resolve one training job's config: a rung's plan + training defaults + overrides, validated.
+
+`resolve_train_config("cpu-demo", 3, ["lr=0.01"])` returns the flat dict `rungs.train.train`
+runs from (and the sweep orchestrator hashes into a trial key). Overriding `tpp` re-plans the
+rung (tokens, steps, data plan); overriding an architecture field recomputes the parameter and
+FLOP counts from the new shapes; unknown keys are errors that list the valid ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ladder.counting import Architecture, count_flops_per_token, count_parameters
+from ladder.errors import LadderInputError
+from ladder.plan import plan_rung
+from ladder.recipe import load_recipe
+from rungs.config import TrainConfigError, field_names, parse_config
+
+ARCH_FIELDS = tuple(f.name for f in fields(Architecture))
+# Keys a user may not set: they are derived from the plan and would silently disagree with it.
+DERIVED = ("flops_per_token", "params_total", "params_active", "sources", "recipe", "L")
+
+
+def valid_override_keys() -> list[str]:
+    return sorted(k for k in field_names() if k not in DERIVED)
+
+
+def parse_value(text: str) -> Any:
+    """'0.01' → 0.01, '1e-3' → 0.001, 'true' → True, 'none' → None, 'a,b' stays a string."""
+    stripped = text.strip()
+    if stripped.lower() in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(stripped)
+        except ValueError:
+            pass
+    value = yaml.safe_load(stripped) if stripped else ""
+    return value
+
+
+def parse_overrides(overrides: dict[str, Any] | list[str] | None) -> dict[str, Any]:
+    if overrides is None:
+        return {}
+    if isinstance(overrides, dict):
+        return dict(overrides)
+    out: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise LadderInputError(f"expected key=value, got {item!r}", field="--set")
+        key = key.strip()
+        out[key] = parse_value(value)
+        if key == "agc_points" and isinstance(out[key], str):
+            out[key] = [p.strip() for p in out[key].split(",") if p.strip()]
+    return out
+
+
+def resolve_train_config(recipe_name_or_path: str | Path, L: int, overrides: dict[str, Any] | list[str] | None = None,
+                         *, max_steps: int | None = None) -> dict[str, Any]:
+    """The validated, fully resolved training config of rung L of a recipe, as a JSON-able dict."""
+    recipe = load_recipe(recipe_name_or_path)
+    extra = parse_overrides(overrides)
+    valid = valid_override_keys()
+    unknown = sorted(set(extra) - set(valid) - {"tpp"})
+    if unknown:
+        raise LadderInputError(f"unknown override key(s) {unknown}; valid keys are {valid + ['tpp']}", field="--set")
+    tpp = extra.pop("tpp", None)
+    if tpp is not None and (not isinstance(tpp, (int, float)) or isinstance(tpp, bool)):
+        raise LadderInputError(f"tpp must be a number, got {tpp!r}", field="tpp")
+    spec = plan_rung(recipe, L, tpp)
+    config = spec.to_dict()
+    config.update(extra)
+    if max_steps is not None:
+        config["max_steps"] = max_steps
+    if any(k in extra for k in ARCH_FIELDS):
+        _recount(config)
+    try:
+        return parse_config(config).to_dict()
+    except TrainConfigError as err:
+        raise LadderInputError(err.detail, where=f"{recipe.name} L{L}", field=err.key) from None
+
+
+def _recount(config: dict[str, Any]) -> None:
+    """Parameter and FLOP counts after an architecture override, from the new tensor shapes."""
+    try:
+        arch = Architecture(**{k: config[k] for k in ARCH_FIELDS})
+        counts = count_parameters(arch)
+        flops = count_flops_per_token(arch)
+    except (TypeError, ValueError, ZeroDivisionError) as err:
+        raise LadderInputError(f"architecture override gives an invalid model: {err}", field="--set") from None
+    config["params_total"] = counts.total
+    config["params_active"] = counts.nonembedding_active
+    config["flops_per_token"] = flops.training

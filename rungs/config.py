@@ -1,0 +1,236 @@
+"""TrainConfig: one training job's resolved configuration, validated once at the edge.
+
+Built from the flat dict `ladder.resolve.resolve_train_config` produces (a RungSpec's `to_dict()`
+plus training defaults plus overrides). Unknown keys and wrong types raise `TrainConfigError`
+naming the key and what is valid; code below this trusts the config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rungs.agc import AGCSettings
+from rungs.model import ModelConfig
+
+
+class TrainConfigError(ValueError):
+    """A training configuration that cannot run: names the key and what would be valid."""
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        self.key = key
+        self.detail = message
+        super().__init__(f"{key}: {message}" if key else message)
+
+
+class SourcePlan(BaseModel):
+    """One source's allocation at this rung (the `sources` entries of RungSpec.to_dict())."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    share: float = Field(gt=0, le=1)
+    unique_tokens: float = Field(gt=0)
+    epochs: float = Field(gt=0)
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # --- identity (tags) ---
+    recipe: str = "custom"
+    L: int | None = None
+    trial_key: str | None = None
+
+    # --- architecture (RungSpec.to_dict() names) ---
+    n_layers: int = Field(gt=0)
+    d_model: int = Field(gt=0)
+    n_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    n_kv_heads_global: int = Field(gt=0)
+    n_kv_heads_local: int = Field(gt=0)
+    global_every: int = Field(gt=0)
+    window_tokens: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+    n_experts: int = Field(gt=0)
+    top_k: int = Field(gt=0)
+    n_shared_experts: int = Field(ge=0)
+    latent_dim: int = Field(gt=0)
+    expert_hidden: int = Field(gt=0)
+    shared_hidden: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    tied_embeddings: bool = False
+
+    # --- counts from the plan (FLOPs and MFU accounting) ---
+    flops_per_token: float = Field(gt=0, description="training FLOPs per token (3 × forward)")
+    params_total: int | None = None
+    params_active: int | None = None
+    tpp: float | None = Field(default=None, gt=0, description="tokens per active parameter the plan used")
+
+    # --- run length and batch ---
+    steps: int = Field(gt=0)
+    max_steps: int | None = Field(default=None, gt=0, description="stop early after this many steps")
+    batch_sequences: int = Field(gt=0)
+    micro_batch_sequences: int | None = Field(default=None, gt=0, description="gradient accumulation unit")
+
+    # --- optimisation ---
+    lr: float = Field(gt=0)
+    weight_decay: float = Field(ge=0)
+    adam_lr: float | None = Field(default=None, gt=0)
+    muon_momentum: float = Field(default=0.95, ge=0, lt=1)
+    adjust_lr: str = "match_rms_adamw"
+    schedule: Literal["cosine", "wsd"] = "cosine"
+    warmup_steps: int | None = Field(default=None, ge=0, description="default: 5% of steps")
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    decay_fraction: float = Field(default=0.2, gt=0, le=1)
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+
+    # --- MoE ---
+    router_score: Literal["softmax", "sigmoid"] = "softmax"
+    lb_loss_coef: float = Field(default=0.01, ge=0)
+    z_loss_coef: float = Field(default=0.0, ge=0)
+    expert_bias: bool = False
+    bias_update_rate: float = Field(default=1e-3, ge=0)
+    capacity_per_expert: int | None = Field(default=None, gt=0)
+    group_size: int | None = Field(default=None, gt=0)
+
+    # --- activation gradient clipping ---
+    agc: bool = True
+    agc_points: tuple[str, ...] = ("residual", "moe_input")
+    agc_granularity: Literal["token", "sequence"] = "token"
+    agc_mode: Literal["fixed", "median"] = "median"
+    agc_threshold: float = Field(default=8.0, gt=0)
+    agc_median_window_steps: int = Field(default=100, gt=0)
+
+    # --- numerics and reproducibility ---
+    precision: Literal["bf16", "fp32"] = "bf16"
+    seed: int = 0
+    deterministic: bool = False
+    threads: int | None = Field(default=None, gt=0, description="torch intra-op threads (default: torch's)")
+
+    # --- divergence ---
+    spike_factor: float = Field(default=3.0, gt=1, description="loss > factor × running median → diverged")
+    spike_warmup_steps: int = Field(default=50, ge=0, description="no spike rule before this step")
+
+    # --- data ---
+    sources: dict[str, SourcePlan] = Field(min_length=1)
+    data_manifest: str | None = None  # None: the demo corpus
+    data_cache_root: str = "runs/data"
+
+    # --- evaluation, checkpoints, logging ---
+    eval_interval: int = Field(default=100, gt=0)
+    eval_batch_size: int = Field(default=8, gt=0)
+    eval_max_docs_per_domain: int | None = Field(default=4, gt=0, description="first N docs of each domain (None: all)")
+    eval_stride: int | None = Field(default=None, gt=0, description="sliding-window stride (default: seq_len)")
+    checkpoint_interval: int = Field(default=100, gt=0)
+    log_interval: int = Field(default=10, gt=0)
+
+    # --- tracking ---
+    tracking_uri: str | None = "sqlite:///runs/mlflow.db"  # None or "": no tracking
+    experiment_name: str = "ladder"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k={self.top_k} exceeds n_experts={self.n_experts}")
+        for kv_key in ("n_kv_heads_global", "n_kv_heads_local"):
+            kv = getattr(self, kv_key)
+            if self.n_heads % kv:
+                raise ValueError(f"{kv_key}={kv} must divide n_heads={self.n_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+        if self.micro_batch_sequences is not None and self.batch_sequences % self.micro_batch_sequences:
+            raise ValueError(f"micro_batch_sequences={self.micro_batch_sequences} must divide "
+                             f"batch_sequences={self.batch_sequences}")
+        if self.eval_stride is not None and self.eval_stride > self.seq_len:
+            raise ValueError(f"eval_stride={self.eval_stride} exceeds seq_len={self.seq_len}")
+        if self.warmup_steps is not None and self.warmup_steps > self.run_steps:
+            raise ValueError(f"warmup_steps={self.warmup_steps} exceeds the {self.run_steps} steps this job runs")
+        AGCSettings(points=self.agc_points, granularity=self.agc_granularity, mode=self.agc_mode,
+                    threshold=self.agc_threshold, median_window_steps=self.agc_median_window_steps)
+        return self
+
+    # --- derived views ---
+    @property
+    def run_steps(self) -> int:
+        """Steps this job runs: the planned steps, cut short by max_steps."""
+        return min(self.steps, self.max_steps) if self.max_steps else self.steps
+
+    @property
+    def schedule_steps(self) -> int:
+        """The LR schedule spans the steps actually run, so a --max-steps run still anneals."""
+        return self.run_steps
+
+    @property
+    def warmup(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else max(1, round(0.05 * self.schedule_steps))
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.batch_sequences // (self.micro_batch_sequences or self.batch_sequences)
+
+    @property
+    def batch_tokens(self) -> int:
+        return self.batch_sequences * self.seq_len
+
+    def architecture(self) -> ModelConfig:
+        return ModelConfig(
+            n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads, head_dim=self.head_dim,
+            n_kv_heads_global=self.n_kv_heads_global, n_kv_heads_local=self.n_kv_heads_local,
+            global_every=self.global_every, window_tokens=self.window_tokens, seq_len=self.seq_len,
+            n_experts=self.n_experts, top_k=self.top_k, n_shared_experts=self.n_shared_experts,
+            latent_dim=self.latent_dim, expert_hidden=self.expert_hidden, shared_hidden=self.shared_hidden,
+            vocab_size=self.vocab_size, tied_embeddings=self.tied_embeddings, dropout=self.dropout,
+            router_score=self.router_score, expert_bias=self.expert_bias, bias_update_rate=self.bias_update_rate,
+            capacity_per_expert=self.capacity_per_expert, group_size=self.group_size,
+        )
+
+    def agc_settings(self) -> AGCSettings | None:
+        if not self.agc:
+            return None
+        return AGCSettings(points=self.agc_points, granularity=self.agc_granularity, mode=self.agc_mode,
+                           threshold=self.agc_threshold, median_window_steps=self.agc_median_window_steps)
+
+    def sources_plan(self) -> dict[str, dict]:
+        return {name: s.model_dump() for name, s in self.sources.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def key(self) -> str:
+        """Stable hash of everything that changes the trained model (not where it is tracked)."""
+        payload = {k: v for k, v in self.to_dict().items()
+                   if k not in ("tracking_uri", "experiment_name", "log_interval", "trial_key")}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def field_names() -> list[str]:
+    return list(TrainConfig.model_fields)
+
+
+def parse_config(data: TrainConfig | dict) -> TrainConfig:
+    """Validate a resolved config dict; raise TrainConfigError naming the first bad key."""
+    if isinstance(data, TrainConfig):
+        return data
+    if not isinstance(data, dict):
+        raise TrainConfigError(f"a training config is a mapping of keys to values, got {type(data).__name__}")
+    # RungSpec.to_dict() carries plan-only keys the job does not need; accept and drop them.
+    known = set(TrainConfig.model_fields)
+    plan_only = {"params_embedding", "params_nonembedding_total", "params_active_with_embeddings", "tokens",
+                 "batch_tokens", "flops_per_token_forward", "train_flops"}
+    data = {k: v for k, v in data.items() if k in known or k not in plan_only}
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = ".".join(str(p) for p in first["loc"]) or None
+        if first["type"] == "extra_forbidden":
+            msg = f"unknown key; valid keys are {sorted(known)}"
+        elif first["type"] == "missing":
+            msg = "required key is missing"
+        else:
+            msg = first["msg"]
+        more = f" (and {len(err.errors()) - 1} more problem(s))" if len(err.errors()) > 1 else ""
+        raise TrainConfigError(msg + more, key=key) from None

@@ -1,0 +1,123 @@
+"""MLflow tracking for one training job: one run per job, reopened on resume.
+
+Params are the resolved config flattened (`sources.code.epochs`); tags name the recipe, the rung,
+the trial key and the code version (git sha when available); metrics are logged per step in
+batches; the final BPB per domain, FLOPs, tokens and wall-clock go in as final metrics; artifacts
+are the resolved config, the eval JSON and the clip-event log. The default store is an embedded
+SQLite file (`sqlite:///runs/mlflow.db`); any tracking URI MLflow accepts works.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+RUN_ID_FILE = "mlflow_run_id"
+_MAX_PARAM_CHARS = 6000
+_BATCH = 100  # MLflow's per-request limit on params; metrics allow 1000
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """{"sources": {"code": {"epochs": 1.5}}} → {"sources.code.epochs": "1.5"}."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out |= flatten(value, name + ".")
+        else:
+            out[name] = str(value)[:_MAX_PARAM_CHARS]
+    return out
+
+
+def code_version() -> str | None:
+    """The git sha of the checkout this code runs from (with '-dirty' when it has local edits)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        if sha.returncode:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5)
+        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _artifact_location(tracking_uri: str) -> str | None:
+    """Keep a SQLite store's artifacts next to its database file instead of in the cwd."""
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        return None
+    db = Path(tracking_uri[len(prefix):]).resolve()
+    return (db.parent / "mlartifacts").as_uri()
+
+
+class Tracker:
+    """A thin wrapper over MlflowClient bound to one run."""
+
+    def __init__(self, tracking_uri: str, experiment_name: str, run_dir: Path, *, run_name: str,
+                 tags: dict[str, str], params: dict[str, Any]) -> None:
+        from mlflow import MlflowClient
+
+        prefix = "sqlite:///"
+        if tracking_uri.startswith(prefix):
+            Path(tracking_uri[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
+        self.client = MlflowClient(tracking_uri)
+        self.tracking_uri = tracking_uri
+        self._pending: list[Any] = []
+        id_file = Path(run_dir) / RUN_ID_FILE
+        self.run_id = id_file.read_text().strip() if id_file.is_file() else None
+        if self.run_id is not None:
+            try:
+                self.client.get_run(self.run_id)
+                self.client.update_run(self.run_id, status="RUNNING")
+                log.info("resuming MLflow run %s", self.run_id)
+                return
+            except Exception:  # the store was wiped or moved: start a new run
+                log.warning("MLflow run %s not found in %s; starting a new one", self.run_id, tracking_uri)
+        exp = self.client.get_experiment_by_name(experiment_name)
+        if exp is None:
+            exp_id = self.client.create_experiment(experiment_name, artifact_location=_artifact_location(tracking_uri))
+        else:
+            exp_id = exp.experiment_id
+        all_tags = {k: str(v) for k, v in tags.items() if v is not None}
+        version = code_version()
+        if version:
+            all_tags["code_version"] = version
+        self.run_id = self.client.create_run(exp_id, run_name=run_name, tags=all_tags).info.run_id
+        id_file.parent.mkdir(parents=True, exist_ok=True)
+        id_file.write_text(self.run_id + "\n")
+        from mlflow.entities import Param
+
+        flat = [Param(k, v) for k, v in flatten(params).items()]
+        for i in range(0, len(flat), _BATCH):
+            self.client.log_batch(self.run_id, params=flat[i:i + _BATCH])
+
+    def log_metrics(self, metrics: dict[str, float], step: int, *, flush: bool = False) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self._pending += [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None]
+        if flush or len(self._pending) >= 500:
+            self.flush()
+
+    def flush(self) -> None:
+        while self._pending:
+            chunk, self._pending = self._pending[:1000], self._pending[1000:]
+            self.client.log_batch(self.run_id, metrics=chunk)
+
+    def log_artifact(self, path: Path) -> None:
+        if Path(path).is_file():
+            self.client.log_artifact(self.run_id, str(path))
+
+    def set_tag(self, key: str, value: str) -> None:
+        self.client.set_tag(self.run_id, key, value)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        self.flush()
+        self.client.set_terminated(self.run_id, status=status)

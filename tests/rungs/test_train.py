@@ -1,0 +1,95 @@
+"""The training job: the smallest cpu-demo rung learns (held-out BPB well below unigram, tracked
+in MLflow), gradient accumulation equals the full batch, divergence stops the run, bad configs
+raise errors that name the key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rungs.config import TrainConfigError, parse_config
+from rungs.metrics import DivergenceRule
+from rungs.train import train
+from tests.rungs.train_helpers import tiny_config
+
+
+@pytest.mark.slow
+def test_smallest_cpu_demo_rung_learns_and_is_tracked(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = tiny_config(seq_len=128, batch_sequences=8, max_steps=150, eval_interval=75, eval_max_docs_per_domain=2,
+                      tracking_uri=uri, experiment_name="test-train", warmup_steps=10)
+    res = train(cfg, run_dir=tmp_path / "run", progress=False)
+    assert not res.diverged and res.steps == 150
+    assert set(res.bpb) == set(res.unigram_bpb) and len(res.bpb) >= 5
+    for domain, bpb in res.bpb.items():
+        assert bpb < 0.85 * res.unigram_bpb[domain], (domain, bpb, res.unigram_bpb[domain])
+    evals = json.loads((tmp_path / "run" / "eval.json").read_text())["evals"]
+    first, last = evals[0]["bpb"], evals[-1]["bpb"]
+    assert sum(last.values()) < sum(first.values())  # still falling between the two evals
+    assert sum(res.losses[-10:]) < 0.6 * sum(res.losses[:10])
+    assert res.tokens == 150 * 8 * 128 and res.train_flops == pytest.approx(res.tokens * cfg["flops_per_token"])
+    assert 0 < res.mfu < 1 and res.tokens_per_second > 0
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    run = client.get_run(res.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["recipe"] == "cpu-demo" and run.data.tags["rung"] == "3"
+    assert run.data.params["lr"] == str(cfg["lr"]) and "sources.code.epochs" in run.data.params
+    for domain, bpb in res.bpb.items():
+        assert run.data.metrics[f"final_bpb/{domain}"] == pytest.approx(bpb)
+    assert len(client.get_metric_history(res.run_id, "loss")) == 150
+    artifacts = {a.path for a in client.list_artifacts(res.run_id)}
+    assert {"config.json", "eval.json", "result.json"} <= artifacts
+    # A finished job called again returns its stored result without training.
+    again = train(cfg, run_dir=tmp_path / "run", progress=False)
+    assert again.losses == res.losses and again.run_id == res.run_id
+
+
+def test_gradient_accumulation_equals_the_full_batch(tmp_path):
+    common = dict(max_steps=3, lb_loss_coef=0.0, agc=False, precision="fp32", grad_clip=None)
+    full = train(tiny_config(**common), run_dir=tmp_path / "full", progress=False)
+    accum = train(tiny_config(micro_batch_sequences=2, **common), run_dir=tmp_path / "accum", progress=False)
+    assert accum.losses == pytest.approx(full.losses, rel=1e-4)
+    a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "accum" / "checkpoint.pt", weights_only=False)["model"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-3, atol=1e-5)
+
+
+def test_a_blown_up_run_stops_and_is_marked_diverged(tmp_path):
+    cfg = tiny_config(max_steps=40, lr=300.0, adam_lr=300.0, grad_clip=None, agc=False, spike_warmup_steps=3,
+                      spike_factor=1.5)
+    res = train(cfg, run_dir=tmp_path, progress=False)
+    assert res.diverged and res.steps < 40
+    assert "loss" in res.diverged_reason
+    assert json.loads((tmp_path / "result.json").read_text())["diverged"] is True
+
+
+def test_divergence_rule():
+    rule = DivergenceRule(spike_factor=2.0, warmup_steps=3)
+    assert [rule.check(s, v) for s, v in enumerate([5.0, 4.0, 3.5, 3.4])] == [None] * 4
+    assert rule.check(4, 7.5) is not None  # 7.5 > 2 × median(5, 4, 3.5, 3.4) = 7.5? no: > 7.5 needed
+    assert rule.check(5, float("nan")).startswith("non-finite")
+    early = DivergenceRule(spike_factor=2.0, warmup_steps=10)
+    early.check(0, 1.0)
+    assert early.check(1, 100.0) is None  # no spike rule during warmup
+
+
+@pytest.mark.parametrize("change, key, match", [
+    ({"n_experts_typo": 3}, "n_experts_typo", "unknown key"),
+    ({"top_k": 9}, None, "top_k=9 exceeds n_experts=8"),
+    ({"micro_batch_sequences": 3}, None, "must divide batch_sequences"),
+    ({"lr": "fast"}, "lr", "valid number"),
+    ({"agc_points": ["attention_out"]}, None, "valid points"),
+    ({"schedule": "linear"}, "schedule", "cosine"),
+])
+def test_bad_configs_raise_errors_naming_the_problem(change, key, match):
+    cfg = tiny_config() | change
+    with pytest.raises(TrainConfigError, match=match) as err:
+        parse_config(cfg)
+    if key:
+        assert err.value.key == key
