@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fits.errors import FitInputError
+from fits.errors import FitError, FitInputError
 from fits.power_law import MIN_DISTINCT_X, PowerLawResult, fit_power_law
 from fits.validate import numeric_column, require_columns
 
@@ -72,7 +72,11 @@ def progressive_backtest(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb
                             f"{len(levels)}", column=x)
     steps = []
     for k in range(MIN_DISTINCT_X, len(levels)):
-        fit = fit_power_law(df[xs < levels[k]], x, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed, **fit_kwargs)
+        try:
+            fit = fit_power_law(df[xs < levels[k]], x, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed, **fit_kwargs)
+        except FitError as err:  # a few low rungs often cannot pin the floor: report the step, go on
+            steps.append({"n_rungs_fitted": k, "x": float(levels[k]), "error": str(err)})
+            continue
         row = _predict_rows(fit, df[xs == levels[k]], x, y, ci_level, seed)[0]
         steps.append({"n_rungs_fitted": k, **row, "alpha": fit.params["alpha"]})
     return {"kind": "progressive", "ci_level": ci_level, "steps": steps}

@@ -37,8 +37,9 @@ def _save(fig: Figure, path: str | Path | None) -> Figure:
 
 def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_flops", y: str = "bpb",
                     group: str | None = "domain", path: str | Path | None = None, holdout_top: int = 1,
-                    extend: float = 10.0) -> Figure:
-    """One panel per law: data, fit, band (when bootstrapped), held-out rung(s) as open markers."""
+                    extend: float = 10.0, backtests: dict[str, Any] | None = None) -> Figure:
+    """One panel per law: data, fit, band (when bootstrapped), held-out rung(s) as open markers and,
+    given the backtests, the prediction made without them (with its interval)."""
     names = list(laws)
     fig, axes = _figure(ncols=min(len(names), 4), nrows=int(np.ceil(len(names) / 4)))
     for ax, name in zip(axes, names):
@@ -55,6 +56,9 @@ def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_f
         ax.scatter(xs[~held], ys[~held], color="k", s=14, zorder=3, label="runs")
         if held.any():
             ax.scatter(xs[held], ys[held], facecolors="none", edgecolors="C3", s=40, zorder=4, label="held-out rung")
+        for row in ((backtests or {}).get(name) or {}).get("predictions", []):
+            ax.errorbar(row["x"], row["predicted"], yerr=[[row["predicted"] - row["lo"]], [row["hi"] - row["predicted"]]],
+                        fmt="_", color="C3", capsize=4, ms=12, zorder=5, label="predicted without it")
         ax.axhline(law.params["E"], color="grey", lw=0.8, ls=":")
         ax.set_xscale("log")
         ax.set_yscale("log")

@@ -170,9 +170,11 @@ def _inverse(y, E, A, alpha):
 
 def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, delta: float = HUBER_DELTA,
                   reduction: str = "sum", bootstrap: int = 0, ci_level: float = 0.95, seed: int = 0,
-                  id_column: str | None = "run_id", group: str | None = None) -> PowerLawResult:
-    """Fit y = E + A·x^(−α) to the rows of `df` (one law; group the table yourself for several)."""
-    require_columns(df, [x, y])
+                  id_column: str | None = "run_id", group: str | None = None,
+                  cluster: str | None = None) -> PowerLawResult:
+    """Fit y = E + A·x^(−α) to the rows of `df` (one law; group the table yourself for several).
+    With `cluster`, the bootstrap draws whole clusters (rows sharing that column's value)."""
+    require_columns(df, [x, y] + ([cluster] if cluster else []))
     xs = numeric_column(df, x, positive=True)
     ys = numeric_column(df, y, positive=True)
     require_points(len(np.unique(xs)), MIN_DISTINCT_X, "the power law E + A·x^(−α) (3 parameters)", x)
@@ -184,12 +186,12 @@ def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, d
         params={"E": E, "A": A, "alpha": alpha}, objective=raw.objective, n_points=len(ys),
         rows_used=row_ids(df, id_column), residuals=residuals.tolist(),
         options={"x": x, "y": y, "delta": delta, "reduction": reduction, "bootstrap": bootstrap, "seed": seed,
-                 "ci_level": ci_level, "alpha_grid": [float(ALPHA_GRID[0]), float(ALPHA_GRID[-1]), len(ALPHA_GRID)]},
+                 "ci_level": ci_level, "cluster": cluster, "alpha_grid": [float(ALPHA_GRID[0]), float(ALPHA_GRID[-1]), len(ALPHA_GRID)]},
         extra={"group": group, "log_x0": raw.log_x0, "x_range": [float(xs.min()), float(xs.max())]},
     )
     if bootstrap > 0:
         from fits.bootstrap import bootstrap_power_law
 
         bootstrap_power_law(result, raw, xs, ys, n=bootstrap, seed=seed, ci_level=ci_level, delta=delta,
-                            reduction=reduction)
+                            reduction=reduction, clusters=df[cluster].to_numpy() if cluster else None)
     return result

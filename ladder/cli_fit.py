@@ -44,6 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--group", help="one law per value of this column (default with --experiment: domain)")
     q.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for intervals (default 1000)")
     q.add_argument("--holdout-top", type=int, default=1, help="rungs held out for the backtest (default 1; 0: none)")
+    q.add_argument("--progressive", action="store_true", help="also backtest adding rungs one at a time")
+    q.add_argument("--cluster", help="bootstrap whole clusters of rows (e.g. a run id repeated over checkpoints)")
     q.add_argument("--ci-level", type=float, default=0.95)
     q.add_argument("--seed", type=int, default=0)
     q.set_defaults(handler=run_power_law)
@@ -120,8 +122,8 @@ def column_arg(args: argparse.Namespace, name: str, default: str) -> str:
 # ---------------------------------------------------------------- power law
 
 def run_power_law(args: argparse.Namespace) -> int:
-    from fits.backtest import holdout_backtest
-    from fits.errors import FitError
+    from fits.backtest import holdout_backtest, progressive_backtest
+    from fits.errors import FitError, FitInputError
     from fits.power_law import fit_power_law
 
     df, source = load_input(args)
@@ -139,13 +141,20 @@ def run_power_law(args: argparse.Namespace) -> int:
     for name, part in groups:
         try:
             fit = fit_power_law(part, x, y, bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed,
-                                group=None if name is None else str(name))
+                                group=None if name is None else str(name), cluster=args.cluster)
             backtest = _backtest(part, x, y, args, holdout_backtest)
+            progressive = None
+            if args.progressive:
+                try:
+                    progressive = progressive_backtest(part, x, y, bootstrap=max(args.bootstrap, 200),
+                                                       ci_level=args.ci_level, seed=args.seed)
+                except FitInputError as err:
+                    progressive = {"skipped": err.detail}
         except FitError as err:
             raise input_error(err, source) from None
         d = fit.to_dict()
         fits.append({"group": d["group"], **fit.params, "ci": d["ci"], "ci_level": d["ci_level"], "backtest": backtest,
-                     "n_points": fit.n_points, "objective": fit.objective, "x_range": d["x_range"],
+                     **({"progressive_backtest": progressive} if args.progressive else {}), "n_points": fit.n_points, "objective": fit.objective, "x_range": d["x_range"],
                      "bootstrap_failed": d.get("bootstrap_failed", 0), "rows_used": d["rows_used"],
                      "options": d["options"], "code_version": d["code_version"]})
         saved[str(name) if name is not None else y] = fit.to_dict(include_draws=True)
@@ -154,7 +163,8 @@ def run_power_law(args: argparse.Namespace) -> int:
     if args.plot:
         from fits.plots import plot_power_laws
 
-        plot_power_laws(laws, df, x=x, y=y, group=group, path=args.plot, holdout_top=args.holdout_top)
+        plot_power_laws(laws, df, x=x, y=y, group=group, path=args.plot, holdout_top=args.holdout_top,
+                        backtests={f["group"] or y: f["backtest"] for f in fits})
         payload["plot"] = args.plot
     finish(args, payload, source, df, {"power_law": saved},
            {f["group"] or y: {"E": f["E"], "A": f["A"], "alpha": f["alpha"]} for f in fits})

@@ -120,3 +120,17 @@ def test_a_law_without_a_floor_is_refused_not_faked():
     y = 50.0 * C ** (-0.08)  # a pure power law: E wants to be 0, its bound
     with pytest.raises(FitBoundaryError, match="E"):
         fit_power_law(pd.DataFrame({"train_flops": C, "bpb": y}))
+
+
+def test_cluster_bootstrap_moves_whole_runs_together():
+    from fits.batched import resample_weights
+
+    clusters = np.array(["a", "a", "b", "b", "b", "c"])
+    W = resample_weights(np.random.default_rng(0), 6, 50, clusters)
+    for w in W:
+        assert w[0] == w[1] and w[2] == w[3] == w[4]
+        assert w[[0, 2, 5]].sum() == 3  # three clusters drawn per resample
+    df = ladder_table(np.random.default_rng(5))
+    df["run"] = np.arange(len(df)) // 3
+    fit = fit_power_law(df, bootstrap=100, cluster="run")
+    assert fit.options["cluster"] == "run" and fit.n_bootstrap + fit.extra["bootstrap_failed"] == 100
