@@ -156,7 +156,7 @@ class SourceScaledSampler:
         self.plan = {s: {k: _plan_float(plan, s, k) for k in ("share", "unique_tokens", "epochs")} for s in plan}
         self.streams: list[_SourceStream] = []
         for name in plan:
-            cap = int(round(_plan_float(plan, name, "unique_tokens")))
+            cap = max(1, int(round(_plan_float(plan, name, "unique_tokens"))))
             shard = corpus.train_shard(name)
             if cap > shard.n_tokens:
                 short = cap - shard.n_tokens
