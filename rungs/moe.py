@@ -11,9 +11,9 @@ not fit waits for the next round, so nothing is ever dropped and
 
 Each round's expert compute is one grouped matmul per projection over a buffer of fixed size (all
 groups' slabs, packed in expert order, allocated once per forward and once per backward); a round
-that fills only part of it computes on that prefix. When a step needs more than one round, backward recomputes each round's
-activations instead of saving them; a one-round step keeps its single slab (`recompute="always"`
-recomputes that too). Either way the bytes saved for backward and the live buffers are bounded by
+that fills only part of it computes on that prefix. When a step needs more than one round,
+backward recomputes each round's activations instead of saving them; a one-round step keeps its
+single slab (`recompute="always"` recomputes that too). Either way the bytes saved for backward and the live buffers are bounded by
 the one-round step's, set by T*k, the capacity and the widths, never by how skewed the routing is:
 skew costs time (more rounds), not memory.
 
@@ -241,7 +241,8 @@ class _MultiRoundExperts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, gate, w_gate, w_up, w_down, order, counts, k, capacity, group_size, buffer_rows, backend,
                 recompute):
-        ctx.k, ctx.capacity, ctx.group_size, ctx.buffer_rows, ctx.backend = k, capacity, group_size, buffer_rows, backend
+        ctx.k, ctx.capacity, ctx.group_size = k, capacity, group_size
+        ctx.buffer_rows, ctx.backend = buffer_rows, backend
         rounds = _RoundIndex(order, counts, capacity, group_size)
         keep = recompute == "multi_round" and len(rounds.takes) == 1
         with torch.autocast(x.device.type, enabled=False):

@@ -93,7 +93,8 @@ class Muon(torch.optim.Optimizer):
                  ns_coefficients: tuple[float, float, float] = SIMPLE_COEFFICIENTS,
                  ns_dtype: torch.dtype | None = torch.bfloat16):
         if lr < 0 or weight_decay < 0 or not 0 <= momentum < 1:
-            raise MuonConfigError(f"need lr >= 0, weight_decay >= 0, 0 <= momentum < 1; got {lr}, {weight_decay}, {momentum}")
+            raise MuonConfigError(f"need lr >= 0, weight_decay >= 0, 0 <= momentum < 1; "
+                                  f"got {lr}, {weight_decay}, {momentum}")
         if adjust_lr not in CONVENTIONS:
             raise MuonConfigError(f"adjust_lr must be one of {sorted(CONVENTIONS)}, got {adjust_lr!r}")
         defaults = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
@@ -155,5 +156,6 @@ class Muon(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         saved = state_dict.pop("convention", self.convention)
         if saved != self.convention:
-            raise MuonConfigError(f"checkpoint was written with update scale {saved!r}, this optimizer uses {self.convention!r}")
+            raise MuonConfigError(f"checkpoint was written with update scale {saved!r}, "
+                                  f"this optimizer uses {self.convention!r}")
         super().load_state_dict(state_dict)

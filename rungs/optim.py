@@ -116,7 +116,8 @@ class MuonAdamW:
                                    f"this optimizer uses {self.convention!r}")
         for key, opt in (("muon", self.muon), ("adamw", self.adamw)):
             if (state_dict[key] is None) != (opt is None):
-                raise OptimConfigError(f"optimizer state has{'' if state_dict[key] else ' no'} {key} part, this model differs")
+                raise OptimConfigError(f"optimizer state has{'' if state_dict[key] else ' no'} {key} part, "
+                                       f"this model differs")
             if opt is not None:
                 opt.load_state_dict(state_dict[key])
 

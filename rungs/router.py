@@ -55,7 +55,8 @@ class Router(nn.Module):
         if not 1 <= top_k <= n_experts:
             raise RouterConfigError(f"top_k must be in [1, n_experts={n_experts}], got {top_k}")
         if d_model < 1 or bias_update_rate < 0:
-            raise RouterConfigError(f"d_model must be >= 1 and bias_update_rate >= 0, got {d_model}, {bias_update_rate}")
+            raise RouterConfigError(f"d_model must be >= 1 and bias_update_rate >= 0, "
+                                    f"got {d_model}, {bias_update_rate}")
         self.d_model, self.n_experts, self.top_k = d_model, n_experts, top_k
         self.score, self.use_expert_bias, self.bias_update_rate = score, expert_bias, bias_update_rate
         self.normalize_gates = normalize_gates
