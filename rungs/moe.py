@@ -211,7 +211,8 @@ def _round_backward(x, gate_pairs, w_gate, w_up, w_down, k, xin, dy, dout, dx_pa
     silu = F.silu(hg)
     h = silu * hu                                                             # ungated hidden rows
     dh = _gmm(dy, w_down, offs, ends, backend)                                # (rows, hidden) = w_down^T dy
-    dgate_pairs.index_copy_(0, pairs, torch.linalg.vecdot(dh[:n], h[:n]).to(dgate_pairs.dtype))
+    if dgate_pairs is not None:
+        dgate_pairs.index_copy_(0, pairs, torch.linalg.vecdot(dh[:n], h[:n]).to(dgate_pairs.dtype))
     dy[:n] *= g
     grads[2] += _gmm(dy.mT, h, offs, ends, backend)                           # (E, latent, hidden)
     del h
@@ -269,7 +270,8 @@ class _MultiRoundExperts(torch.autograd.Function):
             weights = [w.to(x.dtype) for w in (w_gate, w_up, w_down)]
             gate_pairs = gate.reshape(-1).to(x.dtype)
             dx_pairs = x.new_empty(order.numel(), x.shape[1])
-            dgate_pairs = torch.empty(order.numel(), dtype=torch.float32, device=x.device)
+            dgate_pairs = (torch.empty(order.numel(), dtype=torch.float32, device=x.device)
+                           if ctx.needs_input_grad[1] else None)
             xin = x.new_zeros(ctx.buffer_rows, x.shape[1]) if not kept else None
             dout = dout.to(x.dtype).contiguous()
             dy = dout.new_zeros(ctx.buffer_rows, dout.shape[1])
@@ -277,7 +279,7 @@ class _MultiRoundExperts(torch.autograd.Function):
                 _round_backward(x, gate_pairs, *weights, ctx.k, xin, dy, dout, dx_pairs, dgate_pairs, grads,
                                 pairs, offs, ends, ctx.backend, kept=kept or None)
         dx = dx_pairs.view(-1, ctx.k, x.shape[1]).sum(1)                          # slot order: deterministic
-        dgate = dgate_pairs.view(gate.shape).to(gate.dtype)
+        dgate = dgate_pairs.view(gate.shape).to(gate.dtype) if dgate_pairs is not None else None
         dwg, dwu, dwd = (g.to(w.dtype) for g, w in zip(grads, (w_gate, w_up, w_down)))
         return dx, dgate, dwg, dwu, dwd, None, None, None, None, None, None, None, None
 

@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rungs.moe import MoEConfigError, RoutedExperts, calibrate_capacity, plan_rounds
 
@@ -291,3 +293,36 @@ def test_count_per_expert_sort_path_equals_a_python_count():
     want = torch.tensor([sum(int(v) == e for v in idx.reshape(-1)) for e in range(8)])
     assert torch.equal(count_per_expert(idx, 8), want)
     assert torch.equal(_count_sorted(idx.reshape(-1), 8), want)   # the path used on accelerators in deterministic mode
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4).flatmap(lambda gs: st.tuples(
+    st.just(gs), st.integers(1, 3).map(lambda g: g * gs), st.integers(1, 9))).flatmap(lambda t: st.tuples(
+        st.just(t[0]), st.just(t[2]), st.lists(st.integers(0, 40), min_size=t[1], max_size=t[1]))))
+def test_plan_rounds_invariants(case):
+    group_size, capacity, counts = case
+    rounds = plan_rounds(counts, capacity, group_size)
+    slab = group_size * capacity
+    loads = [sum(counts[g:g + group_size]) for g in range(0, len(counts), group_size)]
+    assert len(rounds) == max(math.ceil(load / slab) for load in loads)          # the rounds formula
+    assert [sum(col) for col in zip(*rounds)] == counts if rounds else not any(counts)   # all, once
+    remaining = list(counts)
+    for take in rounds:
+        for g in range(0, len(counts), group_size):
+            members = range(g, g + group_size)
+            assert sum(take[e] for e in members) == min(slab, sum(remaining[e] for e in members))
+            assert all(min(remaining[e], capacity) <= take[e] <= remaining[e] for e in members)
+        remaining = [r - t for r, t in zip(remaining, take)]
+
+
+def test_gate_without_grad_still_gives_input_and_weight_gradients():
+    torch.manual_seed(0)
+    module = RoutedExperts(E, LATENT, HIDDEN, capacity_per_expert=2, group_size=2)
+    idx = routing("skewed")
+    x = torch.randn(T, LATENT, requires_grad=True)
+    gate = torch.rand(T, K)                               # e.g. a fixed gate
+    module(x, idx, gate).sum().backward()
+    leaves = [t.detach().double().requires_grad_() for t in (x, module.w_gate, module.w_up, module.w_down)]
+    reference(leaves[0], idx, gate.double(), *leaves[1:]).sum().backward()
+    for got, ref in zip((x.grad, module.w_gate.grad, module.w_up.grad, module.w_down.grad), leaves):
+        torch.testing.assert_close(got.double(), ref.grad, rtol=1e-4, atol=1e-5)
