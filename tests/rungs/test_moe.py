@@ -326,3 +326,27 @@ def test_gate_without_grad_still_gives_input_and_weight_gradients():
     reference(leaves[0], idx, gate.double(), *leaves[1:]).sum().backward()
     for got, ref in zip((x.grad, module.w_gate.grad, module.w_up.grad, module.w_down.grad), leaves):
         torch.testing.assert_close(got.double(), ref.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_rung_model_with_tiny_capacity_equals_plain_dropless():
+    """In the real model, capacity 1 (many rounds per layer) gives the same logits and gradients as
+    one dropless round."""
+    from rungs.model import ModelConfig, Transformer
+
+    base = dict(n_layers=2, d_model=32, n_heads=2, head_dim=16, n_kv_heads_global=1, n_kv_heads_local=2,
+                global_every=2, window_tokens=8, seq_len=16, n_experts=4, top_k=2, n_shared_experts=1,
+                latent_dim=16, expert_hidden=16, shared_hidden=32, vocab_size=64)
+    torch.manual_seed(0)
+    plain = Transformer(ModelConfig(**base))
+    rounds = Transformer(ModelConfig(**base, capacity_per_expert=1, group_size=2))
+    rounds.load_state_dict(plain.state_dict())
+    tokens = torch.randint(0, 64, (2, 16))
+    results = []
+    for model in (plain, rounds):
+        logits, _ = model(tokens)
+        logits.square().mean().backward()
+        results.append((logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    assert all(layer.moe.experts.last_stats["rounds"] >= 8 for layer in rounds.layers)
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, rtol=1e-4, atol=1e-7, msg=name)
