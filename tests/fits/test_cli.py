@@ -140,3 +140,9 @@ def test_fit_from_an_mlflow_experiment_and_logged_back(tmp_path, capsys):
     assert fit_run.data.tags["kind"] == "fit" and fit_run.data.tags["n_source_runs"] == "5"
     assert "code.alpha" in fit_run.data.metrics
     assert len(read_runs("ladder-test", uri)) == 5  # the fit run is not read back as a training run
+    # the recipe card straight from the experiment: BPB laws fitted here, LR/WD not swept → report laws
+    code, card, _ = run_json(capsys, ["extrapolate", "cpu-demo", "--rung", "8", "--experiment", "ladder-test",
+                                      "--tracking-uri", uri, "--bootstrap", "100", "--json"])
+    assert code == 0 and set(card["predicted_bpb"]) == {"code", "math"}
+    assert card["provenance"]["experiment"]["n_runs"] == 5
+    assert "NOT fitted" in card["hyperparameters"]["source"]

@@ -88,7 +88,7 @@ def test_interval_coverage_is_close_to_nominal():
     rung beyond the data covers the truth about 90% of the time (a small-sample percentile
     bootstrap under-covers a little; the band allows for that, not for a broken interval)."""
     C_next = 3e22
-    hits_pred, hits_alpha, draws = 0, 0, 60
+    hits_pred, hits_alpha, draws = 0, 0, 40
     for seed in range(draws):
         rng = np.random.default_rng(100 + seed)
         fit = fit_power_law(ladder_table(rng, noise=0.003, reps=4), bootstrap=300, seed=seed, ci_level=0.9)
