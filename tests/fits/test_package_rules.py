@@ -18,5 +18,7 @@ def test_fits_imports_no_other_project_package():
 
 def test_fits_and_its_tests_do_not_read_the_shared_folder():
     for path in [*(ROOT / "fits").rglob("*.py"), *(ROOT / "tests" / "fits").glob("*.py")]:
+        if path == Path(__file__).resolve():
+            continue
         text = path.read_text()
         assert "../shared" not in text and "/work/shared" not in text, path
