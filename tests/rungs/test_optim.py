@@ -146,3 +146,13 @@ def test_optimizer_without_matrices_still_works():
     model.final_norm.weight = nn.Parameter(torch.ones(4))
     opt = build_optimizer(model, lr=1e-3, weight_decay=0.1)
     assert isinstance(opt, MuonAdamW) and opt.muon is None and len(opt.param_groups) == 1
+
+
+def test_no_decay_roles_can_be_changed_moonlight_style():
+    model = tiny_model()
+    opt = build_optimizer(model, lr=1e-3, weight_decay=0.1, no_decay_roles=("embedding", "bias"))
+    groups = {g["role"]: g for g in opt.param_groups}
+    assert groups["norm"]["weight_decay"] == groups["router"]["weight_decay"] == 0.1
+    assert groups["embedding"]["weight_decay"] == 0.0
+    with pytest.raises(OptimConfigError, match="unknown roles"):
+        build_optimizer(model, lr=1e-3, weight_decay=0.1, no_decay_roles=("norms",))
