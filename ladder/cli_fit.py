@@ -68,6 +68,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--criterion", choices=["aic", "bic"], default="aic")
     q.set_defaults(handler=run_hparams)
 
+    from ladder import cli_fit_efficiency
+
+    cli_fit_efficiency.register(fit_sub, common)
+
 
 # ---------------------------------------------------------------- input and errors
 

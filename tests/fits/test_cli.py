@@ -146,3 +146,29 @@ def test_fit_from_an_mlflow_experiment_and_logged_back(tmp_path, capsys):
     assert code == 0 and set(card["predicted_bpb"]) == {"code", "math"}
     assert card["provenance"]["experiment"]["n_runs"] == 5
     assert "NOT fitted" in card["hyperparameters"]["source"]
+
+
+def test_efficiency_and_iso_bpb_commands(tmp_path, capsys):
+    law = lambda C: 0.45 + 30.0 * C ** (-0.07)
+    rows = []
+    for L, k in {18: 1.02, 24: 1.07, 30: 1.10, 36: 1.16, 42: 1.28}.items():
+        C = 1e18 * (L / 18) ** 6
+        rows.append({"arm": "baseline", "rung": L, "train_flops": C, "wall_seconds": C / 1e15, "bpb": law(C)})
+        rows.append({"arm": "agc", "rung": L, "train_flops": C, "wall_seconds": C / 1e15, "bpb": law(k * C)})
+    csv = tmp_path / "ablation.csv"
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    code, out, _ = run_json(capsys, ["fit", "efficiency", "--csv", str(csv), "--baseline", "baseline", "--bootstrap",
+                                     "100", "--json"])
+    assert code == 0
+    assert [round(r["eg_flops"], 3) for r in out["arms"]["agc"]] == [1.02, 1.07, 1.10, 1.16, 1.28]
+    code, _, err = run_json(capsys, ["fit", "efficiency", "--csv", str(csv), "--baseline", "nope", "--json"])
+    assert code == 2 and "nope" in err
+
+    laws = tmp_path / "laws.json"
+    assert main(["fit", "power-law", "--csv", str(ladder_csv(tmp_path)), "--x", "train_flops", "--y", "bpb",
+                 "--group", "domain", "--bootstrap", "100", "--save", str(laws), "--json"]) == 0
+    capsys.readouterr()
+    code, out, _ = run_json(capsys, ["fit", "iso-bpb", "--laws", str(laws), "--json"])
+    assert code == 0
+    assert [r["reference"] for r in out["references"]] == ["DeepSeek-V4-Pro-Base", "MAI-Base-1"]
+    assert set(out["references"][0]["domains"]) == {"code", "math"}
