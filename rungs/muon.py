@@ -15,7 +15,8 @@ loop), because the same names mean different formulas across codebases:
     "original":        sqrt(max(1,fan_out/fan_in))      (KellerJordan; lr in spectral units)
 
 Newton-Schulz is scale-invariant: X / ||X||_F with the norm clamped only at the smallest normal
-float (a divide-by-zero guard), unlike the 1e-7 eps clamp that silently shrinks tiny updates.
+float (a divide-by-zero guard), unlike the 1e-7 eps clamp that silently shrinks tiny updates; an
+exact power-of-two prescale keeps ||X||_F representable for any finite input.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ def newton_schulz(G: Tensor, steps: int = 5, coefficients: tuple[float, float, f
     if transposed:
         X = X.mT
     X = X.reshape(-1, *X.shape[-2:]) if X.ndim != 2 else X
+    # First an exact power-of-two rescale to max |x| in [0.5, 1): the sum of squares then neither
+    # underflows nor overflows for any finite input, and the result is unchanged bit for bit.
+    amax = X.abs().amax(dim=(-2, -1), keepdim=True) if X.ndim == 3 else X.abs().amax()
+    X = X * torch.pow(2.0, -torch.frexp(amax.float()).exponent).to(X.dtype)
     norm = X.norm(dim=(-2, -1), keepdim=True) if X.ndim == 3 else X.norm()
     X = X / norm.clamp(min=_TINY)
     mm = torch.addmm if X.ndim == 2 else torch.baddbmm

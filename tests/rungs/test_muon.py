@@ -13,7 +13,7 @@ torch.set_num_threads(1)
 
 
 @pytest.mark.parametrize("shape", [(16, 32), (32, 16), (3, 24, 8)])
-@pytest.mark.parametrize("c", [1e-9, 1e-7, 1e-5, 1e-3, 1e-1, 1.0, 10.0, 1e3])
+@pytest.mark.parametrize("c", [1e-30, 1e-20, 1e-9, 1e-7, 1e-5, 1e-3, 1e-1, 1.0, 10.0, 1e3, 1e20, 1e30])
 def test_newton_schulz_is_scale_invariant(shape, c):
     G = torch.randn(shape, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(newton_schulz(c * G, dtype=torch.float32), newton_schulz(G, dtype=torch.float32),
@@ -33,6 +33,11 @@ def test_eps_clamp_would_break_scale_invariance_but_ours_does_not():
     clamped = torch.linalg.svdvals(torch_ns(G, (3.4445, -4.7750, 2.0315), 5, 1e-7).float())
     assert ours.min() > 0.5 and ours.max() < 1.5                  # orthogonalised
     assert clamped.max() < 0.6                                      # the eps clamp shrank it
+
+
+def test_newton_schulz_of_zero_is_zero():
+    assert torch.equal(newton_schulz(torch.zeros(4, 6), dtype=torch.float32), torch.zeros(4, 6))
+    assert torch.equal(newton_schulz(torch.zeros(2, 4, 6)).float(), torch.zeros(2, 4, 6))
 
 
 def test_newton_schulz_approximately_orthogonalises_and_batches():
