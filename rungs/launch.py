@@ -1,0 +1,221 @@
+"""Sharded training jobs: the per-worker loop, its Ray Train launch, and a torchrun entry point.
+
+`train_sharded(config, run_dir=...)` runs in every worker of an initialised process group (Ray
+Train's `TorchTrainer` or `torchrun` set it up; gloo on CPU, NCCL on GPU). It composes the
+single-process job's parts (corpus, source-scaled sampler, model, LR schedule, BPB evaluation,
+MLflow tracking) with `rungs.distributed` (DP × EP, FSDP2, distributed Muon) and
+`rungs.dist_checkpoint` (sharded checkpoints, resumable onto another number of workers). Every rank
+draws the same global batch and trains on its contiguous share of the sequences; rank 0 alone
+tracks and writes the result, so one trial is one MLflow run however many workers it has.
+
+    launch_ray(config, run_dir=..., num_workers=2)           # Ray Train, N workers
+    torchrun --nproc-per-node 2 -m rungs.launch --config cfg.json --run-dir runs/x [--ep 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rungs import dist_checkpoint
+from rungs.config import TrainConfig, parse_config
+from rungs.data.corpus import PreparedCorpus
+from rungs.data.prepare import ensure_prepared
+from rungs.data.sampler import SourceScaledSampler
+from rungs.distributed import DistributedError, Parallel, build_optimizer, parallelize, setup, train_step
+from rungs.evaluation import evaluate_model, unigram_bpb
+from rungs.model import Transformer
+from rungs.optim import lr_at
+from rungs.tracking import Tracker
+from rungs.train import CONFIG_FILE, EVAL_FILE, RESULT_FILE, TrainResult
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "dist_checkpoint"
+
+
+def _corpus(cfg: TrainConfig, par: Parallel) -> PreparedCorpus:
+    """Prepare the corpus once (rank 0), then every rank opens the cached shards."""
+    def prepare():
+        return ensure_prepared(cfg.data_manifest, vocab_size=cfg.vocab_size, cache_root=Path(cfg.data_cache_root))
+    path = prepare() if par.is_main else None
+    dist.barrier()
+    return PreparedCorpus.open(path if path is not None else prepare())
+
+
+def _tracker(cfg: TrainConfig, run_dir: Path, par: Parallel) -> Tracker | None:
+    if not (par.is_main and cfg.tracking_uri):
+        return None
+    tracker = Tracker(cfg.tracking_uri, cfg.experiment_name, run_dir, run_name=f"{cfg.recipe}-L{cfg.L}-{cfg.key()[:8]}",
+                      tags={"recipe": cfg.recipe, "rung": cfg.L, "trial_key": cfg.trial_key or cfg.key(),
+                            "config_key": cfg.key(), "workers": par.world, "dp": par.dp, "ep": par.ep},
+                      params=cfg.to_dict())
+    return tracker
+
+
+def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int = 1, resume: bool = True,
+                  comm_dtype: torch.dtype = torch.bfloat16, stop_after: int | None = None) -> TrainResult:
+    """One training job sharded over the initialised process group (see the module docstring).
+
+    `stop_after` ends this invocation after that many completed steps with a checkpoint, as a
+    preemption would; the next call with resume=True continues from there (on any worker count).
+    """
+    t_start = time.perf_counter()
+    cfg = parse_config(config)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    par = setup(ep=ep)
+    if cfg.batch_sequences % par.world:
+        raise DistributedError(f"batch_sequences={cfg.batch_sequences} must be divisible by the {par.world} workers")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)  # the same initial model on every rank, then each keeps its shards
+    if par.is_main:
+        (run_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    corpus = _corpus(cfg, par)
+    sampler = SourceScaledSampler(corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
+                                  batch_sequences=cfg.batch_sequences, seed=cfg.seed)
+    model = parallelize(Transformer(cfg.architecture()), par, capacity_per_expert=cfg.capacity_per_expert)
+    optimizer = build_optimizer(model, par, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,
+                                muon_momentum=cfg.muon_momentum, adjust_lr=cfg.adjust_lr, comm_dtype=comm_dtype)
+    state: dict[str, Any] = {"step": 0, "tokens": 0, "train_flops": 0.0, "train_seconds": 0.0, "losses": []}
+    ckpt = run_dir / CHECKPOINT_DIR
+    if resume and (ckpt / dist_checkpoint.EXTRA_FILE).is_file():
+        extra = dist_checkpoint.load(ckpt, model, optimizer, par)
+        if extra.get("config_key") != cfg.key():
+            raise DistributedError(f"{ckpt} was written for another config ({extra.get('config_key')}, now {cfg.key()})")
+        sampler.load_state_dict(extra["sampler"])
+        state = extra["state"]
+        log.info("resumed %s at step %d on %d workers", run_dir, state["step"], par.world)
+    tracker = _tracker(cfg, run_dir, par)
+    rows = slice(par.rank * cfg.batch_sequences // par.world, (par.rank + 1) * cfg.batch_sequences // par.world)
+    autocast = torch.bfloat16 if cfg.precision == "bf16" else None
+    total = cfg.run_steps
+    stop_at = total if stop_after is None else min(total, stop_after)
+    model.train()
+    while state["step"] < stop_at:
+        step = state["step"]
+        multiplier = lr_at(step, total_steps=cfg.schedule_steps, warmup_steps=cfg.warmup, schedule=cfg.schedule,
+                           min_lr_ratio=cfg.min_lr_ratio, decay_fraction=cfg.decay_fraction)
+        optimizer.set_lr_multiplier(multiplier)
+        t0 = time.perf_counter()
+        batch = sampler.next_batch()  # the same global batch on every rank; this rank trains on its rows
+        stats = train_step(model, optimizer, par, batch.inputs[rows], batch.targets[rows], n_experts=cfg.n_experts,
+                           top_k=cfg.top_k, lb_loss_coef=cfg.lb_loss_coef, z_loss_coef=cfg.z_loss_coef,
+                           grad_clip=cfg.grad_clip, autocast_dtype=autocast)
+        if cfg.expert_bias:
+            _update_expert_bias(model)
+        seconds = time.perf_counter() - t0
+        state["step"] += 1
+        state["tokens"] += cfg.batch_tokens
+        state["train_flops"] += cfg.flops_per_token * cfg.batch_tokens
+        state["train_seconds"] += seconds
+        state["losses"].append(stats["loss"])
+        if not math.isfinite(stats["loss"]):
+            log.warning("loss is not finite at step %d: stopping", state["step"])
+            break
+        if tracker is not None:
+            tracker.log_metrics(stats | {"lr": cfg.lr * multiplier, "tokens_per_second": cfg.batch_tokens / seconds,
+                                         "tokens": float(state["tokens"]), "workers": float(par.world)},
+                                step=state["step"])
+        if state["step"] % cfg.checkpoint_interval == 0 or state["step"] == stop_at:
+            dist_checkpoint.save(ckpt, model, optimizer, par,
+                                 extra={"config_key": cfg.key(), "sampler": sampler.state_dict(), "state": state})
+    if state["step"] < total and all(math.isfinite(v) for v in state["losses"]):  # stopped on request
+        if tracker is not None:
+            tracker.finish(status="KILLED")
+        dist.barrier()
+        return TrainResult(run_id=tracker.run_id if tracker else None, final_loss=state["losses"][-1], bpb={},
+                           tokens=state["tokens"], train_flops=state["train_flops"],
+                           wall_seconds=time.perf_counter() - t_start, tokens_per_second=0.0, mfu=0.0,
+                           diverged=False, steps=state["step"], losses=list(state["losses"]), run_dir=str(run_dir))
+    bpb = evaluate_model(model, corpus, cfg)  # every rank runs it: the sharded forward is collective
+    result = TrainResult(
+        run_id=tracker.run_id if tracker is not None else None, final_loss=state["losses"][-1] if state["losses"] else math.nan,
+        bpb=bpb, tokens=state["tokens"], train_flops=state["train_flops"],
+        wall_seconds=time.perf_counter() - t_start,
+        tokens_per_second=state["tokens"] / state["train_seconds"] if state["train_seconds"] else 0.0,
+        mfu=0.0, diverged=not all(math.isfinite(v) for v in state["losses"]), steps=state["step"],
+        losses=list(state["losses"]), run_dir=str(run_dir))
+    if par.is_main:
+        unigram = unigram_bpb(corpus, cfg)
+        result.unigram_bpb = unigram
+        (run_dir / EVAL_FILE).write_text(json.dumps({"unigram_bpb": unigram, "evals": [
+            {"step": state["step"], "bpb": bpb}]}, indent=2))
+        (run_dir / RESULT_FILE).write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        if tracker is not None:
+            tracker.log_metrics({f"final_bpb/{d}": v for d, v in bpb.items()} | {
+                "final_loss": result.final_loss, "total_tokens": float(result.tokens),
+                "wall_seconds": result.wall_seconds}, step=result.steps, flush=True)
+            for name in (CONFIG_FILE, EVAL_FILE, RESULT_FILE):
+                tracker.log_artifact(run_dir / name)
+            tracker.finish(status="FAILED" if result.diverged else "FINISHED")
+    dist.barrier()
+    return result
+
+
+@torch.no_grad()
+def _update_expert_bias(model: torch.nn.Module) -> None:
+    """Aux-loss-free bias step from the world's counts (all layers in one all-reduce)."""
+    routers = [block.moe.router for block in model.layers]
+    counts = torch.stack([r.pending_counts for r in routers]).clone()
+    dist.all_reduce(counts)
+    for router, c in zip(routers, counts):
+        router.update_bias(c)
+
+
+def _ray_worker(payload: dict) -> None:
+    import ray.train
+
+    result = train_sharded(payload["config"], run_dir=Path(payload["run_dir"]), ep=payload.get("ep", 1))
+    ray.train.report({"steps": result.steps, "final_loss": result.final_loss})
+
+
+def launch_ray(config: TrainConfig | dict, *, run_dir: Path, num_workers: int, ep: int = 1, use_gpu: bool = False,
+               cpus_per_worker: float = 1.0, storage_path: Path | None = None) -> TrainResult:
+    """Run `train_sharded` on `num_workers` Ray Train workers (gloo on CPU, NCCL on GPU); rank 0's result."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    cfg = parse_config(config)
+    run_dir = Path(run_dir).resolve()
+    payload = {"config": cfg.to_dict(), "run_dir": str(run_dir), "ep": ep}
+    resources = {"CPU": cpus_per_worker} | ({"GPU": 1} if use_gpu else {})
+    trainer = TorchTrainer(
+        _ray_worker, train_loop_config=payload,
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker=resources),
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        run_config=RunConfig(name=f"sharded-{cfg.key()[:8]}", storage_path=str(Path(storage_path or run_dir / "ray").resolve())),
+    )
+    result = trainer.fit()
+    if result.error:
+        raise result.error
+    # Ray Train v2 keeps metrics only alongside checkpoints; rank 0 wrote the job's result file
+    return TrainResult(**json.loads((run_dir / RESULT_FILE).read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """torchrun entry point: one rung, sharded over the workers torchrun started."""
+    parser = argparse.ArgumentParser(prog="python -m rungs.launch")
+    parser.add_argument("--config", required=True, help="resolved config JSON (e.g. a run's config.json)")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (divides the worker count)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    result = train_sharded(json.loads(Path(args.config).read_text()), run_dir=Path(args.run_dir), ep=args.ep)
+    if dist.get_rank() == 0:
+        print(json.dumps(result.to_json()))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
