@@ -91,8 +91,8 @@ class _Batch:
         m, n = self.shape
         if self.world == 1:
             return 0
-        if self.kind == "rows":
-            return 2 * len(self.matrices) * self.rows_per_rank * n  # out and back, padded shards
+        if self.kind == "rows":  # out and back, padded shards, less the share a rank keeps
+            return 2 * len(self.matrices) * self.rows_per_rank * n * (self.world - 1) // self.world
         return self.per_rank * m * n * (self.world - 1)
 
 
