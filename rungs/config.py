@@ -105,10 +105,12 @@ class TrainConfig(BaseModel):
     agc_median_window_steps: int = Field(default=100, gt=0)
 
     # --- numerics and reproducibility ---
-    precision: Literal["bf16", "fp32"] = "bf16"
+    # "auto": bf16 autocast on an accelerator; fp32 on CPU, where at demo widths bf16 autocast
+    # measured 2x slower than fp32 (casts dominate tiny matmuls; benchmarks/train_step.py).
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
     seed: int = 0
     deterministic: bool = False
-    threads: int | None = Field(default=None, gt=0, description="torch intra-op threads (default: torch's)")
+    threads: int | None = Field(default=None, gt=0, description="torch intra-op threads (default: the idle cores)")
 
     # --- divergence ---
     spike_factor: float = Field(default=3.0, gt=1, description="loss > factor × running median → diverged")
@@ -166,6 +168,11 @@ class TrainConfig(BaseModel):
     @property
     def warmup(self) -> int:
         return self.warmup_steps if self.warmup_steps is not None else max(1, round(0.05 * self.schedule_steps))
+
+    @property
+    def autocast_bf16(self) -> bool:
+        # The job runs on CPU today, so "auto" resolves to fp32; an accelerator backend flips it to bf16.
+        return self.precision == "bf16"
 
     @property
     def accumulation_steps(self) -> int:

@@ -22,7 +22,7 @@ def evaluate_model(model: torch.nn.Module, corpus: PreparedCorpus, cfg: TrainCon
     model.eval()
 
     def logits_fn(inputs: torch.Tensor) -> torch.Tensor:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
             return model(inputs)[0].float()
 
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -89,7 +90,26 @@ def _seed_everything(seed: int, deterministic: bool) -> None:
 
 
 def _autocast(cfg: TrainConfig):
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
+
+
+def _pick_threads(cfg: TrainConfig) -> int:
+    """The configured thread count, else the cores idle at start-up (at least 1).
+
+    Oversubscribed OpenMP threads wait at every parallel region for a descheduled sibling: on 2
+    shared cores with other jobs running, a step took 2-9 s with 2 threads and 0.5 s with 1.
+    Deterministic runs use 1 unless told otherwise, so a rerun does not depend on the load.
+    """
+    if cfg.threads:
+        return cfg.threads
+    if cfg.deterministic:
+        return 1
+    cores = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:
+        busy = 0.0
+    return max(1, min(cores, int(cores - busy + 0.5)))
 
 
 def _train_step(cfg: TrainConfig, model: Transformer, optimizer, batch, clipper, decode) -> dict[str, float]:
@@ -143,8 +163,9 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
     if not resume:
         for name in (checkpoint_path(run_dir).name, RUN_ID_FILE, RESULT_FILE, EVAL_FILE, CLIP_LOG_FILE):
             (run_dir / name).unlink(missing_ok=True)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    threads = _pick_threads(cfg)
+    torch.set_num_threads(threads)
+    log.info("torch threads: %d", threads)
     _seed_everything(cfg.seed, cfg.deterministic)
     (run_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
 

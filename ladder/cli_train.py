@@ -1,0 +1,67 @@
+"""`ladder train RECIPE --rung L`: one training job from a resolved config, no orchestrator.
+
+Prepares the corpus on first use (cached under runs/data), trains in `runs/train/<recipe>-L<L>-<key>`
+(a rerun of the same config resumes or returns the finished result), tracks in MLflow.
+JSON (DESIGN.md): {run_id, final_loss, bpb: {DOMAIN: value}, tokens, train_flops, wall_seconds,
+tokens_per_second, mfu}.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ladder.errors import LadderInputError
+from ladder.output import make_table, print_json, stdout_console
+from ladder.resolve import resolve_train_config
+
+DEFAULT_RUNS_ROOT = Path("runs") / "train"
+CONTRACT_KEYS = ("run_id", "final_loss", "bpb", "tokens", "train_flops", "wall_seconds", "tokens_per_second", "mfu")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train one rung of a recipe (prepares data, tracks in MLflow)")
+    p.add_argument("recipe", help="recipe name (cpu-demo, mai-base-2) or path to a YAML recipe")
+    p.add_argument("--rung", type=int, required=True, help="layer count L of the rung")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (repeatable), e.g. --set lr=0.01 --set dropout=0.1")
+    p.add_argument("--max-steps", type=int, help="stop after N steps (the LR schedule spans these N)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///runs/mlflow.db)")
+    p.add_argument("--run-dir", type=Path, help="job directory (default runs/train/<recipe>-L<L>-<config key>)")
+    p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint in the run directory")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rungs.checkpoint import CheckpointError
+    from rungs.config import TrainConfigError, parse_config
+    from rungs.data.errors import DataInputError
+    from rungs.train import train
+
+    if args.max_steps is not None and args.max_steps <= 0:
+        raise LadderInputError(f"--max-steps must be positive, got {args.max_steps}", field="--max-steps")
+    overrides = list(args.overrides)
+    if args.tracking_uri:
+        overrides.append(f"tracking_uri={args.tracking_uri}")
+    config = resolve_train_config(args.recipe, args.rung, overrides, max_steps=args.max_steps)
+    key = parse_config(config).key()
+    run_dir = args.run_dir or DEFAULT_RUNS_ROOT / f"{config['recipe']}-L{args.rung}-{key}"
+    try:
+        result = train(config, run_dir=run_dir, resume=not args.fresh, progress=True)
+    except (TrainConfigError, DataInputError, CheckpointError) as err:
+        raise LadderInputError(str(err), where=f"ladder train {args.recipe} --rung {args.rung}") from None
+    payload = {k: getattr(result, k) for k in CONTRACT_KEYS}
+    payload |= {"diverged": result.diverged, "steps": result.steps, "unigram_bpb": result.unigram_bpb,
+                "run_dir": str(run_dir)}
+    if args.json:
+        print_json(payload)
+    else:
+        rows = [[d, v, result.unigram_bpb.get(d)] for d, v in result.bpb.items()]
+        stdout_console.print(make_table(
+            f"ladder train {config['recipe']} L{args.rung}: {result.steps} steps, loss {result.final_loss:.4f}"
+            f"{'  DIVERGED' if result.diverged else ''}", ["domain", "bpb", "unigram bpb"], rows))
+        stdout_console.print(
+            f"run {result.run_id}  tokens {result.tokens:,}  FLOPs {result.train_flops:.3e}  "
+            f"wall {result.wall_seconds:.1f}s  {result.tokens_per_second:,.0f} tok/s  MFU {result.mfu:.2%}")
+    return 0

@@ -1,0 +1,85 @@
+"""`ladder train`: the DESIGN.md JSON contract, resolve_train_config overrides, exit 2 on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ladder.cli import main
+from ladder.errors import LadderInputError
+from ladder.plan import plan_rung
+from ladder.recipe import load_recipe
+from ladder.resolve import parse_value, resolve_train_config
+from tests.rungs.train_helpers import DATA_CACHE, REPO
+
+
+def test_resolved_config_is_the_plan_plus_defaults_plus_overrides():
+    spec = plan_rung(load_recipe("cpu-demo"), 3)
+    cfg = resolve_train_config("cpu-demo", 3, ["lr=0.02", "agc_mode=fixed", "dropout=0.1"], max_steps=7)
+    assert cfg["lr"] == 0.02 and cfg["agc_mode"] == "fixed" and cfg["dropout"] == 0.1 and cfg["max_steps"] == 7
+    assert cfg["weight_decay"] == spec.weight_decay and cfg["steps"] == spec.steps
+    assert cfg["flops_per_token"] == spec.flops_per_token and cfg["d_model"] == 48
+    assert cfg["sources"]["code"]["epochs"] == pytest.approx(spec.sources["code"].epochs)
+    assert cfg["recipe"] == "cpu-demo" and cfg["L"] == 3
+    # JSON-able, and the same inputs give the same dict.
+    assert json.loads(json.dumps(cfg)) == resolve_train_config("cpu-demo", 3, {"lr": 0.02, "agc_mode": "fixed",
+                                                                              "dropout": 0.1}, max_steps=7)
+
+
+def test_tpp_override_replans_and_arch_override_recounts():
+    base = resolve_train_config("cpu-demo", 3)
+    more = resolve_train_config("cpu-demo", 3, {"tpp": 10})
+    assert more["steps"] > base["steps"] and more["tpp"] == 10
+    wider = resolve_train_config("cpu-demo", 3, {"n_experts": 16})
+    assert wider["params_total"] > base["params_total"]
+    assert wider["params_active"] == base["params_active"] + 3 * 48 * 8  # only the router grows for active
+    assert wider["flops_per_token"] > base["flops_per_token"]
+
+
+def test_unknown_override_names_the_key_and_the_valid_ones():
+    with pytest.raises(LadderInputError) as err:
+        resolve_train_config("cpu-demo", 3, ["learning_rate=0.1"])
+    assert "learning_rate" in str(err.value) and "weight_decay" in str(err.value)
+    with pytest.raises(LadderInputError, match="top_k"):
+        resolve_train_config("cpu-demo", 3, {"top_k": 20})
+    with pytest.raises(LadderInputError, match="key=value"):
+        resolve_train_config("cpu-demo", 3, ["lr"])
+
+
+def test_parse_value():
+    assert parse_value("1e-3") == 0.001 and parse_value("3") == 3 and parse_value("true") is True
+    assert parse_value("none") is None and parse_value("cosine") == "cosine"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "cpu-demo", "--rung", "3", "--set", "bogus=1"], "bogus"),
+    (["train", "no-such-recipe", "--rung", "3"], "no recipe named"),
+    (["train", "cpu-demo", "--rung", "3", "--max-steps", "0"], "--max-steps"),
+    (["train", "cpu-demo", "--rung", "3", "--set", "lr=-1"], "lr"),
+])
+def test_bad_input_exits_2_with_a_message(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_json_contract_end_to_end(tmp_path):
+    """A few steps of the smallest rung through the real CLI process: one JSON object on stdout."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cmd = [sys.executable, "-m", "ladder", "train", "cpu-demo", "--rung", "3", "--max-steps", "3", "--json",
+           "--tracking-uri", uri, "--run-dir", str(tmp_path / "run"), "--set", f"data_cache_root={DATA_CACHE}",
+           "--set", "eval_max_docs_per_domain=1", "--set", "batch_sequences=4", "--set", "threads=1"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    payload = json.loads(out.stdout)
+    for key in ("run_id", "final_loss", "bpb", "tokens", "train_flops", "wall_seconds", "tokens_per_second", "mfu"):
+        assert key in payload, key
+    assert payload["tokens"] == 3 * 4 * 128
+    assert set(payload["bpb"]) == {"code", "web", "stem", "books", "math", "qa"}
+    from mlflow import MlflowClient
+
+    assert MlflowClient(uri).get_run(payload["run_id"]).info.status == "FINISHED"
