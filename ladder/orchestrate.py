@@ -64,6 +64,11 @@ class SweepOutcome:
                 "diverged": sum(r.state == "diverged" for r in now)}
 
 
+def default_store(tracking_uri: str | None) -> str:
+    """--tracking-uri, else $MLFLOW_TRACKING_URI (set on cluster pods), else the embedded SQLite store."""
+    return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_STORE_URI
+
+
 def launch_config(planned: PlannedTrial, *, tracking_uri: str, experiment: str) -> dict:
     """The keyed config plus where it is tracked and how many threads it may use."""
     config = dict(planned.config)
@@ -87,6 +92,15 @@ def _payload(planned: PlannedTrial, spec: SweepSpec, *, tracking_uri: str, runs_
         "resources": {"cpus": res.cpus, "gpus": res.gpus, "workers": res.workers},
         "storage_path": str(runs_root / "ray_results"),
     }
+
+
+def ensure_experiment(tracking_uri: str, name: str) -> str:
+    """Create the sweep's experiment once, here, so concurrent trials do not race to create it."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(name)
+    return exp.experiment_id if exp is not None else client.create_experiment(name)
 
 
 def connect_ray(address: str | None) -> bool:
@@ -192,7 +206,7 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
               progress=lambda msg: log.info(msg)) -> SweepOutcome:
     """Run every trial of `spec` that MLflow does not already hold as finished."""
     planned = plan_sweep(spec, where=where)  # bad specs fail here, before anything starts
-    store = tracking_uri or DEFAULT_STORE_URI
+    store = default_store(tracking_uri)
     runs_root = runs_root_for(store)
     # A read needs no server: decide what to run first, so a finished sweep reruns in seconds.
     records = find_runs(store, spec.experiment_name)
@@ -208,6 +222,7 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
         check_fits_cluster(todo, cluster_nodes(), where=where)  # before any trial is launched
         server = TrackingServer(store) if is_local_store(store) else None
         with server if server is not None else nullcontext(store) as uri:
+            ensure_experiment(uri, spec.experiment_name)
             payloads = [_payload(p, spec, tracking_uri=uri, runs_root=runs_root) for p in todo]
             results = run_on_tune(payloads, name=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}",
                                   storage_path=runs_root / "ray_results",
@@ -247,7 +262,7 @@ def _row(planned: PlannedTrial, records) -> TrialRow:
 def sweep_status(spec: SweepSpec, *, where: str = "sweep spec", tracking_uri: str | None = None) -> SweepOutcome:
     """Each trial's state from MLflow alone (no Ray, no server: a read)."""
     planned = plan_sweep(spec, where=where)
-    store = tracking_uri or DEFAULT_STORE_URI
+    store = default_store(tracking_uri)
     records = find_runs(store, spec.experiment_name)
     return SweepOutcome(sweep=spec.name, experiment=spec.experiment_name, tracking_uri=store,
                         rows=[_row(p, records.get(p.key, [])) for p in planned])

@@ -1,0 +1,66 @@
+"""`ladder nightly SPEC [--baseline FILE] [--update-baseline] [--json]`: exit 1 on a regression."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from ladder.errors import LadderInputError
+from ladder.nightly import GOLDENS_DIR, build_golden, compare, load_golden, run_repeats
+from ladder.nightly_report import write_report
+from ladder.output import make_table, print_json, stdout_console
+from sweeps.spec import load_spec, resolve_spec_path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("nightly", help="run the nightly rung regression; exit 1 on a regression")
+    p.add_argument("spec", help="sweep spec (default shipped: nightly)")
+    p.add_argument("--baseline", help="golden file (default: sweeps/goldens/<spec name>.json)")
+    p.add_argument("--update-baseline", action="store_true",
+                   help="measure --repeats runs and write the golden file with tolerances from their spread")
+    p.add_argument("--repeats", type=int, default=2, help="runs measured by --update-baseline (default 2)")
+    p.add_argument("--address", help="Ray cluster address (default: a private local Ray)")
+    p.add_argument("--out", help="where runs and the report go (default: runs/nightly)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=run)
+
+
+def _progress(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    path = resolve_spec_path(args.spec)
+    spec = load_spec(path)
+    baseline = Path(args.baseline) if args.baseline else GOLDENS_DIR / f"{spec.name}.json"
+    root = Path(args.out or "runs/nightly").resolve()
+    if args.update_baseline:
+        if args.repeats < 2:
+            raise LadderInputError("tolerances come from the spread of repeats; use at least 2", field="--repeats")
+        from benchmarks.common import machine_info
+
+        runs = run_repeats(spec, where=str(path), root=root, repeats=args.repeats, address=args.address,
+                           progress=_progress)
+        golden = build_golden(spec, runs, machine_info())
+        baseline.parent.mkdir(parents=True, exist_ok=True)
+        baseline.write_text(json.dumps(golden, indent=2, sort_keys=True) + "\n")
+        _progress(f"nightly: wrote {baseline} (tolerances {golden['tolerances']})")
+        if args.json:
+            print_json({"baseline": str(baseline), **golden})
+        return 0
+    golden = load_golden(baseline)  # a missing golden file is bad input: fail before running anything
+    current = run_repeats(spec, where=str(path), root=root, repeats=1, address=args.address, progress=_progress)[0]
+    report = compare(golden, current, spec.name)
+    report_path = write_report(report, golden, root / f"report-{time.strftime('%Y%m%d-%H%M%S')}")
+    _progress(f"nightly: report at {report_path}")
+    if args.json:
+        print_json({**report.to_json(), "report": str(report_path), "baseline": str(baseline)})
+    else:
+        rows = [[c.trial, c.metric, c.golden, c.current, c.tolerance, c.verdict] for c in report.comparisons]
+        stdout_console.print(make_table(f"nightly {spec.name}: {'PASS' if not report.regressions else 'FAIL'}",
+                                        ["name", "metric", "golden", "tonight", "tolerance", "verdict"], rows))
+    return 1 if report.regressions else 0
