@@ -132,7 +132,9 @@ def fit_chinchilla_arrays(N: np.ndarray, D: np.ndarray, L: np.ndarray, *, delta:
     else:
         grid = np.atleast_2d(starts)
     best = None
-    for s in grid:
+    for i, s in enumerate(grid):
+        if len(grid) > 256 and i % 500 == 0:
+            log.info("chinchilla: L-BFGS-B from start %d of %d", i, len(grid))
         res = minimize(objective, s, args=(log_n, log_d, log_l, delta, weight), jac=True, method="L-BFGS-B",
                        bounds=BOUNDS, options=options or {})
         if np.all(np.isfinite(res.x)) and np.isfinite(res.fun) and (best is None or res.fun < best.fun):

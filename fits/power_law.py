@@ -109,7 +109,8 @@ def check_bounds(theta: np.ndarray, bounds: list[tuple[float, float]]) -> None:
     for name, value, (lo, hi) in zip(names, theta, bounds):
         tol = 1e-6 * (hi - lo)
         if value <= lo + tol or value >= hi - tol:
-            hint = " (E → 0: the data show no floor; fit a pure power law or add larger rungs)" if name == "log E" else ""
+            hint = (" (E → 0: these points show no loss floor, so E and α are not separately identified; add rungs "
+                    "further up in compute or repeat runs to beat the noise)") if name == "log E" else ""
             raise FitBoundaryError(f"power law: {name} = {value:.4g} ended on its bound [{lo:.4g}, {hi:.4g}]{hint}",
                                    parameter=name, value=float(value))
 
