@@ -69,7 +69,7 @@ def test_build_optimizer_groups_decay_and_lr_keys():
                for n, p in model.named_parameters() if "attn.w" in n or "experts" in n)
     assert groups["lm_head"]["params"][0] is model.lm_head.weight
     assert groups["matrix"]["weight_decay"] == groups["expert_stack"]["weight_decay"] == 0.1
-    assert groups["lm_head"]["weight_decay"] == 0.1
+    assert groups["lm_head"]["weight_decay"] == 0.0                    # the logit scale is not decayed
     assert groups["embedding"]["weight_decay"] == groups["norm"]["weight_decay"] == groups["router"]["weight_decay"] == 0
     assert groups["matrix"]["initial_lr"] == 3e-3 and groups["embedding"]["initial_lr"] == 1e-3
     n_params = sum(len(g["params"]) for g in opt.param_groups)
