@@ -71,7 +71,8 @@ def status(args: argparse.Namespace) -> int:
 def _row_json(r) -> dict:
     return {"key": r.key, "trial": r.label, "state": r.state, "run_id": r.run_id, "attempts": r.attempts,
             "ran_now": r.ran_now, "bpb_mean": r.bpb_mean, "wall_seconds": r.wall_seconds,
-            "train_wall_seconds": r.train_wall_seconds, "train_loop_seconds": r.train_loop_seconds, "error": r.error}
+            "train_wall_seconds": r.train_wall_seconds, "train_loop_seconds": r.train_loop_seconds, "train_call_seconds": r.train_call_seconds,
+            "error": r.error}
 
 
 def _render(outcome: SweepOutcome, title: str) -> None:

@@ -45,6 +45,7 @@ class TrialRow:
     wall_seconds: float | None = None  # driver-observed, start to end of the Tune trial
     train_wall_seconds: float | None = None
     train_loop_seconds: float | None = None
+    train_call_seconds: float | None = None  # the train() call inside the worker, set-up and evals included
     error: str | None = None
 
 
@@ -242,6 +243,7 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
         row.wall_seconds = got.get("wall_seconds")
         row.train_wall_seconds = m.get("train_wall_seconds")
         row.train_loop_seconds = m.get("train_loop_seconds")
+        row.train_call_seconds = m.get("train_call_seconds")
         row.error = got.get("error")
         if row.error and row.state not in ("finished", "diverged"):
             row.state = "failed"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ladder.errors import LadderInputError
 from ladder.recipe import Recipe, load_recipe
-from sweeps.expand import Trial, expand
+from sweeps.expand import DROPOUT_KEY, LR_KEY, SEED_KEY, WD_KEY, Trial, expand
 from sweeps.keys import trial_key
 from sweeps.spec import Resources, SweepSpec
 
@@ -47,10 +47,15 @@ def plan_sweep(spec: SweepSpec, *, where: str = "sweep spec", recipe: Recipe | N
         except LadderInputError as err:
             raise LadderInputError(err.detail, where=where, field="recipe") from None
     resolve = resolve or default_resolver()
+    try:
+        trials = expand(spec, recipe)
+    except LadderInputError as err:  # e.g. a rung × TPP the recipe cannot plan
+        raise LadderInputError(str(err), where=where, field="blocks") from None
     planned: dict[str, PlannedTrial] = {}
-    for trial in expand(spec, recipe):
+    bases: dict[tuple, dict] = {}
+    for trial in trials:
         try:
-            config = resolve(spec.recipe, trial.L, dict(trial.overrides), max_steps=trial.max_steps)
+            config = _resolve(resolve, spec.recipe, trial, bases)
         except LadderInputError as err:
             raise LadderInputError(f"trial {trial.label}: {err.detail}", where=where,
                                    field=f"blocks.{trial.block}" + (f".{err.field}" if err.field else "")) from None
@@ -61,6 +66,25 @@ def plan_sweep(spec: SweepSpec, *, where: str = "sweep spec", recipe: Recipe | N
     if not planned:
         raise LadderInputError("the spec expands to no trials", where=where, field="blocks")
     return list(planned.values())
+
+
+# Knobs the grid varies that the resolver only copies into the config (no derived field depends on
+# them); trials differing only in these share one resolution. tests/sweeps checks this equivalence.
+GRID_KNOBS = frozenset({LR_KEY, WD_KEY, SEED_KEY, DROPOUT_KEY})
+
+
+def _resolve(resolve: Resolver, recipe: str, trial: Trial, bases: dict[tuple, dict]) -> dict:
+    """resolve() per distinct (rung, max_steps, non-grid overrides); the grid knobs are then set and
+    the config validated again. A 1,000-point grid on 10 rungs costs 10 resolutions, not 1,000."""
+    rest = tuple(sorted((k, repr(v)) for k, v in trial.overrides.items() if k not in GRID_KNOBS))
+    ident = (trial.L, trial.max_steps, rest)
+    if ident not in bases:
+        bases[ident] = resolve(recipe, trial.L, dict(trial.overrides), max_steps=trial.max_steps)
+        return bases[ident]
+    from rungs.config import parse_config
+
+    config = {**bases[ident], **{k: v for k, v in trial.overrides.items() if k in GRID_KNOBS}}
+    return parse_config(config).to_dict()
 
 
 def check_fits_cluster(trials: list[PlannedTrial], nodes: list[dict[str, float]], *, where: str) -> None:

@@ -226,3 +226,20 @@ def test_resources_larger_than_the_cluster_exit_2_before_any_trial(ray_cluster, 
     assert "cluster has 3 CPU" in out.stderr and "Traceback" not in out.stderr
     assert out.stdout == ""
     assert find_runs(f"sqlite:///{store}", "sweep-smoke") == {}
+
+
+@pytest.mark.parametrize("name", ["smoke", "demo", "dropout", "agc_ablation", "nightly"])
+def test_planned_configs_equal_resolving_each_trial_alone(name):
+    """plan_sweep resolves once per rung and sets the grid knobs; that must equal resolve() per trial."""
+    from ladder.resolve import resolve_train_config
+    from ladder.sweep_plan import plan_sweep
+    from sweeps.keys import trial_key
+    from sweeps.spec import load_spec
+
+    spec = load_spec(name)
+    planned = plan_sweep(spec)
+    for p in planned:
+        direct = resolve_train_config(spec.recipe, p.trial.L, dict(p.trial.overrides), max_steps=p.trial.max_steps)
+        assert p.config == direct
+        assert p.key == trial_key(direct)
+    assert len({p.key for p in planned}) == len(planned)
