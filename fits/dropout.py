@@ -26,7 +26,8 @@ from fits.results import code_version, jsonable
 from fits.surfaces import WEIGHT_SCALE_REL, SurfaceResult, fit_surface
 from fits.validate import numeric_column, require_columns
 
-MIN_SIZES = 4
+MIN_SIZES = 3
+MIN_OPTIMA = 4
 
 
 def sigmoid(log_n, p_max, k, m):
@@ -56,31 +57,40 @@ class DropoutLawResult:
         return jsonable({"form": "p*(N) = p_max / (1 + exp(-k (log N - m)))", "params": self.params,
                          "se": dict(zip(self.params, se)), "cov": self.cov,
                          "optima": [{"params_active": s.key["params_active"], "dropout": s.optimum_natural()[s.coords[0]],
-                                     "se": s.optimum_se[0], "flags": s.flags} for s in self.surfaces],
+                                     "tpp": s.key.get("tpp"), "se": s.optimum_se[0], "flags": s.flags,
+                                     "notes": s.notes} for s in self.surfaces],
                          "excluded": self.excluded, "options": self.options, "code_version": code_version()})
 
 
 def fit_dropout_law(df: pd.DataFrame, y: str = "bpb", *, dropout: str = "dropout", size: str = "params_active",
-                    weight_scale_rel: float = WEIGHT_SCALE_REL, id_column: str | None = "run_id") -> DropoutLawResult:
+                    weight_scale_rel: float = WEIGHT_SCALE_REL, id_column: str | None = "run_id",
+                    slice_cols: tuple[str, ...] | None = None) -> DropoutLawResult:
+    """One dropout optimum per slice (model size, and TPP when the table has it), then the sigmoid
+    over log size through all usable optima."""
     require_columns(df, [dropout, size, y])
     df = df.assign(**{dropout: numeric_column(df, dropout), size: numeric_column(df, size, positive=True)})
     if (df[dropout] < 0).any() or (df[dropout] >= 1).any():
         raise FitInputError("dropout must lie in [0, 1)", column=dropout)
+    slice_cols = tuple(c for c in (slice_cols or (size, "tpp")) if c in df.columns)
     surfaces, excluded = [], []
-    for n_active, group in df.groupby(size, sort=True):
+    for key_vals, group in df.groupby(list(slice_cols), sort=True):
+        key = dict(zip(slice_cols, map(float, np.atleast_1d(key_vals))))
         profile = group.loc[group.groupby(dropout)[y].idxmin()]  # best run at each dropout value
         s = fit_surface(profile, [dropout], y, log_coords=[False], weight_scale_rel=weight_scale_rel,
-                        id_column=id_column, key={size: float(n_active)})
+                        id_column=id_column, key=key)
         surfaces.append(s)
         if not s.ok:
-            excluded.append({size: float(n_active), "reason": ", ".join(s.flags)})
+            excluded.append({**key, "reason": ", ".join(s.flags)})
     good = [s for s in surfaces if s.ok]
-    if len(good) < MIN_SIZES:
-        raise FitInputError(f"the dropout sigmoid has 3 parameters and needs optima at {MIN_SIZES} or more model sizes; "
-                            f"got {len(good)} usable of {len(surfaces)}", column=size)
+    n_sizes = len({s.key[size] for s in good})
+    if len(good) < MIN_OPTIMA or n_sizes < MIN_SIZES:
+        raise FitInputError(f"the dropout sigmoid has 3 parameters and needs usable optima at ≥ {MIN_SIZES} model sizes "
+                            f"(≥ {MIN_OPTIMA} optima in all); got {len(good)} usable of {len(surfaces)} at {n_sizes} "
+                            "sizes", column=size)
     log_n = np.log([s.key[size] for s in good])
     p_opt = np.array([s.optimum[0] for s in good])
-    sigma = np.maximum(np.array([s.optimum_se[0] for s in good]), 1e-4)
+    se = np.array([s.optimum_se[0] for s in good])
+    sigma = np.maximum(np.where(np.isfinite(se), se, np.nanmax(np.append(se, 0.02))), 1e-4)
     best = None
     for k0 in (2.0, -2.0):
         try:

@@ -85,12 +85,13 @@ def recipe_card(target: dict[str, Any], *, power_laws: dict[str, PowerLawResult]
                 recipe_dropout: float | None = None, provenance: dict[str, Any] | None = None) -> dict[str, Any]:
     """target needs steps, tpp, params_active, train_flops; everything else in it is passed through."""
     steps, tpp, n_active = target["steps"], target["tpp"], target["params_active"]
-    if hparams is not None:
+    if hparams is not None and hparams.get("selected"):
         hp = hparams_from_laws(hparams, steps=steps, tpp=tpp, params_active=n_active)
     elif report_laws is not None:
         hp = hparams_from_report(report_laws, steps=steps, tpp=tpp, source=report_source)
     else:
         hp = {"source": "none: no fitted laws and no recipe laws given"}
+    dropout = dropout if dropout is not None else (hparams or {}).get("dropout")
     if dropout is not None and dropout.get("params"):
         hp["dropout"] = dropout_from_law(dropout, n_active)
     elif recipe_dropout is not None:

@@ -98,8 +98,8 @@ def select_law(table: pd.DataFrame, target: str, candidates: list[tuple[str, ...
 class HparamLawsResult:
     slices: list[SurfaceResult]
     excluded: list[dict[str, Any]]
-    lr_wd: RegressionLaw
-    log_lr: RegressionLaw
+    lr_wd: RegressionLaw | None  # None for a dropout-only sweep
+    log_lr: RegressionLaw | None
     lr_wd_candidates: list[RegressionLaw]
     log_lr_candidates: list[RegressionLaw]
     report_lr_wd: RegressionLaw | None
@@ -109,6 +109,8 @@ class HparamLawsResult:
 
     def predict(self, steps: float, tpp: float, params_active: float) -> dict[str, Any]:
         """LR*, WD* (and the product) from the selected laws, with 95% observation intervals."""
+        if self.log_lr is None or self.lr_wd is None:
+            raise FitInputError("this sweep did not vary LR/WD, so there are no LR*/WD* laws to predict with")
         v = {"log_steps": np.log(steps), "log_tpp": np.log(tpp), "log_params": np.log(params_active)}
         lr, lr_lo, lr_hi = self.log_lr.predict(v)
         prod, p_lo, p_hi = self.lr_wd.predict(v)
@@ -132,7 +134,7 @@ class HparamLawsResult:
                 "ci95": {k: list(v) for k, v in rep_l.ci.items()} if rep_l else None,
                 "r2": rep_l.r2 if rep_l else None,
             },
-            "selected": {"lr_wd_product": self.lr_wd.to_dict(), "log_lr": self.log_lr.to_dict()},
+            "selected": {"lr_wd_product": self.lr_wd.to_dict(), "log_lr": self.log_lr.to_dict()} if self.log_lr else None,
             "candidates": {"lr_wd_product": [c.to_dict() for c in self.lr_wd_candidates],
                            "log_lr": [c.to_dict() for c in self.log_lr_candidates]},
             "slices": [s.to_dict() for s in self.slices],
@@ -177,13 +179,23 @@ def fit_hparam_laws(df: pd.DataFrame, y: str = "bpb", *, criterion: str = "aic",
     df["lr_wd"] = df["lr"] * df["wd"]
     has_dropout = dropout_column in df.columns and df[dropout_column].nunique() > 1
     dropout_law = None
+    options = {"y": y, "criterion": criterion, "slice_cols": list(slice_cols), "weight_scale_rel": weight_scale_rel,
+               "diverged_rows_dropped": diverged, "n_rows": len(df)}
     if has_dropout:
         from fits.dropout import fit_dropout_law
 
-        dropout_law = fit_dropout_law(df, y=y, dropout=dropout_column, id_column=id_column)
-        # the LR/WD surfaces use each size's best dropout only, so dropout does not blur them
-        best_p = {s.key["params_active"]: s.best_observed[dropout_column] for s in dropout_law.surfaces}
-        df = df[np.isclose(df[dropout_column], df["params_active"].map(best_p))]
+        dropout_law = fit_dropout_law(df, y=y, dropout=dropout_column, id_column=id_column, slice_cols=slice_cols)
+        # the LR/WD surfaces use each slice's best dropout only, so dropout does not blur them
+        best_p = {tuple(s.key[c] for c in slice_cols): s.best_observed[dropout_column] for s in dropout_law.surfaces}
+        keys = list(zip(*(df[c] for c in slice_cols)))
+        df = df[np.isclose(df[dropout_column], [best_p.get(k, np.nan) for k in keys])]
+    if df.groupby(list(slice_cols))["lr"].nunique().max() < 3:
+        if dropout_law is not None:  # a dropout sweep: the dropout law alone, LR/WD laws left empty
+            return HparamLawsResult(slices=[], excluded=[], lr_wd=None, log_lr=None, lr_wd_candidates=[],
+                                    log_lr_candidates=[], report_lr_wd=None, report_log_lr=None,
+                                    options={**options, "lr_wd_swept": False}, dropout=dropout_law)
+        raise FitInputError("no slice sweeps the learning rate (a surface needs ≥ 3 distinct LR values per "
+                            f"{'/'.join(slice_cols)} slice)", column="lr")
     surfaces, excluded = slice_optima(df, y, slice_cols, weight_scale_rel=weight_scale_rel, id_column=id_column)
     good = [s for s in surfaces if s.ok]
     if not good:
@@ -203,7 +215,5 @@ def fit_hparam_laws(df: pd.DataFrame, y: str = "bpb", *, criterion: str = "aic",
     return HparamLawsResult(
         slices=surfaces, excluded=excluded, lr_wd=lr_wd, log_lr=log_lr, lr_wd_candidates=lr_wd_all,
         log_lr_candidates=log_lr_all, report_lr_wd=report_lr_wd, report_log_lr=report_log_lr,
-        options={"y": y, "criterion": criterion, "slice_cols": list(slice_cols), "weight_scale_rel": weight_scale_rel,
-                 "diverged_rows_dropped": diverged, "n_rows": len(df)},
-        dropout=dropout_law,
+        options={**options, "lr_wd_swept": True}, dropout=dropout_law,
     )

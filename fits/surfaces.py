@@ -15,6 +15,9 @@ quadratic near its minimum; without the weights, far-off (and diverging) runs do
 and drag the optimum. The optimum's uncertainty is the delta method on the WLS coefficient
 covariance. A surface whose Hessian is not positive definite, or whose optimum lies outside the
 sampled region (the convex hull of the sampled points), is flagged, never silently used.
+A cross-shaped design (points only along the two axes) cannot see the u·v term: the separable
+quadratic is fitted instead and noted (`no_cross_term`); a slice with exactly as many points as
+coefficients gets its optimum but no standard error (`no_residual_dof`).
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ class SurfaceResult:
     weight_scale: float
     key: dict[str, Any] = field(default_factory=dict)
     samples: np.ndarray | None = field(default=None, repr=False)  # (n, d+1): fit-space coords, then y
+    notes: list[str] = field(default_factory=list)  # fit-form caveats: no_cross_term, no_residual_dof
 
     @property
     def ok(self) -> bool:
@@ -104,7 +108,7 @@ class SurfaceResult:
         return jsonable({
             **self.key, "coords": self.coords, "log_coords": self.log_coords, "optimum": self.optimum_natural(),
             "optimum_fit_space": self.optimum, "optimum_se_fit_space": self.optimum_se,
-            "predicted_min": self.predicted_min, "flags": self.flags, "n_points": self.n_points,
+            "predicted_min": self.predicted_min, "flags": self.flags, "notes": self.notes, "n_points": self.n_points,
             "best_observed": self.best_observed, "weight_scale": self.weight_scale, "rows_used": self.rows_used,
         })
 
@@ -130,9 +134,6 @@ def fit_surface(df: pd.DataFrame, coords: list[str], y: str, *, log_coords: list
     loss = numeric_column(df, y)
     n_params = 1 + d + d * (d + 1) // 2
     where = f" (slice {key})" if key else ""
-    if len(loss) <= n_params:
-        raise FitInputError(f"a {d}-D quadratic surface has {n_params} coefficients and needs more points; got "
-                            f"{len(loss)}{where}", column=y)
     for j, c in enumerate(coords):
         if len(np.unique(raw[:, j])) < 3:
             raise FlatSurfaceError(f"needs at least 3 distinct values to see curvature, got "
@@ -144,13 +145,28 @@ def fit_surface(df: pd.DataFrame, coords: list[str], y: str, *, log_coords: list
     x = _to_fit_space(raw, log_coords)
     center = x[np.argmin(loss)]
     X = design(x - center)
-    if np.linalg.matrix_rank(X) < n_params:
+    notes = []
+    keep = np.arange(n_params)
+    if d == 2 and _is_cross(x):
+        # A cross (axis-aligned) layout cannot see the u·v term: fit the separable quadratic and say so.
+        keep = np.array([0, 1, 2, 3, 5])
+        notes.append("no_cross_term")
+    if len(loss) < len(keep):
+        raise FitInputError(f"a {d}-D quadratic surface has {len(keep)} coefficients and needs at least that many "
+                            f"points; got {len(loss)}{where}", column=y)
+    if np.linalg.matrix_rank(X[:, keep]) < len(keep):
         raise FlatSurfaceError(f"the sampled points do not determine a quadratic (rank-deficient design){where}",
                                column=",".join(coords))
     scale = weight_scale_rel * abs(y_min)
     w = np.exp(-(loss - y_min) / scale)
-    model = sm.WLS(loss, X, weights=w).fit()
-    coef, cov = np.asarray(model.params), np.asarray(model.cov_params())
+    coef, cov = np.zeros(n_params), np.zeros((n_params, n_params))
+    if len(loss) == len(keep):  # exactly determined: an optimum, but no residual to measure its uncertainty
+        coef[keep] = np.linalg.solve(X[:, keep], loss)
+        cov[np.ix_(keep, keep)] = np.nan
+        notes.append("no_residual_dof")
+    else:
+        model = sm.WLS(loss, X[:, keep], weights=w).fit()
+        coef[keep], cov[np.ix_(keep, keep)] = np.asarray(model.params), np.asarray(model.cov_params())
     g, H = gradient_hessian(coef, d)
     pd_ok = bool(np.all(np.linalg.eigvalsh(H) > 0))
     opt_c = optimum_of(coef, d) if abs(np.linalg.det(H)) > 1e-300 else np.full(d, np.nan)
@@ -162,7 +178,10 @@ def fit_surface(df: pd.DataFrame, coords: list[str], y: str, *, log_coords: list
         up[i] += h
         dn[i] -= h
         J[:, i] = (optimum_of(up, d) - optimum_of(dn, d)) / (2 * h)
-    se = np.sqrt(np.clip(np.diag(J @ cov @ J.T), 0, None))
+    with np.errstate(invalid="ignore"):
+        se = np.sqrt(np.clip(np.diag(J @ np.nan_to_num(cov, nan=0.0) @ J.T), 0, None))
+    if "no_residual_dof" in notes:
+        se = np.full(d, np.nan)
     optimum = opt_c + center
     inside = _inside(x, optimum)
     best = int(np.argmin(loss))
@@ -172,8 +191,19 @@ def fit_surface(df: pd.DataFrame, coords: list[str], y: str, *, log_coords: list
         positive_definite=pd_ok, inside_sampled=inside, n_points=len(loss),
         best_observed={**{c: float(raw[best, j]) for j, c in enumerate(coords)}, y: float(loss[best])},
         rows_used=df[id_column].tolist() if id_column and id_column in df.columns else df.index.tolist(),
-        weight_scale=scale, key=dict(key or {}), samples=np.column_stack([x, loss]),
+        weight_scale=scale, key=dict(key or {}), samples=np.column_stack([x, loss]), notes=notes,
     )
+
+
+def _is_cross(x: np.ndarray) -> bool:
+    """Every point on one of two axis lines through a common centre (the sweeps' `cross` layout)."""
+    def mode(col: np.ndarray) -> float:
+        values, counts = np.unique(np.round(col, 9), return_counts=True)
+        return float(values[np.argmax(counts)])
+
+    u0, v0 = mode(x[:, 0]), mode(x[:, 1])
+    on_axis = np.isclose(x[:, 0], u0, atol=1e-9) | np.isclose(x[:, 1], v0, atol=1e-9)
+    return bool(on_axis.all())
 
 
 def _inside(x: np.ndarray, point: np.ndarray) -> bool:

@@ -65,7 +65,7 @@ def load_laws(paths: list[str]) -> dict[str, Any]:
             except FitInputError as err:
                 raise LadderInputError(err.detail, where=path, field=f"power_law.{domain}") from None
         if data.get("hparams"):
-            if "selected" not in data["hparams"]:
+            if "selected" not in data["hparams"] and "dropout" not in data["hparams"]:
                 raise LadderInputError("hparams laws lack 'selected' (re-fit with `ladder fit hparams --save`)",
                                        where=path, field="hparams")
             laws["hparams"] = data["hparams"]
@@ -118,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
                          "goodput": pool.default_goodput, "wall_clock_days": compute.wall_clock_days,
                          "gpu_hours": compute.gpu_hours}
     provenance = {"laws_files": laws["files"], "experiment": laws.get("experiment"),
-                  "hparam_laws": "fitted" if laws["hparams"] else f"recipe fallback: {recipe.hparam_laws.source}",
+                  "hparam_laws": "fitted" if (laws["hparams"] or {}).get("selected")
+                  else f"recipe fallback: {recipe.hparam_laws.source}",
+                  "dropout_law": "fitted" if (laws["hparams"] or {}).get("dropout") else "recipe's fixed dropout",
                   "power_laws": {d: {"n_points": f.n_points, "rows_used": f.rows_used, "code_version": f.code_version}
                                  for d, f in laws["power_law"].items()}}
     card = recipe_card(target, power_laws=laws["power_law"], hparams=laws["hparams"],

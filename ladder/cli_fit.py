@@ -252,6 +252,12 @@ def run_hparams(args: argparse.Namespace) -> int:
              s["optimum"]["lr_wd"] / s["optimum"]["lr"], ", ".join(s["flags"]) or "ok"] for s in payload["slices"]]
     stdout_console.print(make_table("LR/WD optima per slice", ["params_active", "tpp", "steps", "LR*", "WD*", "flags"], rows))
     p, lr = payload["lr_wd_product"], payload["log_lr"]
+    if payload["dropout"]:
+        d = payload["dropout"]["params"]
+        stdout_console.print(f"dropout* = {d['p_max']:.3g} / (1 + exp(-{d['k']:.3g}·(log N - {d['m']:.3g})))")
+    if payload["selected"] is None:
+        stdout_console.print("LR/WD were not swept: no LR*/WD* laws")
+        return 0
     stdout_console.print(f"LR*·WD* = {p['coef']:.4g} · steps^{p['steps_exponent']:.3f}   (report: 17.04 · steps^-1)")
     tpp_term = f" + {lr['log_tpp']:.3f}·log TPP" if lr["log_tpp"] is not None else " (TPP constant: no TPP term)"
     stdout_console.print(f"log LR* = {lr['intercept']:.3f}{tpp_term} + {lr['log_steps']:.3f}·log steps   "

@@ -50,3 +50,15 @@ def test_card_from_laws_survives_a_json_round_trip():
     lr = card["hyperparameters"]["lr"]
     assert lr["interval95"][0] < lr["value"] < lr["interval95"][1]
     assert card["hyperparameters"]["dropout"]["source"].startswith("the recipe's fixed dropout")
+
+
+def test_card_with_only_a_dropout_law_keeps_the_report_lr_and_says_which_is_which():
+    truth = lambda n: 0.2 / (1 + np.exp(-1.0 * (np.log(n) - np.log(1e8))))
+    df = sweep(seed=6, sizes=(1e7, 1e8, 1e9), tpps=(5.0, 20.0), dropout_law=truth)
+    df = df[np.isclose(df["lr"], df.groupby(["params_active", "tpp"])["lr"].transform("first"))]
+    hp = json.loads(json.dumps(fit_hparam_laws(df).to_dict()))
+    card = recipe_card({"steps": 20000, "tpp": 20.0, "params_active": 1e9, "train_flops": 1e21}, hparams=hp,
+                       report_laws=REPORT_LAWS, recipe_dropout=0.0)
+    h = card["hyperparameters"]
+    assert "NOT fitted" in h["source"] and h["dropout"]["source"] == "fitted dropout law"
+    assert h["dropout"]["value"] == pytest.approx(truth(1e9), abs=0.02)

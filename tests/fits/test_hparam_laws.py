@@ -75,6 +75,21 @@ def test_dropout_law_recovers_a_sigmoid_in_log_size():
 
 
 def test_dropout_law_needs_enough_sizes():
-    df = sweep(seed=5, sizes=(1e7, 1e8, 1e9), tpps=(20.0,), dropout_law=lambda n: 0.1)
-    with pytest.raises(FitInputError, match="4 or more model sizes"):
+    df = sweep(seed=5, sizes=(1e7, 1e8), tpps=(20.0, 80.0), dropout_law=lambda n: 0.1)
+    with pytest.raises(FitInputError, match="≥ 3 model sizes"):
         fit_dropout_law(df)
+
+
+def test_a_dropout_only_sweep_gives_the_dropout_law_and_no_lr_laws():
+    """Like sweeps/dropout.yaml: LR/WD at the law's values, dropout × size × TPP."""
+    truth = lambda n: 0.2 / (1 + np.exp(-1.0 * (np.log(n) - np.log(1e8))))
+    df = sweep(seed=6, sizes=(1e7, 1e8, 1e9), tpps=(5.0, 20.0), dropout_law=truth)
+    first = df.groupby(["params_active", "tpp"])["lr"].transform("first")
+    df = df[np.isclose(df["lr"], first)]  # one LR/WD point per slice
+    out = fit_hparam_laws(df).to_dict()
+    assert out["selected"] is None and out["lr_wd_product"]["coef"] is None
+    assert len(out["dropout"]["optima"]) == 6 and {o["tpp"] for o in out["dropout"]["optima"]} == {5.0, 20.0}
+    for o in out["dropout"]["optima"]:
+        assert o["dropout"] == pytest.approx(truth(o["params_active"]), abs=0.01)
+    with pytest.raises(FitInputError, match="did not vary LR/WD"):
+        fit_hparam_laws(df).predict(steps=1000, tpp=5, params_active=1e8)

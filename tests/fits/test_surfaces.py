@@ -39,6 +39,21 @@ def test_weights_follow_the_documented_form():
     assert s.weight_scale == pytest.approx(WEIGHT_SCALE_REL * y.min())
 
 
+def test_cross_layout_fits_the_separable_quadratic_and_says_so():
+    """The demo sweep's 5-point cross cannot see the u·v term; 3 points per arm give the optimum."""
+    f = lambda u, v: 2 + (u - 0.2) ** 2 + 0.5 * (v + 0.1) ** 2
+    pts = [(0, 0), (-0.7, 0), (0.7, 0), (0, -1.0), (0, 1.0)]
+    df = pd.DataFrame({"lr": [np.exp(u) for u, _ in pts], "lr_wd": [np.exp(v) for _, v in pts],
+                       "loss": [f(u, v) for u, v in pts]})
+    s = fit_surface(df, ["lr", "lr_wd"], "loss")
+    np.testing.assert_allclose(s.optimum, [0.2, -0.1], atol=1e-9)
+    assert s.notes == ["no_cross_term", "no_residual_dof"] and np.all(np.isnan(s.optimum_se)) and s.ok
+    # with a repeat at the centre there is a residual and a standard error
+    df2 = pd.concat([df, df.iloc[[0]].assign(loss=df.loss.iloc[0] + 1e-3)])
+    s2 = fit_surface(df2, ["lr", "lr_wd"], "loss")
+    assert s2.notes == ["no_cross_term"] and np.all(np.isfinite(s2.optimum_se))
+
+
 def test_optimum_outside_the_sampled_region_is_flagged():
     f = lambda u, v: 1 + 0.1 * (u - 3.0) ** 2 + 0.1 * v**2  # optimum at u = 3, grid spans ±1
     s = fit_surface(grid_table(f), ["lr", "lr_wd"], "loss")
@@ -55,8 +70,11 @@ def test_flat_or_thin_input_is_a_typed_error():
     flat = grid_table(lambda u, v: np.ones_like(u))
     with pytest.raises(FlatSurfaceError, match="does not vary"):
         fit_surface(flat, ["lr", "lr_wd"], "loss")
-    with pytest.raises(FitInputError, match="needs more points"):
-        fit_surface(grid_table(lambda u, v: u**2 + v**2).iloc[:5], ["lr", "lr_wd"], "loss")
+    x_layout = [(-1, -1), (0, 0), (1, 1), (-1, 1), (1, -1)]  # 5 points, not a cross: 6 coefficients unknowable
+    five = pd.DataFrame({"lr": [np.exp(u) for u, _ in x_layout], "lr_wd": [np.exp(v) for _, v in x_layout],
+                         "loss": [1 + u**2 + v**2 for u, v in x_layout]})
+    with pytest.raises(FitInputError, match="needs at least that many points"):
+        fit_surface(five, ["lr", "lr_wd"], "loss")
     line = grid_table(lambda u, v: u**2 + v**2)
     line["lr_wd"] = 1.0
     with pytest.raises(FlatSurfaceError, match="3 distinct"):
