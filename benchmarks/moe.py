@@ -6,6 +6,8 @@ Routing: balanced (every expert T*k/E pairs) and the worst skew for groups of 2 
 experts 0 and 1, so group 0 gets all T*k pairs). Capacity: calibrated with
 `rungs.moe.calibrate_capacity` from random near-balanced routings, so balanced steps take one round.
 
+Methods: multi-round (default: a one-round step keeps its activations), multi-round with
+recompute="always" (backward recomputes even a single round), the naive loop, the padded dispatch.
 Measured per method and routing: median process CPU seconds of forward+backward (one thread, the
 methods interleaved, so other processes on a shared machine do not bias the ratio), peak live bytes (torch
 profiler memory timeline, CREATE/DESTROY events of every CPU allocation inside the step) and bytes
@@ -145,8 +147,13 @@ def run(quick: bool) -> Report:
     gate = torch.rand(n_tokens, k, requires_grad=True)
     upstream = torch.randn(n_tokens, latent)
 
+    always = RoutedExperts(n_experts, latent, hidden, capacity_per_expert=capacity, group_size=group_size,
+                           recompute="always")
+    always.load_state_dict(module.state_dict())
+    weights_always = (always.w_gate, always.w_up, always.w_down)
     methods = {
         "multi_round": lambda idx: module(x, idx, gate),
+        "multi_round_recompute_always": lambda idx: always(x, idx, gate),
         "naive_loop": lambda idx: naive_loop(x, idx, gate, *weights),
         "padded_dispatch": lambda idx: padded_dispatch(x, idx, gate, *weights),
     }
@@ -156,7 +163,7 @@ def run(quick: bool) -> Report:
                      "timing": "median process CPU seconds of forward+backward, methods interleaved; the check "
                                "uses the tuned-malloc timings (see tune_glibc_malloc), default-malloc ones reported"}
     def clear():
-        for t in (x, gate, *weights):
+        for t in (x, gate, *weights, *weights_always):
             t.grad = None
 
     all_steps: dict[str, dict] = {}
@@ -179,7 +186,7 @@ def run(quick: bool) -> Report:
             clear()
             entry["saved_bytes"] = saved_bytes(step)
             clear()
-            if name == "multi_round":
+            if name.startswith("multi_round"):
                 entry["rounds"] = module.last_stats["rounds"]
             results[f"{name}/{route_name}"] = entry
     # Timings: first with the default allocator, then with glibc malloc tuned for CPU training.
