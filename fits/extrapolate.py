@@ -30,6 +30,8 @@ def predict_regression(law: dict[str, Any], values: dict[str, float], level: flo
     x = np.array([1.0 if n == "const" else values[n] for n in names])
     beta = np.array([law["params"][n] for n in names])
     mean = float(x @ beta)
+    if law.get("exactly_determined") or law.get("cov") is None:
+        return mean, float("nan"), float("nan")
     var = float(x @ np.asarray(law["cov"]) @ x + law["scale"])
     half = stats.t.ppf(0.5 + level / 2, law["df_resid"]) * math.sqrt(max(var, 0.0))
     return mean, mean - half, mean + half
@@ -40,9 +42,12 @@ def hparams_from_laws(hparams: dict[str, Any], *, steps: float, tpp: float, para
     sel = hparams["selected"]
     lr, lr_lo, lr_hi = predict_regression(sel["log_lr"], v)
     prod, p_lo, p_hi = predict_regression(sel["lr_wd_product"], v)
+    def interval(lo: float, hi: float):
+        return [math.exp(lo), math.exp(hi)] if math.isfinite(lo) and math.isfinite(hi) else None
+
     return {
-        "lr": {"value": math.exp(lr), "interval95": [math.exp(lr_lo), math.exp(lr_hi)], "law": sel["log_lr"]["terms"]},
-        "lr_wd_product": {"value": math.exp(prod), "interval95": [math.exp(p_lo), math.exp(p_hi)],
+        "lr": {"value": math.exp(lr), "interval95": interval(lr_lo, lr_hi), "law": sel["log_lr"]["terms"]},
+        "lr_wd_product": {"value": math.exp(prod), "interval95": interval(p_lo, p_hi),
                           "law": sel["lr_wd_product"]["terms"]},
         "wd": {"value": math.exp(prod - lr), "law": "LR*·WD* / LR*"},
         "source": "fitted laws",

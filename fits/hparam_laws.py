@@ -49,10 +49,18 @@ class RegressionLaw:
     bic: float
     r2: float
     n: int
-    model: Any = field(repr=False)
+    model: Any = field(repr=False)  # statsmodels results; None for an exactly determined law
+
+    @property
+    def exact(self) -> bool:
+        return self.model is None
 
     def predict(self, values: dict[str, float], alpha: float = 0.05) -> tuple[float, float, float]:
-        """Mean prediction and its (1−alpha) observation interval, in the target's (log) units."""
+        """Mean prediction and its (1−alpha) observation interval, in the target's (log) units
+        (NaN bounds for an exactly determined law: there is no residual to size them)."""
+        if self.exact:
+            mean = self.params["const"] + sum(self.params[t] * values[t] for t in self.terms)
+            return float(mean), float("nan"), float("nan")
         row = pd.DataFrame([{"const": 1.0, **{t: values[t] for t in self.terms}}])[["const", *self.terms]]
         frame = self.model.get_prediction(row).summary_frame(alpha=alpha)
         return float(frame["mean"].iloc[0]), float(frame["obs_ci_lower"].iloc[0]), float(frame["obs_ci_upper"].iloc[0])
@@ -60,15 +68,20 @@ class RegressionLaw:
     def to_dict(self) -> dict[str, Any]:
         return jsonable({"target": self.target, "terms": list(self.terms), "params": self.params,
                          "ci95": {k: list(v) for k, v in self.ci.items()}, "aic": self.aic, "bic": self.bic,
-                         "r2": self.r2, "n": self.n, "cov": np.asarray(self.model.cov_params()).tolist(),
-                         "scale": float(self.model.scale), "df_resid": float(self.model.df_resid)})
+                         "r2": self.r2, "n": self.n, "exactly_determined": self.exact,
+                         "cov": np.asarray(self.model.cov_params()).tolist() if self.model is not None else None,
+                         "scale": float(self.model.scale) if self.model is not None else None,
+                         "df_resid": float(self.model.df_resid) if self.model is not None else 0.0})
 
 
-def fit_regression(table: pd.DataFrame, target: str, terms: tuple[str, ...]) -> RegressionLaw | None:
+def fit_regression(table: pd.DataFrame, target: str, terms: tuple[str, ...], *,
+                   allow_exact: bool = False) -> RegressionLaw | None:
     """OLS of `target` on `terms` + constant; None when not identifiable (constant regressor,
-    rank deficiency, or no residual degree of freedom)."""
+    rank deficiency, or no residual degree of freedom unless `allow_exact`)."""
     X = sm.add_constant(table[list(terms)], has_constant="add")
-    if len(table) <= X.shape[1] or np.linalg.matrix_rank(X.to_numpy()) < X.shape[1]:
+    if len(table) < X.shape[1] or (len(table) == X.shape[1] and not allow_exact):
+        return None
+    if np.linalg.matrix_rank(X.to_numpy()) < X.shape[1]:
         return None
     if any(np.ptp(table[t].to_numpy()) <= 1e-12 for t in terms):
         return None
@@ -78,6 +91,11 @@ def fit_regression(table: pd.DataFrame, target: str, terms: tuple[str, ...]) -> 
     Z = (Z - Z.mean(axis=0)) / Z.std(axis=0)
     if len(terms) > 1 and np.linalg.cond(Z) > MAX_CONDITION:
         return None
+    if len(table) == X.shape[1]:  # exactly determined: coefficients, no intervals, no AIC
+        beta = np.linalg.solve(X.to_numpy(), table[target].to_numpy())
+        nan = float("nan")
+        return RegressionLaw(target=target, terms=terms, params=dict(zip(X.columns, map(float, beta))),
+                             ci={k: (nan, nan) for k in X.columns}, aic=nan, bic=nan, r2=1.0, n=len(table), model=None)
     model = sm.OLS(table[target], X).fit()
     ci = model.conf_int(0.05)
     return RegressionLaw(target=target, terms=terms, params={k: float(v) for k, v in model.params.items()},
@@ -87,10 +105,15 @@ def fit_regression(table: pd.DataFrame, target: str, terms: tuple[str, ...]) -> 
 
 def select_law(table: pd.DataFrame, target: str, candidates: list[tuple[str, ...]], criterion: str) -> tuple[RegressionLaw, list[RegressionLaw]]:
     fitted = [law for terms in candidates if (law := fit_regression(table, target, terms)) is not None]
+    if not fitted:  # too few slices for any residual: exactly determined one-regressor laws, flagged as such
+        fitted = [law for terms in candidates if len(terms) == 1
+                  and (law := fit_regression(table, target, terms, allow_exact=True)) is not None][:1]
+        if fitted:
+            log.warning("%s: only %d slice optima; the law is exactly determined (no interval)", target, len(table))
     if not fitted:
         raise FitInputError(f"no candidate law for {target} is identifiable from {len(table)} slice optima; add "
                             "slices (model sizes, TPPs) so the regressors vary", column=target)
-    best = min(fitted, key=lambda law: getattr(law, criterion))
+    best = min(fitted, key=lambda law: getattr(law, criterion) if not law.exact else np.inf)
     return best, fitted
 
 

@@ -54,7 +54,18 @@ def test_missing_columns_and_too_few_slices_are_typed_errors():
     with pytest.raises(FitInputError, match="missing column"):
         fit_hparam_laws(df.drop(columns="wd"))
     with pytest.raises(FitInputError, match="identifiable"):
-        fit_hparam_laws(df)
+        fit_hparam_laws(df[df.params_active == 1e7])
+
+
+def test_two_slices_give_an_exactly_determined_law_without_intervals():
+    """The demo's two-rung sweep: the steps law through two optima, honestly without an interval."""
+    fit = fit_hparam_laws(sweep(seed=0, sizes=(1e7, 1e8), tpps=(5.0,)))
+    out = fit.to_dict()
+    sel = out["selected"]["lr_wd_product"]
+    assert sel["exactly_determined"] and sel["terms"] == ["log_steps"] and sel["ci95"]["log_steps"] == [None, None]
+    assert out["lr_wd_product"]["steps_exponent"] == pytest.approx(-1.0, abs=0.05)
+    mean, lo, hi = fit.lr_wd.predict({"log_steps": np.log(5000.0)})
+    assert np.isfinite(mean) and np.isnan(lo) and np.isnan(hi)
 
 
 def test_dropout_law_recovers_a_sigmoid_in_log_size():
