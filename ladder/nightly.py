@@ -89,9 +89,11 @@ def measure(outcome: SweepOutcome, spec_trials: dict[str, dict]) -> dict[str, Tr
             continue
         metrics = client.get_run(row.run_id).data.metrics
         rounds = [m.value for m in client.get_metric_history(row.run_id, "moe_rounds_mean")]
+        # The median step rate: one slow step (a busy neighbour, an eval) does not move it.
+        rates = [m.value for m in client.get_metric_history(row.run_id, "tokens_per_second")]
         out[trial_name(row.label, spec_trials[row.key])] = TrialMeasurement(
             bpb={k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("final_bpb/")},
-            tokens_per_second=metrics.get("final_tokens_per_second", float("nan")),
+            tokens_per_second=statistics.median(rates) if rates else float("nan"),
             moe_rounds_mean=statistics.fmean(rounds) if rounds else float("nan"),
             key=row.key, run_id=row.run_id)
     return out

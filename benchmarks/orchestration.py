@@ -1,0 +1,90 @@
+"""Orchestration overhead: what Ray Tune + tracking add to each trial, and how fast a sweep plans.
+
+- `overhead_seconds_per_trial`: a trial's wall-clock as the driver sees it (Ray Tune's trial start
+  to its completion: scheduling, worker process start, imports, bookkeeping and MLflow tags) minus
+  the training job's own `train()` call inside the worker. Median over the trials of a real sweep
+  of the smallest cpu-demo rung. Target ≤ 3 s, and ≤ 5% of a two-minute trial.
+- `job_setup_seconds_per_trial` (reported, not checked): the `train()` call minus its training
+  loop (data, model build, peak-FLOP probe, evals, the job's own MLflow logging): the job's cost,
+  not the orchestrator's.
+- `plan_1000_trials_seconds`: expand, resolve and key a 1,000-trial spec. Target ≤ 5 s.
+- Sweep-level fixed costs (Ray start, tracking-server start) are reported once per sweep.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import Report, main_for
+
+TWO_MINUTES_SECONDS = 120.0
+
+BIG_SPEC = {"name": "plan1000", "recipe": "cpu-demo", "blocks": [{
+    "name": "grid", "rungs": [3, 4, 5, 6, 7], "tpp": [2, 4],
+    "lr_wd": {"log_lr": {"spacing": 0.25, "points": 10}, "log_lr_wd": {"spacing": 0.3, "points": 10}}}]}
+
+
+def _overhead_spec(trials: int) -> dict:
+    return {"name": "overhead", "recipe": "cpu-demo", "max_steps": 10, "max_concurrent": 1, "max_failures": 0,
+            "resources": {"cpus": 1}, "blocks": [{"name": "b", "rungs": [3], "seeds": list(range(trials))}]}
+
+
+def run(quick: bool) -> Report:
+    from ladder.orchestrate import connect_ray, run_sweep
+    from ladder.sweep_plan import plan_sweep
+    from ladder.tracking_server import TrackingServer
+    from sweeps.spec import parse_spec
+
+    report = Report("orchestration")
+
+    big = parse_spec(BIG_SPEC, "benchmarks/orchestration.py")
+    t0 = time.perf_counter()
+    planned = plan_sweep(big)
+    plan_seconds = time.perf_counter() - t0
+    report.results["plan_trials"] = len(planned)
+    report.results["plan_1000_trials_seconds"] = plan_seconds
+
+    trials = 2 if quick else 4
+    with tempfile.TemporaryDirectory(prefix="ladder-bench-") as tmp:
+        store = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
+        t0 = time.perf_counter()
+        with TrackingServer(f"sqlite:///{Path(tmp) / 'probe.db'}"):
+            server_start_seconds = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        connect_ray(None)
+        ray_start_seconds = time.perf_counter() - t0
+        try:
+            spec = parse_spec(_overhead_spec(trials), "benchmarks/orchestration.py")
+            t0 = time.perf_counter()
+            outcome = run_sweep(spec, tracking_uri=store, progress=lambda msg: sys.stderr.write(msg + "\n"))
+            sweep_seconds = time.perf_counter() - t0
+        finally:
+            import ray
+
+            ray.shutdown()
+    rows = [r for r in outcome.rows if r.state == "finished" and r.wall_seconds and r.train_call_seconds]
+    if not rows:
+        raise RuntimeError(f"no trial finished: {[(r.label, r.state, r.error) for r in outcome.rows]}")
+    overhead = statistics.median(r.wall_seconds - r.train_call_seconds for r in rows)
+    job_setup = statistics.median(r.train_call_seconds - r.train_loop_seconds for r in rows)
+    report.results.update({
+        "trials": len(rows), "trial_wall_seconds": [r.wall_seconds for r in rows],
+        "train_call_seconds": [r.train_call_seconds for r in rows],
+        "train_loop_seconds": [r.train_loop_seconds for r in rows],
+        "overhead_seconds_per_trial": overhead, "overhead_share_of_two_minute_trial": overhead / TWO_MINUTES_SECONDS,
+        "job_setup_seconds_per_trial": job_setup,
+        "sweep_seconds": sweep_seconds, "ray_start_seconds": ray_start_seconds,
+        "tracking_server_start_seconds": server_start_seconds,
+    })
+    report.check("overhead_seconds_per_trial", overhead, "<=", 3.0)
+    report.check("overhead_share_of_two_minute_trial", overhead / TWO_MINUTES_SECONDS, "<=", 0.05)
+    report.check("plan_1000_trials_seconds", plan_seconds, "<=", 5.0)
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(main_for("orchestration", run))
