@@ -45,7 +45,12 @@ class RouterOutput(NamedTuple):
 
 
 class Router(nn.Module):
-    """logits = x W^T in fp32 (autocast off); scores = softmax or sigmoid; top-k on scores + bias."""
+    """logits = x W^T in fp32 (autocast off); scores = softmax or sigmoid; top-k on scores + bias.
+
+    Gates are the selected unbiased scores, normalised to sum to 1 over the k slots
+    (normalize_gates=True). With top_k=1 that makes every gate 1 and the router learns only from the
+    balancing terms: pass normalize_gates=False there (Switch Transformer's choice).
+    """
 
     def __init__(self, d_model: int, n_experts: int, top_k: int, *, score: str = "softmax",
                  expert_bias: bool = False, bias_update_rate: float = 1e-3, normalize_gates: bool = True):
@@ -96,6 +101,8 @@ class Router(nn.Module):
         if counts is None:
             counts = self.pending_counts.clone()
         self.pending_counts.zero_()
+        if not self.use_expert_bias:
+            raise RouterConfigError("update_bias called on a router built with expert_bias=False")
         counts = counts.to(self.expert_bias.device, torch.float32)
         if counts.shape != (self.n_experts,):
             raise RouterConfigError(f"counts must be ({self.n_experts},), got {tuple(counts.shape)}")

@@ -122,3 +122,5 @@ def test_bad_configuration():
         Router(8, 4, 2)(torch.randn(3, 7))
     with pytest.raises(RouterConfigError):
         load_balancing_loss([], 4, 2)
+    with pytest.raises(RouterConfigError, match="expert_bias=False"):
+        Router(8, 4, 2).update_bias(torch.ones(4))
