@@ -262,6 +262,9 @@ def run_hparams(args: argparse.Namespace) -> int:
     tpp_term = f" + {lr['log_tpp']:.3f}·log TPP" if lr["log_tpp"] is not None else " (TPP constant: no TPP term)"
     stdout_console.print(f"log LR* = {lr['intercept']:.3f}{tpp_term} + {lr['log_steps']:.3f}·log steps   "
                          "(report: -1.51 + 0.175·log TPP - 0.573·log steps)")
+    if payload["selected"]["log_lr"].get("exactly_determined"):
+        stdout_console.print(f"[yellow]exactly determined from {payload['selected']['log_lr']['n']} slice optima: "
+                             "no intervals; add slices for uncertainty[/yellow]")
     stdout_console.print(f"selected by {args.criterion.upper()}: LR*·WD* ~ {payload['selected']['lr_wd_product']['terms']}, "
                          f"log LR* ~ {payload['selected']['log_lr']['terms']}")
     return 0
