@@ -11,7 +11,7 @@ import torch
 
 from rungs.config import TrainConfigError, parse_config
 from rungs.metrics import DivergenceRule
-from rungs.train import train
+from rungs.train import _train_step, train
 from tests.rungs.train_helpers import tiny_config
 
 
@@ -19,7 +19,7 @@ from tests.rungs.train_helpers import tiny_config
 def test_smallest_cpu_demo_rung_learns_and_is_tracked(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = tiny_config(seq_len=128, batch_sequences=8, max_steps=150, eval_interval=75, eval_max_docs_per_domain=2,
-                      tracking_uri=uri, experiment_name="test-train", warmup_steps=10)
+                      tracking_uri=uri, experiment_name="test-train", warmup_steps=10, weight_decay=0.1)
     res = train(cfg, run_dir=tmp_path / "run", progress=False)
     assert not res.diverged and res.steps == 150
     assert set(res.bpb) == set(res.unigram_bpb) and len(res.bpb) >= 5
@@ -28,7 +28,7 @@ def test_smallest_cpu_demo_rung_learns_and_is_tracked(tmp_path):
     evals = json.loads((tmp_path / "run" / "eval.json").read_text())["evals"]
     first, last = evals[0]["bpb"], evals[-1]["bpb"]
     assert sum(last.values()) < sum(first.values())  # still falling between the two evals
-    assert sum(res.losses[-10:]) < 0.6 * sum(res.losses[:10])
+    assert sum(res.losses[-10:]) < 0.8 * sum(res.losses[:10])
     assert res.tokens == 150 * 8 * 128 and res.train_flops == pytest.approx(res.tokens * cfg["flops_per_token"])
     assert 0 < res.mfu < 1 and res.tokens_per_second > 0
 
@@ -49,15 +49,35 @@ def test_smallest_cpu_demo_rung_learns_and_is_tracked(tmp_path):
     assert again.losses == res.losses and again.run_id == res.run_id
 
 
-def test_gradient_accumulation_equals_the_full_batch(tmp_path):
-    common = dict(max_steps=3, lb_loss_coef=0.0, agc=False, precision="fp32", grad_clip=None)
-    full = train(tiny_config(**common), run_dir=tmp_path / "full", progress=False)
-    accum = train(tiny_config(micro_batch_sequences=2, **common), run_dir=tmp_path / "accum", progress=False)
-    assert accum.losses == pytest.approx(full.losses, rel=1e-4)
-    a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)["model"]
-    b = torch.load(tmp_path / "accum" / "checkpoint.pt", weights_only=False)["model"]
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=1e-3, atol=1e-5)
+def test_gradient_accumulation_equals_the_full_batch():
+    """Plain SGD with lr 1 makes the parameter change equal the (accumulated) gradient."""
+    from pathlib import Path
+
+    from rungs.data.corpus import PreparedCorpus
+    from rungs.data.prepare import ensure_prepared
+    from rungs.data.sampler import SourceScaledSampler
+    from rungs.model import Transformer
+
+    deltas = []
+    for micro in (None, 2, 1):
+        cfg = parse_config(tiny_config(micro_batch_sequences=micro, lb_loss_coef=0.0, z_loss_coef=1e-3, agc=False,
+                                       grad_clip=None))
+        corpus = PreparedCorpus.open(ensure_prepared(None, vocab_size=cfg.vocab_size,
+                                                     cache_root=Path(cfg.data_cache_root)))
+        batch = SourceScaledSampler(corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
+                                    batch_sequences=cfg.batch_sequences, seed=0).next_batch()
+        torch.manual_seed(0)
+        model = Transformer(cfg.architecture())
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        sgd = torch.optim.SGD(model.parameters(), lr=1.0)
+        sgd.set_lr_multiplier = lambda m: None
+        stats = _train_step(cfg, model, sgd, batch, None, None)
+        deltas.append((stats["loss"], {n: before[n] - p.detach() for n, p in model.named_parameters()}))
+    (loss_full, full), *accumulated = deltas
+    for loss, delta in accumulated:
+        assert loss == pytest.approx(loss_full, rel=1e-5)
+        for name, g in full.items():
+            torch.testing.assert_close(delta[name], g, rtol=1e-4, atol=1e-7)
 
 
 def test_a_blown_up_run_stops_and_is_marked_diverged(tmp_path):
@@ -72,7 +92,8 @@ def test_a_blown_up_run_stops_and_is_marked_diverged(tmp_path):
 def test_divergence_rule():
     rule = DivergenceRule(spike_factor=2.0, warmup_steps=3)
     assert [rule.check(s, v) for s, v in enumerate([5.0, 4.0, 3.5, 3.4])] == [None] * 4
-    assert rule.check(4, 7.5) is not None  # 7.5 > 2 × median(5, 4, 3.5, 3.4) = 7.5? no: > 7.5 needed
+    assert rule.check(4, 7.4) is None  # 2 × median(5, 4, 3.5, 3.4) = 7.5
+    assert "spike" in rule.check(5, 8.1)  # 2 × median(5, 4, 3.5, 3.4, 7.4) = 8.0
     assert rule.check(5, float("nan")).startswith("non-finite")
     early = DivergenceRule(spike_factor=2.0, warmup_steps=10)
     early.check(0, 1.0)
