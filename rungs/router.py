@@ -112,7 +112,7 @@ class Router(nn.Module):
         return delta
 
 
-def _stack(outputs: Sequence[RouterOutput]) -> None:
+def _require_layers(outputs: Sequence[RouterOutput]) -> None:
     if not outputs:
         raise RouterConfigError("need at least one layer's RouterOutput")
 
@@ -124,7 +124,7 @@ def load_balancing_loss(outputs: Sequence[RouterOutput], n_experts: int, top_k: 
     `reduce_fn` (e.g. an all-reduce SUM over data-parallel ranks) is applied once to the stacked
     (L, E) counts. `top_k` is only checked: f is normalised by the actual number of assignments.
     """
-    _stack(outputs)
+    _require_layers(outputs)
     if any(o.probs.shape[-1] != n_experts or o.expert_idx.shape[-1] != top_k for o in outputs):
         raise RouterConfigError(f"every RouterOutput must have E={n_experts} and k={top_k}")
     counts = torch.stack([o.tokens_per_expert for o in outputs]).float()   # (L, E)
@@ -141,5 +141,5 @@ def load_balancing_loss(outputs: Sequence[RouterOutput], n_experts: int, top_k: 
 
 def z_loss(outputs: Sequence[RouterOutput]) -> Tensor:
     """Mean over layers and tokens of logsumexp(logits)^2 (ST-MoE router z-loss, coefficient-free)."""
-    _stack(outputs)
+    _require_layers(outputs)
     return torch.stack([torch.logsumexp(o.logits, -1).square().mean() for o in outputs]).mean()
