@@ -45,6 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for intervals (default 1000)")
     q.add_argument("--holdout-top", type=int, default=1, help="rungs held out for the backtest (default 1; 0: none)")
     q.add_argument("--progressive", action="store_true", help="also backtest adding rungs one at a time")
+    q.add_argument("--all-runs", action="store_true", help="with --experiment: fit every run, not only the best run "
+                   "at each compute (sweeps put off-optimum runs at the same FLOPs)")
     q.add_argument("--cluster", help="bootstrap whole clusters of rows (e.g. a run id repeated over checkpoints)")
     q.add_argument("--ci-level", type=float, default=0.95)
     q.add_argument("--seed", type=int, default=0)
@@ -135,6 +137,10 @@ def run_power_law(args: argparse.Namespace) -> int:
     group = args.group or ("domain" if args.experiment and y == "bpb" else None)
     if args.experiment and group == "domain":
         df = long_by_domain(df)
+    if args.experiment and not args.all_runs and x in df.columns and y in df.columns:
+        keys = [group, x] if group else [x]
+        df = df.loc[df.dropna(subset=[y]).groupby(keys)[y].idxmin()]
+        source["frontier"] = "best run per compute value (--all-runs to fit every run)"
     if group and group not in df.columns:
         raise LadderInputError(f"no such column; the table has {sorted(map(str, df.columns))}",
                                where=source.get("csv") or args.experiment, field=group)
