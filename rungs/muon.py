@@ -28,10 +28,21 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-__all__ = ["CONVENTIONS", "Muon", "MuonConfigError", "SIMPLE_COEFFICIENTS", "adjust_lr", "newton_schulz"]
+__all__ = ["CONVENTIONS", "Muon", "MuonConfigError", "NS_PRESETS", "SIMPLE_COEFFICIENTS", "adjust_lr",
+           "newton_schulz"]
 
 # KellerJordan's quintic: maximal slope at 0; singular values land in about [0.5, 1.5], not 1.
 SIMPLE_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+# Named schedules: (per-iteration coefficients, safety factor on the Frobenius norm). "quintic" is
+# microsoft/dion's per-step set (tighter around 1 in 5 steps); "polar_express" (dion default,
+# modded-nanogpt) assumes X / (1.02 ||X||), so its safety factor travels with it.
+NS_PRESETS: dict[str, tuple[tuple[tuple[float, float, float], ...], float]] = {
+    "simple": ((SIMPLE_COEFFICIENTS,) * 5, 1.0),
+    "quintic": (((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+                 (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)), 1.0),
+    "polar_express": (((8.1566, -22.4833, 15.8788), (4.0429, -2.8089, 0.5000), (3.8917, -2.7725, 0.5061),
+                       (3.2858, -2.3681, 0.4645), (2.3465, -1.7098, 0.4232)), 1.02),
+}
 CONVENTIONS = {
     "match_rms_adamw": "0.2*sqrt(max(fan_out,fan_in))",
     "original": "sqrt(max(1,fan_out/fan_in))",
@@ -43,18 +54,35 @@ class MuonConfigError(ValueError):
     """Invalid Muon configuration or parameter."""
 
 
-def newton_schulz(G: Tensor, steps: int = 5, coefficients: tuple[float, float, float] = SIMPLE_COEFFICIENTS,
-                  *, dtype: torch.dtype | None = torch.bfloat16) -> Tensor:
+def _schedule(coefficients, steps: int) -> tuple[list[tuple[float, float, float]], float]:
+    if isinstance(coefficients, str):
+        if coefficients not in NS_PRESETS:
+            raise MuonConfigError(f"unknown Newton-Schulz preset {coefficients!r}; known: {sorted(NS_PRESETS)}")
+        per_step, safety = NS_PRESETS[coefficients]
+        return list(per_step), safety
+    coefficients = tuple(coefficients)
+    if len(coefficients) == 3 and all(isinstance(v, (int, float)) for v in coefficients):
+        if not 1 <= steps < 100:
+            raise MuonConfigError(f"steps must be in [1, 100), got {steps}")
+        return [tuple(coefficients)] * steps, 1.0
+    if not coefficients or any(len(t) != 3 for t in coefficients):
+        raise MuonConfigError("coefficients must be (a, b, c), a sequence of such triples, or a preset name")
+    return [tuple(t) for t in coefficients], 1.0
+
+
+def newton_schulz(G: Tensor, steps: int = 5, coefficients=SIMPLE_COEFFICIENTS, *,
+                  dtype: torch.dtype | None = torch.bfloat16, safety: float | None = None) -> Tensor:
     """Orthogonalise G (..., m, n), batched over leading dims; returns `dtype` (None: G's dtype).
 
+    coefficients: one (a, b, c) used for each of `steps` iterations, one triple per iteration, or a
+    preset name from NS_PRESETS (which brings its own safety factor; `safety` overrides it).
     The Gram matrix is formed on the smaller side (transpose when m > n). The same ops as
     torch.optim.Muon (addmm; baddbmm for batches), so 2-D results match it bit for bit in bf16.
     """
     if G.ndim < 2:
         raise MuonConfigError(f"newton_schulz needs a matrix or a batch of matrices, got shape {tuple(G.shape)}")
-    if not 1 <= steps < 100:
-        raise MuonConfigError(f"steps must be in [1, 100), got {steps}")
-    a, b, c = coefficients
+    per_step, preset_safety = _schedule(coefficients, steps)
+    safety = preset_safety if safety is None else safety
     lead = G.shape[:-2]
     X = G.to(dtype) if dtype is not None else G.clone()
     transposed = G.shape[-2] > G.shape[-1]
@@ -66,9 +94,9 @@ def newton_schulz(G: Tensor, steps: int = 5, coefficients: tuple[float, float, f
     amax = X.abs().amax(dim=(-2, -1), keepdim=True) if X.ndim == 3 else X.abs().amax()
     X = X * torch.pow(2.0, -torch.frexp(amax.float()).exponent).to(X.dtype)
     norm = X.norm(dim=(-2, -1), keepdim=True) if X.ndim == 3 else X.norm()
-    X = X / norm.clamp(min=_TINY)
+    X = X / (norm * safety if safety != 1.0 else norm).clamp(min=_TINY)
     mm = torch.addmm if X.ndim == 2 else torch.baddbmm
-    for _ in range(steps):
+    for a, b, c in per_step:
         A = X @ X.mT
         B = mm(A, A, A, beta=b, alpha=c)
         X = mm(X, B, X, beta=a)
@@ -95,15 +123,16 @@ class Muon(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable, lr: float, weight_decay: float = 0.0, momentum: float = 0.95,
                  nesterov: bool = True, ns_steps: int = 5, adjust_lr: str = "match_rms_adamw", *,
-                 ns_coefficients: tuple[float, float, float] = SIMPLE_COEFFICIENTS,
+                 ns_coefficients=SIMPLE_COEFFICIENTS,
                  ns_dtype: torch.dtype | None = torch.bfloat16):
         if lr < 0 or weight_decay < 0 or not 0 <= momentum < 1:
             raise MuonConfigError(f"need lr >= 0, weight_decay >= 0, 0 <= momentum < 1; "
                                   f"got {lr}, {weight_decay}, {momentum}")
+        _schedule(ns_coefficients, ns_steps)                                # validates
         if adjust_lr not in CONVENTIONS:
             raise MuonConfigError(f"adjust_lr must be one of {sorted(CONVENTIONS)}, got {adjust_lr!r}")
         defaults = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
-                    "ns_steps": ns_steps, "ns_coefficients": tuple(ns_coefficients)}
+                    "ns_steps": ns_steps, "ns_coefficients": ns_coefficients}
         super().__init__(params, defaults)
         self.adjust_lr, self.ns_dtype = adjust_lr, ns_dtype
         self.convention = CONVENTIONS[adjust_lr]
