@@ -58,10 +58,10 @@ def run(args: argparse.Namespace) -> int:
         print_json(payload)
     else:
         rows = [[d, v, result.unigram_bpb.get(d)] for d, v in result.bpb.items()]
-        stdout_console.print(make_table(
-            f"ladder train {config['recipe']} L{args.rung}: {result.steps} steps, loss {result.final_loss:.4f}"
-            f"{'  DIVERGED' if result.diverged else ''}", ["domain", "bpb", "unigram bpb"], rows))
+        stdout_console.print(make_table(f"ladder train {config['recipe']} L{args.rung}", ["domain", "bpb", "unigram bpb"],
+                                        rows))
         stdout_console.print(
+            f"{result.steps} steps  loss {result.final_loss:.4f}{'  DIVERGED: ' + str(result.diverged_reason) if result.diverged else ''}\n"
             f"run {result.run_id}  tokens {result.tokens:,}  FLOPs {result.train_flops:.3e}  "
             f"wall {result.wall_seconds:.1f}s  {result.tokens_per_second:,.0f} tok/s  MFU {result.mfu:.2%}")
     return 0

@@ -202,7 +202,6 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
                           tags={"recipe": cfg.recipe, "rung": cfg.L, "trial_key": cfg.trial_key or cfg.key(),
                                 "config_key": cfg.key()},
                           params=cfg.to_dict())
-        tracker.log_metrics({"optimizer_convention_logged": 1.0}, step=state.step)
         tracker.set_tag("muon_update_scale", str(getattr(optimizer, "convention", cfg.adjust_lr)))
     peak = measure_peak_bf16_flops()
     grad_median = MovingMedian(GRAD_NORM_WINDOW, state.grad_norms[-GRAD_NORM_WINDOW:])
