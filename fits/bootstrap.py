@@ -1,15 +1,14 @@
 """Bootstrap over runs: resample the fitted rows with replacement, refit, and read parameter and
 prediction intervals off the percentiles of the draws (Epoch's procedure for Chinchilla).
 
-Each resample is warm-started from the full-data solution, which is what makes 1,000 resamples
-of every domain's law cheap. A resample whose fit is non-finite, or that has too few distinct
-x values for the form, is counted in `bootstrap_failed` and left out, never silently patched.
+Each resample is warm-started from the full-data solution and all resamples are solved at once
+(`fits.batched`), which is what makes 1,000 resamples of every domain's law cheap. Whole clusters
+of rows (a run's repeated rows) can be drawn instead of rows. A resample whose fit is non-finite,
+or that has too few distinct x values for the form, is counted in `bootstrap_failed` and left
+out, never silently patched.
 """
 
 from __future__ import annotations
-
-import logging
-from collections.abc import Callable
 
 import numpy as np
 
@@ -17,47 +16,10 @@ from fits.batched import batched_huber_lm, resample_weights
 from fits.errors import FitError
 from fits.results import FitResult
 
-log = logging.getLogger(__name__)
-
 
 def percentile_interval(draws: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
     q = 50.0 * (1.0 - level)
     return np.percentile(draws, q, axis=0), np.percentile(draws, 100.0 - q, axis=0)
-
-
-def resample_indices(rng: np.random.Generator, n_rows: int, clusters: np.ndarray | None = None) -> np.ndarray:
-    """Row indices of one resample; with `clusters` (e.g. a run id repeated over its seeds or
-    checkpoints) whole clusters are drawn, so correlated rows travel together."""
-    if clusters is None:
-        return rng.integers(0, n_rows, n_rows)
-    labels, inverse = np.unique(clusters, return_inverse=True)
-    members = [np.flatnonzero(inverse == k) for k in range(len(labels))]
-    chosen = rng.integers(0, len(labels), len(labels))
-    return np.concatenate([members[k] for k in chosen])
-
-
-def bootstrap_draws(fit_one: Callable[[np.ndarray], np.ndarray], n_rows: int, n: int, seed: int,
-                    clusters: np.ndarray | None = None) -> tuple[np.ndarray, int]:
-    """Call `fit_one(indices) -> parameter vector` on `n` resamples. Returns (draws, n_failed)."""
-    rng = np.random.default_rng(seed)
-    draws, failed = [], 0
-    for _ in range(n):
-        idx = resample_indices(rng, n_rows, clusters)
-        try:
-            vec = fit_one(idx)
-        except FitError:
-            failed += 1
-            continue
-        if np.all(np.isfinite(vec)):
-            draws.append(vec)
-        else:
-            failed += 1
-    if failed:
-        log.info("bootstrap: %d of %d resamples failed and were left out", failed, n)
-    if len(draws) < max(10, n // 2):
-        raise FitError(f"bootstrap: only {len(draws)} of {n} resamples gave a finite fit; the law is not identified "
-                       "by these points")
-    return np.asarray(draws), failed
 
 
 def attach_bootstrap(result: FitResult, draws: np.ndarray, failed: int, ci_level: float) -> None:
