@@ -189,7 +189,9 @@ def run_on_tune(payloads: list[dict], *, name: str, storage_path: Path, max_conc
     tuner = tune.Tuner(
         trainable,
         param_space={"index": tune.grid_search(list(range(len(payloads))))},
-        tune_config=TuneConfig(max_concurrent_trials=max_concurrent, num_samples=1, reuse_actors=False),
+        # Reused actors skip a process start and the torch/rungs imports per trial (the bulk of the
+        # fixed overhead); a trial that kills its process gets a fresh actor anyway.
+        tune_config=TuneConfig(max_concurrent_trials=max_concurrent, num_samples=1, reuse_actors=True),
         run_config=RunConfig(name=name, storage_path=str(storage_path), verbose=0, callbacks=[callback],
                              failure_config=FailureConfig(max_failures=max_failures)),
     )

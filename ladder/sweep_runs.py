@@ -90,8 +90,9 @@ def trial_state(records: list[RunRecord]) -> TrialState:
 def tag_run(tracking_uri: str, run_id: str, tags: dict, *, status: str | None = None) -> None:
     from mlflow.tracking import MlflowClient
 
+    from mlflow.entities import RunTag
+
     client = MlflowClient(tracking_uri)
-    for k, v in tags.items():
-        client.set_tag(run_id, k, str(v))
+    client.log_batch(run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])  # one request, not one per tag
     if status is not None:
         client.set_terminated(run_id, status=status)
