@@ -12,13 +12,14 @@ Targets (issue 4): MoE FLOP rate ≥ 0.7 × dense; MoE MFU ≥ 30% of the measur
 from __future__ import annotations
 
 import sys
+import time
 from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.common import Report, main_for, measured_peak_bf16_flops, time_call
+from benchmarks.common import Report, main_for
 from ladder.counting import count_flops_per_token
 from ladder.plan import plan_rung
 from ladder.recipe import load_recipe
@@ -89,6 +90,12 @@ def dense_hidden_for(arch) -> tuple[int, float]:
     return hidden, 3.0 * dense_forward
 
 
+def _timed(fn, clock) -> float:
+    t0 = clock()
+    fn()
+    return clock() - t0
+
+
 def run(quick: bool) -> Report:
     report = Report("train_step")
     recipe = load_recipe("cpu-demo")
@@ -125,19 +132,25 @@ def run(quick: bool) -> Report:
         dense_opt.step()
         dense_opt.zero_grad(set_to_none=True)
 
-    # Interleave the two so a change in machine load hits both alike.
+    # Interleaved, and timed in process CPU seconds with one thread, so other jobs on the shared
+    # machine change neither side's number (with 1 thread, CPU time is the compute time).
+    clock = time.process_time if threads == 1 else time.perf_counter
+    moe_step()
+    dense_step()
     moe_times, dense_times = [], []
     for _ in range(repeats):
-        moe_times.append(time_call(moe_step, repeats=1, warmup=1 if not moe_times else 0))
-        dense_times.append(time_call(dense_step, repeats=1, warmup=1 if not dense_times else 0))
+        moe_times.append(_timed(moe_step, clock))
+        dense_times.append(_timed(dense_step, clock))
     moe_s, dense_s = sorted(moe_times)[len(moe_times) // 2], sorted(dense_times)[len(dense_times) // 2]
-    peak = measured_peak_bf16_flops()
-    a = torch.randn(2048, 2048)
-    peak_fp32 = 2.0 * 2048**3 / time_call(lambda: a @ a, repeats=3, warmup=1)
+    a16 = torch.randn(2048, 2048, dtype=torch.bfloat16)
+    a32 = torch.randn(2048, 2048)
+    a16 @ a16, a32 @ a32
+    peak = 2.0 * 2048**3 / min(_timed(lambda: a16 @ a16, clock) for _ in range(3))
+    peak_fp32 = 2.0 * 2048**3 / min(_timed(lambda: a32 @ a32, clock) for _ in range(3))
     moe_rate = spec.flops_per_token * batch_tokens / moe_s
     dense_rate = dense_flops_per_token * batch_tokens / dense_s
     report.results = {
-        "rung": L, "threads": threads, "precision": "bf16" if cfg.autocast_bf16 else "fp32",
+        "rung": L, "threads": threads, "clock": clock.__name__, "precision": "bf16" if cfg.autocast_bf16 else "fp32",
         "batch_tokens": batch_tokens, "moe_flops_per_token": spec.flops_per_token,
         "dense_flops_per_token": dense_flops_per_token, "dense_hidden": hidden,
         "moe_step_seconds": moe_s, "dense_step_seconds": dense_s,
