@@ -114,3 +114,12 @@ def test_bad_configs_raise_errors_naming_the_problem(change, key, match):
         parse_config(cfg)
     if key:
         assert err.value.key == key
+
+
+def test_deterministic_mode_repeats_bit_for_bit(tmp_path):
+    cfg = tiny_config(max_steps=3, deterministic=True, threads=None, dropout=0.1)
+    a = train(cfg, run_dir=tmp_path / "a", progress=False)
+    b = train(cfg, run_dir=tmp_path / "b", progress=False)
+    assert a.losses == b.losses and a.bpb == b.bpb
+    assert torch.get_num_threads() == 1  # deterministic runs do not let the machine's load pick threads
+    torch.use_deterministic_algorithms(False)
