@@ -188,6 +188,7 @@ class DistMuon(torch.optim.Optimizer):
                 batch.world, batch.rank = len(batch.ranks), dist.get_rank(batch.group)
             batch.finalise()
         self._plan = list(batches.values())
+        self._device = _local(self._entries[0][0]).device if self._entries else torch.device("cpu")
         self._plan_key = tuple(id(p) for p, _ in self._entries)
 
     def plan(self) -> list[_Batch]:
@@ -257,11 +258,11 @@ class DistMuon(torch.optim.Optimizer):
         if batch.kind != "rows" or batch.world == 1:
             return None, torch.empty(0)
         c, n = batch.rows_per_rank, batch.shape[1]
-        padded = torch.zeros(len(batch.matrices), c, n, dtype=self.comm_dtype)
+        padded = torch.zeros(len(batch.matrices), c, n, dtype=self.comm_dtype, device=self._device)
         for j, m in enumerate(batch.matrices):
             padded[j, :batch.my_rows] = self._matrix_local(updates, m)
         send = padded[batch.owner_order].reshape(-1)
-        recv = torch.empty(batch.world * len(batch.mine) * c * n, dtype=self.comm_dtype)
+        recv = torch.empty(batch.world * len(batch.mine) * c * n, dtype=self.comm_dtype, device=self._device)
         recv_splits = [len(batch.mine) * c * n] * batch.world
         handle = dist.all_to_all_single(recv, send, recv_splits, batch.send_splits, group=batch.group, async_op=True)
         return handle, recv
@@ -277,9 +278,9 @@ class DistMuon(torch.optim.Optimizer):
             return full[:, :m_rows].contiguous()
         if batch.kind == "rows":  # world of one: the shard is the whole matrix
             return torch.stack([self._matrix_local(updates, batch.matrices[j]) for j in batch.mine]) \
-                if batch.mine else torch.empty(0, m_rows, n, dtype=self.comm_dtype)
+                if batch.mine else torch.empty(0, m_rows, n, dtype=self.comm_dtype, device=self._device)
         if not batch.mine:
-            return torch.empty(0, m_rows, n, dtype=self.comm_dtype)
+            return torch.empty(0, m_rows, n, dtype=self.comm_dtype, device=self._device)
         return torch.stack([self._matrix_local(updates, batch.matrices[j]) for j in batch.mine])
 
     def _send_back(self, batch: _Batch, ortho: Tensor) -> tuple[Any, Tensor]:
@@ -288,16 +289,16 @@ class DistMuon(torch.optim.Optimizer):
             return None, ortho
         if batch.kind == "rows":
             k, c = len(batch.mine), batch.rows_per_rank
-            padded = torch.zeros(k, batch.world * c, n, dtype=self.comm_dtype)
+            padded = torch.zeros(k, batch.world * c, n, dtype=self.comm_dtype, device=self._device)
             padded[:, :m_rows] = ortho
             send = padded.view(k, batch.world, c, n).permute(1, 0, 2, 3).reshape(-1)
-            recv = torch.empty(sum(batch.send_splits), dtype=self.comm_dtype)
+            recv = torch.empty(sum(batch.send_splits), dtype=self.comm_dtype, device=self._device)
             handle = dist.all_to_all_single(recv, send, batch.send_splits, [k * c * n] * batch.world,
                                             group=batch.group, async_op=True)
             return handle, recv
-        mine = torch.zeros(batch.per_rank, m_rows, n, dtype=self.comm_dtype)
+        mine = torch.zeros(batch.per_rank, m_rows, n, dtype=self.comm_dtype, device=self._device)
         mine[:ortho.shape[0]] = ortho
-        out = torch.empty(batch.world * batch.per_rank, m_rows, n, dtype=self.comm_dtype)
+        out = torch.empty(batch.world * batch.per_rank, m_rows, n, dtype=self.comm_dtype, device=self._device)
         handle = dist.all_gather_single(out, mine, group=batch.group, async_op=True)
         return handle, out
 

@@ -158,7 +158,7 @@ def reduce_expert_grads(par: Parallel) -> None:
 def clip_grad_norm(model: nn.Module, par: Parallel, max_norm: float | None) -> float:
     """Global L2 norm of all gradients (one all-reduce), clipped like `rungs.optim.clip_grad_norm_`."""
     experts = {id(p) for p in par.expert_params}
-    sq = torch.zeros((), dtype=torch.float64)
+    sq = torch.zeros((), dtype=torch.float64, device=par.device_type)
     grads = []
     for p in model.parameters():
         if p.grad is None:
@@ -185,22 +185,30 @@ def lbl_reduce(par: Parallel):
 
 def train_step(model: nn.Module, optimizer: MuonAdamW, par: Parallel, inputs: Tensor, targets: Tensor, *,
                n_experts: int, top_k: int, lb_loss_coef: float = 0.0, z_loss_coef: float = 0.0,
-               grad_clip: float | None = None, autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
-    """One optimizer step on this rank's share (inputs, targets: (b, T)) of the global batch."""
-    with torch.autocast(par.device_type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-        logits, routes = model(inputs)
-    ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
-    aux = ce.new_zeros(())
-    if lb_loss_coef:
-        aux = aux + lb_loss_coef * load_balancing_loss(routes, n_experts, top_k, reduce_fn=lbl_reduce(par))
-    if z_loss_coef:
-        aux = aux + z_loss_coef * z_loss(routes)
-    (ce + aux).backward()
+               grad_clip: float | None = None, autocast_dtype: torch.dtype | None = None,
+               micro_batches: int = 1) -> dict[str, float]:
+    """One optimizer step on this rank's share (inputs, targets: (b, T)) of the global batch,
+    accumulated over `micro_batches` equal slices of it (each scaled by 1 / micro_batches)."""
+    if inputs.shape[0] % micro_batches:
+        raise DistributedError(f"{inputs.shape[0]} sequences per rank do not split into {micro_batches} micro-batches")
+    ce_sum = aux_sum = torch.zeros((), dtype=torch.float64)
+    for inp, tgt in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
+        with torch.autocast(par.device_type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+            logits, routes = model(inp)
+        ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), tgt.reshape(-1))
+        aux = ce.new_zeros(())
+        if lb_loss_coef:
+            aux = aux + lb_loss_coef * load_balancing_loss(routes, n_experts, top_k, reduce_fn=lbl_reduce(par))
+        if z_loss_coef:
+            aux = aux + z_loss_coef * z_loss(routes)
+        ((ce + aux) / micro_batches).backward()
+        ce_sum = ce_sum + ce.detach().double().cpu() / micro_batches
+        aux_sum = aux_sum + aux.detach().double().cpu() / micro_batches
     reduce_expert_grads(par)
     grad_norm = clip_grad_norm(model, par, grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    losses = torch.stack([ce.detach(), aux.detach()]).double()
+    losses = torch.stack([ce_sum, aux_sum]).to(par.device_type)
     dist.all_reduce(losses)
     losses /= par.world
     rounds = [float(block.moe.experts.last_stats.get("rounds", 1)) for block in model.layers]

@@ -59,6 +59,10 @@ class _Round:
         self.recv_perm = recv_perm        # received (src, expert) order -> (expert, src) order
         self.expert_ends = expert_ends    # cumulative rows per local expert in (expert, src) order
 
+    def to(self, device: torch.device) -> _Round:
+        self.send_pairs, self.recv_perm = self.send_pairs.to(device), self.recv_perm.to(device)
+        return self
+
     @property
     def recv_rows(self) -> int:
         return self.expert_ends[-1] if self.expert_ends else 0
@@ -126,7 +130,7 @@ class _EPExperts(torch.autograd.Function):
                 xin = recv_buf[:n]
                 xin.copy_(recv[rnd.recv_perm])
                 ends = rnd.expert_ends
-                offs = torch.tensor(ends, dtype=torch.int32)
+                offs = torch.tensor(ends, dtype=torch.int32, device=x.device)
                 h = F.silu(_gmm(xin, w_gate.mT, offs, ends, backend)) * _gmm(xin, w_up.mT, offs, ends, backend)
                 out_buf[:n][rnd.recv_perm] = _gmm(h, w_down.mT, offs, ends, backend)
             back = _exchange(out_buf[:n], rnd.recv_splits, rnd.send_splits, back_buf, group)
@@ -139,7 +143,7 @@ class _EPExperts(torch.autograd.Function):
         x, w_gate, w_up, w_down = ctx.saved_tensors
         k, group, backend = ctx.k, ctx.group, ctx.backend
         latent = x.shape[1]
-        grads = [torch.zeros(w.shape, dtype=torch.float32 if w.dtype != torch.float64 else w.dtype) for w in
+        grads = [torch.zeros(w.shape, dtype=torch.float32 if w.dtype != torch.float64 else w.dtype, device=w.device) for w in
                  (w_gate, w_up, w_down)]
         dx_pairs = x.new_zeros(x.shape[0] * k, latent)
         pack_buf = x.new_zeros(ctx.buffer_rows, 2 * latent)
@@ -155,7 +159,7 @@ class _EPExperts(torch.autograd.Function):
                 both = recv[rnd.recv_perm]
                 xin, dy = both[:, :latent].contiguous(), both[:, latent:].contiguous()
                 ends = rnd.expert_ends
-                offs = torch.tensor(ends, dtype=torch.int32)
+                offs = torch.tensor(ends, dtype=torch.int32, device=x.device)
                 hg = _gmm(xin, w_gate.mT, offs, ends, backend)
                 hu = _gmm(xin, w_up.mT, offs, ends, backend)
                 sig = torch.sigmoid(hg)
@@ -212,14 +216,15 @@ class ExpertParallelExperts(nn.Module):
                                       f"{tuple(x.shape)}, {tuple(expert_idx.shape)}, {tuple(gate.shape)}")
         flat = expert_idx.reshape(-1).long()
         local_counts = torch.bincount(flat, minlength=self.n_experts)
-        gathered = torch.empty(self.n_ranks * self.n_experts, dtype=torch.long)
+        gathered = torch.empty(self.n_ranks * self.n_experts, dtype=torch.long, device=x.device)
         dist.all_gather_single(gathered, local_counts, group=self.group)    # the one count collective
-        counts = gathered.view(self.n_ranks, self.n_experts)
+        counts = gathered.view(self.n_ranks, self.n_experts).cpu()  # the plan is host-side bookkeeping
         pairs_in_group = n_tokens * k * self.n_ranks  # every rank routes the same number of tokens
         capacity = self.capacity_per_expert or max(1, math.ceil(pairs_in_group / self.group_size))
         buffer_rows = self.local_experts * capacity  # fixed: a round never brings more
-        order = torch.argsort(flat, stable=True)
+        order = torch.argsort(flat, stable=True).cpu()
         rounds = build_rounds(counts, order, self.rank, capacity, self.group_size)
+        rounds = [r.to(x.device) for r in rounds]
         dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled(x.device.type) else x.dtype
         weights = [w.to(dtype) for w in (self.w_gate, self.w_up, self.w_down)]
         y_pairs = _EPExperts.apply(x.to(dtype), *weights, rounds, k, buffer_rows, self.group, self.backend)

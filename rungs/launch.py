@@ -83,7 +83,11 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int = 1, res
     corpus = _corpus(cfg, par)
     sampler = SourceScaledSampler(corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
                                   batch_sequences=cfg.batch_sequences, seed=cfg.seed)
-    model = parallelize(Transformer(cfg.architecture()), par, capacity_per_expert=cfg.capacity_per_expert)
+    if (cfg.batch_sequences // par.world) % cfg.accumulation_steps:
+        raise DistributedError(f"{cfg.batch_sequences // par.world} sequences per worker do not split into "
+                               f"{cfg.accumulation_steps} micro-batches")
+    device = torch.device(par.device_type)
+    model = parallelize(Transformer(cfg.architecture()).to(device), par, capacity_per_expert=cfg.capacity_per_expert)
     optimizer = build_optimizer(model, par, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,
                                 muon_momentum=cfg.muon_momentum, adjust_lr=cfg.adjust_lr, comm_dtype=comm_dtype)
     state: dict[str, Any] = {"step": 0, "tokens": 0, "train_flops": 0.0, "train_seconds": 0.0, "losses": []}
@@ -108,9 +112,10 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int = 1, res
         optimizer.set_lr_multiplier(multiplier)
         t0 = time.perf_counter()
         batch = sampler.next_batch()  # the same global batch on every rank; this rank trains on its rows
-        stats = train_step(model, optimizer, par, batch.inputs[rows], batch.targets[rows], n_experts=cfg.n_experts,
-                           top_k=cfg.top_k, lb_loss_coef=cfg.lb_loss_coef, z_loss_coef=cfg.z_loss_coef,
-                           grad_clip=cfg.grad_clip, autocast_dtype=autocast)
+        stats = train_step(model, optimizer, par, batch.inputs[rows].to(device), batch.targets[rows].to(device),
+                           n_experts=cfg.n_experts, top_k=cfg.top_k, lb_loss_coef=cfg.lb_loss_coef,
+                           z_loss_coef=cfg.z_loss_coef, grad_clip=cfg.grad_clip, autocast_dtype=autocast,
+                           micro_batches=cfg.accumulation_steps)
         if cfg.expert_bias:
             _update_expert_bias(model)
         seconds = time.perf_counter() - t0
