@@ -98,17 +98,15 @@ def laws_from_experiment(args: argparse.Namespace, laws: dict[str, Any]) -> dict
     return laws
 
 
-def run(args: argparse.Namespace) -> int:
+def build_card(recipe_name: str, rung: int, laws: dict[str, Any], tpp: float | None = None) -> dict[str, Any]:
+    """The recipe card of one target rung: the plan's numbers plus what the given laws predict."""
     from fits.extrapolate import recipe_card
 
-    recipe = load_recipe(args.recipe)
-    spec = plan_rung(recipe, args.rung, args.tpp)
+    recipe = load_recipe(recipe_name)
+    spec = plan_rung(recipe, rung, tpp)
     pool = recipe.gpu_pool
     compute = plan_compute(spec.train_flops, gpus=pool.default_gpus, peak_flops_per_gpu=pool.peak_bf16_flops_per_gpu,
                            mfu=pool.default_mfu, goodput=pool.default_goodput)
-    laws = load_laws(args.laws)
-    if args.experiment:
-        laws = laws_from_experiment(args, laws)
     plan = spec.to_dict()
     target = {k: plan[k] for k in ("recipe", "L", "n_layers", "d_model", "n_heads", "head_dim", "n_kv_heads_global",
                                    "n_kv_heads_local", "n_experts", "top_k", "n_shared_experts", "latent_dim",
@@ -117,16 +115,23 @@ def run(args: argparse.Namespace) -> int:
     target["compute"] = {"pool": pool.name, "gpus": pool.default_gpus, "mfu": pool.default_mfu,
                          "goodput": pool.default_goodput, "wall_clock_days": compute.wall_clock_days,
                          "gpu_hours": compute.gpu_hours}
-    provenance = {"laws_files": laws["files"], "experiment": laws.get("experiment"),
-                  "hparam_laws": "fitted" if (laws["hparams"] or {}).get("selected")
+    provenance = {"laws_files": laws.get("files", []), "experiment": laws.get("experiment"),
+                  "hparam_laws": "fitted" if (laws.get("hparams") or {}).get("selected")
                   else f"recipe fallback: {recipe.hparam_laws.source}",
-                  "dropout_law": "fitted" if (laws["hparams"] or {}).get("dropout") else "recipe's fixed dropout",
+                  "dropout_law": "fitted" if (laws.get("hparams") or {}).get("dropout") else "recipe's fixed dropout",
                   "power_laws": {d: {"n_points": f.n_points, "rows_used": f.rows_used, "code_version": f.code_version}
-                                 for d, f in laws["power_law"].items()}}
-    card = recipe_card(target, power_laws=laws["power_law"], hparams=laws["hparams"],
-                       dropout=(laws["hparams"] or {}).get("dropout"),
+                                 for d, f in laws.get("power_law", {}).items()}}
+    return recipe_card(target, power_laws=laws.get("power_law", {}), hparams=laws.get("hparams"),
+                       dropout=(laws.get("hparams") or {}).get("dropout"),
                        report_laws=recipe.hparam_laws.model_dump(exclude={"source"}), report_source=recipe.hparam_laws.source,
                        recipe_dropout=recipe.dropout, provenance=provenance)
+
+
+def run(args: argparse.Namespace) -> int:
+    laws = load_laws(args.laws)
+    if args.experiment:
+        laws = laws_from_experiment(args, laws)
+    card = build_card(args.recipe, args.rung, laws, args.tpp)
     if args.json:
         print_json(card)
         return 0
