@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from fits.robust import huber, huber_grad
+from fits.threads import one_blas_thread
 
 ResidualFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
@@ -26,6 +27,13 @@ def batched_huber_lm(residuals_and_jacobian: ResidualFn, theta0: np.ndarray, wei
 
     residuals_and_jacobian(theta (B, p)) -> (r (B, n), J (B, n, p)). Returns (theta (B, p), objective (B,)).
     """
+    with one_blas_thread():
+        return _batched_huber_lm(residuals_and_jacobian, theta0, weights, delta=delta, lower=lower, upper=upper,
+                                 max_iter=max_iter, rtol=rtol)
+
+
+def _batched_huber_lm(residuals_and_jacobian: ResidualFn, theta0: np.ndarray, weights: np.ndarray, *, delta: float,
+                      lower: np.ndarray, upper: np.ndarray, max_iter: int, rtol: float) -> tuple[np.ndarray, np.ndarray]:
     theta = np.clip(np.array(theta0, dtype=np.float64), lower, upper)
     B, p = theta.shape
     lam = np.full(B, 1e-3)

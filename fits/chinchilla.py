@@ -28,6 +28,7 @@ from scipy.optimize import minimize
 from fits.errors import FitBoundaryError, FitConvergenceError
 from fits.results import FitResult
 from fits.robust import HUBER_DELTA, huber, huber_grad, reduce_weight
+from fits.threads import one_blas_thread
 from fits.validate import numeric_column, require_columns, require_points, row_ids
 
 log = logging.getLogger(__name__)
@@ -132,13 +133,14 @@ def fit_chinchilla_arrays(N: np.ndarray, D: np.ndarray, L: np.ndarray, *, delta:
     else:
         grid = np.atleast_2d(starts)
     best = None
-    for i, s in enumerate(grid):
-        if len(grid) > 256 and i % 500 == 0:
-            log.info("chinchilla: L-BFGS-B from start %d of %d", i, len(grid))
-        res = minimize(objective, s, args=(log_n, log_d, log_l, delta, weight), jac=True, method="L-BFGS-B",
-                       bounds=BOUNDS, options=options or {})
-        if np.all(np.isfinite(res.x)) and np.isfinite(res.fun) and (best is None or res.fun < best.fun):
-            best = res
+    with one_blas_thread():
+        for i, s in enumerate(grid):
+            if len(grid) > 256 and i % 500 == 0:
+                log.info("chinchilla: L-BFGS-B from start %d of %d", i, len(grid))
+            res = minimize(objective, s, args=(log_n, log_d, log_l, delta, weight), jac=True, method="L-BFGS-B",
+                           bounds=BOUNDS, options=options or {})
+            if np.all(np.isfinite(res.x)) and np.isfinite(res.fun) and (best is None or res.fun < best.fun):
+                best = res
     if best is None:
         raise FitConvergenceError(f"chinchilla: every one of {len(grid)} starts ended non-finite")
     raw = RawChinchilla(theta=best.x, objective=float(best.fun), n_iterations=int(best.nit),

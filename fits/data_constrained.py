@@ -25,6 +25,7 @@ from scipy.optimize import minimize
 from fits.errors import FitBoundaryError, FitConvergenceError
 from fits.results import FitResult
 from fits.robust import HUBER_DELTA, huber, huber_grad
+from fits.threads import one_blas_thread
 from fits.validate import numeric_column, require_columns, require_points, row_ids
 
 # Muennighoff et al.'s base, unrounded (datablations README / utils/parametric_fit.ipynb, commit 13701315).
@@ -100,11 +101,12 @@ def fit_data_constrained(df: pd.DataFrame, n: str = "N_params", d: str = "D_toke
     args = (N, D, U, log_l, base, delta)
     bounds = [R_STAR_BOUNDS, R_STAR_BOUNDS]
     best = None
-    for start in itertools.product(START_GRID, START_GRID):
-        res = minimize(objective, np.array(start), args=args, jac=True, method="L-BFGS-B", bounds=bounds,
-                       options={"ftol": 1e-15, "gtol": 1e-12})
-        if np.isfinite(res.fun) and (best is None or res.fun < best.fun):
-            best = res
+    with one_blas_thread():
+        for start in itertools.product(START_GRID, START_GRID):
+            res = minimize(objective, np.array(start), args=args, jac=True, method="L-BFGS-B", bounds=bounds,
+                           options={"ftol": 1e-15, "gtol": 1e-12})
+            if np.isfinite(res.fun) and (best is None or res.fun < best.fun):
+                best = res
     if best is None:
         raise FitConvergenceError("data-constrained law: every start ended non-finite")
     polish = minimize(lambda t: objective(t, *args)[0], best.x, method="Nelder-Mead",

@@ -22,6 +22,7 @@ from scipy.optimize import minimize
 from fits.errors import FitBoundaryError, FitConvergenceError, FitInputError
 from fits.results import FitResult
 from fits.robust import HUBER_DELTA, huber, huber_grad, lse_terms, reduce_weight
+from fits.threads import one_blas_thread
 from fits.validate import numeric_column, require_columns, require_points, row_ids
 
 log = logging.getLogger(__name__)
@@ -90,12 +91,13 @@ def fit_arrays(x: np.ndarray, y: np.ndarray, *, delta: float = HUBER_DELTA, redu
     bounds = _bounds(log_y)
     starts = [start] if start is not None else list(_grid_starts(z, y, log_y, delta)[:N_REFINED_STARTS])
     best = None
-    for s in starts:
-        s = np.clip(s, [b[0] for b in bounds], [b[1] for b in bounds])
-        res = minimize(_objective, s, args=(z, log_y, delta, weight), jac=True, method="L-BFGS-B", bounds=bounds,
-                       options={"maxiter": 2000, "ftol": 1e-15, "gtol": 1e-12 * weight})
-        if np.all(np.isfinite(res.x)) and np.isfinite(res.fun) and (best is None or res.fun < best.fun):
-            best = res
+    with one_blas_thread():
+        for s in starts:
+            s = np.clip(s, [b[0] for b in bounds], [b[1] for b in bounds])
+            res = minimize(_objective, s, args=(z, log_y, delta, weight), jac=True, method="L-BFGS-B", bounds=bounds,
+                           options={"maxiter": 2000, "ftol": 1e-15, "gtol": 1e-12 * weight})
+            if np.all(np.isfinite(res.x)) and np.isfinite(res.fun) and (best is None or res.fun < best.fun):
+                best = res
     if best is None:
         raise FitConvergenceError(f"power law: every start ended non-finite ({FORMULA})")
     raw = RawFit(theta=best.x, objective=float(best.fun), log_x0=log_x0)

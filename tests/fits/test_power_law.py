@@ -82,7 +82,6 @@ def test_batched_bootstrap_solver_matches_scipy_per_resample():
         assert f[k] <= ref.fun * (1 + 1e-6) + 1e-12
 
 
-@pytest.mark.slow
 def test_interval_coverage_is_close_to_nominal():
     """Over repeated draws from a known law, the 90% bootstrap interval of the prediction one
     rung beyond the data covers the truth about 90% of the time (a small-sample percentile
