@@ -32,6 +32,7 @@ from rungs.data.prepare import ensure_prepared
 from rungs.data.sampler import SourceScaledSampler
 from rungs.distributed import DistributedError, Parallel, build_optimizer, parallelize, setup, train_step
 from rungs.evaluation import evaluate_model, unigram_bpb
+from rungs.metrics import measure_peak_bf16_flops
 from rungs.model import Transformer
 from rungs.optim import lr_at
 from rungs.tracking import Tracker
@@ -100,6 +101,11 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int = 1, res
         state = extra["state"]
         log.info("resumed %s at step %d on %d workers", run_dir, state["step"], par.world)
     tracker = _tracker(cfg, run_dir, par)
+    # MFU denominator: every worker's own measured bf16 rate, summed over the job (a shared gloo
+    # box reports contended rates; a GPU pool reports its real peak)
+    peak = torch.tensor(measure_peak_bf16_flops(device=par.device_type), dtype=torch.float64, device=device)
+    dist.all_reduce(peak)
+    job_peak_flops = float(peak)
     rows = slice(par.rank * cfg.batch_sequences // par.world, (par.rank + 1) * cfg.batch_sequences // par.world)
     autocast = torch.bfloat16 if cfg.precision == "bf16" else None
     total = cfg.run_steps
@@ -129,6 +135,7 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int = 1, res
             break
         if tracker is not None:
             tracker.log_metrics(stats | {"lr": cfg.lr * multiplier, "tokens_per_second": cfg.batch_tokens / seconds,
+                                         "mfu": cfg.flops_per_token * cfg.batch_tokens / seconds / job_peak_flops,
                                          "tokens": float(state["tokens"]), "workers": float(par.world)},
                                 step=state["step"])
         if state["step"] % cfg.checkpoint_interval == 0 or state["step"] == stop_at:
@@ -148,7 +155,8 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int = 1, res
         bpb=bpb, tokens=state["tokens"], train_flops=state["train_flops"],
         wall_seconds=time.perf_counter() - t_start,
         tokens_per_second=state["tokens"] / state["train_seconds"] if state["train_seconds"] else 0.0,
-        mfu=0.0, diverged=not all(math.isfinite(v) for v in state["losses"]), steps=state["step"],
+        mfu=state["train_flops"] / state["train_seconds"] / job_peak_flops if state["train_seconds"] else 0.0,
+        diverged=not all(math.isfinite(v) for v in state["losses"]), steps=state["step"],
         losses=list(state["losses"]), run_dir=str(run_dir))
     if par.is_main:
         unigram = unigram_bpb(corpus, cfg)

@@ -18,13 +18,13 @@ def _job(rank, world, cfg, run_dir, out):
     # restarted on a different layout (dp=2 instead of ep=2): the sharded checkpoint reshards
     res = train_sharded(cfg, run_dir=run_dir, ep=1)
     assert res.steps == cfg["max_steps"] and res.losses[0] == first.losses[0] and len(res.losses) == 2
-    assert set(res.bpb) and all(v > 0 for v in res.bpb.values())
+    assert set(res.bpb) and all(v > 0 for v in res.bpb.values()) and 0 < res.mfu < 1
     if rank == 0:
         out.write_text(json.dumps(res.to_json()))
 
 
 def test_two_workers_job_stops_and_resumes_on_another_layout(tmp_path):
-    cfg = tiny_config(max_steps=2, precision="fp32", agc=False)
+    cfg = tiny_config(max_steps=2, precision="fp32", agc=False, micro_batch_sequences=2)  # 2 micro-batches
     run_ranks(_job, 2, cfg, tmp_path / "run", tmp_path / "out.json")
     stored = json.loads((tmp_path / "run" / "result.json").read_text())
     assert stored == json.loads((tmp_path / "out.json").read_text())
