@@ -212,3 +212,12 @@ def write_events(events: list[ClipEvent], path: Path) -> None:
     with path.open("a") as f:
         for ev in events:
             f.write(json.dumps(asdict(ev) | {"ratio": ev.ratio}, default=str) + "\n")
+
+
+def drop_events_after(path: Path, completed_steps: int) -> None:
+    """Keep only events of steps a checkpoint covers (0-based step < completed_steps)."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines(keepends=True)
+            if line.strip() and json.loads(line)["step"] < completed_steps]
+    path.write_text("".join(kept))

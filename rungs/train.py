@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rungs.agc import ActivationGradClipper, write_events
+from rungs.agc import ActivationGradClipper, drop_events_after, write_events
 from rungs.checkpoint import checkpoint_path, load_checkpoint, restore, save_checkpoint
 from rungs.config import TrainConfig, parse_config
 from rungs.data.corpus import PreparedCorpus
@@ -188,6 +188,7 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
         state = _State(**payload["extra"])
         if clipper is not None and state.agc is not None:
             clipper.load_state_dict(state.agc)
+        drop_events_after(run_dir / CLIP_LOG_FILE, state.step)  # those steps run again
         log.info("resumed %s at step %d", run_dir, state.step)
 
     total = cfg.run_steps

@@ -3,6 +3,7 @@ a checkpoint from another config is refused; RNG state round-trips."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -53,3 +54,21 @@ def test_a_checkpoint_from_another_config_is_refused(tmp_path):
 
 def test_missing_checkpoint_is_none(tmp_path):
     assert load_checkpoint(tmp_path, config_key="x") is None
+
+
+def test_clip_events_of_steps_run_again_are_not_duplicated(tmp_path):
+    # A threshold low enough that every step clips, so every step has events.
+    cfg = tiny_config(max_steps=4, agc_mode="median", agc_threshold=1.01)
+    train(cfg, run_dir=tmp_path / "straight", progress=False)
+    run = tmp_path / "crashed"
+    train(cfg, run_dir=run, progress=False, stop_after=2)
+    saved = (run / "checkpoint.pt").read_bytes()
+    train(cfg, run_dir=run, progress=False, stop_after=3)
+    # A crash after step 2 logged its events but before its checkpoint landed: back to step 2's.
+    (run / "checkpoint.pt").write_bytes(saved)
+    train(cfg, run_dir=run, progress=False)
+
+    def steps(name):
+        return [json.loads(line)["step"] for line in (tmp_path / name / "clip_events.jsonl").read_text().splitlines()]
+
+    assert steps("crashed") == steps("straight") and set(steps("straight")) == {0, 1, 2, 3}
