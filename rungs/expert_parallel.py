@@ -13,7 +13,9 @@ the E experts are split across the P ranks of an expert-parallel (EP) group, ran
 2. per round, each source packs the rows it sends into a flat buffer and ONE `all_to_all_single`
    delivers them; each rank's experts run one grouped matmul over a receive buffer of fixed size
    `E/P · capacity` rows (a hot expert costs rounds, never memory); a second `all_to_all_single`
-   returns the outputs; ranks whose experts have nothing left in a round skip the compute;
+   returns the outputs; ranks whose experts have nothing left in a round skip the compute. In the
+   forward pass the next round's dispatch is issued asynchronously before this round's GEMMs (two
+   fixed receive buffers), so communication overlaps expert compute;
 3. backward recomputes each round (re-dispatching x together with the output gradient in one
    exchange), so saved activations do not grow with the number of rounds.
 
@@ -120,21 +122,33 @@ class _EPExperts(torch.autograd.Function):
         ctx.rounds, ctx.k, ctx.buffer_rows, ctx.group, ctx.backend = rounds, k, buffer_rows, group, backend
         latent = x.shape[1]
         y_pairs = x.new_zeros(x.shape[0] * k, latent)
-        recv_buf = x.new_zeros(buffer_rows, latent)
+        # two fixed receive buffers: round r+1's dispatch is in flight while round r computes
+        recv_bufs = [x.new_zeros(buffer_rows, latent), x.new_zeros(buffer_rows, latent)]
         out_buf = x.new_zeros(buffer_rows, latent)
         back_buf = x.new_zeros(x.shape[0] * k, latent)
-        for rnd in rounds:
-            recv = _exchange(x[rnd.send_pairs // k], rnd.send_splits, rnd.recv_splits, recv_buf, group)
+
+        def dispatch(r: int):
+            rnd = rounds[r]
+            rows = x[rnd.send_pairs // k]
+            recv = recv_bufs[r % 2][:sum(rnd.recv_splits)]
+            handle = dist.all_to_all_single(recv, rows, rnd.recv_splits, rnd.send_splits, group=group, async_op=True)
+            return handle, recv, rows  # rows must outlive the exchange
+
+        pending = dispatch(0) if rounds else None
+        for r, rnd in enumerate(rounds):
+            upcoming = dispatch(r + 1) if r + 1 < len(rounds) else None
+            handle, recv, _ = pending
+            handle.wait()
             n = rnd.recv_rows
             if n:  # nothing left for this rank's experts: skip the compute, still join the exchange
-                xin = recv_buf[:n]
-                xin.copy_(recv[rnd.recv_perm])
+                xin = recv[rnd.recv_perm]
                 ends = rnd.expert_ends
                 offs = torch.tensor(ends, dtype=torch.int32, device=x.device)
                 h = F.silu(_gmm(xin, w_gate.mT, offs, ends, backend)) * _gmm(xin, w_up.mT, offs, ends, backend)
                 out_buf[:n][rnd.recv_perm] = _gmm(h, w_down.mT, offs, ends, backend)
             back = _exchange(out_buf[:n], rnd.recv_splits, rnd.send_splits, back_buf, group)
             y_pairs.index_copy_(0, rnd.send_pairs, back)
+            pending = upcoming
         return y_pairs
 
     @staticmethod
