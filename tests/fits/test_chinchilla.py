@@ -104,3 +104,18 @@ def test_optimum_on_a_bound_is_refused():
     with pytest.raises(FitBoundaryError):
         fit_chinchilla(pd.DataFrame({"params": N, "tokens": D, "loss": L}), n_starts=16)
     assert BOUNDS[3][0] > 0
+
+
+@pytest.mark.slow
+def test_every_one_of_hoffmanns_4500_starts_as_epoch_ran_it(epoch_240, summed_fit):
+    """Epoch's "replicate exactly": L-BFGS-B from all 4,500 grid points, best kept (~40 s)."""
+    N = epoch_240["Model Size"].to_numpy()
+    D = epoch_240["tokens"].to_numpy()
+    L = epoch_240["loss"].to_numpy()
+    full = fit_chinchilla_arrays(N, D, L, n_starts=None)
+    assert full.starts_tried == 4500
+    p = natural_params(full.theta)
+    for name in ("E", "alpha", "beta"):
+        assert p[name] == pytest.approx(EPOCH[name], rel=0.01)
+    assert full.objective == pytest.approx(0.00101827403, rel=1e-5)
+    assert full.objective <= summed_fit.objective * (1 + 1e-6)  # pre-screening to 64 starts lost nothing
