@@ -172,3 +172,19 @@ def test_efficiency_and_iso_bpb_commands(tmp_path, capsys):
     assert code == 0
     assert [r["reference"] for r in out["references"]] == ["DeepSeek-V4-Pro-Base", "MAI-Base-1"]
     assert set(out["references"][0]["domains"]) == {"code", "math"}
+
+
+def test_fit_table_maps_the_training_jobs_names_and_blanks_diverged_runs():
+    from ladder.mlflow_runs import fit_table, long_by_domain
+
+    runs = pd.DataFrame({
+        "run_id": ["a", "b"], "params.lr": [0.01, 0.02], "params.weight_decay": [0.1, 0.1], "params.steps": [100, 100],
+        "params.tpp": [5.0, 5.0], "params.params_active": [1e6, 1e6], "metrics.total_train_flops": [1e15, 1e15],
+        "metrics.final_bpb/code": [1.2, 9.9], "metrics.final_bpb/math": [1.4, 9.9], "tags.rung": ["3", "3"],
+        "tags.diverged": ["false", "true"]})
+    t = fit_table(runs)
+    assert t.loc[0, "wd"] == 0.1 and t.loc[0, "train_flops"] == 1e15 and t.loc[0, "rung"] == "3"
+    assert t.loc[0, "bpb"] == pytest.approx(1.3) and t.loc[0, "bpb_code"] == 1.2
+    assert t.loc[1, "diverged"] and np.isnan(t.loc[1, "bpb"]) and np.isnan(t.loc[1, "bpb_math"])
+    long = long_by_domain(t)
+    assert sorted(long["domain"]) == ["code", "math"] and set(long["run_id"]) == {"a"}
