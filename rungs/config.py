@@ -105,8 +105,9 @@ class TrainConfig(BaseModel):
     agc_median_window_steps: int = Field(default=100, gt=0)
 
     # --- numerics and reproducibility ---
-    # "auto": bf16 autocast on an accelerator; fp32 on CPU, where at demo widths bf16 autocast
-    # measured 2x slower than fp32 (casts dominate tiny matmuls; benchmarks/train_step.py).
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when torch sees a GPU, else cpu
+    # "auto": bf16 autocast on a GPU; fp32 on CPU, where at demo widths bf16 autocast measured 2x
+    # slower than fp32 (casts dominate tiny matmuls; benchmarks/train_step.py).
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     seed: int = 0
     deterministic: bool = False
@@ -170,9 +171,16 @@ class TrainConfig(BaseModel):
         return self.warmup_steps if self.warmup_steps is not None else max(1, round(0.05 * self.schedule_steps))
 
     @property
+    def device_type(self) -> str:
+        if self.device == "auto":
+            import torch
+
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    @property
     def autocast_bf16(self) -> bool:
-        # The job runs on CPU today, so "auto" resolves to fp32; an accelerator backend flips it to bf16.
-        return self.precision == "bf16"
+        return self.precision == "bf16" or (self.precision == "auto" and self.device_type == "cuda")
 
     @property
     def accumulation_steps(self) -> int:

@@ -22,8 +22,8 @@ def evaluate_model(model: torch.nn.Module, corpus: PreparedCorpus, cfg: TrainCon
     model.eval()
 
     def logits_fn(inputs: torch.Tensor) -> torch.Tensor:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
-            return model(inputs)[0].float()
+        with torch.autocast(cfg.device_type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
+            return model(inputs.to(cfg.device_type))[0].float().cpu()
 
     try:
         with torch.no_grad():

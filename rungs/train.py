@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from rungs.agc import ActivationGradClipper, drop_events_after, write_events
 from rungs.checkpoint import checkpoint_path, load_checkpoint, restore, save_checkpoint
-from rungs.config import TrainConfig, parse_config
+from rungs.config import TrainConfig, TrainConfigError, parse_config
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.prepare import ensure_prepared
 from rungs.data.sampler import SourceScaledSampler
@@ -86,11 +86,13 @@ def _seed_everything(seed: int, deterministic: bool) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    if deterministic:  # cuBLAS needs a fixed workspace to be deterministic (ignored on CPU)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(deterministic)
 
 
 def _autocast(cfg: TrainConfig):
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
+    return torch.autocast(cfg.device_type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
 
 
 def _pick_threads(cfg: TrainConfig) -> int:
@@ -120,7 +122,8 @@ def _train_step(cfg: TrainConfig, model: Transformer, optimizer, batch, clipper,
     rounds: list[int] = []
     for m in range(n_micro):
         rows = slice(m * micro, (m + 1) * micro)
-        inputs, targets = batch.inputs[rows], batch.targets[rows]
+        inputs = batch.inputs[rows].to(cfg.device_type, non_blocking=True)
+        targets = batch.targets[rows].to(cfg.device_type, non_blocking=True)
         if clipper is not None:
             offset = m * micro
             clipper.begin_micro_batch(inputs, locate=lambda r, p, o=offset: batch.locate(r + o, p), decode=decode)
@@ -173,7 +176,9 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
                                                  cache_root=Path(cfg.data_cache_root)))
     sampler = SourceScaledSampler(corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
                                   batch_sequences=cfg.batch_sequences, seed=cfg.seed)
-    model = Transformer(cfg.architecture())
+    if cfg.device_type == "cuda" and not torch.cuda.is_available():
+        raise TrainConfigError("device is cuda but torch sees no GPU; use device=cpu or auto", key="device")
+    model = Transformer(cfg.architecture()).to(cfg.device_type)
     optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,
                                 muon_momentum=cfg.muon_momentum, adjust_lr=cfg.adjust_lr)
     agc_settings = cfg.agc_settings()
@@ -204,7 +209,7 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
                                 "config_key": cfg.key()},
                           params=cfg.to_dict())
         tracker.set_tag("muon_update_scale", str(getattr(optimizer, "convention", cfg.adjust_lr)))
-    peak = measure_peak_bf16_flops()
+    peak = measure_peak_bf16_flops(device=cfg.device_type)
     grad_median = MovingMedian(GRAD_NORM_WINDOW, state.grad_norms[-GRAD_NORM_WINDOW:])
     divergence = DivergenceRule(cfg.spike_factor, cfg.spike_warmup_steps, history=state.losses[-100:])
     decode = corpus.tokenizer.decode
