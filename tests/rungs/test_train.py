@@ -128,4 +128,4 @@ def test_deterministic_mode_repeats_bit_for_bit(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error a GPU-less host gives")
 def test_asking_for_cuda_without_a_gpu_is_a_config_error(tmp_path):
     with pytest.raises(TrainConfigError, match="no GPU"):
-        train(tiny_config(max_steps=1, device="cuda"), run_dir=tmp_path, progress=False)
+        train(tiny_config(max_steps=2, device="cuda"), run_dir=tmp_path, progress=False)
