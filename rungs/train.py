@@ -287,7 +287,7 @@ def _result(tracker, state: _State, peak: float, unigram: dict[str, float], dive
     return TrainResult(
         run_id=tracker.run_id if tracker is not None else None,
         final_loss=state.losses[-1] if state.losses else float("nan"),
-        bpb=dict(last_bpb) if finished else {},
+        bpb=dict(last_bpb) if finished and diverged_reason is None else {},  # a diverged run has no final BPB
         tokens=state.tokens,
         train_flops=state.train_flops,
         wall_seconds=state.wall_seconds,

@@ -87,6 +87,7 @@ def test_a_blown_up_run_stops_and_is_marked_diverged(tmp_path):
     assert res.diverged and res.steps < 40
     assert "loss" in res.diverged_reason
     assert json.loads((tmp_path / "result.json").read_text())["diverged"] is True
+    assert res.bpb == {}
 
 
 def test_divergence_rule():
