@@ -1,25 +1,52 @@
-"""`ladder demo`: the whole flow on embedded defaults.
+"""`ladder demo`: the whole flow on embedded defaults (local Ray, SQLite MLflow under runs/).
 
-Until the training stack lands this runs the planning flow: `ladder plan` on both shipped recipes.
+`--plan-only` prints the planning flow alone (`ladder plan` on both shipped recipes), in seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ladder.cli_plan import plan_payload, render_plan
+from ladder.output import print_json, stderr_console
 from ladder.plan import plan_ladder
 from ladder.recipe import load_recipe
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run the demo flow on embedded defaults")
+    p = sub.add_parser("demo", help="the whole flow: corpus, ladder sweep, fits, backtest, recipe cards, report")
+    p.add_argument("--out", type=Path, default=Path("runs/demo"), help="where the report goes")
+    p.add_argument("--tracking-uri", help="MLflow store (default: sqlite:///runs/mlflow.db)")
+    p.add_argument("--spec", default="demo", help="sweep spec name or path (default: sweeps/demo.yaml)")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the laws")
+    p.add_argument("--plan-only", action="store_true", help="only print the ladder plans")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    for name, rungs, gpus in (("cpu-demo", None, None), ("mai-base-2", [18, 24, 30, 36, 42, 102], 16000)):
-        recipe = load_recipe(name)
-        ns = argparse.Namespace(gpus=gpus, mfu=None, goodput=None)
-        render_plan(plan_payload(recipe, plan_ladder(recipe, rungs), ns))
+    if args.plan_only:
+        for name, rungs, gpus in (("cpu-demo", None, None), ("mai-base-2", [18, 24, 30, 36, 42, 102], 16000)):
+            recipe = load_recipe(name)
+            render_plan(plan_payload(recipe, plan_ladder(recipe, rungs), argparse.Namespace(gpus=gpus, mfu=None, goodput=None)))
+        return 0
+    from ladder.demo import run_demo, summary
+
+    result = run_demo(out_dir=args.out, tracking_uri=args.tracking_uri, spec_name=args.spec, bootstrap=args.bootstrap,
+                      progress=lambda msg: stderr_console.print(f"[bold cyan]demo[/] {msg}"))
+    if args.json:
+        print_json(summary(result))
+        return 0
+    for name, card in result.cards.items():
+        from ladder.cli_extrapolate import render
+
+        render(card)
+    backtest = {d: b["predictions"][0]["rel_error"] for d, b in result.backtests.items() if "error" not in b}
+    print(f"\nbacktest of the top rung (relative BPB error per domain): "
+          + ", ".join(f"{d} {100 * e:+.2f}%" for d, e in sorted(backtest.items())))
+    print(f"\nreport: {result.report_path.resolve()}  (open it in a browser)")
+    store = result.tracking_uri
+    print(f"MLflow UI on these runs: .venv/bin/mlflow ui --backend-store-uri {store}  (then http://127.0.0.1:5000)")
+    print(f"done in {result.wall_seconds / 60:.1f} min")
     return 0

@@ -48,7 +48,7 @@ def test_no_wall_clock_without_gpus(capsys):
     assert rc == 0
     rungs = json.loads(out)["rungs"]
     assert all("wall_clock_days" not in r for r in rungs)
-    assert [r["L"] for r in rungs] == [3, 4, 5, 6]
+    assert [r["L"] for r in rungs] == [2, 3, 4, 5, 6]
 
 
 def test_table_by_default(capsys):

@@ -80,9 +80,9 @@ def test_cross_product_counts_and_precedence():
 def test_duplicate_points_across_blocks_appear_once():
     spec = load_spec("demo")
     trials = expand(spec)
-    # 4 ladder rungs + a 5-point cross on two rungs whose centres are the ladder's own points.
-    assert len(trials) == 4 + 2 * 4
-    assert [t.block for t in trials[:4]] == ["ladder"] * 4
+    # 5 ladder rungs + a 3x3 grid on two rungs whose centres are the ladder's own points.
+    assert len(trials) == 5 + 2 * 8
+    assert [t.block for t in trials[:5]] == ["ladder"] * 5
 
 
 @pytest.mark.parametrize("bad, field", [
@@ -93,6 +93,7 @@ def test_duplicate_points_across_blocks_appear_once():
      "blocks.0.lr_wd.centre"),
     ({"blocks": [{"name": "b", "rungs": [3], "dropout": [1.5]}]}, "blocks.0.dropout"),
     ({"resources": {"cpus": 0}}, "resources.cpus"),
+    ({"resources": {"gpus": 4, "workers": 2}}, "gpus: 1, workers: 8"),
     ({"seeds": []}, "seeds"),
     ({"colour": "red"}, "colour"),
     ({"blocks": [{"name": "b", "rungs": [3]}, {"name": "b", "rungs": [4]}]}, ""),

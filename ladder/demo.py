@@ -1,0 +1,162 @@
+"""`ladder demo`: the whole flow on embedded defaults, the first thing a new user runs.
+
+Prepare the demo corpus → run `sweeps/demo.yaml` on local Ray (finished trials are reused) →
+fit BPB vs FLOPs per held-out domain with bootstrap intervals and backtest the top rung → fit the
+LR/WD surfaces of the rungs that swept them → recipe cards for the cpu-demo rung two steps above
+the ladder and for mai-base-2 L102 (with the report's laws, labelled so) → `runs/demo/report.html`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ladder.errors import LadderInputError
+from ladder.mlflow_runs import fit_table, long_by_domain, read_runs
+from ladder.recipe import load_recipe
+
+log = logging.getLogger(__name__)
+
+DEMO_SPEC = "demo"
+STEPS_ABOVE_LADDER = 2
+
+
+@dataclass
+class DemoResult:
+    out_dir: Path
+    tracking_uri: str
+    experiment: str
+    sweep: dict[str, Any]
+    power_laws: dict[str, Any] = field(default_factory=dict)
+    backtests: dict[str, Any] = field(default_factory=dict)
+    surfaces: list[Any] = field(default_factory=list)
+    surface_errors: list[dict[str, Any]] = field(default_factory=list)
+    cards: dict[str, Any] = field(default_factory=dict)
+    figures: dict[str, Path] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+
+    @property
+    def report_path(self) -> Path:
+        return self.out_dir / "report.html"
+
+
+def frontier(long: pd.DataFrame) -> pd.DataFrame:
+    """At each rung (compute level) and domain, the best run of its sweep: the compute law is an envelope."""
+    idx = long.groupby(["domain", "train_flops"])["bpb"].idxmin()
+    return long.loc[idx].reset_index(drop=True)
+
+
+def fit_compute_laws(best: pd.DataFrame, *, bootstrap: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    from fits.backtest import holdout_backtest
+    from fits.errors import FitError
+    from fits.power_law import fit_power_law
+
+    laws, backtests = {}, {}
+    for domain, part in best.groupby("domain"):
+        try:
+            laws[domain] = fit_power_law(part, "train_flops", "bpb", bootstrap=bootstrap, group=str(domain))
+        except FitError as err:
+            log.warning("power law for %s: %s", domain, err)
+            continue
+        try:
+            backtests[domain] = holdout_backtest(part, "train_flops", "bpb", holdout_top=1, bootstrap=min(bootstrap, 400))
+        except FitError as err:
+            backtests[domain] = {"error": str(err)}
+    return laws, backtests
+
+
+def fit_lr_wd_surfaces(runs: pd.DataFrame) -> tuple[list[Any], list[dict[str, Any]]]:
+    """One weighted quadratic surface over (log LR, log LR·WD) per rung that swept LR/WD."""
+    from fits.errors import FitError
+    from fits.surfaces import fit_surface
+
+    table = runs.dropna(subset=["bpb", "lr", "wd"]).assign(lr_wd=lambda t: t["lr"] * t["wd"])
+    surfaces, errors = [], []
+    for flops, part in table.groupby("train_flops"):
+        if part["lr"].nunique() < 3:
+            continue
+        key = {"train_flops": float(flops), "params_active": float(part["params_active"].iloc[0]),
+               "steps": float(part["steps"].median()), "tpp": float(part["tpp"].iloc[0])}
+        try:
+            surfaces.append(fit_surface(part, ["lr", "lr_wd"], "bpb", key=key))
+        except FitError as err:
+            errors.append({**key, "error": str(err)})
+    return surfaces, errors
+
+
+def run_demo(*, out_dir: Path = Path("runs/demo"), tracking_uri: str | None = None, spec_name: str = DEMO_SPEC,
+             bootstrap: int = 1000, progress: Callable[[str], None] = log.info) -> DemoResult:
+    from ladder.cli_extrapolate import build_card
+    from ladder.orchestrate import run_sweep
+    from ladder.tracking_server import DEFAULT_STORE_URI
+    from rungs.data.prepare import ensure_prepared
+    from sweeps.spec import load_spec
+
+    t0 = time.perf_counter()
+    spec = load_spec(spec_name)
+    recipe = load_recipe(spec.recipe)
+    uri = tracking_uri or DEFAULT_STORE_URI
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    progress("[1/5] demo corpus: tokenizing the shipped multi-domain corpus (cached after the first run)")
+    ensure_prepared(vocab_size=recipe.vocab_size)
+
+    progress(f"[2/5] sweep {spec.name}: the {recipe.name} ladder and its LR/WD grid on local Ray")
+    outcome = run_sweep(spec, tracking_uri=uri, progress=progress)
+    sweep = {"trials": len(outcome.rows), "states": pd.Series([r.state for r in outcome.rows]).value_counts().to_dict(),
+             "ran_now": sum(bool(getattr(r, "ran_now", False)) for r in outcome.rows)}
+    result = DemoResult(out_dir=out_dir, tracking_uri=uri, experiment=outcome.experiment, sweep=sweep)
+
+    progress(f"[3/5] fits: BPB vs FLOPs per domain ({bootstrap} bootstrap resamples) and the top-rung backtest")
+    runs = fit_table(read_runs(outcome.experiment, uri))
+    long = long_by_domain(runs)
+    best = frontier(long)
+    result.power_laws, result.backtests = fit_compute_laws(best, bootstrap=bootstrap)
+    if not result.power_laws:
+        raise LadderInputError("no domain's BPB-vs-FLOPs law could be fitted from the demo runs", field="demo")
+
+    progress("[4/5] LR/WD surfaces in (log LR, log LR·WD) and recipe cards")
+    result.surfaces, result.surface_errors = fit_lr_wd_surfaces(runs)
+    target_rung = max(spec_rungs(spec)) + STEPS_ABOVE_LADDER
+    laws = {"power_law": result.power_laws, "hparams": None, "files": [],
+            "experiment": {"experiment": outcome.experiment, "tracking_uri": uri, "n_runs": len(runs),
+                           "run_ids": runs["run_id"].tolist()}}
+    result.cards[f"{recipe.name} L{target_rung}"] = build_card(recipe.name, target_rung, laws)
+    # A CPU ladder cannot fit a 2.8T model's laws: the L102 card uses the report's, labelled as such.
+    result.cards["mai-base-2 L102"] = build_card("mai-base-2", 102, {"power_law": {}, "hparams": None, "files": []})
+
+    progress("[5/5] figures and report")
+    from ladder.report import write_figures, write_report
+
+    result.figures = write_figures(result, best, runs)
+    result.wall_seconds = time.perf_counter() - t0
+    write_report(result, best)
+    (out_dir / "demo.json").write_text(json.dumps(summary(result), indent=2, default=str))
+    return result
+
+
+def spec_rungs(spec) -> list[int]:
+    return sorted({L for block in spec.blocks for L in block.rungs})
+
+
+def summary(result: DemoResult) -> dict[str, Any]:
+    return {
+        "report": str(result.report_path),
+        "tracking_uri": result.tracking_uri,
+        "experiment": result.experiment,
+        "sweep": result.sweep,
+        "laws": {d: {**law.params, "ci": law.ci} for d, law in result.power_laws.items()},
+        "backtest": {d: ({"error": b["error"]} if "error" in b else
+                         {"rel_error": b["predictions"][0]["rel_error"], "inside": b["all_inside"]})
+                     for d, b in result.backtests.items()},
+        "surfaces": [s.to_dict() for s in result.surfaces],
+        "cards": result.cards,
+        "wall_seconds": result.wall_seconds,
+    }

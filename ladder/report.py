@@ -1,0 +1,144 @@
+"""The demo's report: figures (PNG) and one self-contained HTML page (figures embedded)."""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:
+    from ladder.demo import DemoResult
+
+
+def write_figures(result: DemoResult, best: pd.DataFrame, runs: pd.DataFrame) -> dict[str, Path]:
+    from fits.plots import _figure, _save, plot_power_laws, plot_surface
+
+    out = result.out_dir
+    figures = {"bpb_vs_flops": out / "bpb_vs_flops.png"}
+    plot_power_laws(result.power_laws, best, path=figures["bpb_vs_flops"], holdout_top=1,
+                    backtests={d: b for d, b in result.backtests.items() if "error" not in b})
+    if result.surfaces:
+        fig, axes = _figure(ncols=len(result.surfaces), size=(4.2, 3.6))
+        for ax, surface in zip(axes, result.surfaces):
+            plot_surface(surface, ax=ax)
+        figures["lr_wd_surfaces"] = out / "lr_wd_surfaces.png"
+        _save(fig, figures["lr_wd_surfaces"])
+    figures["backtest"] = out / "backtest.png"
+    _save(_backtest_figure(result), figures["backtest"])
+    return figures
+
+
+def _backtest_figure(result: DemoResult):
+    from fits.plots import _figure
+
+    fig, axes = _figure(size=(6.0, 3.2))
+    ax = axes[0]
+    rows = [(d, b["predictions"][0]) for d, b in sorted(result.backtests.items()) if "error" not in b]
+    names = [d for d, _ in rows]
+    errs = np.array([100 * p["rel_error"] for _, p in rows])
+    lo = np.array([100 * (p["lo"] - p["actual"]) / p["actual"] for _, p in rows])
+    hi = np.array([100 * (p["hi"] - p["actual"]) / p["actual"] for _, p in rows])
+    y = np.arange(len(rows))
+    ax.errorbar(errs, y, xerr=[errs - lo, hi - errs], fmt="o", color="C0", capsize=3, label="prediction, 95% interval")
+    ax.axvline(0, color="k", lw=0.8)
+    ax.axvspan(-3, 3, color="C2", alpha=0.12, label="±3%")
+    ax.set_yticks(y, names)
+    ax.set_xlabel("top rung: (predicted − actual) / actual BPB, %")
+    ax.set_title("held-out top rung, law fitted on the rungs below", fontsize=9)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _img(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
+
+
+def _table(columns: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if 1e-3 <= abs(v) < 1e6 or v == 0 else f"{v:.3e}"
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, float) for x in v):
+        return f"[{_fmt(v[0])}, {_fmt(v[1])}]"
+    return str(v)
+
+
+def _card_rows(card: dict[str, Any]) -> list[list[Any]]:
+    t, hp = card["target"], card["hyperparameters"]
+    rows = [["architecture", f"L{t['L']}: d_model {t['d_model']}, {t['n_heads']} heads, {t['n_experts']} experts "
+             f"top-{t['top_k']} + {t['n_shared_experts']} shared, latent {t['latent_dim']}", ""],
+            ["parameters (total / active)", f"{t['params_total']:.4g} / {t['params_active']:.4g}", ""],
+            ["tokens (TPP)", f"{t['tokens']:.4g} ({t['tpp']:g})", ""],
+            ["batch tokens / steps", f"{t['batch_tokens']:,} / {t['steps']:,}", ""],
+            ["training FLOPs", f"{t['train_flops']:.4g}", ""],
+            ["compute", f"{t['compute']['wall_clock_days']:.3g} days on {t['compute']['gpus']:,} × {t['compute']['pool']} "
+             f"(MFU {t['compute']['mfu']:.0%}, goodput {t['compute']['goodput']:.0%})", ""]]
+    for key, label in (("lr", "LR*"), ("wd", "WD*"), ("lr_wd_product", "LR*·WD*"), ("dropout", "dropout*")):
+        if key in hp:
+            rows.append([label, _fmt(float(hp[key]["value"])), _fmt(hp[key].get("interval95") or "")])
+    for domain, b in card["predicted_bpb"].items():
+        rows.append([f"predicted BPB, {domain}", _fmt(float(b["value"])), _fmt(b.get("interval") or "")])
+    rows.append(["hyperparameters from", hp.get("source", ""), ""])
+    return rows
+
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
+table{border-collapse:collapse;margin:0.6em 0 1.4em}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}
+th{background:#f3f3f3}img{max-width:100%;margin:0.5em 0}code{background:#f5f5f5;padding:1px 4px}
+.note{color:#555;font-size:13px}"""
+
+
+def write_report(result: DemoResult, best: pd.DataFrame) -> Path:
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>ladder demo report</title><style>{CSS}</style>"
+             "</head><body>", "<h1>Scaling-ladder demo: cpu-demo ladder → laws → recipe cards</h1>",
+             f"<p class='note'>MLflow experiment <code>{html.escape(result.experiment)}</code> in "
+             f"<code>{html.escape(result.tracking_uri)}</code>; sweep: {html.escape(str(result.sweep))}; "
+             f"wall-clock {result.wall_seconds:.0f} s.</p>"]
+    parts.append("<h2>BPB vs training FLOPs, per held-out domain</h2>")
+    parts.append("<p class='note'>BPB(C) = E + A·C<sup>−α</sup>, summed Huber (δ=1e-3) on log residuals, "
+                 "bootstrap over runs for the 95% band; open red markers: the held-out top rung.</p>")
+    parts.append(_img(result.figures["bpb_vs_flops"]))
+    law_rows = []
+    for d, law in sorted(result.power_laws.items()):
+        ci = law.ci
+        law_rows.append([d, law.params["E"], law.params["A"], law.params["alpha"], ci.get("E", ""), ci.get("alpha", ""),
+                         law.n_points])
+    parts.append(_table(["domain", "E", "A", "α", "E 95% CI", "α 95% CI", "rungs"], law_rows))
+    parts.append("<h2>Backtest: the top rung predicted from the rungs below</h2>")
+    parts.append(_img(result.figures["backtest"]))
+    bt_rows = []
+    for d, b in sorted(result.backtests.items()):
+        if "error" in b:
+            bt_rows.append([d, "", "", "", "", b["error"]])
+            continue
+        p = b["predictions"][0]
+        bt_rows.append([d, p["actual"], p["predicted"], [p["lo"], p["hi"]], f"{100 * p['rel_error']:+.2f}%",
+                        "inside" if p["inside"] else "outside"])
+    parts.append(_table(["domain", "actual BPB", "predicted", "95% interval", "error", "interval"], bt_rows))
+    if result.surfaces:
+        parts.append("<h2>LR/WD surfaces in (log LR, log LR·WD)</h2>")
+        parts.append(_img(result.figures["lr_wd_surfaces"]))
+        srows = [[f"{s.key['params_active']:.3g}", f"{s.key['steps']:.0f}", s.optimum_natural()["lr"],
+                  s.optimum_natural()["lr_wd"], ", ".join(s.flags) or "ok", ", ".join(s.notes)] for s in result.surfaces]
+        parts.append(_table(["active params", "steps", "LR*", "LR*·WD*", "flags", "notes"], srows))
+    for err in result.surface_errors:
+        parts.append(f"<p class='note'>surface not fitted at {html.escape(str(err))}</p>")
+    parts.append("<h2>Recipe cards</h2>")
+    for name, card in result.cards.items():
+        parts.append(f"<h3>{html.escape(name)}</h3>")
+        parts.append(_table(["", "value", "95% interval"], _card_rows(card)))
+    parts.append("<p class='note'>The mai-base-2 L102 card uses the MAI-Base-2 report's published laws "
+                 "(LR*·WD* = 17.04/steps, log LR* = −1.51 + 0.175 log TPP − 0.573 log steps): a CPU ladder cannot "
+                 "fit a 2.8T model's laws. Its BPB is not predicted (different data and tokenizer).</p>")
+    parts.append("</body></html>")
+    result.report_path.write_text("\n".join(parts))
+    return result.report_path
