@@ -54,3 +54,22 @@ def test_ray_train_two_workers_trains_cpu_demo_rung_and_logs_one_mlflow_run(tmp_
     assert run.info.status == "FINISHED" and run.data.tags["workers"] == "2"
     assert len(client.get_metric_history(res.run_id, "loss")) == 4
     assert set(res.bpb) and all(f"final_bpb/{d}" in run.data.metrics for d in res.bpb)
+
+
+@pytest.mark.slow
+def test_torchrun_entry_point_trains_one_rung_expert_parallel(tmp_path):
+    """`torchrun -m rungs.launch` (the debugging path for one rung) with 2 workers and ep=2."""
+    import subprocess
+    import sys
+
+    from tests.rungs.dist.spawn import free_port
+
+    cfg = tiny_config(max_steps=2, agc=False)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+           "-m", "rungs.launch", "--config", str(tmp_path / "config.json"), "--run-dir", str(tmp_path / "run"),
+           "--ep", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = json.loads(proc.stdout.strip().splitlines()[-1])  # rank 0 prints the result
+    assert printed["steps"] == 2 and printed == json.loads((tmp_path / "run" / "result.json").read_text())
