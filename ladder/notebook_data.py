@@ -1,0 +1,48 @@
+"""Where the analysis notebooks get their runs: an MLflow experiment (the demo's by default), or
+the small committed fixtures in `notebooks/fixtures/` (real runs exported from this platform).
+
+`LADDER_NOTEBOOK_SOURCE=fixture` forces the fixtures (the test suite does this); `mlflow` forces
+the experiment; unset, the experiment is used when it exists and the fixture otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from ladder.errors import LadderInputError
+from ladder.mlflow_runs import fit_table, read_runs
+
+FIXTURES = Path(__file__).resolve().parent.parent / "notebooks" / "fixtures"
+DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
+KEEP = ["run_id", "rung", "arm", "seed", "lr", "wd", "dropout", "steps", "tpp", "params_active", "train_flops",
+        "wall_seconds", "tokens", "final_loss", "diverged", "bpb"]
+
+
+def load_runs(experiment: str, fixture: str, *, tracking_uri: str | None = None) -> tuple[pd.DataFrame, str]:
+    """(runs table with canonical columns, a sentence saying where they came from)."""
+    mode = os.environ.get("LADDER_NOTEBOOK_SOURCE", "auto")
+    uri = tracking_uri or os.environ.get("LADDER_TRACKING_URI", DEFAULT_TRACKING_URI)
+    if mode != "fixture":
+        try:
+            return fit_table(read_runs(experiment, uri)), f"MLflow experiment {experiment!r} at {uri}"
+        except LadderInputError:
+            if mode == "mlflow":
+                raise
+        except Exception as err:  # no store at all on a fresh machine
+            if mode == "mlflow":
+                raise LadderInputError(f"cannot read {uri}: {err}", field="LADDER_TRACKING_URI") from None
+    path = FIXTURES / fixture
+    return pd.read_csv(path), f"fixture {path.name} (real runs exported from this platform)"
+
+
+def export_fixture(experiment: str, fixture: str, *, tracking_uri: str = DEFAULT_TRACKING_URI) -> Path:
+    """Write an experiment's runs as a small CSV fixture (the canonical columns and per-domain BPB)."""
+    table = fit_table(read_runs(experiment, tracking_uri))
+    cols = [c for c in KEEP if c in table.columns] + sorted(c for c in table.columns if c.startswith("bpb_"))
+    path = FIXTURES / fixture
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table[cols].to_csv(path, index=False, float_format="%.10g")
+    return path
