@@ -5,7 +5,7 @@ Tune's `Tuner` runs one trial per resolved config with `tune.with_resources` dec
 and GPU it uses, `max_concurrent_trials` bounding concurrency, and `FailureConfig(max_failures)`
 retrying a trial that raises (a dead worker counts too). A diverged trial returns normally and is
 not retried. Trials with more than one worker launch a Ray Train `TorchTrainer` from inside their
-Tune trial (`ladder.sweep_trial.run_distributed_trial`).
+Tune trial (`ladder.sweep_trial`, via `rungs.launch.launch_ray`).
 
 Tracking: a local store (the embedded `sqlite:///runs/mlflow.db`) is fronted by a tracking server
 on loopback for the length of the sweep, because SQLite takes one writer at a time
@@ -130,11 +130,9 @@ def cluster_nodes() -> list[dict[str, float]]:
 def _tune_trainable(config: dict, payloads: list[dict]) -> None:
     from ray import tune
 
-    from ladder.sweep_trial import run_distributed_trial, run_trial
+    from ladder.sweep_trial import run_trial
 
-    payload = payloads[config["index"]]
-    metrics = run_distributed_trial(payload) if payload["resources"]["workers"] > 1 else run_trial(payload)
-    tune.report(metrics)
+    tune.report(run_trial(payloads[config["index"]]))
 
 
 def _resources_for(payload: dict):

@@ -58,6 +58,21 @@ def _record_failure(payload: dict, run_dir: Path, tags: dict, err: BaseException
         log.exception("could not record the failure of trial %s in MLflow", payload["key"])
 
 
+def _train(payload: dict, run_dir: Path):
+    """One process: `rungs.train.train`. Several workers: `rungs.launch.launch_ray` starts a Ray Train
+    `TorchTrainer` (its process group, one worker per GPU, each declaring its CPUs/GPUs) from inside
+    this Tune trial; rank 0 alone tracks, so the trial is still one MLflow run."""
+    res = payload["resources"]
+    if res["workers"] > 1:
+        from rungs.launch import launch_ray
+
+        return launch_ray(payload["config"], run_dir=run_dir, num_workers=res["workers"], use_gpu=res["gpus"] > 0,
+                          cpus_per_worker=res["cpus"], storage_path=Path(payload["storage_path"]))
+    from rungs.train import train
+
+    return train(payload["config"], run_dir=run_dir, resume=True, progress=False)
+
+
 def run_trial(payload: dict) -> dict:
     """Train one trial; return the metrics Tune records as its final result."""
     t0 = time.perf_counter()
@@ -66,11 +81,9 @@ def run_trial(payload: dict) -> dict:
     attempt = next_attempt(run_dir)
     tags = {TAG_KEY: payload["key"], TAG_SWEEP: payload["sweep"], TAG_LABEL: payload["label"], TAG_ATTEMPT: attempt,
             **{f"coord.{k}": v for k, v in payload["coordinates"].items() if v is not None}}
-    from rungs.train import train
-
     t_train = time.perf_counter()
     try:
-        result = train(payload["config"], run_dir=run_dir, resume=True, progress=False)
+        result = _train(payload, run_dir)
     except Exception as err:
         _record_failure(payload, run_dir, tags, err)
         raise
@@ -88,36 +101,3 @@ def run_trial(payload: dict) -> dict:
         "train_loop_seconds": train_loop_seconds, "train_call_seconds": train_call_seconds,
         "worker_seconds": time.perf_counter() - t0,
     }
-
-
-def run_distributed_trial(payload: dict) -> dict:
-    """A trial with >1 worker: Ray Train's TorchTrainer starts the workers and their process group,
-    each worker declaring its CPUs/GPUs; rank 0's metrics are the trial's. The job's sharding lives
-    in `rungs` (it sees torch.distributed initialised); this is only the launch."""
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    res = payload["resources"]
-    trainer = TorchTrainer(
-        _worker_loop,
-        train_loop_config=payload,
-        scaling_config=ScalingConfig(num_workers=res["workers"], use_gpu=res["gpus"] > 0,
-                                     resources_per_worker={"CPU": res["cpus"], "GPU": res["gpus"]}),
-        run_config=RunConfig(name=f"train-{payload['key']}", storage_path=payload["storage_path"]),
-    )
-    result = trainer.fit()
-    if result.error:
-        raise result.error
-    return dict(result.metrics)
-
-
-def _worker_loop(payload: dict) -> None:
-    import ray.train
-
-    if ray.train.get_context().get_world_rank() == 0:  # bookkeeping and tracking once, on rank 0
-        ray.train.report(run_trial(payload))
-        return
-    from rungs.train import train
-
-    train(payload["config"], run_dir=Path(payload["run_dir"]), resume=True, progress=False)
-    ray.train.report({})

@@ -87,6 +87,13 @@ class Resources(_Strict):
     gpus: float = Field(default=0.0, ge=0)
     workers: int = Field(default=1, ge=1, description=">1 starts a Ray Train TorchTrainer with a process group")
 
+    @model_validator(mode="after")
+    def _one_gpu_per_worker(self) -> Resources:
+        if self.workers > 1 and self.gpus not in (0, 1):
+            raise ValueError(f"a multi-worker trial runs one worker per GPU; for {self.workers} workers × "
+                             f"{self.gpus:g} GPUs write gpus: 1, workers: {int(self.workers * self.gpus)}")
+        return self
+
     def total(self) -> dict[str, float]:
         return {"CPU": self.cpus * self.workers, "GPU": self.gpus * self.workers}
 
