@@ -62,15 +62,17 @@ def _tracker(cfg: TrainConfig, run_dir: Path, par: Parallel) -> Tracker | None:
     return tracker
 
 
-def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int = 1, resume: bool = True,
+def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None = None, resume: bool = True,
                   comm_dtype: torch.dtype = torch.bfloat16, stop_after: int | None = None) -> TrainResult:
     """One training job sharded over the initialised process group (see the module docstring).
 
     `stop_after` ends this invocation after that many completed steps with a checkpoint, as a
     preemption would; the next call with resume=True continues from there (on any worker count).
+    `ep` None: the config's `expert_parallel` if it has one, else 1 (pure data parallel).
     """
     t_start = time.perf_counter()
     cfg = parse_config(config)
+    ep = ep if ep is not None else int(getattr(cfg, "expert_parallel", 1) or 1)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     par = setup(ep=ep)
@@ -188,11 +190,11 @@ def _update_expert_bias(model: torch.nn.Module) -> None:
 def _ray_worker(payload: dict) -> None:
     import ray.train
 
-    result = train_sharded(payload["config"], run_dir=Path(payload["run_dir"]), ep=payload.get("ep", 1))
+    result = train_sharded(payload["config"], run_dir=Path(payload["run_dir"]), ep=payload.get("ep"))
     ray.train.report({"steps": result.steps, "final_loss": result.final_loss})
 
 
-def launch_ray(config: TrainConfig | dict, *, run_dir: Path, num_workers: int, ep: int = 1, use_gpu: bool = False,
+def launch_ray(config: TrainConfig | dict, *, run_dir: Path, num_workers: int, ep: int | None = None, use_gpu: bool = False,
                cpus_per_worker: float = 1.0, storage_path: Path | None = None) -> TrainResult:
     """Run `train_sharded` on `num_workers` Ray Train workers (gloo on CPU, NCCL on GPU); rank 0's result."""
     from ray.train import RunConfig, ScalingConfig
@@ -220,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rungs.launch")
     parser.add_argument("--config", required=True, help="resolved config JSON (e.g. a run's config.json)")
     parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (divides the worker count)")
+    parser.add_argument("--ep", type=int, default=None, help="expert-parallel size (divides the worker count; default 1)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     result = train_sharded(json.loads(Path(args.config).read_text()), run_dir=Path(args.run_dir), ep=args.ep)
