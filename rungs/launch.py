@@ -75,6 +75,11 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
     ep = ep if ep is not None else int(getattr(cfg, "expert_parallel", 1) or 1)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    finished = run_dir / RESULT_FILE
+    if resume and finished.is_file():  # a finished job returns its stored result (every rank reads it)
+        stored = json.loads(finished.read_text())
+        if stored.get("steps") == cfg.run_steps or stored.get("diverged"):
+            return TrainResult(**stored)
     par = setup(ep=ep)
     if cfg.batch_sequences % par.world:
         raise DistributedError(f"batch_sequences={cfg.batch_sequences} must be divisible by the {par.world} workers")

@@ -19,6 +19,8 @@ def _job(rank, world, cfg, run_dir, out):
     res = train_sharded(cfg, run_dir=run_dir, ep=1)
     assert res.steps == cfg["max_steps"] and res.losses[0] == first.losses[0] and len(res.losses) == 2
     assert set(res.bpb) and all(v > 0 for v in res.bpb.values()) and 0 < res.mfu < 1
+    again = train_sharded(cfg, run_dir=run_dir)  # finished: the stored result, no training
+    assert again.losses == res.losses and again.bpb == res.bpb
     if rank == 0:
         out.write_text(json.dumps(res.to_json()))
 
