@@ -139,8 +139,10 @@ def _resources_for(payload: dict):
     from ray.tune import PlacementGroupFactory
 
     res = payload["resources"]
-    if res["workers"] > 1:  # the TorchTrainer's workers declare their own CPUs/GPUs
-        return PlacementGroupFactory([{"CPU": 0.01}])
+    if res["workers"] > 1:
+        # The coordinator only waits on the TorchTrainer, whose workers declare their CPUs/GPUs; it
+        # holds a token of memory (Ray refuses an empty bundle) so it takes no CPU from them.
+        return PlacementGroupFactory([{"memory": 64 * 2**20}])
     bundle = {"CPU": res["cpus"]}
     if res["gpus"]:
         bundle["GPU"] = res["gpus"]
