@@ -214,6 +214,8 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
     divergence = DivergenceRule(cfg.spike_factor, cfg.spike_warmup_steps, history=state.losses[-100:])
     decode = corpus.tokenizer.decode
     unigram = unigram_bpb(corpus, cfg)
+    log.info("set-up took %.1fs (corpus, model, tracking, peak %.3g FLOP/s, unigram BPB)",
+             time.perf_counter() - job_start, peak)
     diverged_reason = None
     stop_at = total if stop_after is None else min(total, stop_after)
     bar = StepProgress(total, enabled=progress, start=state.step)
@@ -252,7 +254,10 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
         diverged_reason = divergence.check(state.step, stats["loss"])
         is_last = state.step == total or diverged_reason is not None
         if not diverged_reason and (state.step % cfg.eval_interval == 0 or is_last):
+            t_eval = time.perf_counter()
             result = evaluate_model(model, corpus, cfg)
+            log.info("step %d: BPB %s (%.1fs)", state.step,
+                     " ".join(f"{d} {v:.3f}" for d, v in result.items()), time.perf_counter() - t_eval)
             state.evals.append({"step": state.step, "bpb": result})
             metrics |= {f"bpb/{domain}": v for domain, v in result.items()}
             (run_dir / EVAL_FILE).write_text(json.dumps({"unigram_bpb": unigram, "evals": state.evals}, indent=2))
