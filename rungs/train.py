@@ -40,6 +40,7 @@ from rungs.tracking import RUN_ID_FILE, Tracker
 log = logging.getLogger(__name__)
 
 RESULT_FILE = "result.json"
+DATA_REPORT_FILE = "data_report.json"  # per source: planned vs realised unique tokens and epochs
 EVAL_FILE = "eval.json"
 CLIP_LOG_FILE = "clip_events.jsonl"
 CONFIG_FILE = "config.json"
@@ -281,6 +282,7 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
         return _result(tracker, state, peak, unigram, None, run_dir, finished=False)
     res = _result(tracker, state, peak, unigram, diverged_reason, run_dir, finished=True)
     (run_dir / RESULT_FILE).write_text(json.dumps(res.to_json(), indent=2) + "\n")
+    (run_dir / DATA_REPORT_FILE).write_text(json.dumps(sampler.report(), indent=2, default=float) + "\n")
     if tracker is not None:
         _log_final(tracker, res, run_dir)
     return res
@@ -327,6 +329,6 @@ def _log_final(tracker: Tracker, res: TrainResult, run_dir: Path) -> None:
     tracker.set_tag("diverged", str(res.diverged).lower())
     if res.diverged_reason:
         tracker.set_tag("diverged_reason", res.diverged_reason[:5000])
-    for name in (CONFIG_FILE, EVAL_FILE, CLIP_LOG_FILE, RESULT_FILE):
+    for name in (CONFIG_FILE, EVAL_FILE, CLIP_LOG_FILE, RESULT_FILE, DATA_REPORT_FILE):
         tracker.log_artifact(run_dir / name)
     tracker.finish()

@@ -43,7 +43,10 @@ def test_smallest_cpu_demo_rung_learns_and_is_tracked(tmp_path):
         assert run.data.metrics[f"final_bpb/{domain}"] == pytest.approx(bpb)
     assert len(client.get_metric_history(res.run_id, "loss")) == 150
     artifacts = {a.path for a in client.list_artifacts(res.run_id)}
-    assert {"config.json", "eval.json", "result.json"} <= artifacts
+    assert {"config.json", "eval.json", "result.json", "data_report.json"} <= artifacts
+    data = json.loads((tmp_path / "run" / "data_report.json").read_text())
+    assert set(data) == set(cfg["sources"])
+    assert sum(s["emitted_tokens"] for s in data.values()) >= res.tokens
     # A finished job called again returns its stored result without training.
     again = train(cfg, run_dir=tmp_path / "run", progress=False)
     assert again.losses == res.losses and again.run_id == res.run_id
