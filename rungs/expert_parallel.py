@@ -160,14 +160,26 @@ class _EPExperts(torch.autograd.Function):
         grads = [torch.zeros(w.shape, dtype=torch.float32 if w.dtype != torch.float64 else w.dtype, device=w.device) for w in
                  (w_gate, w_up, w_down)]
         dx_pairs = x.new_zeros(x.shape[0] * k, latent)
-        pack_buf = x.new_zeros(ctx.buffer_rows, 2 * latent)
+        pack_bufs = [x.new_zeros(ctx.buffer_rows, 2 * latent), x.new_zeros(ctx.buffer_rows, 2 * latent)]
         dxin_buf = x.new_zeros(ctx.buffer_rows, latent)
         back_buf = x.new_zeros(x.shape[0] * k, latent)
         grad_y_pairs = grad_y_pairs.contiguous()
-        for rnd in ctx.rounds:
+        rounds = ctx.rounds
+
+        def dispatch(r: int):
             # one exchange re-dispatches the inputs (recompute) together with the output gradients
+            rnd = rounds[r]
             rows = torch.cat([x[rnd.send_pairs // k], grad_y_pairs[rnd.send_pairs]], dim=1)
-            recv = _exchange(rows, rnd.send_splits, rnd.recv_splits, pack_buf, group)
+            recv = pack_bufs[r % 2][:sum(rnd.recv_splits)]
+            handle = dist.all_to_all_single(recv, rows, rnd.recv_splits, rnd.send_splits, group=group, async_op=True)
+            return handle, recv, rows
+
+        pending = dispatch(0) if rounds else None
+        for r, rnd in enumerate(rounds):
+            upcoming = dispatch(r + 1) if r + 1 < len(rounds) else None  # overlaps this round's GEMMs
+            handle, recv, _ = pending
+            handle.wait()
+            pending = upcoming
             n = rnd.recv_rows
             if n:
                 both = recv[rnd.recv_perm]
