@@ -217,7 +217,8 @@ class TrainConfig(BaseModel):
     def key(self) -> str:
         """Stable hash of everything that changes the trained model (not where it is tracked)."""
         payload = {k: v for k, v in self.to_dict().items()
-                   if k not in ("tracking_uri", "experiment_name", "log_interval", "trial_key")}
+                   if k not in ("tracking_uri", "experiment_name", "log_interval", "trial_key", "data_cache_root",
+                                "checkpoint_interval")}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -133,3 +133,12 @@ def test_deterministic_mode_repeats_bit_for_bit(tmp_path):
 def test_asking_for_cuda_without_a_gpu_is_a_config_error(tmp_path):
     with pytest.raises(TrainConfigError, match="no GPU"):
         train(tiny_config(max_steps=2, device="cuda"), run_dir=tmp_path, progress=False)
+
+
+def test_config_key_tracks_what_changes_the_model_only():
+    base = parse_config(tiny_config())
+    same = parse_config(tiny_config(tracking_uri="sqlite:///elsewhere.db", data_cache_root="/tmp/x",
+                                    checkpoint_interval=7, experiment_name="other"))
+    assert base.key() == same.key()
+    for change in ({"lr": 0.001}, {"seed": 1}, {"max_steps": 5}, {"agc": False}):
+        assert parse_config(tiny_config(**change)).key() != base.key(), change
