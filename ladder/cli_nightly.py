@@ -45,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
 
         runs = run_repeats(spec, where=str(path), root=root, repeats=args.repeats, address=args.address,
                            progress=_progress)
+        from rungs.tracking import code_version
+
         golden = build_golden(spec, runs, machine_info())
+        golden["code_version"] = code_version()  # the golden is only as current as the code it measured
         baseline.parent.mkdir(parents=True, exist_ok=True)
         baseline.write_text(json.dumps(golden, indent=2, sort_keys=True) + "\n")
         _progress(f"nightly: wrote {baseline} (tolerances {golden['tolerances']})")
