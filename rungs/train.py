@@ -9,7 +9,6 @@ with exact resume, and MLflow tracking. No orchestrator needs to be present.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
