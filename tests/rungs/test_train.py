@@ -47,6 +47,10 @@ def test_smallest_cpu_demo_rung_learns_and_is_tracked(tmp_path):
     data = json.loads((tmp_path / "run" / "data_report.json").read_text())
     assert set(data) == set(cfg["sources"])
     assert sum(s["emitted_tokens"] for s in data.values()) >= res.tokens
+    # The data probe: every clip names a real source document and carries its text.
+    events = [json.loads(line) for line in (tmp_path / "run" / "clip_events.jsonl").read_text().splitlines()]
+    assert events and all(e["source"] in cfg["sources"] and e["doc_id"] and e["text"] and e["ratio"] > 1
+                          and e["point"] in ("residual", "moe_input") for e in events)
     # A finished job called again returns its stored result without training.
     again = train(cfg, run_dir=tmp_path / "run", progress=False)
     assert again.losses == res.losses and again.run_id == res.run_id
