@@ -220,59 +220,65 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
     stop_at = total if stop_after is None else min(total, stop_after)
     bar = StepProgress(total, enabled=progress, start=state.step)
     model.train()
-    while state.step < stop_at:
-        step = state.step
-        multiplier = lr_at(step, total_steps=cfg.schedule_steps, warmup_steps=cfg.warmup, schedule=cfg.schedule,
-                           min_lr_ratio=cfg.min_lr_ratio, decay_fraction=cfg.decay_fraction)
-        optimizer.set_lr_multiplier(multiplier)
-        t0 = time.perf_counter()
-        batch = sampler.next_batch()
-        if clipper is not None:
-            clipper.begin_step(step)
-        stats = _train_step(cfg, model, optimizer, batch, clipper, decode)
-        seconds = time.perf_counter() - t0
-        state.step += 1
-        state.tokens += cfg.batch_tokens
-        state.train_flops += cfg.flops_per_token * cfg.batch_tokens
-        state.train_seconds += seconds
-        state.losses.append(stats["loss"])
-        state.grad_norms.append(stats["grad_norm"])
-        state.grad_norms = state.grad_norms[-GRAD_NORM_WINDOW:]
-        metrics = stats | {
-            "lr": cfg.lr * multiplier,
-            "grad_norm_median_1000": grad_median.add(stats["grad_norm"]),
-            "agc_clip_rate": clipper.end_step() if clipper is not None else 0.0,
-            "tokens_per_second": cfg.batch_tokens / seconds,
-            "train_flops": state.train_flops,
-            "tokens": float(state.tokens),
-            "mfu": cfg.flops_per_token * cfg.batch_tokens / seconds / peak,
-        }
-        if clipper is not None:
-            events = clipper.drain_events()
-            if events:
-                write_events(events, run_dir / CLIP_LOG_FILE)
-        diverged_reason = divergence.check(state.step, stats["loss"])
-        is_last = state.step == total or diverged_reason is not None
-        if not diverged_reason and (state.step % cfg.eval_interval == 0 or is_last):
-            t_eval = time.perf_counter()
-            result = evaluate_model(model, corpus, cfg)
-            log.info("step %d: BPB %s (%.1fs)", state.step,
-                     " ".join(f"{d} {v:.3f}" for d, v in result.items()), time.perf_counter() - t_eval)
-            state.evals.append({"step": state.step, "bpb": result})
-            metrics |= {f"bpb/{domain}": v for domain, v in result.items()}
-            (run_dir / EVAL_FILE).write_text(json.dumps({"unigram_bpb": unigram, "evals": state.evals}, indent=2))
+    try:
+        while state.step < stop_at:
+            step = state.step
+            multiplier = lr_at(step, total_steps=cfg.schedule_steps, warmup_steps=cfg.warmup, schedule=cfg.schedule,
+                               min_lr_ratio=cfg.min_lr_ratio, decay_fraction=cfg.decay_fraction)
+            optimizer.set_lr_multiplier(multiplier)
+            t0 = time.perf_counter()
+            batch = sampler.next_batch()
+            if clipper is not None:
+                clipper.begin_step(step)
+            stats = _train_step(cfg, model, optimizer, batch, clipper, decode)
+            seconds = time.perf_counter() - t0
+            state.step += 1
+            state.tokens += cfg.batch_tokens
+            state.train_flops += cfg.flops_per_token * cfg.batch_tokens
+            state.train_seconds += seconds
+            state.losses.append(stats["loss"])
+            state.grad_norms.append(stats["grad_norm"])
+            state.grad_norms = state.grad_norms[-GRAD_NORM_WINDOW:]
+            metrics = stats | {
+                "lr": cfg.lr * multiplier,
+                "grad_norm_median_1000": grad_median.add(stats["grad_norm"]),
+                "agc_clip_rate": clipper.end_step() if clipper is not None else 0.0,
+                "tokens_per_second": cfg.batch_tokens / seconds,
+                "train_flops": state.train_flops,
+                "tokens": float(state.tokens),
+                "mfu": cfg.flops_per_token * cfg.batch_tokens / seconds / peak,
+            }
+            if clipper is not None:
+                events = clipper.drain_events()
+                if events:
+                    write_events(events, run_dir / CLIP_LOG_FILE)
+            diverged_reason = divergence.check(state.step, stats["loss"])
+            is_last = state.step == total or diverged_reason is not None
+            if not diverged_reason and (state.step % cfg.eval_interval == 0 or is_last):
+                t_eval = time.perf_counter()
+                result = evaluate_model(model, corpus, cfg)
+                log.info("step %d: BPB %s (%.1fs)", state.step,
+                         " ".join(f"{d} {v:.3f}" for d, v in result.items()), time.perf_counter() - t_eval)
+                state.evals.append({"step": state.step, "bpb": result})
+                metrics |= {f"bpb/{domain}": v for domain, v in result.items()}
+                (run_dir / EVAL_FILE).write_text(json.dumps({"unigram_bpb": unigram, "evals": state.evals}, indent=2))
+            if tracker is not None:
+                tracker.log_metrics(metrics, step=state.step, flush=is_last)
+            bar.update(state.step, metrics)
+            if diverged_reason:
+                log.warning("run diverged: %s", diverged_reason)
+                break
+            if state.step % cfg.checkpoint_interval == 0 or state.step == stop_at:
+                state.wall_seconds += time.perf_counter() - job_start
+                job_start = time.perf_counter()
+                state.agc = clipper.state_dict() if clipper is not None else None
+                save_checkpoint(run_dir, step=state.step, config_key=cfg.key(), model=model, optimizer=optimizer,
+                                sampler=sampler, extra=asdict(state))
+    except BaseException:  # a crash (or Ctrl-C) leaves the MLflow run marked, not RUNNING forever
+        bar.close()
         if tracker is not None:
-            tracker.log_metrics(metrics, step=state.step, flush=is_last)
-        bar.update(state.step, metrics)
-        if diverged_reason:
-            log.warning("run diverged: %s", diverged_reason)
-            break
-        if state.step % cfg.checkpoint_interval == 0 or state.step == stop_at:
-            state.wall_seconds += time.perf_counter() - job_start
-            job_start = time.perf_counter()
-            state.agc = clipper.state_dict() if clipper is not None else None
-            save_checkpoint(run_dir, step=state.step, config_key=cfg.key(), model=model, optimizer=optimizer,
-                            sampler=sampler, extra=asdict(state))
+            tracker.finish(status="FAILED")
+        raise
     bar.close()
     state.wall_seconds += time.perf_counter() - job_start
     if state.step < total and diverged_reason is None:  # stopped early on request: resumable
