@@ -120,6 +120,7 @@ def _train_step(cfg: TrainConfig, model: Transformer, optimizer, batch, clipper,
     n_micro = cfg.accumulation_steps
     ce_sum = aux_sum = 0.0
     rounds: list[int] = []
+    overload: list[float] = []  # per layer: busiest expert's assignments / the mean (1.0 = balanced)
     for m in range(n_micro):
         rows = slice(m * micro, (m + 1) * micro)
         inputs = batch.inputs[rows].to(cfg.device_type, non_blocking=True)
@@ -138,6 +139,8 @@ def _train_step(cfg: TrainConfig, model: Transformer, optimizer, batch, clipper,
         ce_sum += ce.item()
         aux_sum += float(aux.detach())
         rounds += [block.moe.experts.last_stats["rounds"] for block in model.layers]
+        overload += [float(r.tokens_per_expert.max()) / max(float(r.tokens_per_expert.float().mean()), 1e-9)
+                     for r in routes]
     params = [p for p in model.parameters() if p.grad is not None]
     if cfg.grad_clip is not None:
         grad_norm = float(clip_grad_norm_(params, cfg.grad_clip))
@@ -149,7 +152,8 @@ def _train_step(cfg: TrainConfig, model: Transformer, optimizer, batch, clipper,
         for block in model.layers:  # counts accumulated by each router over this step's micro-batches
             block.moe.router.update_bias()
     return {"loss": ce_sum / n_micro, "aux_loss": aux_sum / n_micro, "grad_norm": grad_norm,
-            "moe_rounds_mean": sum(rounds) / len(rounds), "moe_rounds_max": float(max(rounds))}
+            "moe_rounds_mean": sum(rounds) / len(rounds), "moe_rounds_max": float(max(rounds)),
+            "moe_overload_max": max(overload)}
 
 
 def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, progress: bool = True,

@@ -154,6 +154,7 @@ def test_small_expert_capacity_runs_more_rounds_and_the_same_math():
         _one_sgd_step(parse_config(tiny_config(capacity_per_expert=capacity, group_size=4, agc=False, grad_clip=None)))
         for capacity in (None, 8)]
     assert one["moe_rounds_max"] == 1 and many["moe_rounds_max"] > 1
+    assert one["moe_overload_max"] == many["moe_overload_max"] >= 1.0  # same routing, counted before capacity
     assert many["loss"] == pytest.approx(one["loss"], rel=1e-6)
     for name in g_one:
         torch.testing.assert_close(g_many[name], g_one[name], rtol=1e-5, atol=1e-7)
