@@ -29,7 +29,7 @@ SAFETY_FACTOR = 4.0
 # on one machine, but bf16 kernels differ across CPU models by ~1e-3; throughput on a shared
 # 2-core machine swings by tens of percent with the neighbours' load.
 FLOOR_BPB_ABS = 0.01
-FLOOR_TOKENS_PER_SECOND_REL = 0.5
+FLOOR_TOKENS_PER_SECOND_LOG_RATIO = math.log(1.5)  # throughput noise is multiplicative: compare in log space
 FLOOR_ROUNDS_ABS = 0.05
 
 
@@ -135,16 +135,15 @@ def build_golden(spec: SweepSpec, runs: list[dict[str, TrialMeasurement]], machi
     if not names:
         raise LadderInputError("no trial finished in every repeat; cannot set a baseline", field="--update-baseline")
     bpb_spread = max(_spread([r[n].bpb[d] for r in runs]) for n in names for d in runs[0][n].bpb)
-    tps_rel = max(_spread([r[n].tokens_per_second for r in runs]) / statistics.fmean(
-        [r[n].tokens_per_second for r in runs]) for n in names)
+    tps_log = max(_spread([math.log(r[n].tokens_per_second) for r in runs]) for n in names)
     rounds_spread = max(_spread([r[n].moe_rounds_mean for r in runs]) for n in names)
     return {
         "spec": spec.name, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine,
         "repeats": len(runs),
-        "noise": {"bpb_abs_spread": bpb_spread, "tokens_per_second_rel_spread": tps_rel,
+        "noise": {"bpb_abs_spread": bpb_spread, "tokens_per_second_log_ratio_spread": tps_log,
                   "moe_rounds_abs_spread": rounds_spread},
         "tolerances": {"bpb_abs": max(SAFETY_FACTOR * bpb_spread, FLOOR_BPB_ABS),
-                       "tokens_per_second_rel": max(SAFETY_FACTOR * tps_rel, FLOOR_TOKENS_PER_SECOND_REL),
+                       "tokens_per_second_log_ratio": max(SAFETY_FACTOR * tps_log, FLOOR_TOKENS_PER_SECOND_LOG_RATIO),
                        "moe_rounds_abs": max(SAFETY_FACTOR * rounds_spread, FLOOR_ROUNDS_ABS)},
         "trials": {n: {"bpb": runs[0][n].bpb, "tokens_per_second": runs[0][n].tokens_per_second,
                        "moe_rounds_mean": runs[0][n].moe_rounds_mean, "key": runs[0][n].key} for n in names},
@@ -162,9 +161,10 @@ def compare(golden: dict, current: dict[str, TrialMeasurement], spec_name: str) 
         for domain, value in want["bpb"].items():
             now = got.bpb.get(domain, float("nan"))
             report.comparisons.append(_judge(name, f"bpb/{domain}", value, now, tol["bpb_abs"], higher_is_worse=True))
-        tps_tol = tol["tokens_per_second_rel"] * want["tokens_per_second"]
-        report.comparisons.append(_judge(name, "tokens_per_second", want["tokens_per_second"], got.tokens_per_second,
-                                         tps_tol, higher_is_worse=False))
+        # Judged as log(tokens/s): a slowdown by a factor f is a change of log f whatever the base rate.
+        report.comparisons.append(_judge(name, "log_tokens_per_second", math.log(want["tokens_per_second"]),
+                                         math.log(got.tokens_per_second) if got.tokens_per_second > 0 else math.nan,
+                                         tol["tokens_per_second_log_ratio"], higher_is_worse=False))
         report.comparisons.append(_judge(name, "moe_rounds_mean", want["moe_rounds_mean"], got.moe_rounds_mean,
                                          tol["moe_rounds_abs"], higher_is_worse=True))
     return report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ import yaml
 
 from ladder.cli import main
 from ladder.errors import LadderInputError
-from ladder.nightly import (FLOOR_BPB_ABS, FLOOR_TOKENS_PER_SECOND_REL, SAFETY_FACTOR, GOLDENS_DIR,
+from ladder.nightly import (FLOOR_BPB_ABS, FLOOR_TOKENS_PER_SECOND_LOG_RATIO, SAFETY_FACTOR, GOLDENS_DIR,
                             TrialMeasurement, build_golden, compare, load_golden)
 from ladder.nightly_report import write_report
 from sweeps.spec import load_spec
@@ -32,8 +33,9 @@ def test_tolerances_are_the_measured_spread_times_the_safety_factor_with_floors(
     tol = golden["tolerances"]
     assert golden["noise"]["bpb_abs_spread"] == pytest.approx(0.02)
     assert tol["bpb_abs"] == pytest.approx(max(SAFETY_FACTOR * 0.02, FLOOR_BPB_ABS))
-    assert golden["noise"]["tokens_per_second_rel_spread"] == pytest.approx(4_000 / 8_000)
-    assert tol["tokens_per_second_rel"] == pytest.approx(max(SAFETY_FACTOR * 0.5, FLOOR_TOKENS_PER_SECOND_REL))
+    assert golden["noise"]["tokens_per_second_log_ratio_spread"] == pytest.approx(math.log(10_000 / 6_000))
+    assert tol["tokens_per_second_log_ratio"] == pytest.approx(
+        max(SAFETY_FACTOR * math.log(10_000 / 6_000), FLOOR_TOKENS_PER_SECOND_LOG_RATIO))
     assert tol["moe_rounds_abs"] == pytest.approx(SAFETY_FACTOR * 0.1)
     assert golden["trials"]["rungs/L3/base/s0"]["bpb"] == {"code": 3.00, "web": 4.00}  # the first repeat
     identical = build_golden(load_spec("nightly"), [RUNS[0], RUNS[0]], machine={})
@@ -53,8 +55,10 @@ def test_only_the_bad_direction_beyond_tolerance_is_a_regression():
     assert verdicts(3.0 + 0.5 * tol, 10_000.0, 1.0)["bpb/code"] == "ok"
     assert verdicts(3.0 + 2 * tol, 10_000.0, 1.0)["bpb/code"] == "regression"
     assert verdicts(3.0 - 2 * tol, 10_000.0, 1.0)["bpb/code"] == "improvement"
-    assert verdicts(3.0, 10_000.0 * (1 - 2 * FLOOR_TOKENS_PER_SECOND_REL) - 1, 1.0)["tokens_per_second"] == "regression"
-    assert verdicts(3.0, 30_000.0, 1.0)["tokens_per_second"] == "improvement"
+    slower = 10_000.0 / math.exp(1.01 * FLOOR_TOKENS_PER_SECOND_LOG_RATIO)
+    assert verdicts(3.0, slower, 1.0)["log_tokens_per_second"] == "regression"
+    assert verdicts(3.0, 10_000.0 / math.exp(0.9 * FLOOR_TOKENS_PER_SECOND_LOG_RATIO), 1.0)["log_tokens_per_second"] == "ok"
+    assert verdicts(3.0, 30_000.0, 1.0)["log_tokens_per_second"] == "improvement"
     assert verdicts(3.0, 10_000.0, 1.5)["moe_rounds_mean"] == "regression"
     assert verdicts(float("nan"), 10_000.0, 1.0)["bpb/code"] == "missing"
     missing = compare(golden, {}, "nightly")
