@@ -126,6 +126,9 @@ class TrainConfig(BaseModel):
     eval_interval: int = Field(default=100, gt=0)
     eval_batch_size: int = Field(default=8, gt=0)
     eval_max_docs_per_domain: int | None = Field(default=4, gt=0, description="first N docs of each domain (None: all)")
+    # The final eval is the number the fits consume: every held-out document by default, so a
+    # rung's BPB is not at the mercy of which few documents come first.
+    final_eval_max_docs_per_domain: int | None = Field(default=None, gt=0, description="docs per domain of the final eval (None: all)")
     eval_stride: int | None = Field(default=None, gt=0, description="sliding-window stride (default: seq_len)")
     checkpoint_interval: int = Field(default=100, gt=0)
     log_interval: int = Field(default=10, gt=0)

@@ -16,8 +16,10 @@ from rungs.data.bpb import evaluate_bpb
 from rungs.data.corpus import PreparedCorpus
 
 
-def evaluate_model(model: torch.nn.Module, corpus: PreparedCorpus, cfg: TrainConfig) -> dict[str, float]:
-    """BPB per held-out domain; the model is put back in its previous train/eval mode."""
+def evaluate_model(model: torch.nn.Module, corpus: PreparedCorpus, cfg: TrainConfig, *,
+                   final: bool = False) -> dict[str, float]:
+    """BPB per held-out domain (the final eval's documents when `final`); the model is put back in
+    its previous train/eval mode."""
     was_training = model.training
     model.eval()
 
@@ -28,7 +30,7 @@ def evaluate_model(model: torch.nn.Module, corpus: PreparedCorpus, cfg: TrainCon
     try:
         with torch.no_grad():
             results = evaluate_bpb(logits_fn, corpus, seq_len=cfg.seq_len, batch_size=cfg.eval_batch_size,
-                                   max_docs_per_domain=cfg.eval_max_docs_per_domain,
+                                   max_docs_per_domain=eval_docs(cfg, final),
                                    stride=cfg.eval_stride or cfg.seq_len)
     finally:
         model.train(was_training)
@@ -45,10 +47,15 @@ def unigram_log_probs(corpus: PreparedCorpus, sources: dict[str, float], vocab_s
     return torch.from_numpy(np.log(probs / probs.sum())).float()
 
 
-def unigram_bpb(corpus: PreparedCorpus, cfg: TrainConfig) -> dict[str, float]:
-    """BPB of the unigram model on the eval documents the trained model is scored on."""
+def eval_docs(cfg: TrainConfig, final: bool) -> int | None:
+    return cfg.final_eval_max_docs_per_domain if final else cfg.eval_max_docs_per_domain
+
+
+def unigram_bpb(corpus: PreparedCorpus, cfg: TrainConfig, *, final: bool = True) -> dict[str, float]:
+    """BPB of the unigram model on the eval documents the trained model is scored on (by default
+    the final eval's, the ones its reported BPB comes from)."""
     logp = unigram_log_probs(corpus, {n: s.share for n, s in cfg.sources.items()}, cfg.vocab_size)
     results = evaluate_bpb(lambda x: logp.expand(*x.shape, -1), corpus, seq_len=cfg.seq_len,
-                           batch_size=cfg.eval_batch_size, max_docs_per_domain=cfg.eval_max_docs_per_domain,
+                           batch_size=cfg.eval_batch_size, max_docs_per_domain=eval_docs(cfg, final),
                            stride=cfg.eval_stride or cfg.seq_len)
     return {domain: r.bpb for domain, r in results.items()}

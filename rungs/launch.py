@@ -156,7 +156,7 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
                            tokens=state["tokens"], train_flops=state["train_flops"],
                            wall_seconds=time.perf_counter() - t_start, tokens_per_second=0.0, mfu=0.0,
                            diverged=False, steps=state["step"], losses=list(state["losses"]), run_dir=str(run_dir))
-    bpb = evaluate_model(model, corpus, cfg)  # every rank runs it: the sharded forward is collective
+    bpb = evaluate_model(model, corpus, cfg, final=True)  # every rank runs it: the sharded forward is collective
     result = TrainResult(
         run_id=tracker.run_id if tracker is not None else None, final_loss=state["losses"][-1] if state["losses"] else math.nan,
         bpb=bpb, tokens=state["tokens"], train_flops=state["train_flops"],

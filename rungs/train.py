@@ -260,7 +260,7 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
             is_last = state.step == total or diverged_reason is not None
             if not diverged_reason and (state.step % cfg.eval_interval == 0 or is_last):
                 t_eval = time.perf_counter()
-                result = evaluate_model(model, corpus, cfg)
+                result = evaluate_model(model, corpus, cfg, final=is_last)
                 log.info("step %d: BPB %s (%.1fs)", state.step,
                          " ".join(f"{d} {v:.3f}" for d, v in result.items()), time.perf_counter() - t_eval)
                 state.evals.append({"step": state.step, "bpb": result})

@@ -72,7 +72,7 @@ def test_json_contract_end_to_end(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cmd = [sys.executable, "-m", "ladder", "train", "cpu-demo", "--rung", "3", "--max-steps", "3", "--json",
            "--tracking-uri", uri, "--run-dir", str(tmp_path / "run"), "--set", f"data_cache_root={DATA_CACHE}",
-           "--set", "eval_max_docs_per_domain=1", "--set", "batch_sequences=4", "--set", "threads=1"]
+           "--set", "eval_max_docs_per_domain=1", "--set", "final_eval_max_docs_per_domain=1", "--set", "batch_sequences=4", "--set", "threads=1"]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     payload = json.loads(out.stdout)

@@ -18,7 +18,7 @@ from tests.rungs.train_helpers import tiny_config
 @pytest.mark.slow
 def test_smallest_cpu_demo_rung_learns_and_is_tracked(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cfg = tiny_config(seq_len=128, batch_sequences=8, max_steps=150, eval_interval=75, eval_max_docs_per_domain=2,
+    cfg = tiny_config(seq_len=128, batch_sequences=8, max_steps=150, eval_interval=75, eval_max_docs_per_domain=2, final_eval_max_docs_per_domain=2,
                       tracking_uri=uri, experiment_name="test-train", warmup_steps=10, weight_decay=0.1)
     res = train(cfg, run_dir=tmp_path / "run", progress=False)
     assert not res.diverged and res.steps == 150

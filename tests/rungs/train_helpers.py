@@ -16,7 +16,7 @@ def tiny_config(**overrides) -> dict:
     no tracking unless asked, evaluation on one document per domain."""
     base = {
         "seq_len": 64, "batch_sequences": 4, "data_cache_root": str(DATA_CACHE), "tracking_uri": None,
-        "eval_max_docs_per_domain": 1, "eval_interval": 1000, "checkpoint_interval": 1000, "threads": 1,
+        "eval_max_docs_per_domain": 1, "final_eval_max_docs_per_domain": 1, "eval_interval": 1000, "checkpoint_interval": 1000, "threads": 1,
         "warmup_steps": 2,
     }
     base.update(overrides)
