@@ -95,6 +95,11 @@ class RungSpec:
         }
 
 
+def kv_heads_for(n_heads: int, wanted: int) -> int:
+    """GQA needs the KV heads to divide the query heads: the largest divisor not above `wanted`."""
+    return max(k for k in range(1, min(n_heads, wanted) + 1) if n_heads % k == 0)
+
+
 def architecture(recipe: Recipe, L: int) -> Architecture:
     if L <= 0:
         raise LadderInputError(f"a rung is a positive layer count, got L={L}", field="--rungs")
@@ -107,8 +112,8 @@ def architecture(recipe: Recipe, L: int) -> Architecture:
         d_model=d,
         n_heads=heads,
         head_dim=recipe.heads.head_dim,
-        n_kv_heads_global=min(heads, recipe.attention.n_kv_heads_global),
-        n_kv_heads_local=min(heads, recipe.attention.n_kv_heads_local),
+        n_kv_heads_global=kv_heads_for(heads, recipe.attention.n_kv_heads_global),
+        n_kv_heads_local=kv_heads_for(heads, recipe.attention.n_kv_heads_local),
         global_every=recipe.attention.global_every,
         window_tokens=recipe.attention.window_tokens,
         seq_len=recipe.seq_len,

@@ -126,3 +126,14 @@ def test_cpu_demo_ladder_is_small_and_uses_the_same_rules():
     assert all(r.arch.d_model == 16 * r.L for r in rungs)
     assert rungs[-1].train_flops < 5e13  # minutes on 2 CPU cores
     assert all(r.arch.n_experts == 8 and r.arch.top_k == 2 for r in rungs)
+
+
+def test_kv_heads_always_divide_query_heads():
+    from ladder.plan import kv_heads_for
+
+    assert kv_heads_for(96, 16) == 16 and kv_heads_for(96, 2) == 2  # MAI unchanged
+    assert kv_heads_for(3, 2) == 1 and kv_heads_for(6, 4) == 3 and kv_heads_for(2, 8) == 2
+    demo = load_recipe("cpu-demo")
+    for r in plan_ladder(demo, [2, 3, 4, 5, 6, 7, 8]):
+        assert r.arch.n_heads == r.L  # cpu-demo: heads = L, query width = d_model
+        assert r.arch.n_heads % r.arch.n_kv_heads_global == 0 and r.arch.n_heads % r.arch.n_kv_heads_local == 0
