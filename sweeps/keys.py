@@ -13,9 +13,11 @@ import math
 from typing import Any
 
 KEY_HEX_CHARS = 16  # 64 bits: collision odds ~1e-10 at a million trials
-# Where a run is tracked, how often it logs and how many threads it gets do not change what is
-# trained, so they are not part of its identity: pointing a sweep at a new server reruns nothing.
-NON_IDENTITY_KEYS = frozenset({"tracking_uri", "experiment_name", "trial_key", "log_interval", "threads"})
+# Where a run is tracked and its data cached, how often it logs and checkpoints, and how many threads
+# it gets do not change what is trained, so they are not part of its identity (the training job's
+# own config key leaves out the same): pointing a sweep at a new server reruns nothing.
+NON_IDENTITY_KEYS = frozenset({"tracking_uri", "experiment_name", "trial_key", "log_interval", "threads",
+                               "data_cache_root", "checkpoint_interval"})
 
 
 def canonical(obj: Any) -> Any:

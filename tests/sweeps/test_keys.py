@@ -51,5 +51,5 @@ def test_unkeyable_values_are_refused():
 
 def test_where_a_run_is_tracked_is_not_part_of_its_identity():
     moved = {**CONFIG, "tracking_uri": "http://127.0.0.1:5000", "experiment_name": "x", "trial_key": "abc",
-             "threads": 4}
+             "threads": 4, "data_cache_root": "/elsewhere", "checkpoint_interval": 7}
     assert trial_key(moved) == trial_key(CONFIG)
