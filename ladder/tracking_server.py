@@ -90,8 +90,10 @@ class TrackingServer:
         cmd = [sys.executable, "-m", "ladder.tracking_server", "--watch-pid", str(os.getpid()), "--", *server]
         log_file = open(self._log_path, "ab")  # noqa: SIM115 (the child owns it for its lifetime)
         t0 = time.monotonic()
+        # The server's job runner (GenAI evaluation jobs) is a second heavy process we never use.
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         self._proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      start_new_session=True)
+                                      start_new_session=True, env=env)
         log_file.close()
         while not healthy(self.uri):
             if self._proc.poll() is not None:
