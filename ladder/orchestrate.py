@@ -55,6 +55,7 @@ class SweepOutcome:
     experiment: str
     tracking_uri: str
     rows: list[TrialRow] = field(default_factory=list)
+    tune_seconds: float | None = None  # wall time of the Tune experiment (Tuner.fit), when one ran
 
     def counts(self) -> dict:
         now = [r for r in self.rows if r.ran_now]
@@ -195,8 +196,9 @@ def run_on_tune(payloads: list[dict], *, name: str, storage_path: Path, max_conc
         run_config=RunConfig(name=name, storage_path=str(storage_path), verbose=0, callbacks=[callback],
                              failure_config=FailureConfig(max_failures=max_failures)),
     )
+    t0 = time.perf_counter()
     grid = tuner.fit()
-    out: dict[int, dict] = {}
+    out: dict[int, dict] = {-1: {"tune_seconds": time.perf_counter() - t0}}
     for result in grid:
         index = result.config["index"]
         out[index] = {"metrics": dict(result.metrics or {}), "error": repr(result.error) if result.error else None,
@@ -251,7 +253,7 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
             row.state = "failed"
         rows[p.key] = row
     return SweepOutcome(sweep=spec.name, experiment=spec.experiment_name, tracking_uri=store,
-                        rows=[rows[p.key] for p in planned])
+                        rows=[rows[p.key] for p in planned], tune_seconds=results[-1]["tune_seconds"])
 
 
 def _row(planned: PlannedTrial, records) -> TrialRow:
