@@ -26,10 +26,11 @@ from sweeps.spec import SWEEPS_DIR, SweepSpec
 GOLDENS_DIR = SWEEPS_DIR / "goldens"
 SAFETY_FACTOR = 4.0
 # Floors: what repeats on one machine cannot measure. BPB in deterministic mode repeats bit for bit
-# on one machine, but bf16 kernels differ across CPU models by ~1e-3; throughput on a shared
-# 2-core machine swings by tens of percent with the neighbours' load.
+# on one machine, but bf16 kernels differ across CPU models by ~1e-3. Throughput noise is
+# multiplicative (compared in log space); on the shared 2-core box two repeats differed by a factor
+# 2.0 (log 0.70) when neighbours were busy, so the floor flags only a slowdown beyond 2.5x there.
 FLOOR_BPB_ABS = 0.01
-FLOOR_TOKENS_PER_SECOND_LOG_RATIO = math.log(1.5)  # throughput noise is multiplicative: compare in log space
+FLOOR_TOKENS_PER_SECOND_LOG_RATIO = math.log(2.5)
 FLOOR_ROUNDS_ABS = 0.05
 
 
