@@ -47,10 +47,20 @@ class DemoResult:
         return self.out_dir / "report.html"
 
 
-def frontier(long: pd.DataFrame) -> pd.DataFrame:
-    """At each rung (compute level) and domain, the best run of its sweep: the compute law is an envelope."""
-    idx = long.groupby(["domain", "train_flops"])["bpb"].idxmin()
-    return long.loc[idx].reset_index(drop=True)
+LADDER_BLOCK = "ladder"
+
+
+def ladder_runs(runs: pd.DataFrame, spec) -> pd.DataFrame:
+    """The runs of the spec's ladder block: one per rung, each at the law's LR/WD. The compute law is
+    fitted on these, not on the best run per rung: only the small rungs sweep LR/WD, and a best-of-9
+    at the bottom against single runs at the top would bias the slope."""
+    from ladder.sweep_plan import plan_sweep
+
+    keys = {p.key for p in plan_sweep(spec) if p.trial.block == LADDER_BLOCK}
+    chosen = runs[runs["trial_key"].isin(keys)]
+    if chosen.empty:
+        raise LadderInputError(f"no finished runs of the sweep's {LADDER_BLOCK!r} block to fit", field="demo")
+    return chosen
 
 
 def fit_compute_laws(best: pd.DataFrame, *, bootstrap: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -116,8 +126,7 @@ def run_demo(*, out_dir: Path = Path("runs/demo"), tracking_uri: str | None = No
 
     progress(f"[3/5] fits: BPB vs FLOPs per domain ({bootstrap} bootstrap resamples) and the top-rung backtest")
     runs = fit_table(read_runs(outcome.experiment, uri))
-    long = long_by_domain(runs)
-    best = frontier(long)
+    best = long_by_domain(ladder_runs(runs, spec))
     result.power_laws, result.backtests = fit_compute_laws(best, bootstrap=bootstrap)
     if not result.power_laws:
         raise LadderInputError("no domain's BPB-vs-FLOPs law could be fitted from the demo runs", field="demo")

@@ -34,6 +34,7 @@ def test_notebook_executes(path: Path, tmp_path: Path):
     nb = nbformat.read(work / path.name, as_version=4)
     env_backup = dict(os.environ)
     os.environ.setdefault("MPLBACKEND", "Agg")
+    os.environ["LADDER_NOTEBOOK_SOURCE"] = "fixture"  # committed real runs, not whatever runs/ holds
     try:
         NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(work)}}).execute()
     finally:
