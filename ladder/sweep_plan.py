@@ -61,6 +61,13 @@ def plan_sweep(spec: SweepSpec, *, where: str = "sweep spec", recipe: Recipe | N
                                    field=f"blocks.{trial.block}" + (f".{err.field}" if err.field else "")) from None
         except ValueError as err:  # the training job's own config errors (rungs.config.TrainConfigError)
             raise LadderInputError(f"trial {trial.label}: {err}", where=where, field=f"blocks.{trial.block}") from None
+        workers = trial.resources.workers
+        if workers > 1 and config["batch_sequences"] % workers:
+            # Data-parallel ranks split each batch evenly (rungs.launch); say so before launching.
+            raise LadderInputError(
+                f"trial {trial.label}: batch_sequences={config['batch_sequences']} does not split over "
+                f"{workers} workers; override batch_sequences with a multiple of {workers} or change "
+                f"resources.workers", where=where, field=f"blocks.{trial.block}")
         key = trial_key(config)
         planned.setdefault(key, PlannedTrial(trial=trial, key=key, config=config))
     if not planned:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -81,6 +82,7 @@ def ray_cluster():
                     break
                 except subprocess.TimeoutExpired:
                     continue
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def _peek(db: Path) -> list[str]:
@@ -253,11 +255,17 @@ def test_multi_worker_trial_runs_as_one_torchtrainer_job_and_one_mlflow_run(ray_
     spec = {"name": "two_workers", "recipe": "cpu-demo", "max_steps": 4, "max_failures": 0,
             "resources": {"cpus": 1, "workers": 2}, "blocks": [{"name": "b", "rungs": [3]}]}
     path = tmp_path / "two.yaml"
-    path.write_text(yaml.safe_dump(spec))
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # A batch the two ranks cannot split evenly is refused before launch; an even one runs.
+    spec["overrides"] = {"batch_sequences": 7}
+    path.write_text(yaml.safe_dump(spec))
+    refused = _sweep(["run", str(path), "--address", ray_cluster, "--tracking-uri", store, "--json"])
+    assert refused.returncode == 2 and "does not split over 2 workers" in refused.stderr
+    spec["overrides"] = {"batch_sequences": 8}
+    path.write_text(yaml.safe_dump(spec))
     out = _sweep(["run", str(path), "--address", ray_cluster, "--tracking-uri", store, "--json"])
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["completed"] == 1
+    assert json.loads(out.stdout)["completed"] == 1, out.stdout
     (runs,) = find_runs(store, "sweep-two_workers").values()
     assert len(runs) == 1  # rank 0 alone tracks
     assert runs[0].tags["workers"] == "2" and runs[0].tags["outcome"] == "finished"
