@@ -19,8 +19,11 @@ def write_figures(result: DemoResult, best: pd.DataFrame, runs: pd.DataFrame) ->
 
     out = result.out_dir
     figures = {"bpb_vs_flops": out / "bpb_vs_flops.png"}
-    plot_power_laws(result.power_laws, best, path=figures["bpb_vs_flops"], holdout_top=1,
-                    backtests={d: b for d, b in result.backtests.items() if "error" not in b})
+    if result.power_laws:
+        plot_power_laws(result.power_laws, best, path=figures["bpb_vs_flops"], holdout_top=1,
+                        backtests={d: b for d, b in result.backtests.items() if "error" not in b})
+    else:
+        _save(_data_only_figure(best), figures["bpb_vs_flops"])
     if result.surfaces:
         fig, axes = _figure(ncols=len(result.surfaces), size=(4.2, 3.6))
         for ax, surface in zip(axes, result.surfaces):
@@ -32,12 +35,30 @@ def write_figures(result: DemoResult, best: pd.DataFrame, runs: pd.DataFrame) ->
     return figures
 
 
+def _data_only_figure(best: pd.DataFrame):
+    """The ladder's BPB against FLOPs per domain when no law could be fitted: the data still show."""
+    from fits.plots import _figure
+
+    fig, axes = _figure(size=(6.0, 4.0))
+    ax = axes[0]
+    for domain, part in best.groupby("domain"):
+        part = part.sort_values("train_flops")
+        ax.plot(part["train_flops"], part["bpb"], marker="o", label=str(domain))
+    ax.set(xscale="log", yscale="log", xlabel="training FLOPs", ylabel="held-out BPB",
+           title="ladder runs (no law fitted: see the table)")
+    ax.legend(fontsize=7)
+    return fig
+
+
 def _backtest_figure(result: DemoResult):
     from fits.plots import _figure
 
     fig, axes = _figure(size=(6.0, 3.2))
     ax = axes[0]
     rows = [(d, b["predictions"][0]) for d, b in sorted(result.backtests.items()) if "error" not in b]
+    if not rows:
+        ax.text(0.5, 0.5, "no backtest: no law could be fitted", ha="center", va="center", transform=ax.transAxes)
+        return fig
     names = [d for d, _ in rows]
     errs = np.array([100 * p["rel_error"] for _, p in rows])
     lo = np.array([100 * (p["lo"] - p["actual"]) / p["actual"] for _, p in rows])
@@ -107,12 +128,13 @@ def write_report(result: DemoResult, best: pd.DataFrame) -> Path:
     parts.append("<p class='note'>BPB(C) = E + A·C<sup>−α</sup>, summed Huber (δ=1e-3) on log residuals, "
                  "bootstrap over runs for the 95% band; open red markers: the held-out top rung.</p>")
     parts.append(_img(result.figures["bpb_vs_flops"]))
-    law_rows = []
+    law_rows = [[d, "", "", "", "", "", b["error"]] for d, b in sorted(result.backtests.items())
+                if d not in result.power_laws]
     for d, law in sorted(result.power_laws.items()):
         ci = law.ci
         law_rows.append([d, law.params["E"], law.params["A"], law.params["alpha"], ci.get("E", ""), ci.get("alpha", ""),
                          law.n_points])
-    parts.append(_table(["domain", "E", "A", "α", "E 95% CI", "α 95% CI", "rungs"], law_rows))
+    parts.append(_table(["domain", "E", "A", "α", "E 95% CI", "α 95% CI", "rungs / why not fitted"], law_rows))
     parts.append("<h2>Backtest: the top rung predicted from the rungs below</h2>")
     parts.append(_img(result.figures["backtest"]))
     bt_rows = []
