@@ -32,7 +32,8 @@ CANONICAL = {  # canonical column ← candidates in order of preference
     "lr": ["params.lr"], "wd": ["params.weight_decay", "params.wd"], "dropout": ["params.dropout"],
     "steps": ["params.steps"], "tpp": ["params.tpp"], "params_active": ["params.params_active"],
     "train_flops": ["metrics.total_train_flops", "metrics.train_flops"], "wall_seconds": ["metrics.wall_seconds"],
-    "final_loss": ["metrics.final_loss"], "tokens": ["metrics.total_tokens", "params.tokens"], "rung": ["tags.rung", "params.L"], "arm": ["tags.arm", "params.arm"],
+    "final_loss": ["metrics.final_loss"], "tokens": ["metrics.total_tokens", "params.tokens"], "rung": ["tags.rung", "params.L"], "arm": ["tags.arm", "params.arm", "tags.coord.arm"], "seed": ["tags.coord.seed", "params.seed"],
+    "block": ["tags.coord.block"],
     "recipe": ["tags.recipe"], "trial_key": ["tags.trial_key"],
 }
 BPB_PREFIX = "metrics.final_bpb/"

@@ -17,7 +17,7 @@ from ladder.mlflow_runs import fit_table, read_runs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "notebooks" / "fixtures"
 DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
-KEEP = ["run_id", "rung", "arm", "seed", "lr", "wd", "dropout", "steps", "tpp", "params_active", "train_flops",
+KEEP = ["run_id", "rung", "block", "arm", "seed", "lr", "wd", "dropout", "steps", "tpp", "params_active", "train_flops",
         "wall_seconds", "tokens", "final_loss", "diverged", "bpb"]
 
 
