@@ -224,7 +224,9 @@ def test_bad_specs_exit_2_before_anything_starts(tmp_path, capsys, changes, says
 
 @pytest.mark.slow
 def test_resources_larger_than_the_cluster_exit_2_before_any_trial(ray_cluster, tmp_path):
-    spec = _bad_spec(tmp_path, resources={"cpus": 2, "workers": 4})
+    # A batch that splits over 4 workers, so the cluster check (not the batch check) is what refuses.
+    spec = _bad_spec(tmp_path, resources={"cpus": 2, "workers": 4},
+                     overrides={"checkpoint_interval": 5, "batch_sequences": 8})
     store = tmp_path / "mlflow.db"
     out = _sweep(["run", spec, "--address", ray_cluster, "--tracking-uri", f"sqlite:///{store}", "--json"])
     assert out.returncode == 2
