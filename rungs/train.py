@@ -276,10 +276,10 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
                 state.wall_seconds += time.perf_counter() - job_start
                 job_start = time.perf_counter()
                 state.agc = clipper.state_dict() if clipper is not None else None
-                if tracker is not None:  # every metric up to the checkpoint is stored before it exists
-                    tracker.flush()
                 save_checkpoint(run_dir, step=state.step, config_key=cfg.key(), model=model, optimizer=optimizer,
                                 sampler=sampler, extra=asdict(state))
+                if tracker is not None:  # steps up to a saved checkpoint are never redone: store them now
+                    tracker.flush()  # (flushing before the save could log a step twice if killed in between)
     except BaseException:  # a crash (or Ctrl-C) leaves the MLflow run marked, not RUNNING forever
         bar.close()
         if tracker is not None:
