@@ -9,11 +9,13 @@ SQLite file (`sqlite:///runs/mlflow.db`); any tracking URI MLflow accepts works.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,27 @@ def _artifact_location(tracking_uri: str) -> str | None:
     return (db.parent / "mlartifacts").as_uri()
 
 
+@contextlib.contextmanager
+def _store_lock(tracking_uri: str) -> Iterator[None]:
+    """Serialise schema creation and experiment creation on a SQLite store across processes.
+
+    Jobs started together on a fresh `sqlite:///` store otherwise race in MLflow's schema migration
+    ("duplicate column name: step") or in creating the same experiment. Other stores need no lock.
+    """
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        yield
+        return
+    db = Path(tracking_uri[len(prefix):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.parent / (db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 class Tracker:
     """A thin wrapper over MlflowClient bound to one run."""
 
@@ -64,10 +87,9 @@ class Tracker:
                  tags: dict[str, str], params: dict[str, Any]) -> None:
         from mlflow import MlflowClient
 
-        prefix = "sqlite:///"
-        if tracking_uri.startswith(prefix):
-            Path(tracking_uri[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
-        self.client = MlflowClient(tracking_uri)
+        with _store_lock(tracking_uri):  # a fresh SQLite store: one process creates the schema
+            self.client = MlflowClient(tracking_uri)
+            self.client.search_experiments(max_results=1)
         self.tracking_uri = tracking_uri
         self._pending: list[Any] = []
         id_file = Path(run_dir) / RUN_ID_FILE
@@ -80,11 +102,13 @@ class Tracker:
                 return
             except Exception:  # the store was wiped or moved: start a new run
                 log.warning("MLflow run %s not found in %s; starting a new one", self.run_id, tracking_uri)
-        exp = self.client.get_experiment_by_name(experiment_name)
-        if exp is None:
-            exp_id = self.client.create_experiment(experiment_name, artifact_location=_artifact_location(tracking_uri))
-        else:
-            exp_id = exp.experiment_id
+        with _store_lock(tracking_uri):  # two jobs starting together must not both create the experiment
+            exp = self.client.get_experiment_by_name(experiment_name)
+            if exp is None:
+                exp_id = self.client.create_experiment(experiment_name,
+                                                       artifact_location=_artifact_location(tracking_uri))
+            else:
+                exp_id = exp.experiment_id
         all_tags = {k: str(v) for k, v in tags.items() if v is not None}
         version = code_version()
         if version:
