@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ladder.errors import LadderInputError
+from ladder.yaml_input import read_yaml, validate_mapping
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 SHARE_TOLERANCE = 1e-6
@@ -156,19 +156,6 @@ class Recipe(_Strict):
         return num // self.width.denominator
 
 
-def _format_validation_error(err: ValidationError) -> tuple[str, str]:
-    first = err.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    kind = first["type"]
-    msg = first["msg"]
-    if kind == "extra_forbidden":
-        msg = "unknown key; remove it or check its spelling against the recipe schema (ladder/recipe.py)"
-    elif kind == "missing":
-        msg = "required key is missing"
-    extra = f" (and {len(err.errors()) - 1} more problem(s))" if len(err.errors()) > 1 else ""
-    return field, msg + extra
-
-
 def available_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
@@ -189,21 +176,10 @@ def resolve_recipe_path(name_or_path: str | Path) -> Path:
 
 
 def parse_recipe(data: object, where: str) -> Recipe:
-    if not isinstance(data, dict):
-        raise LadderInputError("a recipe must be a YAML mapping of keys to values", where=where)
-    try:
-        return Recipe.model_validate(data)
-    except ValidationError as err:
-        field, msg = _format_validation_error(err)
-        raise LadderInputError(msg, where=where, field=field) from None
+    return validate_mapping(Recipe, data, where=where, what="a recipe", schema="ladder/recipe.py")
 
 
 def load_recipe(name_or_path: str | Path) -> Recipe:
     """Load and validate a recipe by name (`mai-base-2`) or by path."""
     path = resolve_recipe_path(name_or_path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise LadderInputError(f"not valid YAML: {err}", where=str(path)) from None
-    return parse_recipe(data, str(path))
-
+    return parse_recipe(read_yaml(path), str(path))

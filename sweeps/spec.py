@@ -13,16 +13,25 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ladder.errors import LadderInputError
+from ladder.yaml_input import read_yaml, validate_mapping
 
 SWEEPS_DIR = Path(__file__).parent
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 OverrideValue = bool | int | float | str | None
+
+
+def _check_name(v: str) -> str:
+    if not _NAME.match(v):
+        raise ValueError(f"name {v!r} must be letters, digits, '_', '-' or '.'")
+    return v
+
+
+Name = Annotated[str, AfterValidator(_check_name)]  # block and sweep names: safe in paths and MLflow
 
 
 class _Strict(BaseModel):
@@ -101,7 +110,7 @@ class Resources(_Strict):
 class Block(_Strict):
     """One cross product of the spec. Fields left out inherit the spec's value."""
 
-    name: str
+    name: Name
     rungs: list[int] = Field(min_length=1)
     tpp: list[float | None] = Field(default=[None], min_length=1, description="None: the recipe's TPP")
     lr_wd: LrWdGrid = LrWdGrid()
@@ -111,13 +120,6 @@ class Block(_Strict):
     max_steps: int | None = Field(default=None, gt=0)
     overrides: dict[str, OverrideValue] = Field(default_factory=dict)
     resources: Resources | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _name_ok(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError(f"name {v!r} must be letters, digits, '_', '-' or '.'")
-        return v
 
     @field_validator("rungs")
     @classmethod
@@ -149,7 +151,7 @@ class Block(_Strict):
 
 
 class SweepSpec(_Strict):
-    name: str
+    name: Name
     recipe: str = Field(description="recipe name (cpu-demo, mai-base-2) or a path")
     description: str = ""
     experiment: str | None = Field(default=None, description="MLflow experiment (default: sweep-<name>)")
@@ -160,13 +162,6 @@ class SweepSpec(_Strict):
     resources: Resources = Resources()
     max_concurrent: int | None = Field(default=None, ge=1)
     max_failures: int = Field(default=1, ge=0, description="retries of a trial that raises (divergence is not retried)")
-
-    @field_validator("name")
-    @classmethod
-    def _name_ok(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError(f"name {v!r} must be letters, digits, '_', '-' or '.'")
-        return v
 
     @field_validator("seeds")
     @classmethod
@@ -187,22 +182,6 @@ class SweepSpec(_Strict):
         return self.experiment or f"sweep-{self.name}"
 
 
-def _format_validation_error(err: ValidationError) -> tuple[str, str]:
-    errors = err.errors()
-    # In a union (centre: law | {lr, weight_decay}) the literal branch's mismatch says least.
-    first = next((e for e in errors if e["type"] != "literal_error"), errors[0])
-    field = ".".join(str(p) for p in first["loc"] if not str(p).startswith(("literal[", "Centre"))) or "(top level)"
-    msg = first["msg"]
-    if first["type"] == "extra_forbidden":
-        msg = "unknown key; remove it or check its spelling against the sweep schema (sweeps/spec.py)"
-    elif first["type"] == "missing":
-        msg = "required key is missing"
-    elif first["type"] == "too_short":
-        msg = f"{msg}: an empty list would give an empty sweep"
-    extra = f" (and {len(err.errors()) - 1} more problem(s))" if len(err.errors()) > 1 else ""
-    return field, msg + extra
-
-
 def available_specs() -> list[str]:
     return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
 
@@ -219,20 +198,11 @@ def resolve_spec_path(name_or_path: str | Path) -> Path:
 
 
 def parse_spec(data: object, where: str) -> SweepSpec:
-    if not isinstance(data, dict):
-        raise LadderInputError("a sweep spec must be a YAML mapping of keys to values", where=where)
-    try:
-        return SweepSpec.model_validate(data)
-    except ValidationError as err:
-        field, msg = _format_validation_error(err)
-        raise LadderInputError(msg, where=where, field=field) from None
+    return validate_mapping(SweepSpec, data, where=where, what="a sweep spec", schema="sweeps/spec.py",
+                            messages={"too_short": "{msg}: an empty list would give an empty sweep"})
 
 
 def load_spec(name_or_path: str | Path) -> SweepSpec:
     """Load and validate a sweep spec by name (`smoke`) or path."""
     path = resolve_spec_path(name_or_path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise LadderInputError(f"not valid YAML: {err}", where=str(path)) from None
-    return parse_spec(data, str(path))
+    return parse_spec(read_yaml(path), str(path))
