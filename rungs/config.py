@@ -79,6 +79,8 @@ class TrainConfig(BaseModel):
     weight_decay: float = Field(ge=0)
     adam_lr: float | None = Field(default=None, gt=0)
     muon_momentum: float = Field(default=0.95, ge=0, lt=1)
+    adam_beta1: float = Field(default=0.9, ge=0, lt=1)
+    adam_beta2: float = Field(default=0.95, ge=0, lt=1)
     adjust_lr: str = "match_rms_adamw"
     schedule: Literal["cosine", "wsd"] = "cosine"
     warmup_steps: int | None = Field(default=None, ge=0, description="default: 5% of steps")

@@ -97,7 +97,8 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
     device = torch.device(par.device_type)
     model = parallelize(Transformer(cfg.architecture()).to(device), par, capacity_per_expert=cfg.capacity_per_expert)
     optimizer = build_optimizer(model, par, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,
-                                muon_momentum=cfg.muon_momentum, adjust_lr=cfg.adjust_lr, comm_dtype=comm_dtype)
+                                muon_momentum=cfg.muon_momentum, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                adjust_lr=cfg.adjust_lr, comm_dtype=comm_dtype)
     state: dict[str, Any] = {"step": 0, "tokens": 0, "train_flops": 0.0, "train_seconds": 0.0, "losses": []}
     ckpt = run_dir / CHECKPOINT_DIR
     if resume and (ckpt / dist_checkpoint.EXTRA_FILE).is_file():

@@ -184,7 +184,8 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
         raise TrainConfigError("device is cuda but torch sees no GPU; use device=cpu or auto", key="device")
     model = Transformer(cfg.architecture()).to(cfg.device_type)
     optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,
-                                muon_momentum=cfg.muon_momentum, adjust_lr=cfg.adjust_lr)
+                                muon_momentum=cfg.muon_momentum, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                adjust_lr=cfg.adjust_lr)
     agc_settings = cfg.agc_settings()
     clipper = ActivationGradClipper(agc_settings) if agc_settings else None
     if clipper is not None:
