@@ -116,6 +116,7 @@ def test_divergence_rule():
     ({"lr": "fast"}, "lr", "valid number"),
     ({"agc_points": ["attention_out"]}, None, "valid points"),
     ({"schedule": "linear"}, "schedule", "cosine"),
+    ({"adam_beta2": 1.0}, "adam_beta2", "less than 1"),
 ])
 def test_bad_configs_raise_errors_naming_the_problem(change, key, match):
     cfg = tiny_config() | change
@@ -123,6 +124,14 @@ def test_bad_configs_raise_errors_naming_the_problem(change, key, match):
         parse_config(cfg)
     if key:
         assert err.value.key == key
+
+
+def test_adam_betas_reach_the_optimizer(tmp_path):
+    base = train(tiny_config(max_steps=3, deterministic=True), run_dir=tmp_path / "a", progress=False)
+    other = train(tiny_config(max_steps=3, deterministic=True, adam_beta2=0.5), run_dir=tmp_path / "b", progress=False)
+    torch.use_deterministic_algorithms(False)
+    assert base.losses[0] == other.losses[0]  # same first step: Adam's first update does not depend on beta2
+    assert base.losses[2] != other.losses[2]
 
 
 def test_deterministic_mode_repeats_bit_for_bit(tmp_path):
