@@ -72,10 +72,11 @@ def _row_json(r) -> dict:
     return {"key": r.key, "trial": r.label, "state": r.state, "run_id": r.run_id, "attempts": r.attempts,
             "ran_now": r.ran_now, "bpb_mean": r.bpb_mean, "wall_seconds": r.wall_seconds,
             "train_wall_seconds": r.train_wall_seconds, "train_loop_seconds": r.train_loop_seconds, "train_call_seconds": r.train_call_seconds,
-            "error": r.error}
+            "error": r.error, "progress": r.progress}
 
 
 def _render(outcome: SweepOutcome, title: str) -> None:
-    rows = [[r.label, r.key, r.state, r.attempts, r.bpb_mean, r.wall_seconds, r.run_id or "-"] for r in outcome.rows]
+    rows = [[r.label, r.key, r.state if not r.progress else f"{r.state}: {r.progress}", r.attempts, r.bpb_mean,
+             r.wall_seconds, r.run_id or "-"] for r in outcome.rows]
     stdout_console.print(make_table(title, ["name", "key", "state", "attempts", "bpb", "seconds", "run"], rows))
     sys.stdout.flush()

@@ -47,6 +47,7 @@ class TrialRow:
     train_loop_seconds: float | None = None
     train_call_seconds: float | None = None  # the train() call inside the worker, set-up and evals included
     error: str | None = None
+    progress: str | None = None  # running trials in `status`: last logged step of the planned steps, and when
 
 
 @dataclass
@@ -270,5 +271,26 @@ def sweep_status(spec: SweepSpec, *, where: str = "sweep spec", tracking_uri: st
     planned = plan_sweep(spec, where=where)
     store = default_store(tracking_uri)
     records = find_runs(store, spec.experiment_name)
-    return SweepOutcome(sweep=spec.name, experiment=spec.experiment_name, tracking_uri=store,
-                        rows=[_row(p, records.get(p.key, [])) for p in planned])
+    rows = [_row(p, records.get(p.key, [])) for p in planned]
+    for p, row in zip(planned, rows):
+        if row.state == "running" and row.run_id:
+            row.progress = _progress(store, row.run_id, p.config.get("max_steps") or p.config.get("steps"))
+    return SweepOutcome(sweep=spec.name, experiment=spec.experiment_name, tracking_uri=store, rows=rows)
+
+
+# A RUNNING run whose job logged nothing for this long was probably killed (a rerun resumes it).
+STALE_AFTER_SECONDS = 900.0
+
+
+def _progress(store: str, run_id: str, total_steps: int | None) -> str:
+    """"step 400/1192, 35 s ago" from the run's loss history; a run silent for STALE_AFTER_SECONDS is
+    marked as such, since a killed job leaves its MLflow run RUNNING."""
+    from mlflow.tracking import MlflowClient
+
+    history = MlflowClient(store).get_metric_history(run_id, "loss")
+    if not history:
+        return "starting"
+    last = max(history, key=lambda m: m.step)
+    ago = max(0.0, time.time() - last.timestamp / 1000.0)
+    text = f"step {last.step}/{total_steps or '?'}, {ago:.0f} s ago"
+    return text + " (stale: killed? a rerun resumes it)" if ago > STALE_AFTER_SECONDS else text

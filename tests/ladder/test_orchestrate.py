@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -24,6 +25,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from ladder.cli import main
+from ladder.orchestrate import STALE_AFTER_SECONDS, _progress
 from ladder.sweep_runs import find_runs, trial_state
 from ladder.tracking_server import free_port
 from sweeps.spec import SWEEPS_DIR
@@ -123,6 +125,10 @@ def test_killed_driver_rerun_finishes_every_trial_exactly_once(ray_cluster, tmp_
     finished_before = {k for k, s in states.items() if s == "finished"}
     interrupted = {k for k, s in states.items() if s == "running"}
     assert len(finished_before) == 2 and len(interrupted) == 1, states
+    status = json.loads(_sweep(["status", "smoke", "--tracking-uri", store, "--json"]).stdout)
+    (running,) = [t for t in status["trials"] if t["state"] == "running"]
+    step, total = re.match(r"step (\d+)/(\d+), \d+ s ago$", running["progress"]).groups()
+    assert int(step) < int(total)  # the steps up to its checkpoint are in MLflow; the rest were not run
 
     rerun = _sweep(["run", "smoke", "--address", ray_cluster, "--tracking-uri", store, "--json"])
     assert rerun.returncode == 0, rerun.stderr
@@ -271,3 +277,15 @@ def test_multi_worker_trial_runs_as_one_torchtrainer_job_and_one_mlflow_run(ray_
     (runs,) = find_runs(store, "sweep-two_workers").values()
     assert len(runs) == 1  # rank 0 alone tracks
     assert runs[0].tags["workers"] == "2" and runs[0].tags["outcome"] == "finished"
+
+
+def test_status_progress_marks_a_silent_running_run_as_stale(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(store)
+    run_id = client.create_run(client.create_experiment("x")).info.run_id
+    assert _progress(store, run_id, 100) == "starting"
+    now_ms = int(time.time() * 1000)
+    client.log_metric(run_id, "loss", 3.0, timestamp=now_ms - 10_000, step=7)
+    assert re.fullmatch(r"step 7/100, 1[01] s ago", _progress(store, run_id, 100))
+    client.log_metric(run_id, "loss", 2.9, timestamp=now_ms - int(STALE_AFTER_SECONDS * 1000) - 60_000, step=8)
+    assert _progress(store, run_id, 100).startswith("step 8/100") and "stale" in _progress(store, run_id, 100)
