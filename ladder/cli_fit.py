@@ -1,6 +1,8 @@
 """`ladder fit power-law|chinchilla|hparams`: fit laws to a CSV or straight to an MLflow experiment.
 
-JSON contracts (DESIGN.md): power-law → {"fits": [{"group", "E", "A", "alpha", "ci", "backtest"}]};
+JSON contracts (DESIGN.md): power-law → {"fits": [{"group", "E", "A", "alpha", "ci", "backtest"}]}, a
+group whose law is not identified (E on its bound) carrying E = A = alpha = null and the reason in
+"not_identified" (exit 1; exit 2 when no group is identified);
 chinchilla → E, A, B, alpha, beta; hparams → {"lr_wd_product": {coef, steps_exponent},
 "log_lr": {intercept, log_tpp, log_steps}, "slices": [...]}. Fits read from MLflow are logged back
 as an MLflow run of their own. `--save FILE.json` writes the laws (with bootstrap draws) in the
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         q.add_argument("--plot", help="write a PNG figure of the fit to this path")
         q.add_argument("--json", action="store_true", help="print one JSON object")
 
-    q = fit_sub.add_parser("power-law", help="y = E + A·x^(−α) per group (BPB against training FLOPs)")
+    q = fit_sub.add_parser("power-law", help="y = E + A·x^(−α) per group (BPB against training FLOPs); exit 1 when "
+                                            "some group's law is not identified (reported, the others fitted)")
     common(q)
     q.add_argument("--x", help="compute column (default with --experiment: train_flops)")
     q.add_argument("--y", help="metric column (default with --experiment: bpb, one law per domain)")
@@ -129,7 +133,7 @@ def column_arg(args: argparse.Namespace, name: str, default: str) -> str:
 
 def run_power_law(args: argparse.Namespace) -> int:
     from fits.backtest import holdout_backtest, progressive_backtest
-    from fits.errors import FitError, FitInputError
+    from fits.errors import FitBoundaryError, FitError, FitInputError
     from fits.power_law import fit_power_law
 
     df, source = load_input(args)
@@ -152,6 +156,16 @@ def run_power_law(args: argparse.Namespace) -> int:
         try:
             fit = fit_power_law(part, x, y, bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed,
                                 group=None if name is None else str(name), cluster=args.cluster)
+        except FitBoundaryError as err:
+            # One group's law not identified (e.g. no floor in the data): say so for that group and go
+            # on with the others instead of losing every domain's result.
+            fits.append({"group": None if name is None else str(name), "E": None, "A": None, "alpha": None,
+                         "ci": {}, "ci_level": args.ci_level, "backtest": None, "n_points": len(part),
+                         "not_identified": str(err)})
+            continue
+        except FitError as err:
+            raise input_error(err, source) from None
+        try:
             backtest = _backtest(part, x, y, args, holdout_backtest)
             progressive = None
             if args.progressive:
@@ -169,33 +183,49 @@ def run_power_law(args: argparse.Namespace) -> int:
                      "options": d["options"], "code_version": d["code_version"]})
         saved[str(name) if name is not None else y] = fit.to_dict(include_draws=True)
         laws[str(name) if name is not None else y] = fit
+    if not laws:
+        raise input_error(FitBoundaryError("; ".join(f"{f['group'] or y}: {f['not_identified']}" for f in fits)),
+                          source)
     payload = {"fits": fits, "source": source}
+    identified = [f for f in fits if f["E"] is not None]
     if args.plot:
         from fits.plots import plot_power_laws
 
-        plot_power_laws(laws, df, x=x, y=y, group=group, path=args.plot, holdout_top=args.holdout_top,
-                        backtests={f["group"] or y: f["backtest"] for f in fits})
+        plot_power_laws(laws, df[df[group].astype(str).isin(laws)] if group else df, x=x, y=y, group=group,
+                        path=args.plot, holdout_top=args.holdout_top,
+                        backtests={f["group"] or y: f["backtest"] for f in identified})
         payload["plot"] = args.plot
     finish(args, payload, source, df, {"power_law": saved},
-           {f["group"] or y: {"E": f["E"], "A": f["A"], "alpha": f["alpha"]} for f in fits})
+           {f["group"] or y: {"E": f["E"], "A": f["A"], "alpha": f["alpha"]} for f in identified})
+    missing = [f["group"] or y for f in fits if f["E"] is None]
     if args.json:
         print_json(payload)
-        return 0
+        return 1 if missing else 0
     rows = []
     for f in fits:
+        if f["E"] is None:
+            rows.append([f["group"] or y, "not identified", "-", "-", "-", f["n_points"], "-", "-"])
+            continue
         ci = f["ci"].get("alpha")
         bt = f["backtest"] or {}
         pred = (bt.get("predictions") or [{}])[0]
         rows.append([f["group"] or y, f["E"], f["A"], f["alpha"], f"[{ci[0]:.4g}, {ci[1]:.4g}]" if ci else "-",
-                     f["n_points"], f"{pred['rel_error']:+.2%}" if pred else bt.get("skipped", "-"),
+                     f["n_points"], f"{pred['rel_error']:+.2%}" if pred else _short_skip(bt.get("skipped", "-")),
                      str(pred.get("inside", "-"))])
     stdout_console.print(make_table(f"power law {y} = E + A·{x}^(−α)", ["domain", "E", "A", "alpha", "alpha CI",
                                     "points", "held-out error", "inside CI"], rows))
-    return 0
+    for f in fits:
+        if f["E"] is None:
+            print(f"{f['group'] or y}: {f['not_identified']}", file=sys.stderr)
+    return 1 if missing else 0
+
+
+def _short_skip(reason: str) -> str:
+    return "law below the top not identified" if reason.startswith("law without the top") else reason
 
 
 def _backtest(part: pd.DataFrame, x: str, y: str, args: argparse.Namespace, holdout_backtest) -> dict[str, Any] | None:
-    from fits.errors import FitInputError
+    from fits.errors import FitBoundaryError, FitInputError
 
     if args.holdout_top == 0:
         return None
@@ -204,6 +234,8 @@ def _backtest(part: pd.DataFrame, x: str, y: str, args: argparse.Namespace, hold
                                 ci_level=args.ci_level, seed=args.seed)
     except FitInputError as err:  # too few rungs to hold one out: say so instead of failing the fit
         return {"skipped": err.detail}
+    except FitBoundaryError as err:  # the rungs below the top do not pin the law down on their own
+        return {"skipped": f"law without the top rung(s) not identified: {err}"}
 
 
 # ---------------------------------------------------------------- chinchilla

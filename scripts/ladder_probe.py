@@ -8,8 +8,8 @@ It needs only torch, pydantic, PyYAML, numpy and tokenizers, so it also runs on 
         --out probe.jsonl --deadline-s 480
 
 Each line: rung, tpp, steps, tokens, train_flops, wall_seconds, held-out BPB per domain and their
-mean; a job still running at the deadline is killed and written with its last logged step. The
-law on the lines: `ladder fit power-law --csv` after `python scripts/ladder_probe.py --to-csv`.
+mean; a job still running at the deadline is killed and written with its last logged step
+(`pandas.read_json(path, lines=True)` reads the file). docs/backtest_diagnosis/ holds what it measured.
 """
 
 from __future__ import annotations

@@ -56,6 +56,31 @@ def test_power_law_bad_input_exits_2_with_one_message(tmp_path, capsys, mutate, 
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_group_without_a_floor_is_reported_and_the_others_fitted(tmp_path, capsys):
+    csv = ladder_csv(tmp_path)
+    df = pd.read_csv(csv)
+    bent = df["domain"] == "math"  # BPB falling faster at the top: no E ≥ 0 fits, E runs to its bound
+    df.loc[bent, "bpb"] = 5.0 - 0.02 * np.log(df.loc[bent, "train_flops"] / 1e17) ** 2
+    df.to_csv(csv, index=False)
+    code = main(["fit", "power-law", "--csv", str(csv), "--x", "train_flops", "--y", "bpb", "--group", "domain",
+                 "--bootstrap", "50", "--json"])
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 1
+    by_group = {f["group"]: f for f in payload["fits"]}
+    assert by_group["code"]["alpha"] == pytest.approx(0.08, abs=0.02) and by_group["code"]["backtest"]["predictions"]
+    assert by_group["math"]["E"] is None and "bound" in by_group["math"]["not_identified"]
+
+
+def test_no_group_identified_exits_2(tmp_path, capsys):
+    csv = ladder_csv(tmp_path)
+    df = pd.read_csv(csv)
+    df["bpb"] = 5.0 - 0.02 * np.log(df["train_flops"] / 1e17) ** 2
+    df.to_csv(csv, index=False)
+    code, _, err = run_json(capsys, ["fit", "power-law", "--csv", str(csv), "--x", "train_flops", "--y", "bpb",
+                                     "--group", "domain", "--json"])
+    assert code == 2 and "bound" in err and "Traceback" not in err
+
+
 def test_power_law_csv_needs_its_columns_named(tmp_path, capsys):
     code, _, err = run_json(capsys, ["fit", "power-law", "--csv", str(ladder_csv(tmp_path)), "--json"])
     assert code == 2 and "--x" in err
