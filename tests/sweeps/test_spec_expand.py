@@ -114,3 +114,16 @@ def test_unknown_recipe_is_an_input_error():
 def test_missing_spec_file_lists_the_shipped_ones(tmp_path):
     with pytest.raises(LadderInputError, match="smoke"):
         load_spec(tmp_path / "nope.yaml")
+
+
+def test_the_science_check_ladder_has_five_rungs_over_30x_compute_at_one_tpp():
+    from ladder.sweep_plan import plan_sweep
+
+    planned = plan_sweep(load_spec("backtest"))
+    rungs = {p.config["L"] for p in planned}
+    flops = {p.config["L"]: p.config["flops_per_token"] * p.config["steps"] * p.config["batch_sequences"]
+             * p.config["seq_len"] for p in planned}
+    assert len(rungs) >= 5
+    assert max(flops.values()) / min(flops.values()) >= 30
+    assert len({p.config["tpp"] for p in planned}) == 1
+    assert min(p.config["d_model"] for p in planned) >= 64  # pre-asymptotic rungs stay out (docs/backtest_diagnosis)
