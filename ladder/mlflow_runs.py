@@ -136,6 +136,8 @@ def log_fit_run(tracking_uri: str, experiment: str, *, command: str, payload: di
     """Record a fit as its own MLflow run; returns its run id."""
     from mlflow.entities import Metric, Param
 
+    from rungs.tracking import log_artifact
+
     client = _client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
@@ -150,7 +152,7 @@ def log_fit_run(tracking_uri: str, experiment: str, *, command: str, payload: di
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fit.json"
         path.write_text(json.dumps(payload, indent=2))
-        client.log_artifact(run.info.run_id, str(path))
+        log_artifact(client, tracking_uri, run.info.run_id, path)
     client.set_terminated(run.info.run_id, "FINISHED")
     log.info("logged fit %s as MLflow run %s", command, run.info.run_id)
     return run.info.run_id

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -80,6 +81,24 @@ def _store_lock(tracking_uri: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def log_artifact(client: Any, tracking_uri: str, run_id: str, path: Path) -> None:
+    """`client.log_artifact`, also for a run whose experiment a tracking server created.
+
+    Such runs store artifacts under `mlflow-artifacts:/…`, which only the server can resolve; a client
+    on the server's SQLite file (`ladder fit --experiment` after `ladder sweep run`) writes the file
+    where the server keeps it instead: `<store dir>/mlartifacts/…` (ladder.tracking_server's default).
+    """
+    uri = client.get_run(run_id).info.artifact_uri
+    prefix = "sqlite:///"
+    if uri.startswith("mlflow-artifacts:") and tracking_uri.startswith(prefix):
+        rel = uri[len("mlflow-artifacts:"):].lstrip("/")
+        dest = Path(tracking_uri[len(prefix):]).resolve().parent / "mlartifacts" / rel
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dest / Path(path).name)
+        return
+    client.log_artifact(run_id, str(path))
+
+
 class Tracker:
     """A thin wrapper over MlflowClient bound to one run."""
 
@@ -137,7 +156,7 @@ class Tracker:
 
     def log_artifact(self, path: Path) -> None:
         if Path(path).is_file():
-            self.client.log_artifact(self.run_id, str(path))
+            log_artifact(self.client, self.tracking_uri, self.run_id, Path(path))
 
     def set_tag(self, key: str, value: str) -> None:
         self.client.set_tag(self.run_id, key, value)

@@ -40,3 +40,18 @@ def test_jobs_starting_together_on_a_fresh_sqlite_store_all_get_runs(tmp_path: P
     assert len(experiments) == 1
     runs = client.search_runs([experiments[0].experiment_id])
     assert sorted(r.info.run_id for r in runs) == sorted(detail for _, detail in outcomes)
+
+
+def test_artifacts_of_a_server_created_experiment_land_where_the_server_keeps_them(tmp_path: Path) -> None:
+    # `ladder sweep run` creates its experiment through the tracking server (artifact root
+    # mlflow-artifacts:/...); `ladder fit --experiment` then logs to the same SQLite file directly.
+    from rungs.tracking import log_artifact
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp_id = client.create_experiment("sweep-x", artifact_location="mlflow-artifacts:/7")
+    run_id = client.create_run(exp_id).info.run_id
+    src = tmp_path / "fit.json"
+    src.write_text("{}")
+    log_artifact(client, uri, run_id, src)
+    assert (tmp_path / "mlartifacts" / "7" / run_id / "artifacts" / "fit.json").read_text() == "{}"
