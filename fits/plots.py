@@ -39,13 +39,23 @@ def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_f
                     group: str | None = "domain", path: str | Path | None = None, holdout_top: int = 1,
                     extend: float = 10.0, backtests: dict[str, Any] | None = None) -> Figure:
     """One panel per law: data, fit, band (when bootstrapped), held-out rung(s) as open markers and,
-    given the backtests, the prediction made without them (with its interval)."""
+    given the backtests, the prediction made without them (with its interval). A name mapped to
+    None (its law was not identified) gets its data alone, so it is seen rather than left out."""
     names = list(laws)
     fig, axes = _figure(ncols=min(len(names), 4), nrows=int(np.ceil(len(names) / 4)))
     for ax, name in zip(axes, names):
         law = laws[name]
         part = df if group is None or group not in df.columns else df[df[group].astype(str) == name]
         xs, ys = part[x].to_numpy(float), part[y].to_numpy(float)
+        if law is None:
+            ax.scatter(xs, ys, color="k", s=14, zorder=3, label="runs")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel(x)
+            ax.set_ylabel(y)
+            ax.set_title(f"{name} (law not identified)")
+            ax.legend(fontsize=7)
+            continue
         levels = np.unique(xs)
         held = xs >= levels[-holdout_top] if holdout_top and len(levels) > holdout_top else np.zeros(len(xs), bool)
         grid = np.geomspace(xs.min(), xs.max() * extend, 200)

@@ -191,8 +191,8 @@ def run_power_law(args: argparse.Namespace) -> int:
     if args.plot:
         from fits.plots import plot_power_laws
 
-        plot_power_laws(laws, df[df[group].astype(str).isin(laws)] if group else df, x=x, y=y, group=group,
-                        path=args.plot, holdout_top=args.holdout_top,
+        panels = {f["group"] or y: laws.get(f["group"] or y) for f in fits}  # None: data only, law not identified
+        plot_power_laws(panels, df, x=x, y=y, group=group, path=args.plot, holdout_top=args.holdout_top,
                         backtests={f["group"] or y: f["backtest"] for f in identified})
         payload["plot"] = args.plot
     finish(args, payload, source, df, {"power_law": saved},

@@ -63,9 +63,9 @@ def test_a_group_without_a_floor_is_reported_and_the_others_fitted(tmp_path, cap
     df.loc[bent, "bpb"] = 5.0 - 0.02 * np.log(df.loc[bent, "train_flops"] / 1e17) ** 2
     df.to_csv(csv, index=False)
     code = main(["fit", "power-law", "--csv", str(csv), "--x", "train_flops", "--y", "bpb", "--group", "domain",
-                 "--bootstrap", "50", "--json"])
+                 "--bootstrap", "50", "--plot", str(tmp_path / "laws.png"), "--json"])
     payload = json.loads(capsys.readouterr().out)
-    assert code == 1
+    assert code == 1 and (tmp_path / "laws.png").stat().st_size > 0  # math's panel shows its data alone
     by_group = {f["group"]: f for f in payload["fits"]}
     assert by_group["code"]["alpha"] == pytest.approx(0.08, abs=0.02) and by_group["code"]["backtest"]["predictions"]
     assert by_group["math"]["E"] is None and "bound" in by_group["math"]["not_identified"]
