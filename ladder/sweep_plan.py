@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ladder.errors import LadderInputError
 from ladder.recipe import Recipe, load_recipe
+from rungs.tracking import sqlite_path
 from sweeps.expand import DROPOUT_KEY, LR_KEY, SEED_KEY, WD_KEY, Trial, expand
 from sweeps.keys import trial_key
 from sweeps.spec import Resources, SweepSpec
@@ -119,6 +120,5 @@ def check_fits_cluster(trials: list[PlannedTrial], nodes: list[dict[str, float]]
 
 def runs_root_for(store_uri: str) -> Path:
     """Run directories live next to the SQLite store (runs/), or under ./runs for a remote store."""
-    if store_uri.startswith("sqlite:///"):
-        return Path(store_uri[len("sqlite:///"):]).resolve().parent
-    return Path("runs").resolve()
+    db = sqlite_path(store_uri)
+    return db.resolve().parent if db is not None else Path("runs").resolve()

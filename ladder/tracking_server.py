@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 
 from ladder.errors import LadderInputError
+from rungs.tracking import sqlite_path
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +46,6 @@ def is_local_store(uri: str) -> bool:
     return not uri.startswith(("http://", "https://", "databricks", "postgresql", "mysql"))
 
 
-def _sqlite_path(uri: str) -> Path | None:
-    if uri.startswith("sqlite:///"):
-        return Path(uri[len("sqlite:///"):])
-    return None
-
-
 def healthy(uri: str, timeout_seconds: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(f"{uri}/health", timeout=timeout_seconds) as resp:
@@ -68,7 +63,7 @@ class TrackingServer:
             raise LadderInputError(f"{store_uri} is already a server or database; trials can log to it directly",
                                    field="--tracking-uri")
         self.store_uri = store_uri
-        db = _sqlite_path(store_uri)
+        db = sqlite_path(store_uri)
         base = db.parent if db is not None else Path("runs")
         self.artifacts_dir = Path(artifacts_dir) if artifacts_dir else base / "mlartifacts"
         self.host = host
@@ -78,7 +73,7 @@ class TrackingServer:
         self._log_path = base / "mlflow-server.log"
 
     def start(self) -> str:
-        db = _sqlite_path(self.store_uri)
+        db = sqlite_path(self.store_uri)
         if db is not None:
             db.parent.mkdir(parents=True, exist_ok=True)
         self.artifacts_dir.mkdir(parents=True, exist_ok=True)

@@ -51,13 +51,23 @@ def code_version() -> str | None:
         return None
 
 
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a `sqlite:///` store; None for any other store."""
+    prefix = "sqlite:///"
+    return Path(tracking_uri[len(prefix):]) if tracking_uri.startswith(prefix) else None
+
+
+def local_artifacts_dir(tracking_uri: str) -> Path | None:
+    """Where a SQLite store's artifacts live: `mlartifacts/` next to the database file (both for runs
+    logged directly and for the tracking server fronting the file, ladder.tracking_server)."""
+    db = sqlite_path(tracking_uri)
+    return db.resolve().parent / "mlartifacts" if db is not None else None
+
+
 def _artifact_location(tracking_uri: str) -> str | None:
     """Keep a SQLite store's artifacts next to its database file instead of in the cwd."""
-    prefix = "sqlite:///"
-    if not tracking_uri.startswith(prefix):
-        return None
-    db = Path(tracking_uri[len(prefix):]).resolve()
-    return (db.parent / "mlartifacts").as_uri()
+    root = local_artifacts_dir(tracking_uri)
+    return root.as_uri() if root is not None else None
 
 
 @contextlib.contextmanager
@@ -67,11 +77,10 @@ def _store_lock(tracking_uri: str) -> Iterator[None]:
     Jobs started together on a fresh `sqlite:///` store otherwise race in MLflow's schema migration
     ("duplicate column name: step") or in creating the same experiment. Other stores need no lock.
     """
-    prefix = "sqlite:///"
-    if not tracking_uri.startswith(prefix):
+    db = sqlite_path(tracking_uri)
+    if db is None:
         yield
         return
-    db = Path(tracking_uri[len(prefix):])
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.parent / (db.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -89,10 +98,9 @@ def log_artifact(client: Any, tracking_uri: str, run_id: str, path: Path) -> Non
     where the server keeps it instead: `<store dir>/mlartifacts/…` (ladder.tracking_server's default).
     """
     uri = client.get_run(run_id).info.artifact_uri
-    prefix = "sqlite:///"
-    if uri.startswith("mlflow-artifacts:") and tracking_uri.startswith(prefix):
-        rel = uri[len("mlflow-artifacts:"):].lstrip("/")
-        dest = Path(tracking_uri[len(prefix):]).resolve().parent / "mlartifacts" / rel
+    root = local_artifacts_dir(tracking_uri)
+    if uri.startswith("mlflow-artifacts:") and root is not None:
+        dest = root / uri[len("mlflow-artifacts:"):].lstrip("/")
         dest.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, dest / Path(path).name)
         return
