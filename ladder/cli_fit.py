@@ -210,7 +210,7 @@ def run_power_law(args: argparse.Namespace) -> int:
         bt = f["backtest"] or {}
         pred = (bt.get("predictions") or [{}])[0]
         rows.append([f["group"] or y, f["E"], f["A"], f["alpha"], f"[{ci[0]:.4g}, {ci[1]:.4g}]" if ci else "-",
-                     f["n_points"], f"{pred['rel_error']:+.2%}" if pred else _short_skip(bt.get("skipped", "-")),
+                     f["n_points"], f"{pred['rel_error']:+.2%}" if pred else bt.get("skipped", "-"),
                      str(pred.get("inside", "-"))])
     stdout_console.print(make_table(f"power law {y} = E + A·{x}^(−α)", ["domain", "E", "A", "alpha", "alpha CI",
                                     "points", "held-out error", "inside CI"], rows))
@@ -218,10 +218,6 @@ def run_power_law(args: argparse.Namespace) -> int:
         if f["E"] is None:
             print(f"{f['group'] or y}: {f['not_identified']}", file=sys.stderr)
     return 1 if missing else 0
-
-
-def _short_skip(reason: str) -> str:
-    return "law below the top not identified" if reason.startswith("law without the top") else reason
 
 
 def _backtest(part: pd.DataFrame, x: str, y: str, args: argparse.Namespace, holdout_backtest) -> dict[str, Any] | None:
@@ -235,7 +231,7 @@ def _backtest(part: pd.DataFrame, x: str, y: str, args: argparse.Namespace, hold
     except FitInputError as err:  # too few rungs to hold one out: say so instead of failing the fit
         return {"skipped": err.detail}
     except FitBoundaryError as err:  # the rungs below the top do not pin the law down on their own
-        return {"skipped": f"law without the top rung(s) not identified: {err}"}
+        return {"skipped": "law below the top not identified", "reason": str(err)}
 
 
 # ---------------------------------------------------------------- chinchilla
