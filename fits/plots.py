@@ -40,41 +40,36 @@ def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_f
                     extend: float = 10.0, backtests: dict[str, Any] | None = None) -> Figure:
     """One panel per law: data, fit, band (when bootstrapped), held-out rung(s) as open markers and,
     given the backtests, the prediction made without them (with its interval). A name mapped to
-    None (its law was not identified) gets its data alone, so it is seen rather than left out."""
+    None (its law was not identified) gets its data and its backtest without a law line, so it is
+    seen rather than left out."""
     names = list(laws)
     fig, axes = _figure(ncols=min(len(names), 4), nrows=int(np.ceil(len(names) / 4)))
     for ax, name in zip(axes, names):
         law = laws[name]
         part = df if group is None or group not in df.columns else df[df[group].astype(str) == name]
         xs, ys = part[x].to_numpy(float), part[y].to_numpy(float)
-        if law is None:
-            ax.scatter(xs, ys, color="k", s=14, zorder=3, label="runs")
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xlabel(x)
-            ax.set_ylabel(y)
-            ax.set_title(f"{name} (law not identified)")
-            ax.legend(fontsize=7)
-            continue
         levels = np.unique(xs)
         held = xs >= levels[-holdout_top] if holdout_top and len(levels) > holdout_top else np.zeros(len(xs), bool)
-        grid = np.geomspace(xs.min(), xs.max() * extend, 200)
-        ax.plot(grid, law.predict(grid), color="C0", label=f"E + A·C^-α, α={law.params['alpha']:.3g}")
-        if law.bootstrap_params is not None:
-            lo, hi = law.predict_interval(grid)
-            ax.fill_between(grid, lo, hi, color="C0", alpha=0.2, label=f"{(law.ci_level or 0.95):.0%} band")
+        if law is not None:
+            grid = np.geomspace(xs.min(), xs.max() * extend, 200)
+            ax.plot(grid, law.predict(grid), color="C0", label=f"E + A·C^-α, α={law.params['alpha']:.3g}")
+            if law.bootstrap_params is not None:
+                lo, hi = law.predict_interval(grid)
+                ax.fill_between(grid, lo, hi, color="C0", alpha=0.2, label=f"{(law.ci_level or 0.95):.0%} band")
+            ax.axhline(law.params["E"], color="grey", lw=0.8, ls=":")
         ax.scatter(xs[~held], ys[~held], color="k", s=14, zorder=3, label="runs")
         if held.any():
             ax.scatter(xs[held], ys[held], facecolors="none", edgecolors="C3", s=40, zorder=4, label="held-out rung")
-        for row in ((backtests or {}).get(name) or {}).get("predictions", []):
+        backtest = (backtests or {}).get(name) or {}
+        for row in backtest.get("predictions", []):
+            label = "predicted without it" + (" (E=0)" if backtest.get("floor_at_zero") else "")
             ax.errorbar(row["x"], row["predicted"], yerr=[[row["predicted"] - row["lo"]], [row["hi"] - row["predicted"]]],
-                        fmt="_", color="C3", capsize=4, ms=12, zorder=5, label="predicted without it")
-        ax.axhline(law.params["E"], color="grey", lw=0.8, ls=":")
+                        fmt="_", color="C3", capsize=4, ms=12, zorder=5, label=label)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel(x)
         ax.set_ylabel(y)
-        ax.set_title(str(name))
+        ax.set_title(str(name) if law is not None else f"{name} (law not identified)")
         ax.legend(fontsize=7)
     for ax in axes[len(names):]:
         ax.set_visible(False)

@@ -7,7 +7,12 @@ geometric mean of the sampled compute). Objective: Huber(δ = 1e-3) on log resid
 Starts come from variable projection: for each α on a grid, E and A enter linearly, so they are
 solved exactly by least squares; the best few grid points then start L-BFGS-B with the analytic
 gradient. A solution on a bound raises `FitBoundaryError` (an E that wants to be 0, an α at the
-grid's end), a non-finite one `FitConvergenceError`.
+grid's end), a non-finite one `FitConvergenceError`; with `zero_floor=True` an E on its lower bound
+is kept instead: the constrained optimum under E ≥ 0 is the nested law A·x^(−α), reported with
+`extra["floor_at_zero"] = True` (the data show no floor; predictions inside and near the range are
+identified, E itself is not). Backtests use this: what is tested is the prediction, not E.
+
+δ may be a number or "auto" (δ = 1.345 × the replicate noise of log y, `fits.robust`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from scipy.optimize import minimize
 
 from fits.errors import FitBoundaryError, FitConvergenceError, FitInputError
 from fits.results import FitResult
-from fits.robust import HUBER_DELTA, huber, huber_grad, lse_terms, reduce_weight
+from fits.robust import HUBER_DELTA, delta_from_replicates, huber, huber_grad, lse_terms, reduce_weight
 from fits.threads import one_blas_thread
 from fits.validate import numeric_column, require_columns, require_points, row_ids
 
@@ -31,6 +36,7 @@ ALPHA_BOUNDS = (1e-4, 4.0)
 ALPHA_GRID = np.geomspace(2e-4, 3.5, 64)
 MIN_DISTINCT_X = 3
 N_REFINED_STARTS = 3
+LOG_E_SPAN_BELOW = 12.0  # log E may go this far below log min(y)
 PARAM_NAMES = ("E", "A", "alpha")
 FORMULA = "y = E + A * x^(-alpha)"
 
@@ -76,11 +82,12 @@ def _grid_starts(z: np.ndarray, y: np.ndarray, log_y: np.ndarray, delta: float) 
 
 def _bounds(log_y: np.ndarray) -> list[tuple[float, float]]:
     lo, hi = float(log_y.min()), float(log_y.max())
-    return [(lo - 30.0, hi + 10.0), ALPHA_BOUNDS, (lo - 12.0, hi + 1.0)]
+    return [(lo - 30.0, hi + 10.0), ALPHA_BOUNDS, (lo - LOG_E_SPAN_BELOW, hi + 1.0)]
 
 
 def fit_arrays(x: np.ndarray, y: np.ndarray, *, delta: float = HUBER_DELTA, reduction: str = "sum",
-               start: np.ndarray | None = None, log_x0: float | None = None, check: bool = True) -> RawFit:
+               start: np.ndarray | None = None, log_x0: float | None = None, check: bool = True,
+               zero_floor: bool = False) -> RawFit:
     """Core fit on float arrays (already validated). `start` (optimiser space) skips the grid:
     the bootstrap warm-starts every resample from the full-data solution."""
     log_x = np.log(x)
@@ -100,19 +107,50 @@ def fit_arrays(x: np.ndarray, y: np.ndarray, *, delta: float = HUBER_DELTA, redu
                 best = res
     if best is None:
         raise FitConvergenceError(f"power law: every start ended non-finite ({FORMULA})")
+    if zero_floor and floor_at_bound(best.x, bounds):
+        # The nested law: E pinned to its lower bound (≈ 0), A and α refitted to it, so that reporting
+        # E = 0 moves no prediction.
+        pinned = list(bounds[:2]) + [(bounds[2][0], bounds[2][0])]
+        start = np.clip(best.x, [b[0] for b in pinned], [b[1] for b in pinned])
+        with one_blas_thread():
+            nested = minimize(_objective, start, args=(z, log_y, delta, weight), jac=True, method="L-BFGS-B",
+                              bounds=pinned, options={"maxiter": 2000, "ftol": 1e-15, "gtol": 1e-12 * weight})
+        if np.all(np.isfinite(nested.x)) and np.isfinite(nested.fun):
+            best = nested
     raw = RawFit(theta=best.x, objective=float(best.fun), log_x0=log_x0)
     if check:
-        check_bounds(raw.theta, bounds)
+        check_bounds(raw.theta, bounds, zero_floor=zero_floor)
     return raw
 
 
-def check_bounds(theta: np.ndarray, bounds: list[tuple[float, float]]) -> None:
+# An E below this fraction of the smallest y is no floor the data can show: the optimiser, working in
+# log E where the objective goes flat as E → 0, stops anywhere down there, so such an E is on its
+# lower bound in all but name.
+NEGLIGIBLE_FLOOR = 1e-2
+
+
+_NO_FLOOR_HINT = (" (E → 0: these points show no loss floor, so E and α are not separately identified; add rungs "
+                  "further up in compute or repeat runs to beat the noise)")
+
+
+def floor_at_bound(theta: np.ndarray, bounds: list[tuple[float, float]]) -> bool:
+    """E on its lower bound, or negligible against the smallest y (NEGLIGIBLE_FLOOR)."""
+    log_y_min = bounds[2][0] + LOG_E_SPAN_BELOW
+    return bool(theta[2] <= log_y_min + np.log(NEGLIGIBLE_FLOOR))
+
+
+def check_bounds(theta: np.ndarray, bounds: list[tuple[float, float]], zero_floor: bool = False) -> None:
     names = ("log A (at the reference compute)", "alpha", "log E")
-    for name, value, (lo, hi) in zip(names, theta, bounds):
+    for k, (name, value, (lo, hi)) in enumerate(zip(names, theta, bounds)):
         tol = 1e-6 * (hi - lo)
+        if k == 2 and floor_at_bound(theta, bounds):
+            if zero_floor:
+                continue  # E = 0 accepted: the nested law A·x^(−α)
+            raise FitBoundaryError(f"power law: log E = {value:.4g} is at or near its lower bound {lo:.4g} (E below "
+                                   f"{NEGLIGIBLE_FLOOR:g} × the smallest y){_NO_FLOOR_HINT}", parameter=name,
+                                   value=float(value))
         if value <= lo + tol or value >= hi - tol:
-            hint = (" (E → 0: these points show no loss floor, so E and α are not separately identified; add rungs "
-                    "further up in compute or repeat runs to beat the noise)") if name == "log E" else ""
+            hint = _NO_FLOOR_HINT if name == "log E" else ""
             raise FitBoundaryError(f"power law: {name} = {value:.4g} ended on its bound [{lo:.4g}, {hi:.4g}]{hint}",
                                    parameter=name, value=float(value))
 
@@ -165,32 +203,50 @@ def power_law_from_dict(d: dict) -> PowerLawResult:
     )
 
 
+def resolve_delta(delta: float | str, xs: np.ndarray, ys: np.ndarray) -> tuple[float, str]:
+    """(δ, how it was chosen) from a number or "auto"."""
+    if isinstance(delta, str):
+        if delta != "auto":
+            raise FitInputError(f"delta must be a positive number or 'auto', got {delta!r}")
+        return delta_from_replicates(xs, ys)
+    if not (np.isfinite(delta) and delta > 0):
+        raise FitInputError(f"delta must be a positive number or 'auto', got {delta!r}")
+    return float(delta), "given"
+
+
 def _inverse(y, E, A, alpha):
     with np.errstate(divide="ignore", invalid="ignore"):
         out = (A / (y - E)) ** (1.0 / alpha)
     return np.where(y > E, out, np.inf)
 
 
-def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, delta: float = HUBER_DELTA,
+def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, delta: float | str = HUBER_DELTA,
                   reduction: str = "sum", bootstrap: int = 0, ci_level: float = 0.95, seed: int = 0,
                   id_column: str | None = "run_id", group: str | None = None,
-                  cluster: str | None = None) -> PowerLawResult:
+                  cluster: str | None = None, zero_floor: bool = False) -> PowerLawResult:
     """Fit y = E + A·x^(−α) to the rows of `df` (one law; group the table yourself for several).
-    With `cluster`, the bootstrap draws whole clusters (rows sharing that column's value)."""
+    With `cluster`, the bootstrap draws whole clusters (rows sharing that column's value).
+    `delta="auto"` scales the Huber threshold to the replicate noise of these rows; `zero_floor`
+    keeps an E on its lower bound (the nested law A·x^(−α)) instead of raising."""
     require_columns(df, [x, y] + ([cluster] if cluster else []))
     xs = numeric_column(df, x, positive=True)
     ys = numeric_column(df, y, positive=True)
     require_points(len(np.unique(xs)), MIN_DISTINCT_X, "the power law E + A·x^(−α) (3 parameters)", x)
-    raw = fit_arrays(xs, ys, delta=delta, reduction=reduction)
+    delta, delta_rule = resolve_delta(delta, xs, ys)
+    raw = fit_arrays(xs, ys, delta=delta, reduction=reduction, zero_floor=zero_floor)
     E, A, alpha = raw.params
+    at_zero = zero_floor and floor_at_bound(raw.theta, _bounds(np.log(ys)))
+    if at_zero:
+        E = 0.0
     residuals = np.log(ys) - np.log(E + A * xs ** (-alpha))
     result = PowerLawResult(
         law="power_law", formula=FORMULA.replace("x", x).replace("y =", f"{y} ="),
         params={"E": E, "A": A, "alpha": alpha}, objective=raw.objective, n_points=len(ys),
         rows_used=row_ids(df, id_column), residuals=residuals.tolist(),
-        options={"x": x, "y": y, "delta": delta, "reduction": reduction, "bootstrap": bootstrap, "seed": seed,
+        options={"x": x, "y": y, "delta": delta, "delta_rule": delta_rule, "zero_floor": zero_floor, "reduction": reduction, "bootstrap": bootstrap, "seed": seed,
                  "ci_level": ci_level, "cluster": cluster, "alpha_grid": [float(ALPHA_GRID[0]), float(ALPHA_GRID[-1]), len(ALPHA_GRID)]},
-        extra={"group": group, "log_x0": raw.log_x0, "x_range": [float(xs.min()), float(xs.max())]},
+        extra={"group": group, "log_x0": raw.log_x0, "x_range": [float(xs.min()), float(xs.max())],
+               "floor_at_zero": at_zero},
     )
     if bootstrap > 0:
         from fits.bootstrap import bootstrap_power_law

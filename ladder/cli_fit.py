@@ -52,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--all-runs", action="store_true", help="with --experiment: fit every run, not only the best run "
                    "at each compute (sweeps put off-optimum runs at the same FLOPs)")
     q.add_argument("--cluster", help="bootstrap whole clusters of rows (e.g. a run id repeated over checkpoints)")
+    q.add_argument("--delta", type=_delta_arg, default=None,
+                   help="Huber threshold on log residuals: a number (default 1e-3, Hoffmann et al.) or 'auto' "
+                        "(1.345 × the seed-to-seed noise of log BPB, for ladders with repeated seeds)")
     q.add_argument("--ci-level", type=float, default=0.95)
     q.add_argument("--seed", type=int, default=0)
     q.set_defaults(handler=run_power_law)
@@ -80,6 +83,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 # ---------------------------------------------------------------- input and errors
+
+def _delta_arg(text: str) -> float | str:
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a positive number or 'auto', got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"a positive number or 'auto', got {text!r}")
+    return value
+
 
 def load_input(args: argparse.Namespace) -> tuple[pd.DataFrame, dict[str, Any]]:
     if bool(args.csv) == bool(args.experiment):
@@ -151,27 +166,33 @@ def run_power_law(args: argparse.Namespace) -> int:
     if args.bootstrap < 0 or args.holdout_top < 0 or not 0 < args.ci_level < 1:
         raise LadderInputError("--bootstrap and --holdout-top must be ≥ 0 and --ci-level in (0, 1)", field="--bootstrap")
     groups = [(None, df)] if not group else list(df.groupby(group, sort=True))
+    delta_kw = {} if args.delta is None else {"delta": args.delta}
     fits, saved, laws = [], {}, {}
     for name, part in groups:
         try:
             fit = fit_power_law(part, x, y, bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed,
-                                group=None if name is None else str(name), cluster=args.cluster)
+                                group=None if name is None else str(name), cluster=args.cluster, **delta_kw)
         except FitBoundaryError as err:
             # One group's law not identified (e.g. no floor in the data): say so for that group and go
-            # on with the others instead of losing every domain's result.
+            # on with the others instead of losing every domain's result. Its backtest still runs: the
+            # prediction of the top rung is identified even where E is not (fits.backtest).
+            try:
+                backtest = _backtest(part, x, y, args, holdout_backtest, delta_kw)
+            except FitError as bt_err:
+                backtest = {"skipped": str(bt_err)}
             fits.append({"group": None if name is None else str(name), "E": None, "A": None, "alpha": None,
-                         "ci": {}, "ci_level": args.ci_level, "backtest": None, "n_points": len(part),
+                         "ci": {}, "ci_level": args.ci_level, "backtest": backtest, "n_points": len(part),
                          "not_identified": str(err)})
             continue
         except FitError as err:
             raise input_error(err, source) from None
         try:
-            backtest = _backtest(part, x, y, args, holdout_backtest)
+            backtest = _backtest(part, x, y, args, holdout_backtest, delta_kw)
             progressive = None
             if args.progressive:
                 try:
                     progressive = progressive_backtest(part, x, y, bootstrap=max(args.bootstrap, 200),
-                                                       ci_level=args.ci_level, seed=args.seed)
+                                                       ci_level=args.ci_level, seed=args.seed, **delta_kw)
                 except FitInputError as err:
                     progressive = {"skipped": err.detail}
         except FitError as err:
@@ -193,7 +214,7 @@ def run_power_law(args: argparse.Namespace) -> int:
 
         panels = {f["group"] or y: laws.get(f["group"] or y) for f in fits}  # None: data only, law not identified
         plot_power_laws(panels, df, x=x, y=y, group=group, path=args.plot, holdout_top=args.holdout_top,
-                        backtests={f["group"] or y: f["backtest"] for f in identified})
+                        backtests={f["group"] or y: f["backtest"] for f in fits})
         payload["plot"] = args.plot
     finish(args, payload, source, df, {"power_law": saved},
            {f["group"] or y: {"E": f["E"], "A": f["A"], "alpha": f["alpha"]} for f in identified})
@@ -203,31 +224,34 @@ def run_power_law(args: argparse.Namespace) -> int:
         return 1 if missing else 0
     rows = []
     for f in fits:
-        if f["E"] is None:
-            rows.append([f["group"] or y, "not identified", "-", "-", "-", f["n_points"], "-", "-"])
-            continue
         ci = f["ci"].get("alpha")
         bt = f["backtest"] or {}
         pred = (bt.get("predictions") or [{}])[0]
-        rows.append([f["group"] or y, f["E"], f["A"], f["alpha"], f"[{ci[0]:.4g}, {ci[1]:.4g}]" if ci else "-",
-                     f["n_points"], f"{pred['rel_error']:+.2%}" if pred else bt.get("skipped", "-"),
+        held_out = "-"
+        if pred:
+            held_out = (f"{pred['actual']:.4g} vs {pred['predicted']:.4g} [{pred['lo']:.4g}, {pred['hi']:.4g}] "
+                        f"{pred['rel_error']:+.2%}" + (" (E=0)" if bt.get("floor_at_zero") else ""))
+        law = ["not identified", "-", "-", "-"] if f["E"] is None else [
+            f["E"], f["A"], f["alpha"], f"[{ci[0]:.4g}, {ci[1]:.4g}]" if ci else "-"]
+        rows.append([f["group"] or y, *law, f["n_points"], held_out if pred else bt.get("skipped", "-"),
                      str(pred.get("inside", "-"))])
     stdout_console.print(make_table(f"power law {y} = E + A·{x}^(−α)", ["domain", "E", "A", "alpha", "alpha CI",
-                                    "points", "held-out error", "inside CI"], rows))
+                                    "points", "top rung held out: actual vs predicted [interval]", "inside"], rows))
     for f in fits:
         if f["E"] is None:
             print(f"{f['group'] or y}: {f['not_identified']}", file=sys.stderr)
     return 1 if missing else 0
 
 
-def _backtest(part: pd.DataFrame, x: str, y: str, args: argparse.Namespace, holdout_backtest) -> dict[str, Any] | None:
+def _backtest(part: pd.DataFrame, x: str, y: str, args: argparse.Namespace, holdout_backtest,
+              delta_kw: dict[str, Any]) -> dict[str, Any] | None:
     from fits.errors import FitBoundaryError, FitInputError
 
     if args.holdout_top == 0:
         return None
     try:
         return holdout_backtest(part, x, y, holdout_top=args.holdout_top, bootstrap=max(args.bootstrap, 200),
-                                ci_level=args.ci_level, seed=args.seed)
+                                ci_level=args.ci_level, seed=args.seed, **delta_kw)
     except FitInputError as err:  # too few rungs to hold one out: say so instead of failing the fit
         return {"skipped": err.detail}
     except FitBoundaryError as err:  # the rungs below the top do not pin the law down on their own

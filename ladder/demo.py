@@ -70,16 +70,19 @@ def fit_compute_laws(best: pd.DataFrame, *, bootstrap: int) -> tuple[dict[str, A
 
     laws, backtests = {}, {}
     for domain, part in best.groupby("domain"):
+        law_error = None
         try:
             laws[domain] = fit_power_law(part, "train_flops", "bpb", bootstrap=bootstrap, group=str(domain))
         except FitError as err:  # said in the report and on stderr, never papered over
             log.warning("power law for %s: %s", domain, err)
-            backtests[domain] = {"error": f"law not fitted: {err}"}
-            continue
+            law_error = f"law not fitted: {err}"
+        # The top rung is predicted even where E is not identified (E = 0 below the top, flagged).
         try:
             backtests[domain] = holdout_backtest(part, "train_flops", "bpb", holdout_top=1, bootstrap=min(bootstrap, 400))
         except FitError as err:
             backtests[domain] = {"error": str(err)}
+        if law_error:
+            backtests[domain]["law_error"] = law_error
     return laws, backtests
 
 
@@ -164,7 +167,8 @@ def summary(result: DemoResult) -> dict[str, Any]:
         "sweep": result.sweep,
         "laws": {d: {**law.params, "ci": law.ci} for d, law in result.power_laws.items()},
         "backtest": {d: ({"error": b["error"]} if "error" in b else
-                         {"rel_error": b["predictions"][0]["rel_error"], "inside": b["all_inside"]})
+                         {"rel_error": b["predictions"][0]["rel_error"], "inside": b["all_inside"],
+                          "floor_at_zero": b["floor_at_zero"]})
                      for d, b in result.backtests.items()},
         "surfaces": [s.to_dict() for s in result.surfaces],
         "cards": result.cards,

@@ -19,8 +19,9 @@ def write_figures(result: DemoResult, best: pd.DataFrame, runs: pd.DataFrame) ->
 
     out = result.out_dir
     figures = {"bpb_vs_flops": out / "bpb_vs_flops.png"}
-    if result.power_laws:
-        plot_power_laws(result.power_laws, best, path=figures["bpb_vs_flops"], holdout_top=1,
+    if result.power_laws or any("error" not in b for b in result.backtests.values()):
+        panels = {d: result.power_laws.get(d) for d in sorted(set(result.power_laws) | set(result.backtests))}
+        plot_power_laws(panels, best, path=figures["bpb_vs_flops"], holdout_top=1,
                         backtests={d: b for d, b in result.backtests.items() if "error" not in b})
     else:
         _save(_data_only_figure(best), figures["bpb_vs_flops"])
@@ -128,8 +129,8 @@ def write_report(result: DemoResult, best: pd.DataFrame) -> Path:
     parts.append("<p class='note'>BPB(C) = E + A·C<sup>−α</sup>, summed Huber (δ=1e-3) on log residuals, "
                  "bootstrap over runs for the 95% band; open red markers: the held-out top rung.</p>")
     parts.append(_img(result.figures["bpb_vs_flops"]))
-    law_rows = [[d, "", "", "", "", "", b["error"]] for d, b in sorted(result.backtests.items())
-                if d not in result.power_laws]
+    law_rows = [[d, "", "", "", "", "", b.get("law_error") or b.get("error", "")]
+                for d, b in sorted(result.backtests.items()) if d not in result.power_laws]
     for d, law in sorted(result.power_laws.items()):
         ci = law.ci
         law_rows.append([d, law.params["E"], law.params["A"], law.params["alpha"], ci.get("E", ""), ci.get("alpha", ""),
@@ -143,7 +144,8 @@ def write_report(result: DemoResult, best: pd.DataFrame) -> Path:
             bt_rows.append([d, "", "", "", "", b["error"]])
             continue
         p = b["predictions"][0]
-        bt_rows.append([d, p["actual"], p["predicted"], [p["lo"], p["hi"]], f"{100 * p['rel_error']:+.2f}%",
+        bt_rows.append([d, p["actual"], p["predicted"], [p["lo"], p["hi"]], f"{100 * p['rel_error']:+.2f}%"
+                        + (" (E = 0: no floor below the top)" if b.get("floor_at_zero") else ""),
                         "inside" if p["inside"] else "outside"])
     parts.append(_table(["domain", "actual BPB", "predicted", "95% interval", "error", "interval"], bt_rows))
     if result.surfaces:

@@ -69,6 +69,21 @@ def test_a_group_without_a_floor_is_reported_and_the_others_fitted(tmp_path, cap
     by_group = {f["group"]: f for f in payload["fits"]}
     assert by_group["code"]["alpha"] == pytest.approx(0.08, abs=0.02) and by_group["code"]["backtest"]["predictions"]
     assert by_group["math"]["E"] is None and "bound" in by_group["math"]["not_identified"]
+    # its top rung is still predicted (E = 0 below the top, said so), so the backtest covers every domain
+    assert by_group["math"]["backtest"]["floor_at_zero"] and by_group["math"]["backtest"]["predictions"]
+
+
+def test_delta_auto_is_resolved_from_the_seeds_and_recorded(tmp_path, capsys):
+    csv = ladder_csv(tmp_path)
+    code, payload, _ = run_json(capsys, ["fit", "power-law", "--csv", str(csv), "--x", "train_flops", "--y", "bpb",
+                                         "--group", "domain", "--bootstrap", "50", "--delta", "auto", "--json"])
+    assert code == 0
+    for f in payload["fits"]:
+        assert f["options"]["delta_rule"].startswith("auto") and 0 < f["options"]["delta"] < 0.01  # noise sd 0.002
+        assert f["backtest"]["delta"] > 0
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "power-law", "--csv", str(csv), "--x", "train_flops", "--y", "bpb", "--delta", "median"])
+    assert exit_info.value.code == 2 and "positive number or 'auto'" in capsys.readouterr().err
 
 
 def test_no_group_identified_exits_2(tmp_path, capsys):

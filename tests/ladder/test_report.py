@@ -1,0 +1,36 @@
+"""The demo's fits and report: every domain is backtested, also where its law is not identified."""
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from ladder.demo import DemoResult, fit_compute_laws, summary
+from ladder.report import write_figures, write_report
+
+
+def two_domain_ladder() -> pd.DataFrame:
+    C = np.repeat(np.geomspace(1e12, 5e13, 5), 3)
+    seeds = np.tile([-0.004, 0.0, 0.004], 5)  # three seeds symmetric around the law
+    rows = [pd.DataFrame({"domain": "code", "train_flops": C, "bpb": (0.8 + 60.0 * C ** -0.12) * np.exp(seeds)}),
+            pd.DataFrame({"domain": "math", "train_flops": C, "bpb": 40.0 * C ** -0.07 * np.exp(seeds)})]  # no floor
+    df = pd.concat(rows, ignore_index=True)
+    df["run_id"] = [f"r{i}" for i in range(len(df))]
+    return df
+
+
+def test_report_backtests_a_domain_whose_floor_is_not_identified(tmp_path):
+    best = two_domain_ladder()
+    laws, backtests = fit_compute_laws(best, bootstrap=100)
+    assert set(laws) == {"code"} and "law not fitted" in backtests["math"]["law_error"]
+    assert backtests["math"]["floor_at_zero"] and abs(backtests["math"]["predictions"][0]["rel_error"]) < 0.01
+    assert not backtests["code"]["floor_at_zero"] and backtests["code"]["all_inside"]
+
+    result = DemoResult(out_dir=tmp_path, tracking_uri="sqlite:///x.db", experiment="e", sweep={},
+                        power_laws=laws, backtests=backtests)
+    result.figures = write_figures(result, best, best)
+    html = write_report(result, best).read_text()
+    assert "law not fitted" in html and "E = 0: no floor below the top" in html
+    assert all(p.stat().st_size > 0 for p in result.figures.values())
+    out = json.loads(json.dumps(summary(result), default=str))
+    assert out["backtest"]["math"]["floor_at_zero"] and "math" not in out["laws"]
