@@ -8,6 +8,13 @@ MLflow tracking) with `rungs.distributed` (DP × EP, FSDP2, distributed Muon) an
 draws the same global batch and trains on its contiguous share of the sequences; rank 0 alone
 tracks and writes the result, so one trial is one MLflow run however many workers it has.
 
+Like the single-process job it evaluates BPB on every held-out domain every `eval_interval` steps
+(a collective: every rank runs the sharded forward), stops on a non-finite loss or a loss spike
+(the same `DivergenceRule`, on the loss all-reduced over the ranks, so every rank stops at the same
+step) and logs the grad norm's moving median. Activation gradient clipping is not wired into the
+sharded step yet: a config asking for it runs without it, says so in the log and in the MLflow tag
+`agc_applied = false`.
+
     launch_ray(config, run_dir=..., num_workers=2)           # Ray Train, N workers
     torchrun --nproc-per-node 2 -m rungs.launch --config cfg.json --run-dir runs/x [--ep 2]
 """
@@ -32,11 +39,11 @@ from rungs.data.prepare import ensure_prepared
 from rungs.data.sampler import SourceScaledSampler
 from rungs.distributed import DistributedError, Parallel, build_optimizer, parallelize, setup, train_step
 from rungs.evaluation import evaluate_model, unigram_bpb
-from rungs.metrics import measure_peak_bf16_flops
+from rungs.metrics import DivergenceRule, MovingMedian, measure_peak_bf16_flops
 from rungs.model import Transformer
 from rungs.optim import lr_at
 from rungs.tracking import Tracker
-from rungs.train import CONFIG_FILE, EVAL_FILE, RESULT_FILE, TrainResult
+from rungs.train import CONFIG_FILE, EVAL_FILE, GRAD_NORM_WINDOW, RESULT_FILE, TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +106,8 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
     optimizer = build_optimizer(model, par, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,
                                 muon_momentum=cfg.muon_momentum, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
                                 adjust_lr=cfg.adjust_lr, comm_dtype=comm_dtype)
-    state: dict[str, Any] = {"step": 0, "tokens": 0, "train_flops": 0.0, "train_seconds": 0.0, "losses": []}
+    state: dict[str, Any] = {"step": 0, "tokens": 0, "train_flops": 0.0, "train_seconds": 0.0, "losses": [],
+                             "grad_norms": [], "evals": []}
     ckpt = run_dir / CHECKPOINT_DIR
     if resume and (ckpt / dist_checkpoint.EXTRA_FILE).is_file():
         extra = dist_checkpoint.load(ckpt, model, optimizer, par)
@@ -108,7 +116,16 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
         sampler.load_state_dict(extra["sampler"])
         state = extra["state"]
         log.info("resumed %s at step %d on %d workers", run_dir, state["step"], par.world)
+    state.setdefault("grad_norms", [])  # checkpoints written before these were kept
+    state.setdefault("evals", [])
     tracker = _tracker(cfg, run_dir, par)
+    if cfg.agc:
+        log.warning("activation gradient clipping is not applied in sharded jobs (config agc=true): training without it")
+        if tracker is not None:
+            tracker.set_tag("agc_applied", "false")
+    grad_median = MovingMedian(GRAD_NORM_WINDOW, state["grad_norms"][-GRAD_NORM_WINDOW:])
+    divergence = DivergenceRule(cfg.spike_factor, cfg.spike_warmup_steps, history=state["losses"][-100:])
+    diverged_reason: str | None = None
     # MFU denominator: every worker's own measured bf16 rate, summed over the job (a shared gloo
     # box reports contended rates; a GPU pool reports its real peak)
     peak = torch.tensor(measure_peak_bf16_flops(device=par.device_type), dtype=torch.float64, device=device)
@@ -138,18 +155,28 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
         state["train_flops"] += cfg.flops_per_token * cfg.batch_tokens
         state["train_seconds"] += seconds
         state["losses"].append(stats["loss"])
-        if not math.isfinite(stats["loss"]):
-            log.warning("loss is not finite at step %d: stopping", state["step"])
-            break
+        state["grad_norms"] = (state["grad_norms"] + [stats["grad_norm"]])[-GRAD_NORM_WINDOW:]
+        metrics = stats | {"lr": cfg.lr * multiplier, "tokens_per_second": cfg.batch_tokens / seconds,
+                           "mfu": cfg.flops_per_token * cfg.batch_tokens / seconds / job_peak_flops,
+                           "tokens": float(state["tokens"]), "workers": float(par.world),
+                           "grad_norm_median_1000": grad_median.add(stats["grad_norm"]),
+                           "train_flops": state["train_flops"]}
+        diverged_reason = divergence.check(state["step"], stats["loss"])  # the same all-reduced loss on every rank
+        if diverged_reason is None and state["step"] % cfg.eval_interval == 0 and state["step"] < total:
+            bpb_now = evaluate_model(model, corpus, cfg)  # collective: every rank runs the sharded forward
+            state["evals"].append({"step": state["step"], "bpb": bpb_now})
+            metrics |= {f"bpb/{domain}": v for domain, v in bpb_now.items()}
         if tracker is not None:
-            tracker.log_metrics(stats | {"lr": cfg.lr * multiplier, "tokens_per_second": cfg.batch_tokens / seconds,
-                                         "mfu": cfg.flops_per_token * cfg.batch_tokens / seconds / job_peak_flops,
-                                         "tokens": float(state["tokens"]), "workers": float(par.world)},
-                                step=state["step"])
+            tracker.log_metrics(metrics, step=state["step"])
+        if diverged_reason is not None:
+            log.warning("run diverged: %s", diverged_reason)
+            break
         if state["step"] % cfg.checkpoint_interval == 0 or state["step"] == stop_at:
             dist_checkpoint.save(ckpt, model, optimizer, par,
                                  extra={"config_key": cfg.key(), "sampler": sampler.state_dict(), "state": state})
-    if state["step"] < total and all(math.isfinite(v) for v in state["losses"]):  # stopped on request
+    if diverged_reason is not None:
+        return _diverged(cfg, state, diverged_reason, tracker, par, run_dir, t_start, job_peak_flops)
+    if state["step"] < total:  # stopped on request
         if tracker is not None:
             tracker.finish(status="KILLED")
         dist.barrier()
@@ -164,12 +191,11 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
         wall_seconds=time.perf_counter() - t_start,
         tokens_per_second=state["tokens"] / state["train_seconds"] if state["train_seconds"] else 0.0,
         mfu=state["train_flops"] / state["train_seconds"] / job_peak_flops if state["train_seconds"] else 0.0,
-        diverged=not all(math.isfinite(v) for v in state["losses"]), steps=state["step"],
-        losses=list(state["losses"]), run_dir=str(run_dir))
+        diverged=False, steps=state["step"], losses=list(state["losses"]), run_dir=str(run_dir))
     if par.is_main:
         unigram = unigram_bpb(corpus, cfg)
         result.unigram_bpb = unigram
-        (run_dir / EVAL_FILE).write_text(json.dumps({"unigram_bpb": unigram, "evals": [
+        (run_dir / EVAL_FILE).write_text(json.dumps({"unigram_bpb": unigram, "evals": state["evals"] + [
             {"step": state["step"], "bpb": bpb}]}, indent=2))
         (run_dir / RESULT_FILE).write_text(json.dumps(result.to_json(), indent=2) + "\n")
         if tracker is not None:
@@ -178,7 +204,28 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
                 "wall_seconds": result.wall_seconds}, step=result.steps, flush=True)
             for name in (CONFIG_FILE, EVAL_FILE, RESULT_FILE):
                 tracker.log_artifact(run_dir / name)
-            tracker.finish(status="FAILED" if result.diverged else "FINISHED")
+            tracker.set_tag("diverged", "false")
+            tracker.finish(status="FINISHED")
+    dist.barrier()
+    return result
+
+
+def _diverged(cfg: TrainConfig, state: dict[str, Any], reason: str, tracker: Tracker | None, par: Parallel,
+              run_dir: Path, t_start: float, job_peak_flops: float) -> TrainResult:
+    """A diverged job: no final BPB, the reason in the result file and on the MLflow run (FAILED)."""
+    result = TrainResult(
+        run_id=tracker.run_id if tracker is not None else None, final_loss=state["losses"][-1], bpb={},
+        tokens=state["tokens"], train_flops=state["train_flops"], wall_seconds=time.perf_counter() - t_start,
+        tokens_per_second=state["tokens"] / state["train_seconds"] if state["train_seconds"] else 0.0,
+        mfu=state["train_flops"] / state["train_seconds"] / job_peak_flops if state["train_seconds"] else 0.0,
+        diverged=True, diverged_reason=reason, steps=state["step"], losses=list(state["losses"]), run_dir=str(run_dir))
+    if par.is_main:
+        (run_dir / RESULT_FILE).write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        if tracker is not None:
+            tracker.set_tag("diverged", "true")
+            tracker.set_tag("diverged_reason", reason[:5000])
+            tracker.log_artifact(run_dir / RESULT_FILE)
+            tracker.finish(status="FAILED")
     dist.barrier()
     return result
 

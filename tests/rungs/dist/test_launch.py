@@ -75,3 +75,28 @@ def test_torchrun_entry_point_trains_one_rung_expert_parallel(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = json.loads(proc.stdout.strip().splitlines()[-1])  # rank 0 prints the result
     assert printed["steps"] == 2 and printed == json.loads((tmp_path / "run" / "result.json").read_text())
+
+
+def _evals_and_spike_job(rank, world, good, bad, run_dir, out):
+    res = train_sharded(good, run_dir=run_dir / "good", ep=1)
+    assert res.steps == 4 and not res.diverged and set(res.bpb)
+    blown = train_sharded(bad, run_dir=run_dir / "bad", ep=1)
+    (out / f"rank{rank}.json").write_text(json.dumps({"steps": blown.steps, "diverged": blown.diverged,
+                                                       "reason": blown.diverged_reason, "bpb": blown.bpb}))
+
+
+def test_sharded_job_evaluates_periodically_and_stops_on_a_loss_spike(tmp_path):
+    good = tiny_config(max_steps=4, eval_interval=2, precision="fp32", agc=False)
+    # A learning rate 10^4 times too large blows the loss up within a few steps: the spike rule (or
+    # the non-finite check) must stop every rank at the same step and mark the run diverged.
+    bad = tiny_config(max_steps=8, lr=50.0, adam_lr=50.0, spike_factor=1.5, spike_warmup_steps=1, precision="fp32",
+                      agc=False)
+    run_ranks(_evals_and_spike_job, 2, good, bad, tmp_path / "run", tmp_path)
+    evals = json.loads((tmp_path / "run" / "good" / "eval.json").read_text())["evals"]
+    assert [e["step"] for e in evals] == [2, 4] and all(set(e["bpb"]) == set(evals[-1]["bpb"]) for e in evals)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0] == ranks[1]  # the same decision at the same step on both ranks
+    assert ranks[0]["diverged"] and ranks[0]["steps"] < 8 and not ranks[0]["bpb"]
+    assert "spike" in ranks[0]["reason"] or "non-finite" in ranks[0]["reason"]
+    stored = json.loads((tmp_path / "run" / "bad" / "result.json").read_text())
+    assert stored["diverged"] and stored["diverged_reason"] == ranks[0]["reason"]
