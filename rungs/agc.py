@@ -132,6 +132,20 @@ class ActivationGradClipper:
                           decode: Decode | None = None) -> None:
         self._current = _MicroBatch(self._current.step, inputs, locate, decode)
 
+    def synchronise(self, all_gather: Callable[[Any], list[Any]]) -> None:
+        """Make this step's statistics the whole job's before `end_step` (sharded jobs): every rank's
+        per-point medians (so every rank folds the same values into the same history, and later
+        thresholds agree) and clipped/measured unit counts (so the clip rate is the job's).
+        `all_gather(obj)` returns the list of every rank's obj, in rank order."""
+        gathered = all_gather({"medians": self._step_medians, "clipped": self.clipped_units, "total": self.total_units})
+        merged: dict[tuple[int, str], list[float]] = {}
+        for part in gathered:
+            for key, values in part["medians"].items():
+                merged.setdefault(key, []).extend(values)
+        self._step_medians = merged
+        self.clipped_units = sum(part["clipped"] for part in gathered)
+        self.total_units = sum(part["total"] for part in gathered)
+
     def end_step(self) -> float:
         """Fold this step's per-point median norms into the running history; returns the clip rate."""
         for key, medians in self._step_medians.items():

@@ -186,13 +186,20 @@ def lbl_reduce(par: Parallel):
 def train_step(model: nn.Module, optimizer: MuonAdamW, par: Parallel, inputs: Tensor, targets: Tensor, *,
                n_experts: int, top_k: int, lb_loss_coef: float = 0.0, z_loss_coef: float = 0.0,
                grad_clip: float | None = None, autocast_dtype: torch.dtype | None = None,
-               micro_batches: int = 1) -> dict[str, float]:
+               micro_batches: int = 1, clipper: Any = None, locate: Any = None, row_offset: int = 0,
+               decode: Any = None) -> dict[str, float]:
     """One optimizer step on this rank's share (inputs, targets: (b, T)) of the global batch,
-    accumulated over `micro_batches` equal slices of it (each scaled by 1 / micro_batches)."""
+    accumulated over `micro_batches` equal slices of it (each scaled by 1 / micro_batches).
+    With an activation-gradient `clipper` installed on the model, each micro-batch is announced to
+    it (rows located in the global batch through `locate`, this rank's rows starting at `row_offset`)."""
     if inputs.shape[0] % micro_batches:
         raise DistributedError(f"{inputs.shape[0]} sequences per rank do not split into {micro_batches} micro-batches")
     ce_sum = aux_sum = torch.zeros((), dtype=torch.float64)
-    for inp, tgt in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
+    micro = inputs.shape[0] // micro_batches
+    for m, (inp, tgt) in enumerate(zip(inputs.chunk(micro_batches), targets.chunk(micro_batches))):
+        if clipper is not None:
+            where = None if locate is None else (lambda r, p, o=row_offset + m * micro: locate(r + o, p))
+            clipper.begin_micro_batch(inp, locate=where, decode=decode)
         with torch.autocast(par.device_type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
             logits, routes = model(inp)
         ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), tgt.reshape(-1))

@@ -11,9 +11,12 @@ tracks and writes the result, so one trial is one MLflow run however many worker
 Like the single-process job it evaluates BPB on every held-out domain every `eval_interval` steps
 (a collective: every rank runs the sharded forward), stops on a non-finite loss or a loss spike
 (the same `DivergenceRule`, on the loss all-reduced over the ranks, so every rank stops at the same
-step) and logs the grad norm's moving median. Activation gradient clipping is not wired into the
-sharded step yet: a config asking for it runs without it, says so in the log and in the MLflow tag
-`agc_applied = false`.
+step) and logs the grad norm's moving median. Activation gradient clipping runs on each rank's rows
+with job-wide statistics: the per-point medians of every rank are gathered before they enter the
+running history (so every rank clips against the same threshold), the clip rate counts the whole
+job, and rank 0 writes every rank's clip events. A rank's loss is the mean over its own tokens, so its
+activation gradients are `world` times the single-process ones: a fixed threshold is scaled by the
+worker count (a median threshold is scale-free).
 
     launch_ray(config, run_dir=..., num_workers=2)           # Ray Train, N workers
     torchrun --nproc-per-node 2 -m rungs.launch --config cfg.json --run-dir runs/x [--ep 2]
@@ -22,6 +25,7 @@ sharded step yet: a config asking for it runs without it, says so in the log and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -43,7 +47,8 @@ from rungs.metrics import DivergenceRule, MovingMedian, measure_peak_bf16_flops
 from rungs.model import Transformer
 from rungs.optim import lr_at
 from rungs.tracking import Tracker
-from rungs.train import CONFIG_FILE, EVAL_FILE, GRAD_NORM_WINDOW, RESULT_FILE, TrainResult
+from rungs.agc import ActivationGradClipper, drop_events_after, write_events
+from rungs.train import CLIP_LOG_FILE, CONFIG_FILE, EVAL_FILE, GRAD_NORM_WINDOW, RESULT_FILE, TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +124,10 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
     state.setdefault("grad_norms", [])  # checkpoints written before these were kept
     state.setdefault("evals", [])
     tracker = _tracker(cfg, run_dir, par)
-    if cfg.agc:
-        log.warning("activation gradient clipping is not applied in sharded jobs (config agc=true): training without it")
-        if tracker is not None:
-            tracker.set_tag("agc_applied", "false")
+    clipper = _clipper(cfg, model, par, state)
+    if clipper is not None and par.is_main:
+        drop_events_after(run_dir / CLIP_LOG_FILE, state["step"])  # those steps run again
+    decode = corpus.tokenizer.decode
     grad_median = MovingMedian(GRAD_NORM_WINDOW, state["grad_norms"][-GRAD_NORM_WINDOW:])
     divergence = DivergenceRule(cfg.spike_factor, cfg.spike_warmup_steps, history=state["losses"][-100:])
     diverged_reason: str | None = None
@@ -143,10 +148,15 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
         optimizer.set_lr_multiplier(multiplier)
         t0 = time.perf_counter()
         batch = sampler.next_batch()  # the same global batch on every rank; this rank trains on its rows
+        if clipper is not None:
+            clipper.begin_step(step)
         stats = train_step(model, optimizer, par, batch.inputs[rows].to(device), batch.targets[rows].to(device),
                            n_experts=cfg.n_experts, top_k=cfg.top_k, lb_loss_coef=cfg.lb_loss_coef,
                            z_loss_coef=cfg.z_loss_coef, grad_clip=cfg.grad_clip, autocast_dtype=autocast,
-                           micro_batches=cfg.accumulation_steps)
+                           micro_batches=cfg.accumulation_steps, clipper=clipper, locate=batch.locate,
+                           row_offset=rows.start, decode=decode)
+        if clipper is not None:
+            stats["agc_clip_rate"] = _end_agc_step(clipper, par, run_dir)
         if cfg.expert_bias:
             _update_expert_bias(model)
         seconds = time.perf_counter() - t0
@@ -172,6 +182,7 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
             log.warning("run diverged: %s", diverged_reason)
             break
         if state["step"] % cfg.checkpoint_interval == 0 or state["step"] == stop_at:
+            state["agc"] = clipper.state_dict() if clipper is not None else None
             dist_checkpoint.save(ckpt, model, optimizer, par,
                                  extra={"config_key": cfg.key(), "sampler": sampler.state_dict(), "state": state})
     if diverged_reason is not None:
@@ -202,8 +213,9 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
             tracker.log_metrics({f"final_bpb/{d}": v for d, v in bpb.items()} | {
                 "final_loss": result.final_loss, "total_tokens": float(result.tokens),
                 "wall_seconds": result.wall_seconds}, step=result.steps, flush=True)
-            for name in (CONFIG_FILE, EVAL_FILE, RESULT_FILE):
-                tracker.log_artifact(run_dir / name)
+            for name in (CONFIG_FILE, EVAL_FILE, RESULT_FILE, CLIP_LOG_FILE):
+                if (run_dir / name).is_file():
+                    tracker.log_artifact(run_dir / name)
             tracker.set_tag("diverged", "false")
             tracker.finish(status="FINISHED")
     dist.barrier()
@@ -228,6 +240,36 @@ def _diverged(cfg: TrainConfig, state: dict[str, Any], reason: str, tracker: Tra
             tracker.finish(status="FAILED")
     dist.barrier()
     return result
+
+
+def _clipper(cfg: TrainConfig, model: torch.nn.Module, par: Parallel,
+             state: dict[str, Any]) -> ActivationGradClipper | None:
+    """The activation-gradient clipper of a sharded job, installed on the model (None without AGC)."""
+    settings = cfg.agc_settings()
+    if not settings:
+        return None
+    if settings.mode == "fixed":  # per-rank mean loss: activation gradients are `world` × single-process
+        settings = dataclasses.replace(settings, threshold=settings.threshold * par.world)
+    clipper = ActivationGradClipper(settings)
+    if state.get("agc"):
+        clipper.load_state_dict(state["agc"])
+    model.activation_clip = clipper
+    return clipper
+
+
+def _end_agc_step(clipper: ActivationGradClipper, par: Parallel, run_dir: Path) -> float:
+    """Job-wide AGC statistics for this step; rank 0 appends every rank's clip events. The clip rate."""
+    def all_gather(obj: Any) -> list[Any]:
+        out: list[Any] = [None] * par.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    clipper.synchronise(all_gather)
+    rate = clipper.end_step()
+    events = all_gather(clipper.drain_events())
+    if par.is_main:
+        write_events([ev for part in events for ev in part], run_dir / CLIP_LOG_FILE)
+    return rate
 
 
 @torch.no_grad()

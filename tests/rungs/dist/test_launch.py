@@ -26,12 +26,13 @@ def _job(rank, world, cfg, run_dir, out):
 
 
 def test_two_workers_job_stops_and_resumes_on_another_layout(tmp_path):
-    cfg = tiny_config(max_steps=2, precision="fp32", agc=False, micro_batch_sequences=2,  # 2 micro-batches
+    cfg = tiny_config(max_steps=2, precision="fp32", agc=True, micro_batch_sequences=2,  # 2 micro-batches, AGC state resumed
                       expert_bias=True)  # the bias step all-reduces the stacked router counts
     run_ranks(_job, 2, cfg, tmp_path / "run", tmp_path / "out.json")
     stored = json.loads((tmp_path / "run" / "result.json").read_text())
     assert stored == json.loads((tmp_path / "out.json").read_text())
-    assert (tmp_path / "run" / "dist_checkpoint" / "extra.json").is_file()
+    extra = json.loads((tmp_path / "run" / "dist_checkpoint" / "extra.json").read_text())
+    assert extra["state"]["agc"]["history"]  # the clipper's running medians travel with the checkpoint
 
 
 @pytest.mark.slow
@@ -86,7 +87,7 @@ def _evals_and_spike_job(rank, world, good, bad, run_dir, out):
 
 
 def test_sharded_job_evaluates_periodically_and_stops_on_a_loss_spike(tmp_path):
-    good = tiny_config(max_steps=4, eval_interval=2, precision="fp32", agc=False)
+    good = tiny_config(max_steps=4, eval_interval=2, precision="fp32", agc=True)  # AGC on: job-wide statistics
     # A learning rate 10^4 times too large blows the loss up within a few steps: the spike rule (or
     # the non-finite check) must stop every rank at the same step and mark the run diverged.
     bad = tiny_config(max_steps=8, lr=50.0, adam_lr=50.0, spike_factor=1.5, spike_warmup_steps=1, precision="fp32",
