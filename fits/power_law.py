@@ -149,9 +149,8 @@ def check_bounds(theta: np.ndarray, bounds: list[tuple[float, float]], zero_floo
             raise FitBoundaryError(f"power law: log E = {value:.4g} is at or near its lower bound {lo:.4g} (E below "
                                    f"{NEGLIGIBLE_FLOOR:g} × the smallest y){_NO_FLOOR_HINT}", parameter=name,
                                    value=float(value))
-        if value <= lo + tol or value >= hi - tol:
-            hint = _NO_FLOOR_HINT if name == "log E" else ""
-            raise FitBoundaryError(f"power law: {name} = {value:.4g} ended on its bound [{lo:.4g}, {hi:.4g}]{hint}",
+        if value <= lo + tol or value >= hi - tol:  # (E's lower bound is caught above, as no floor)
+            raise FitBoundaryError(f"power law: {name} = {value:.4g} ended on its bound [{lo:.4g}, {hi:.4g}]",
                                    parameter=name, value=float(value))
 
 

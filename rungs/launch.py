@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from rungs import dist_checkpoint
+from rungs.agc import ActivationGradClipper, drop_events_after, write_events
 from rungs.config import TrainConfig, parse_config
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.prepare import ensure_prepared
@@ -47,7 +48,6 @@ from rungs.metrics import DivergenceRule, MovingMedian, measure_peak_bf16_flops
 from rungs.model import Transformer
 from rungs.optim import lr_at
 from rungs.tracking import Tracker
-from rungs.agc import ActivationGradClipper, drop_events_after, write_events
 from rungs.train import CLIP_LOG_FILE, CONFIG_FILE, EVAL_FILE, GRAD_NORM_WINDOW, RESULT_FILE, TrainResult
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
                                 muon_momentum=cfg.muon_momentum, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
                                 adjust_lr=cfg.adjust_lr, comm_dtype=comm_dtype)
     state: dict[str, Any] = {"step": 0, "tokens": 0, "train_flops": 0.0, "train_seconds": 0.0, "losses": [],
-                             "grad_norms": [], "evals": []}
+                             "evals": []}
     ckpt = run_dir / CHECKPOINT_DIR
     if resume and (ckpt / dist_checkpoint.EXTRA_FILE).is_file():
         extra = dist_checkpoint.load(ckpt, model, optimizer, par)
@@ -121,14 +121,14 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
         sampler.load_state_dict(extra["sampler"])
         state = extra["state"]
         log.info("resumed %s at step %d on %d workers", run_dir, state["step"], par.world)
-    state.setdefault("grad_norms", [])  # checkpoints written before these were kept
+    state.setdefault("grad_norms", [])  # written at checkpoints (absent on a fresh start and in older checkpoints)
     state.setdefault("evals", [])
     tracker = _tracker(cfg, run_dir, par)
     clipper = _clipper(cfg, model, par, state)
     if clipper is not None and par.is_main:
         drop_events_after(run_dir / CLIP_LOG_FILE, state["step"])  # those steps run again
     decode = corpus.tokenizer.decode
-    grad_median = MovingMedian(GRAD_NORM_WINDOW, state["grad_norms"][-GRAD_NORM_WINDOW:])
+    grad_median = MovingMedian(GRAD_NORM_WINDOW, state["grad_norms"])
     divergence = DivergenceRule(cfg.spike_factor, cfg.spike_warmup_steps, history=state["losses"][-100:])
     diverged_reason: str | None = None
     # MFU denominator: every worker's own measured bf16 rate, summed over the job (a shared gloo
@@ -165,7 +165,6 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
         state["train_flops"] += cfg.flops_per_token * cfg.batch_tokens
         state["train_seconds"] += seconds
         state["losses"].append(stats["loss"])
-        state["grad_norms"] = (state["grad_norms"] + [stats["grad_norm"]])[-GRAD_NORM_WINDOW:]
         metrics = stats | {"lr": cfg.lr * multiplier, "tokens_per_second": cfg.batch_tokens / seconds,
                            "mfu": cfg.flops_per_token * cfg.batch_tokens / seconds / job_peak_flops,
                            "tokens": float(state["tokens"]), "workers": float(par.world),
@@ -183,10 +182,11 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
             break
         if state["step"] % cfg.checkpoint_interval == 0 or state["step"] == stop_at:
             state["agc"] = clipper.state_dict() if clipper is not None else None
+            state["grad_norms"] = list(grad_median.values)  # the median's window is the history to resume
             dist_checkpoint.save(ckpt, model, optimizer, par,
                                  extra={"config_key": cfg.key(), "sampler": sampler.state_dict(), "state": state})
     if diverged_reason is not None:
-        return _diverged(cfg, state, diverged_reason, tracker, par, run_dir, t_start, job_peak_flops)
+        return _diverged(state, diverged_reason, tracker, par, run_dir, t_start, job_peak_flops)
     if state["step"] < total:  # stopped on request
         if tracker is not None:
             tracker.finish(status="KILLED")
@@ -196,13 +196,7 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
                            wall_seconds=time.perf_counter() - t_start, tokens_per_second=0.0, mfu=0.0,
                            diverged=False, steps=state["step"], losses=list(state["losses"]), run_dir=str(run_dir))
     bpb = evaluate_model(model, corpus, cfg, final=True)  # every rank runs it: the sharded forward is collective
-    result = TrainResult(
-        run_id=tracker.run_id if tracker is not None else None, final_loss=state["losses"][-1] if state["losses"] else math.nan,
-        bpb=bpb, tokens=state["tokens"], train_flops=state["train_flops"],
-        wall_seconds=time.perf_counter() - t_start,
-        tokens_per_second=state["tokens"] / state["train_seconds"] if state["train_seconds"] else 0.0,
-        mfu=state["train_flops"] / state["train_seconds"] / job_peak_flops if state["train_seconds"] else 0.0,
-        diverged=False, steps=state["step"], losses=list(state["losses"]), run_dir=str(run_dir))
+    result = _job_result(state, tracker, run_dir, t_start, job_peak_flops, bpb=bpb)
     if par.is_main:
         unigram = unigram_bpb(corpus, cfg)
         result.unigram_bpb = unigram
@@ -222,15 +216,23 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
     return result
 
 
-def _diverged(cfg: TrainConfig, state: dict[str, Any], reason: str, tracker: Tracker | None, par: Parallel,
+def _job_result(state: dict[str, Any], tracker: Tracker | None, run_dir: Path, t_start: float, job_peak_flops: float,
+                *, bpb: dict[str, float], diverged_reason: str | None = None) -> TrainResult:
+    seconds = state["train_seconds"]
+    return TrainResult(
+        run_id=tracker.run_id if tracker is not None else None,
+        final_loss=state["losses"][-1] if state["losses"] else math.nan, bpb=bpb, tokens=state["tokens"],
+        train_flops=state["train_flops"], wall_seconds=time.perf_counter() - t_start,
+        tokens_per_second=state["tokens"] / seconds if seconds else 0.0,
+        mfu=state["train_flops"] / seconds / job_peak_flops if seconds else 0.0,
+        diverged=diverged_reason is not None, diverged_reason=diverged_reason, steps=state["step"],
+        losses=list(state["losses"]), run_dir=str(run_dir))
+
+
+def _diverged(state: dict[str, Any], reason: str, tracker: Tracker | None, par: Parallel,
               run_dir: Path, t_start: float, job_peak_flops: float) -> TrainResult:
     """A diverged job: no final BPB, the reason in the result file and on the MLflow run (FAILED)."""
-    result = TrainResult(
-        run_id=tracker.run_id if tracker is not None else None, final_loss=state["losses"][-1], bpb={},
-        tokens=state["tokens"], train_flops=state["train_flops"], wall_seconds=time.perf_counter() - t_start,
-        tokens_per_second=state["tokens"] / state["train_seconds"] if state["train_seconds"] else 0.0,
-        mfu=state["train_flops"] / state["train_seconds"] / job_peak_flops if state["train_seconds"] else 0.0,
-        diverged=True, diverged_reason=reason, steps=state["step"], losses=list(state["losses"]), run_dir=str(run_dir))
+    result = _job_result(state, tracker, run_dir, t_start, job_peak_flops, bpb={}, diverged_reason=reason)
     if par.is_main:
         (run_dir / RESULT_FILE).write_text(json.dumps(result.to_json(), indent=2) + "\n")
         if tracker is not None:
