@@ -104,7 +104,7 @@ def fit_table(runs: pd.DataFrame) -> pd.DataFrame:
     out["diverged"] = out.get("tags.diverged", pd.Series("false", index=out.index)).astype(str).eq("true")
     bpb_cols = [c for c in out.columns if c == "bpb" or c.startswith("bpb_")]
     out.loc[out["diverged"], bpb_cols] = np.nan
-    return out
+    return out.copy()  # one block per dtype: the column-by-column inserts above leave it fragmented
 
 
 def domains_of(table: pd.DataFrame) -> list[str]:
