@@ -1,14 +1,12 @@
-"""Refit the LR·WD law of a ladder from weight-decay probes at the law's LR.
+"""Refit the LR·WD law of a ladder from weight-decay probes at the law's LR (the report's method).
 
 Each rung has runs at the law's LR with WD = m × the WD of the law they ran under (m = 1: a sweep's seed-0 run,
-the other m from `scripts/ladder_probe.py` lines in a probes file). The mean held-out BPB is fitted
-over all rungs at once as a bowl in x = log(LR·WD) with one curvature and an optimum on a law:
-
-    BPB(L, x) = level_L + curvature · (x − x*_L)²,   x*_L = log coef + exponent · log steps_L
-
-(the recipe's form, LR·WD = coef · steps^exponent), once with the exponent free and once held at
-the report's −1. Prints the fitted coef with its standard error, the exponent, each rung's optimum
-as a multiple of the current law's WD, and an F test of the held exponent against the free one.
+the other m from `scripts/ladder_probe.py` lines in a probes file). Per rung, the held-out BPB is fitted as a
+weighted quadratic in log(LR·WD) (`fits.surfaces.fit_surface`, 1-D: the probes vary WD only), giving the
+rung's optimum with its delta-method standard error and flags (not a bowl; optimum outside the probed
+range). The optima of the rungs whose bowl is sound are then regressed on log steps with statsmodels OLS
+(`fits.hparam_laws.fit_regression`), the recipe's form LR·WD = coef · steps^exponent, once with the exponent
+free and once held at the report's −1 (a constant-only fit of log(LR·WD*) + log steps).
 
     python scripts/fit_wd_probes.py docs/backtest_diagnosis/probes.jsonl --experiment sweep-backtest-wd-c6.3
 """
@@ -24,11 +22,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
-from scipy.optimize import least_squares
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from fits.hparam_laws import fit_regression  # noqa: E402
+from fits.results import jsonable  # noqa: E402
+from fits.surfaces import fit_surface  # noqa: E402
 
 VARIANT = re.compile(r"^L(\d+) WD x([0-9.]+) at the law's LR")
 
@@ -51,44 +51,38 @@ def load_points(probes: Path, experiment: str, tracking_uri: str) -> pd.DataFram
         rows.append({"rung": int(r["rung"]), "multiple": 1.0, "steps": float(r["steps"]), "lr": float(r["lr"]),
                      "wd": float(r["wd"]), "bpb": float(r["bpb"]), "source": f"{experiment} seed 0"})
     df = pd.DataFrame(rows)
-    df["x"] = np.log(df["lr"] * df["wd"])
+    df["lr_wd"] = df["lr"] * df["wd"]
     return df.sort_values(["rung", "multiple"]).reset_index(drop=True)
 
 
-def fit(df: pd.DataFrame, exponent: float | None) -> dict:
-    rungs = sorted(df["rung"].unique())
-    idx = df["rung"].map({L: i for i, L in enumerate(rungs)}).to_numpy()
-    log_steps = np.log(df["steps"].to_numpy(float))
-    x, y = df["x"].to_numpy(), df["bpb"].to_numpy()
-    n_free = 3 if exponent is None else 2  # log coef, curvature[, exponent]
+def rung_optima(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per rung: the optimum of its 1-D bowl in log(LR·WD), its SE, flags, and the multiple of the law's WD."""
+    rows = []
+    for rung, g in df.groupby("rung"):
+        surface = fit_surface(g, ["lr_wd"], "bpb", id_column=None, key={"rung": int(rung)})
+        law = g[g["multiple"] == 1.0]
+        law_lr_wd = float(law["lr_wd"].iloc[0]) if len(law) else float("nan")
+        x_star, se = float(surface.optimum[0]), float(surface.optimum_se[0])
+        rows.append({"rung": int(rung), "steps": float(g["steps"].iloc[0]), "log_steps": math.log(g["steps"].iloc[0]),
+                     "log_lr_wd": x_star, "log_lr_wd_se": se, "multiple_of_law": math.exp(x_star) / law_lr_wd,
+                     "best_probed_multiple": float(g.loc[g["bpb"].idxmin(), "multiple"]),
+                     "predicted_min_bpb": surface.predicted_min, "flags": surface.flags, "ok": surface.ok})
+    return pd.DataFrame(rows)
 
-    def unpack(p):
-        log_coef, curvature = p[0], p[1]
-        k = p[2] if exponent is None else exponent
-        return log_coef, curvature, k, p[n_free:]
 
-    def resid(p):
-        log_coef, curvature, k, levels = unpack(p)
-        return levels[idx] + curvature * (x - (log_coef + k * log_steps)) ** 2 - y
-
-    start = np.r_[math.log(6.3) - 0.5, 0.03, *([-1.0] if exponent is None else []),
-                  [df[df["rung"] == L]["bpb"].min() for L in rungs]]
-    res = least_squares(resid, start)
-    dof = len(y) - len(res.x)
-    sse = float(np.sum(res.fun**2))
-    s2 = sse / dof if dof > 0 else float("nan")
-    cov = s2 * np.linalg.pinv(res.jac.T @ res.jac)
-    log_coef, curvature, k, levels = unpack(res.x)
-    out = {"coef": math.exp(log_coef), "log_coef_se": math.sqrt(cov[0, 0]), "curvature": curvature,
-           "curvature_se": math.sqrt(cov[1, 1]), "exponent": k,
-           "exponent_se": math.sqrt(cov[2, 2]) if exponent is None else None,
-           "sse": sse, "dof": dof, "n_points": len(y), "rungs": [int(L) for L in rungs]}
-    out["optimum_per_rung"] = {}
-    for L, steps in df.groupby("rung")["steps"].first().items():
-        lr = df[(df["rung"] == L)]["lr"].iloc[0]
-        law_wd = df[(df["rung"] == L) & (df["multiple"] == 1.0)]["wd"].iloc[0]
-        wd_star = math.exp(log_coef + k * math.log(steps)) / lr
-        out["optimum_per_rung"][int(L)] = {"steps": int(steps), "wd_star": wd_star, "multiple_of_law": wd_star / law_wd}
+def laws(optima: pd.DataFrame) -> dict:
+    used = optima[optima["ok"]].copy()
+    out: dict = {"rungs_used": used["rung"].tolist(),
+                 "rungs_left_out": {int(r.rung): r.flags for r in optima[~optima["ok"]].itertuples()}}
+    free = fit_regression(used, "log_lr_wd", ("log_steps",), allow_exact=True)
+    if free is not None:
+        out["exponent_free"] = {"coef": math.exp(free.params["const"]), "exponent": free.params["log_steps"],
+                                "ci95": free.ci, "r2": free.r2, "n": free.n}
+    used["log_lr_wd_times_steps"] = used["log_lr_wd"] + used["log_steps"]
+    held = fit_regression(used, "log_lr_wd_times_steps", (), allow_exact=True)
+    if held is not None:
+        out["exponent_held_at_-1"] = {"coef": math.exp(held.params["const"]),
+                                      "coef_ci95": [math.exp(v) for v in held.ci["const"]], "n": held.n}
     return out
 
 
@@ -101,11 +95,9 @@ def main() -> None:
     args = ap.parse_args()
     df = load_points(args.probes, args.experiment, args.tracking_uri)
     print(df[["rung", "multiple", "steps", "lr", "wd", "bpb", "source"]].to_string(index=False), file=sys.stderr)
-    free, held = fit(df, None), fit(df, -1.0)
-    f_stat = (held["sse"] - free["sse"]) / (free["sse"] / free["dof"])
-    p_value = float(stats.f.sf(f_stat, 1, free["dof"]))
-    print(json.dumps({"exponent_free": free, "exponent_held_at_-1": held,
-                      "f_test_exponent_-1": {"F": f_stat, "p": p_value, "dof": [1, free["dof"]]}}, indent=2))
+    optima = rung_optima(df)
+    print(optima.drop(columns=["log_steps"]).to_string(index=False), file=sys.stderr)
+    print(json.dumps(jsonable({"optimum_per_rung": optima.to_dict(orient="records"), **laws(optima)}), indent=2))
 
 
 if __name__ == "__main__":
