@@ -38,11 +38,24 @@ def load_runs(experiment: str, fixture: str, *, tracking_uri: str | None = None)
     return pd.read_csv(path), f"fixture {path.name} (real runs exported from this platform)"
 
 
-def export_fixture(experiment: str, fixture: str, *, tracking_uri: str = DEFAULT_TRACKING_URI) -> Path:
-    """Write an experiment's runs as a small CSV fixture (the canonical columns and per-domain BPB)."""
+def export_fixture(experiment: str, fixture: str, *, tracking_uri: str = DEFAULT_TRACKING_URI,
+                   spec: str | None = None, out_dir: Path = FIXTURES) -> Path:
+    """Write an experiment's runs as a small CSV fixture (the canonical columns and per-domain BPB).
+
+    With `spec`, only the runs of that sweep spec's current plan are kept (its trial keys): an
+    experiment accumulates runs of earlier recipe versions, and a fixture should show one."""
     table = fit_table(read_runs(experiment, tracking_uri))
+    if spec is not None:
+        from ladder.sweep_plan import plan_sweep
+        from sweeps.spec import load_spec
+
+        keys = {p.key for p in plan_sweep(load_spec(spec))}
+        table = table[table["trial_key"].isin(keys)] if "trial_key" in table.columns else table.iloc[:0]
+        if table.empty:
+            raise LadderInputError(f"experiment {experiment!r} has no runs of sweep {spec!r}'s current plan "
+                                   f"({len(keys)} trial keys)", field="spec")
     cols = [c for c in KEEP if c in table.columns] + sorted(c for c in table.columns if c.startswith("bpb_"))
-    path = FIXTURES / fixture
+    path = out_dir / fixture
     path.parent.mkdir(parents=True, exist_ok=True)
     table[cols].to_csv(path, index=False, float_format="%.10g")
     return path
