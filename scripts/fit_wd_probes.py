@@ -28,13 +28,12 @@ sys.path.insert(0, str(ROOT))
 from fits.hparam_laws import fit_regression  # noqa: E402
 from fits.results import jsonable  # noqa: E402
 from fits.surfaces import fit_surface  # noqa: E402
+from ladder.mlflow_runs import DEFAULT_TRACKING_URI, fit_table, read_runs  # noqa: E402
 
 VARIANT = re.compile(r"^L(\d+) WD x([0-9.]+) at the law's LR")
 
 
 def load_points(probes: Path, experiment: str, tracking_uri: str) -> pd.DataFrame:
-    from ladder.mlflow_runs import fit_table, read_runs
-
     rows = []
     for line in probes.read_text().splitlines():
         rec = json.loads(line)
@@ -90,7 +89,7 @@ def main() -> None:
     ap.add_argument("probes", type=Path)
     ap.add_argument("--experiment", default="sweep-backtest-wd-c6.3",
                     help="MLflow experiment with the m = 1 runs (seed 0): the backtest under the former c = 6.3 law")
-    ap.add_argument("--tracking-uri", default="sqlite:///runs/mlflow.db")
+    ap.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI)
     args = ap.parse_args()
     df = load_points(args.probes, args.experiment, args.tracking_uri)
     print(df[["rung", "multiple", "steps", "lr", "wd", "bpb", "source"]].to_string(index=False), file=sys.stderr)
