@@ -23,10 +23,10 @@ import numpy as np
 import pandas as pd
 
 from ladder.errors import LadderInputError
+from rungs.tracking import DEFAULT_TRACKING_URI
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
 FIT_KIND_TAG = "kind"
 CANONICAL = {  # canonical column ← candidates in order of preference
     "lr": ["params.lr"], "wd": ["params.weight_decay", "params.wd"], "dropout": ["params.dropout"],

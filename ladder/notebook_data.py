@@ -2,7 +2,10 @@
 the small committed fixtures in `notebooks/fixtures/` (real runs exported from this platform).
 
 `LADDER_NOTEBOOK_SOURCE=fixture` forces the fixtures (the test suite does this); `mlflow` forces
-the experiment; unset, the experiment is used when it exists and the fixture otherwise.
+the experiment; unset, the experiment is used when it holds runs of the sweep's current plan and
+the fixture otherwise. An experiment accumulates runs of earlier recipe versions (a sweep reruns
+only what its trial keys say changed), so with `spec` both readers keep only that sweep spec's
+current-plan runs: a notebook shows one recipe version, as the fixture does.
 """
 
 from __future__ import annotations
@@ -13,21 +16,26 @@ from pathlib import Path
 import pandas as pd
 
 from ladder.errors import LadderInputError
-from ladder.mlflow_runs import fit_table, read_runs
+from ladder.mlflow_runs import DEFAULT_TRACKING_URI, fit_table, read_runs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "notebooks" / "fixtures"
-DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"
 KEEP = ["run_id", "rung", "block", "arm", "seed", "lr", "wd", "dropout", "steps", "tpp", "params_active", "train_flops",
         "wall_seconds", "tokens", "final_loss", "diverged", "bpb"]
 
 
-def load_runs(experiment: str, fixture: str, *, tracking_uri: str | None = None) -> tuple[pd.DataFrame, str]:
+def load_runs(experiment: str, fixture: str, *, spec: str | None = None,
+              tracking_uri: str | None = None) -> tuple[pd.DataFrame, str]:
     """(runs table with canonical columns, a sentence saying where they came from)."""
     mode = os.environ.get("LADDER_NOTEBOOK_SOURCE", "auto")
     uri = tracking_uri or os.environ.get("LADDER_TRACKING_URI", DEFAULT_TRACKING_URI)
     if mode != "fixture":
         try:
-            return fit_table(read_runs(experiment, uri)), f"MLflow experiment {experiment!r} at {uri}"
+            table = fit_table(read_runs(experiment, uri))
+            where = f"MLflow experiment {experiment!r} at {uri}"
+            if spec is not None:
+                table = current_plan_runs(table, spec, experiment)
+                where += f" ({len(table)} runs, the current plan of sweep {spec!r})"
+            return table, where
         except LadderInputError:
             if mode == "mlflow":
                 raise
@@ -38,6 +46,19 @@ def load_runs(experiment: str, fixture: str, *, tracking_uri: str | None = None)
     return pd.read_csv(path), f"fixture {path.name} (real runs exported from this platform)"
 
 
+def current_plan_runs(table: pd.DataFrame, spec: str, experiment: str) -> pd.DataFrame:
+    """The rows of `table` whose trial key is in sweep `spec`'s current plan; an error when none are."""
+    from ladder.sweep_plan import plan_sweep
+    from sweeps.spec import load_spec
+
+    keys = {p.key for p in plan_sweep(load_spec(spec))}
+    kept = table[table["trial_key"].isin(keys)] if "trial_key" in table.columns else table.iloc[:0]
+    if kept.empty:
+        raise LadderInputError(f"experiment {experiment!r} has no runs of sweep {spec!r}'s current plan "
+                               f"({len(keys)} trial keys)", field="spec")
+    return kept
+
+
 def export_fixture(experiment: str, fixture: str, *, tracking_uri: str = DEFAULT_TRACKING_URI,
                    spec: str | None = None, out_dir: Path = FIXTURES) -> Path:
     """Write an experiment's runs as a small CSV fixture (the canonical columns and per-domain BPB).
@@ -46,14 +67,7 @@ def export_fixture(experiment: str, fixture: str, *, tracking_uri: str = DEFAULT
     experiment accumulates runs of earlier recipe versions, and a fixture should show one."""
     table = fit_table(read_runs(experiment, tracking_uri))
     if spec is not None:
-        from ladder.sweep_plan import plan_sweep
-        from sweeps.spec import load_spec
-
-        keys = {p.key for p in plan_sweep(load_spec(spec))}
-        table = table[table["trial_key"].isin(keys)] if "trial_key" in table.columns else table.iloc[:0]
-        if table.empty:
-            raise LadderInputError(f"experiment {experiment!r} has no runs of sweep {spec!r}'s current plan "
-                                   f"({len(keys)} trial keys)", field="spec")
+        table = current_plan_runs(table, spec, experiment)
     cols = [c for c in KEEP if c in table.columns] + sorted(c for c in table.columns if c.startswith("bpb_"))
     path = out_dir / fixture
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -26,11 +26,11 @@ import urllib.request
 from pathlib import Path
 
 from ladder.errors import LadderInputError
-from rungs.tracking import sqlite_path
+from rungs.tracking import DEFAULT_TRACKING_URI, sqlite_path
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STORE_URI = "sqlite:///runs/mlflow.db"
+DEFAULT_STORE_URI = DEFAULT_TRACKING_URI
 STARTUP_TIMEOUT_SECONDS = 120.0
 WATCH_INTERVAL_SECONDS = 0.5
 

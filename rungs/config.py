@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rungs.agc import AGCSettings
 from rungs.model import ModelConfig
+from rungs.tracking import DEFAULT_TRACKING_URI
 
 
 class TrainConfigError(ValueError):
@@ -136,7 +137,7 @@ class TrainConfig(BaseModel):
     log_interval: int = Field(default=10, gt=0)
 
     # --- tracking ---
-    tracking_uri: str | None = "sqlite:///runs/mlflow.db"  # None or "": no tracking
+    tracking_uri: str | None = DEFAULT_TRACKING_URI  # None or "": no tracking
     experiment_name: str = "ladder"
 
     @model_validator(mode="after")

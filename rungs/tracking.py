@@ -21,6 +21,7 @@ from typing import Any, Iterator
 log = logging.getLogger(__name__)
 
 RUN_ID_FILE = "mlflow_run_id"
+DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"  # the one place the embedded store is named
 _MAX_PARAM_CHARS = 6000
 _BATCH = 100  # MLflow's per-request limit on params; metrics allow 1000
 

@@ -1,4 +1,4 @@
-"""export_fixture: a fixture keeps only the runs of a sweep spec's current plan when asked."""
+"""export_fixture and load_runs: with a sweep spec, only the runs of its current plan are kept."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from ladder.errors import LadderInputError
-from ladder.notebook_data import export_fixture
+from ladder.notebook_data import FIXTURES, export_fixture, load_runs
 from ladder.sweep_plan import plan_sweep
 from sweeps.spec import load_spec
 
@@ -37,3 +37,22 @@ def test_export_keeps_the_current_plan_only(tmp_path):
 
     with pytest.raises(LadderInputError, match="current plan"):
         export_fixture("sweep-demo", "none.csv", tracking_uri=uri, spec="nightly", out_dir=tmp_path)
+
+
+def test_notebooks_read_the_current_plan_or_fall_back_to_the_fixture(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    current = [p.key for p in plan_sweep(load_spec("demo"))][:2]
+    _log_runs(uri, tmp_path, [*current, "stale-recipe-key"])
+
+    monkeypatch.setenv("LADDER_NOTEBOOK_SOURCE", "auto")
+    runs, where = load_runs("sweep-demo", "demo_runs.csv", spec="demo", tracking_uri=uri)
+    assert len(runs) == 2 and "current plan of sweep" in where
+    everything, _ = load_runs("sweep-demo", "demo_runs.csv", tracking_uri=uri)
+    assert len(everything) == 3
+
+    # An experiment holding only other recipe versions' runs: the fixture in auto mode, an error in mlflow mode.
+    fixture, where = load_runs("sweep-demo", "demo_runs.csv", spec="nightly", tracking_uri=uri)
+    assert where.startswith("fixture") and len(fixture) == len(pd.read_csv(FIXTURES / "demo_runs.csv"))
+    monkeypatch.setenv("LADDER_NOTEBOOK_SOURCE", "mlflow")
+    with pytest.raises(LadderInputError, match="current plan"):
+        load_runs("sweep-demo", "demo_runs.csv", spec="nightly", tracking_uri=uri)
