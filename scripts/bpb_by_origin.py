@@ -58,7 +58,7 @@ def score_trial(run_dir: Path, domain: str, batch_size: int) -> list[dict]:
                                                                stride)]
         nats, tokens = score_windows(logits_fn, windows, cfg.seq_len, batch_size, corpus.eos_id)
         n_bytes = int(shard.index[docs, 2].sum())
-        rows.append({"trial_key": raw["trial_key"], "L": raw["L"], "seed": raw["seed"],
+        rows.append({"trial_key": raw.get("trial_key"), "L": raw["L"], "seed": raw["seed"], "tpp": raw.get("tpp"),
                      "train_flops": float(payload["extra"]["train_flops"]),
                      "step": int(payload["step"]), "domain": domain, "origin": origin, "docs": len(docs),
                      "bytes": n_bytes, "tokens": tokens, "bpb": nats / (math.log(2) * n_bytes)})
@@ -71,9 +71,13 @@ def main() -> int:
     parser.add_argument("--domain", required=True, help="held-out domain to split by origin")
     parser.add_argument("--root", default="runs/sweeps", help="where sweeps keep their trial directories")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--tpp", type=float, help="only the trials planned at this TPP (a sweep's directory keeps "
+                        "the trials of its earlier plans too)")
     args = parser.parse_args()
     base = Path(args.root) / args.sweep
     trials = sorted(p for p in base.iterdir() if (p / "result.json").is_file() and checkpoint_path(p).is_file())
+    if args.tpp is not None:
+        trials = [p for p in trials if json.loads((p / "config.json").read_text()).get("tpp") == args.tpp]
     if not trials:
         print(f"no finished trials (result.json and checkpoint) under {base}", file=sys.stderr)
         return 2

@@ -26,7 +26,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _worker(recipe: str, L: int, tpp: float, device: str, work: Path, extra: list[str]) -> None:
+def with_unique_fraction(config: dict, source: str, fraction: float) -> dict:
+    """The config with `source`'s unique cap at `fraction` of its full-scale unique tokens, its tokens
+    unchanged (so its epochs change): separates what a rung gains from seeing more distinct documents
+    of a source from what it gains from compute."""
+    if source not in config["sources"]:
+        raise SystemExit(f"--unique-fraction: no source {source!r} (have {sorted(config['sources'])})")
+    if not 0 < fraction <= 1:
+        raise SystemExit(f"--unique-fraction: {source}={fraction:g} is not in (0, 1]")
+    entry = dict(config["sources"][source])
+    full_unique = entry["unique_tokens"] / entry["unique_fraction"]
+    entry["unique_tokens"] = full_unique * fraction
+    entry["epochs"] = entry["tokens"] / entry["unique_tokens"]
+    entry["unique_fraction"] = fraction
+    return {**config, "sources": {**config["sources"], source: entry}}
+
+
+def _worker(recipe: str, L: int, tpp: float, device: str, work: Path, extra: list[str],
+            unique_fractions: list[str]) -> None:
     import logging
 
     import torch
@@ -42,6 +59,9 @@ def _worker(recipe: str, L: int, tpp: float, device: str, work: Path, extra: lis
     overrides = [f"tpp={tpp}", f"device={device}", f"data_cache_root={work / 'data'}", *extra]
     config = resolve_train_config(recipe, L, overrides)
     config["tracking_uri"] = None
+    for item in unique_fractions:
+        source, _, fraction = item.partition("=")
+        config = with_unique_fraction(config, source, float(fraction))
     res = train(config, run_dir=work / f"L{L}-tpp{tpp:g}", resume=False, progress=False)
     out = {"rung": L, "tpp": tpp, "steps": res.steps, "tokens": res.tokens, "train_flops": res.train_flops,
            "wall_seconds": res.wall_seconds, "tokens_per_second": res.tokens_per_second,
@@ -58,6 +78,8 @@ def main() -> None:
     ap.add_argument("--tpp", default="5")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--set", dest="extra", action="append", default=[], help="config override for every job")
+    ap.add_argument("--unique-fraction", action="append", default=[], metavar="SOURCE=F",
+                    help="cap SOURCE's unique data at F of its full-scale unique tokens (tokens unchanged)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--work", type=Path, default=Path("/tmp/ladder_probe"))
     ap.add_argument("--deadline-s", type=float, default=3600.0)
@@ -66,7 +88,8 @@ def main() -> None:
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     if args.worker:
-        _worker(args.recipe, int(args.worker[0]), float(args.worker[1]), args.device, args.work, args.extra)
+        _worker(args.recipe, int(args.worker[0]), float(args.worker[1]), args.device, args.work, args.extra,
+                args.unique_fraction)
         return
 
     # Prepare the corpus once before the jobs start, so they do not queue on its lock.
@@ -92,6 +115,7 @@ def main() -> None:
                 log = args.work / f"L{L}-tpp{t:g}.log"
                 cmd = [sys.executable, __file__, args.recipe, "--device", args.device, "--work", str(args.work),
                        "--out", "/dev/null", "--worker", str(L), str(t)] + [f"--set={e}" for e in args.extra]
+                cmd += [f"--unique-fraction={u}" for u in args.unique_fraction]
                 running[(L, t)] = (subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env), log)
             for key, (proc, log) in list(running.items()):
                 if proc.poll() is None and time.monotonic() - start < args.deadline_s:

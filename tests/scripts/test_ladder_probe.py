@@ -1,0 +1,40 @@
+"""ladder_probe --unique-fraction: one source's unique cap moves, its tokens and the other sources stay."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from ladder.resolve import resolve_train_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _probe_module():
+    spec = importlib.util.spec_from_file_location("ladder_probe", ROOT / "scripts" / "ladder_probe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_unique_fraction_keeps_tokens_and_recomputes_epochs():
+    probe = _probe_module()
+    config = resolve_train_config("cpu-demo", 6, ["tpp=4"])
+    math_before = config["sources"]["math"]
+    full_unique = math_before["unique_tokens"] / math_before["unique_fraction"]
+
+    changed = probe.with_unique_fraction(config, "math", 0.99)
+    math_after = changed["sources"]["math"]
+    assert math_after["tokens"] == math_before["tokens"]
+    assert math_after["unique_tokens"] == pytest.approx(0.99 * full_unique)
+    assert math_after["epochs"] == pytest.approx(math_before["tokens"] / (0.99 * full_unique))
+    assert math_after["epochs"] < math_before["epochs"]
+    assert changed["sources"]["code"] == config["sources"]["code"]
+    assert config["sources"]["math"] == math_before  # the input is not modified
+
+    with pytest.raises(SystemExit, match="no source"):
+        probe.with_unique_fraction(config, "poetry", 0.5)
+    with pytest.raises(SystemExit, match="not in"):
+        probe.with_unique_fraction(config, "math", 1.5)
