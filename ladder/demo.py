@@ -109,14 +109,14 @@ def run_demo(*, out_dir: Path = Path("runs/demo"), tracking_uri: str | None = No
              bootstrap: int = 1000, progress: Callable[[str], None] = log.info) -> DemoResult:
     from ladder.cli_extrapolate import build_card
     from ladder.orchestrate import run_sweep
-    from ladder.tracking_server import DEFAULT_STORE_URI
+    from rungs.tracking import DEFAULT_TRACKING_URI
     from rungs.data.prepare import ensure_prepared
     from sweeps.spec import load_spec
 
     t0 = time.perf_counter()
     spec = load_spec(spec_name)
     recipe = load_recipe(spec.recipe)
-    uri = tracking_uri or DEFAULT_STORE_URI
+    uri = tracking_uri or DEFAULT_TRACKING_URI
     out_dir.mkdir(parents=True, exist_ok=True)
 
     progress("[1/5] demo corpus: tokenizing the shipped multi-domain corpus (cached after the first run)")

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from ladder.sweep_plan import PlannedTrial, check_fits_cluster, plan_sweep, runs_root_for
 from ladder.sweep_runs import find_runs, trial_state
-from ladder.tracking_server import DEFAULT_STORE_URI, TrackingServer, is_local_store
+from ladder.tracking_server import TrackingServer, is_local_store
+from rungs.tracking import DEFAULT_TRACKING_URI
 from sweeps.spec import SweepSpec
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class SweepOutcome:
 
 def default_store(tracking_uri: str | None) -> str:
     """--tracking-uri, else $MLFLOW_TRACKING_URI (set on cluster pods), else the embedded SQLite store."""
-    return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_STORE_URI
+    return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
 def launch_config(planned: PlannedTrial, *, tracking_uri: str, experiment: str) -> dict:

@@ -30,7 +30,6 @@ from rungs.tracking import DEFAULT_TRACKING_URI, sqlite_path
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STORE_URI = DEFAULT_TRACKING_URI
 STARTUP_TIMEOUT_SECONDS = 120.0
 WATCH_INTERVAL_SECONDS = 0.5
 
@@ -57,7 +56,7 @@ def healthy(uri: str, timeout_seconds: float = 2.0) -> bool:
 class TrackingServer:
     """`with TrackingServer("sqlite:///runs/mlflow.db") as uri:` → an http:// URI trials log to."""
 
-    def __init__(self, store_uri: str = DEFAULT_STORE_URI, *, artifacts_dir: Path | None = None,
+    def __init__(self, store_uri: str = DEFAULT_TRACKING_URI, *, artifacts_dir: Path | None = None,
                  host: str = "127.0.0.1", port: int | None = None) -> None:
         if not is_local_store(store_uri):
             raise LadderInputError(f"{store_uri} is already a server or database; trials can log to it directly",

@@ -22,7 +22,7 @@ def _probe_module():
 def test_unique_fraction_keeps_tokens_and_recomputes_epochs():
     probe = _probe_module()
     config = resolve_train_config("cpu-demo", 6, ["tpp=4"])
-    math_before = config["sources"]["math"]
+    math_before = dict(config["sources"]["math"])  # a copy: the last check is that the input stays as it was
     full_unique = math_before["unique_tokens"] / math_before["unique_fraction"]
 
     changed = probe.with_unique_fraction(config, "math", 0.99)
