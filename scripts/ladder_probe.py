@@ -71,6 +71,14 @@ def _worker(recipe: str, L: int, tpp: float, device: str, work: Path, extra: lis
     print("RESULT " + json.dumps(out), flush=True)
 
 
+def first_job_config(recipe: str, rungs: list[int], tpps: list[float], work: Path) -> dict:
+    """The resolved config of the first job, to prepare the corpus with. At the job's own TPP: the
+    recipe's default TPP can put a big rung over the full-scale token budget."""
+    from ladder.resolve import resolve_train_config
+
+    return resolve_train_config(recipe, rungs[0], [f"tpp={tpps[0]}", f"data_cache_root={work / 'data'}"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("recipe")
@@ -93,12 +101,11 @@ def main() -> None:
         return
 
     # Prepare the corpus once before the jobs start, so they do not queue on its lock.
-    from ladder.resolve import resolve_train_config
     from rungs.data.prepare import ensure_prepared
 
     rungs = [int(x) for x in args.rungs.split(",")]
     tpps = [float(x) for x in args.tpp.split(",")]
-    first = resolve_train_config(args.recipe, rungs[0], [f"data_cache_root={args.work / 'data'}"])
+    first = first_job_config(args.recipe, rungs, tpps, args.work)
     ensure_prepared(first["data_manifest"], vocab_size=first["vocab_size"], cache_root=Path(first["data_cache_root"]))
 
     # Largest jobs first: they set the wall clock.

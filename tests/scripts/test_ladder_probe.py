@@ -38,3 +38,12 @@ def test_unique_fraction_keeps_tokens_and_recomputes_epochs():
         probe.with_unique_fraction(config, "poetry", 0.5)
     with pytest.raises(SystemExit, match="not in"):
         probe.with_unique_fraction(config, "math", 1.5)
+
+
+def test_corpus_is_prepared_at_the_jobs_tpp(tmp_path):
+    # L9 fits cpu-demo's 7M-token budget at TPP 4 but not at the recipe's default TPP 5; the corpus
+    # preparation once resolved the first rung at the default and refused a valid probe.
+    probe = _probe_module()
+    config = probe.first_job_config("cpu-demo", [9], [4.0], tmp_path)
+    assert config["tpp"] == pytest.approx(4.0)
+    assert config["data_cache_root"] == str(tmp_path / "data")
