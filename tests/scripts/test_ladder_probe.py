@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from ladder.resolve import resolve_train_config
+from tests.scripts.helpers import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def _probe_module():
-    spec = importlib.util.spec_from_file_location("ladder_probe", ROOT / "scripts" / "ladder_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_unique_fraction_keeps_tokens_and_recomputes_epochs():
-    probe = _probe_module()
+    probe = load_script("ladder_probe")
     config = resolve_train_config("cpu-demo", 6, ["tpp=4"])
     math_before = dict(config["sources"]["math"])  # a copy: the last check is that the input stays as it was
     full_unique = math_before["unique_tokens"] / math_before["unique_fraction"]
@@ -43,7 +34,7 @@ def test_unique_fraction_keeps_tokens_and_recomputes_epochs():
 def test_corpus_is_prepared_at_the_jobs_tpp(tmp_path):
     # L9 fits cpu-demo's 7M-token budget at TPP 4 but not at the recipe's default TPP 5; the corpus
     # preparation once resolved the first rung at the default and refused a valid probe.
-    probe = _probe_module()
+    probe = load_script("ladder_probe")
     config = probe.first_job_config("cpu-demo", [9], [4.0], tmp_path)
     assert config["tpp"] == pytest.approx(4.0)
     assert config["data_cache_root"] == str(tmp_path / "data")
