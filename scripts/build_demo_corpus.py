@@ -168,7 +168,7 @@ def without_proofs(database: str) -> str:
     Proofs are derivations written by proof tools, mostly in the compressed format: a label list and a
     string of capital letters that encodes step numbers in base 20/5. That string is not text a person
     wrote (the report's data is organic only), and in the held-out math set it was 26% of the bytes
-    with 15 times the seed-to-seed spread of the rest, and a capability that switches on between the
+    with 14 times the seed-to-seed spread of the rest, and a capability that switches on between the
     ladder's top rungs (docs/backtest_diagnosis/, last section). Statements, hypotheses, definitions
     and comments stay; the theorems and examples inside comments stay without their proofs.
     """
