@@ -32,7 +32,16 @@ def origin_of(doc_id: str) -> str:
     return doc_id.split("#", 1)[0]
 
 
-def score_trial(run_dir: Path, domain: str, batch_size: int) -> list[dict]:
+def finished_trials(base: Path, tpp: float | None = None) -> list[Path]:
+    """A sweep's trial directories with a result and a checkpoint; with `tpp`, only that plan's."""
+    trials = sorted(p for p in base.iterdir() if (p / "result.json").is_file() and checkpoint_path(p).is_file())
+    if tpp is not None:
+        trials = [p for p in trials if json.loads((p / "config.json").read_text()).get("tpp") == tpp]
+    return trials
+
+
+def load_trial_model(run_dir: Path):
+    """(raw config, parsed config, checkpoint payload, model in eval mode) of a finished trial."""
     raw = json.loads((run_dir / "config.json").read_text())
     cfg = parse_config(raw)
     payload = load_checkpoint(run_dir, config_key=cfg.key())
@@ -41,6 +50,11 @@ def score_trial(run_dir: Path, domain: str, batch_size: int) -> list[dict]:
     model = Transformer(cfg.architecture())
     model.load_state_dict(payload["model"])
     model.eval()
+    return raw, cfg, payload, model
+
+
+def score_trial(run_dir: Path, domain: str, batch_size: int) -> list[dict]:
+    raw, cfg, payload, model = load_trial_model(run_dir)
     corpus = PreparedCorpus.open(ensure_prepared(cfg.data_manifest, vocab_size=cfg.vocab_size,
                                                  cache_root=Path(cfg.data_cache_root)))
     shard = corpus.eval_shard(domain)
@@ -75,9 +89,7 @@ def main() -> int:
                         "the trials of its earlier plans too)")
     args = parser.parse_args()
     base = Path(args.root) / args.sweep
-    trials = sorted(p for p in base.iterdir() if (p / "result.json").is_file() and checkpoint_path(p).is_file())
-    if args.tpp is not None:
-        trials = [p for p in trials if json.loads((p / "config.json").read_text()).get("tpp") == args.tpp]
+    trials = finished_trials(base, args.tpp)
     if not trials:
         print(f"no finished trials (result.json and checkpoint) under {base}", file=sys.stderr)
         return 2

@@ -26,14 +26,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rungs.checkpoint import checkpoint_path, load_checkpoint
-from rungs.config import parse_config
 from rungs.data.bpb import document_windows, score_windows
 from rungs.data.corpus import PreparedCorpus
-from rungs.model import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+from bpb_by_origin import finished_trials, load_trial_model  # noqa: E402
 from build_demo_corpus import _MM_COMMENT_OR_PROOF, without_proofs  # noqa: E402
 
 
@@ -60,12 +58,7 @@ def split_variants(docs: list[dict]) -> dict[str, list[str]]:
 
 
 def score(run_dir: Path, corpus: PreparedCorpus, variants: dict[str, list[str]]) -> dict:
-    raw = json.loads((run_dir / "config.json").read_text())
-    cfg = parse_config(raw)
-    payload = load_checkpoint(run_dir, config_key=cfg.key())
-    model = Transformer(cfg.architecture())
-    model.load_state_dict(payload["model"])
-    model.eval()
+    raw, cfg, payload, model = load_trial_model(run_dir)
     row = {"trial_key": raw.get("trial_key"), "L": raw["L"], "seed": raw["seed"], "tpp": raw.get("tpp"),
            "train_flops": float(payload["extra"]["train_flops"])}
     for name, texts in variants.items():
@@ -89,9 +82,7 @@ def main() -> int:
     parser.add_argument("--tpp", type=float, help="only the trials planned at this TPP")
     args = parser.parse_args()
     base = Path(args.root) / args.sweep
-    trials = sorted(p for p in base.iterdir() if (p / "result.json").is_file() and checkpoint_path(p).is_file())
-    if args.tpp is not None:
-        trials = [p for p in trials if json.loads((p / "config.json").read_text()).get("tpp") == args.tpp]
+    trials = finished_trials(base, args.tpp)
     if not trials:
         print(f"no finished trials under {base}", file=sys.stderr)
         return 2

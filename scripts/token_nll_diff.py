@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rungs.checkpoint import load_checkpoint
-from rungs.config import parse_config
 from rungs.data.bpb import document_windows
 from rungs.data.corpus import PreparedCorpus
-from rungs.model import Transformer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bpb_by_origin import load_trial_model  # noqa: E402
 
 
 def copyable(inputs: np.ndarray, targets: np.ndarray, k: int) -> np.ndarray:
@@ -43,11 +43,7 @@ def copyable(inputs: np.ndarray, targets: np.ndarray, k: int) -> np.ndarray:
 
 def token_nll(run_dir: Path, corpus: PreparedCorpus, domain: str, origin: str, k: int) -> list[tuple[int, float, bool]]:
     """(target token, NLL in nats, copyable) for every scored position of the domain's documents of `origin`."""
-    cfg = parse_config(json.loads((run_dir / "config.json").read_text()))
-    payload = load_checkpoint(run_dir, config_key=cfg.key())
-    model = Transformer(cfg.architecture())
-    model.load_state_dict(payload["model"])
-    model.eval()
+    _, cfg, _, model = load_trial_model(run_dir)
     shard = corpus.eval_shard(domain)
     out = []
     with torch.no_grad():
