@@ -123,6 +123,9 @@ class TrainConfig(BaseModel):
     # --- data ---
     sources: dict[str, SourcePlan] = Field(min_length=1)
     data_manifest: str | None = None  # None: the demo corpus
+    # How a source's unique subset is chosen (rungs.data.sampler): "stratified" keeps the source's
+    # mix of collections at every rung; "prefix" is the rule of runs made before 2026-11-30.
+    subset: Literal["stratified", "prefix"] = "stratified"
     data_cache_root: str = "runs/data"
 
     # --- evaluation, checkpoints, logging ---

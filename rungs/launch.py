@@ -102,7 +102,7 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
         (run_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     corpus = _corpus(cfg, par)
     sampler = SourceScaledSampler(corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
-                                  batch_sequences=cfg.batch_sequences, seed=cfg.seed)
+                                  batch_sequences=cfg.batch_sequences, seed=cfg.seed, subset=cfg.subset)
     if (cfg.batch_sequences // par.world) % cfg.accumulation_steps:
         raise DistributedError(f"{cfg.batch_sequences // par.world} sequences per worker do not split into "
                                f"{cfg.accumulation_steps} micro-batches")

@@ -179,7 +179,7 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
     corpus = PreparedCorpus.open(ensure_prepared(cfg.data_manifest, vocab_size=cfg.vocab_size,
                                                  cache_root=Path(cfg.data_cache_root)))
     sampler = SourceScaledSampler(corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
-                                  batch_sequences=cfg.batch_sequences, seed=cfg.seed)
+                                  batch_sequences=cfg.batch_sequences, seed=cfg.seed, subset=cfg.subset)
     if cfg.device_type == "cuda" and not torch.cuda.is_available():
         raise TrainConfigError("device is cuda but torch sees no GPU; use device=cpu or auto", key="device")
     model = Transformer(cfg.architecture()).to(cfg.device_type)

@@ -13,6 +13,9 @@ A manifest is YAML, paths relative to the manifest file:
 with `text` and optionally `id`; field names configurable with `text_field`/`id_field`), `.txt` /
 `.txt.gz` or any other text file (the whole file is one document, its id the relative path) and
 `.parquet` (columns `text` and optionally `id`).
+
+A document's collection is its id up to the first '/' (`metamath/set.mm#3` is in `metamath`); the
+sampler gives each collection of a source the same share of every rung's unique subset.
 """
 
 from __future__ import annotations

@@ -117,6 +117,7 @@ def test_divergence_rule():
     ({"agc_points": ["attention_out"]}, None, "valid points"),
     ({"schedule": "linear"}, "schedule", "cosine"),
     ({"adam_beta2": 1.0}, "adam_beta2", "less than 1"),
+    ({"subset": "random"}, "subset", "stratified"),
 ])
 def test_bad_configs_raise_errors_naming_the_problem(change, key, match):
     cfg = tiny_config() | change
