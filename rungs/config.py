@@ -17,6 +17,11 @@ from rungs.agc import AGCSettings
 from rungs.model import ModelConfig
 from rungs.tracking import DEFAULT_TRACKING_URI
 
+# Fields added after runs existed, at the value those runs had: left out of a config's identity (its
+# key() and its sweep trial key), so a config that sets one that way keeps the key, and the finished
+# trial, it had before the field existed.
+LEGACY_VALUES: dict[str, Any] = {"subset": "prefix"}
+
 
 class TrainConfigError(ValueError):
     """A training configuration that cannot run: names the key and what would be valid."""
@@ -227,7 +232,7 @@ class TrainConfig(BaseModel):
         """Stable hash of everything that changes the trained model (not where it is tracked)."""
         payload = {k: v for k, v in self.to_dict().items()
                    if k not in ("tracking_uri", "experiment_name", "log_interval", "trial_key", "data_cache_root",
-                                "checkpoint_interval")}
+                                "checkpoint_interval") and not (k in LEGACY_VALUES and v == LEGACY_VALUES[k])}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

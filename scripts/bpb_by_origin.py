@@ -32,17 +32,22 @@ def origin_of(doc_id: str) -> str:
     return doc_id.split("#", 1)[0]
 
 
-def finished_trials(base: Path, tpp: float | None = None) -> list[Path]:
-    """A sweep's trial directories with a result and a checkpoint; with `tpp`, only that plan's."""
+def finished_trials(base: Path, tpp: float | None = None, subset: str | None = None) -> list[Path]:
+    """A sweep's trial directories with a result and a checkpoint; with `tpp` / `subset`, only those
+    planned at that TPP / trained with that subset rule (configs without the field used "prefix")."""
     trials = sorted(p for p in base.iterdir() if (p / "result.json").is_file() and checkpoint_path(p).is_file())
+    configs = {p: json.loads((p / "config.json").read_text()) for p in trials}
     if tpp is not None:
-        trials = [p for p in trials if json.loads((p / "config.json").read_text()).get("tpp") == tpp]
+        trials = [p for p in trials if configs[p].get("tpp") == tpp]
+    if subset is not None:
+        trials = [p for p in trials if configs[p].get("subset", "prefix") == subset]
     return trials
 
 
 def load_trial_model(run_dir: Path):
     """(raw config, parsed config, checkpoint payload, model in eval mode) of a finished trial."""
     raw = json.loads((run_dir / "config.json").read_text())
+    raw.setdefault("subset", "prefix")  # written before the field existed: the plain prefix rule
     cfg = parse_config(raw)
     payload = load_checkpoint(run_dir, config_key=cfg.key())
     if payload is None:
@@ -73,6 +78,7 @@ def score_trial(run_dir: Path, domain: str, batch_size: int) -> list[dict]:
         nats, tokens = score_windows(logits_fn, windows, cfg.seq_len, batch_size, corpus.eos_id)
         n_bytes = int(shard.index[docs, 2].sum())
         rows.append({"trial_key": raw.get("trial_key"), "L": raw["L"], "seed": raw["seed"], "tpp": raw.get("tpp"),
+                     "subset": raw["subset"],
                      "train_flops": float(payload["extra"]["train_flops"]),
                      "step": int(payload["step"]), "domain": domain, "origin": origin, "docs": len(docs),
                      "bytes": n_bytes, "tokens": tokens, "bpb": nats / (math.log(2) * n_bytes)})
@@ -87,9 +93,10 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--tpp", type=float, help="only the trials planned at this TPP (a sweep's directory keeps "
                         "the trials of its earlier plans too)")
+    parser.add_argument("--subset", choices=["stratified", "prefix"], help="only the trials of this subset rule")
     args = parser.parse_args()
     base = Path(args.root) / args.sweep
-    trials = finished_trials(base, args.tpp)
+    trials = finished_trials(base, args.tpp, args.subset)
     if not trials:
         print(f"no finished trials (result.json and checkpoint) under {base}", file=sys.stderr)
         return 2

@@ -12,6 +12,8 @@ import json
 import math
 from typing import Any
 
+from rungs.config import LEGACY_VALUES
+
 KEY_HEX_CHARS = 16  # 64 bits: collision odds ~1e-10 at a million trials
 # Where a run is tracked and its data cached, how often it logs and checkpoints, and how many threads
 # it gets do not change what is trained, so they are not part of its identity (the training job's
@@ -47,5 +49,6 @@ def canonical_json(config: dict) -> str:
 
 def trial_key(config: dict) -> str:
     """Hex digest naming a resolved config (its top-level NON_IDENTITY_KEYS left out)."""
-    identity = {k: v for k, v in config.items() if k not in NON_IDENTITY_KEYS}
+    identity = {k: v for k, v in config.items()
+                if k not in NON_IDENTITY_KEYS and not (k in LEGACY_VALUES and v == LEGACY_VALUES[k])}
     return hashlib.sha256(canonical_json(identity).encode()).hexdigest()[:KEY_HEX_CHARS]

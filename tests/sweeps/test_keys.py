@@ -53,3 +53,11 @@ def test_where_a_run_is_tracked_is_not_part_of_its_identity():
     moved = {**CONFIG, "tracking_uri": "http://127.0.0.1:5000", "experiment_name": "x", "trial_key": "abc",
              "threads": 4, "data_cache_root": "/elsewhere", "checkpoint_interval": 7}
     assert trial_key(moved) == trial_key(CONFIG)
+
+
+def test_a_field_at_the_value_runs_had_before_it_existed_keeps_their_key():
+    # `subset` arrived after runs trained with the plain prefix rule: "prefix" keeps their keys,
+    # the new default names new trials.
+    assert trial_key({**CONFIG, "subset": "prefix"}) == trial_key(CONFIG)
+    assert trial_key({**CONFIG, "subset": "stratified"}) != trial_key(CONFIG)
+
