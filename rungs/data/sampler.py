@@ -11,10 +11,12 @@ and each collection gets U's share in proportion to its tokens in the source, so
 the source's mix of collections. A plain hash prefix over few, large documents does not: in the
 demo's math source the Metamath statements were 41% of L4's subset, 23% of L7's and 31% of L9's,
 and that alone put a step into math's held-out BPB (docs/backtest_diagnosis/README.md).
-`subset="prefix"` is the plain prefix, kept to reproduce runs made before. Each pass over the subset visits its
-documents in a fresh seeded permutation; sources are interleaved in chunks so that each advances
-in proportion to its planned tokens U·e (i.e. by share), and the stream is cut into packed
-sequences of `seq_len` (documents separated by EOS; targets are inputs shifted by one).
+`subset="prefix"` is the plain prefix, kept to reproduce runs made before.
+
+Each pass over the subset visits its documents in a fresh seeded permutation; sources are
+interleaved in chunks so that each advances in proportion to its planned tokens U·e (i.e. by
+share), and the stream is cut into packed sequences of `seq_len` (documents separated by EOS;
+targets are inputs shifted by one).
 
 The state is a few integers per source plus the pieces read ahead but not yet emitted, so a
 checkpoint restores the identical stream.
