@@ -23,6 +23,11 @@ from rungs.tracking import DEFAULT_TRACKING_URI
 LEGACY_VALUES: dict[str, Any] = {"subset": "prefix"}
 
 
+def at_legacy_value(key: str, value: Any) -> bool:
+    """Whether this config entry is a field at the value runs had before the field existed."""
+    return key in LEGACY_VALUES and value == LEGACY_VALUES[key]
+
+
 class TrainConfigError(ValueError):
     """A training configuration that cannot run: names the key and what would be valid."""
 
@@ -232,7 +237,7 @@ class TrainConfig(BaseModel):
         """Stable hash of everything that changes the trained model (not where it is tracked)."""
         payload = {k: v for k, v in self.to_dict().items()
                    if k not in ("tracking_uri", "experiment_name", "log_interval", "trial_key", "data_cache_root",
-                                "checkpoint_interval") and not (k in LEGACY_VALUES and v == LEGACY_VALUES[k])}
+                                "checkpoint_interval") and not at_legacy_value(k, v)}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -16,23 +16,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 
 from ladder.plan import plan_rung
 from ladder.recipe import load_recipe
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.prepare import ensure_prepared
-from rungs.data.sampler import collection_of, select_subset
+from rungs.data.sampler import collection_tokens, select_subset
 
 
 def subset_mix(shard, source: str, cap_tokens: int, *, stratified: bool) -> dict[str, int]:
     """Unique tokens per collection of the source's subset at `cap_tokens`."""
-    docs, used = select_subset(shard, source, cap_tokens, stratified=stratified)
-    mix: Counter = Counter()
-    for d, n in zip(docs.tolist(), used.tolist()):
-        mix[collection_of(shard.doc_ids[d])] += n
-    return dict(sorted(mix.items()))
+    return collection_tokens(shard, *select_subset(shard, source, cap_tokens, stratified=stratified))
 
 
 def parse_rungs(text: str) -> list[int]:

@@ -12,7 +12,7 @@ import json
 import math
 from typing import Any
 
-from rungs.config import LEGACY_VALUES
+from rungs.config import at_legacy_value
 
 KEY_HEX_CHARS = 16  # 64 bits: collision odds ~1e-10 at a million trials
 # Where a run is tracked and its data cached, how often it logs and checkpoints, and how many threads
@@ -49,6 +49,5 @@ def canonical_json(config: dict) -> str:
 
 def trial_key(config: dict) -> str:
     """Hex digest naming a resolved config (its top-level NON_IDENTITY_KEYS left out)."""
-    identity = {k: v for k, v in config.items()
-                if k not in NON_IDENTITY_KEYS and not (k in LEGACY_VALUES and v == LEGACY_VALUES[k])}
+    identity = {k: v for k, v in config.items() if k not in NON_IDENTITY_KEYS and not at_legacy_value(k, v)}
     return hashlib.sha256(canonical_json(identity).encode()).hexdigest()[:KEY_HEX_CHARS]

@@ -114,14 +114,6 @@ class _SourceStream:
                     order = self.order()
         return pieces
 
-    def collections(self) -> dict[str, int]:
-        """Unique tokens of the subset per collection (what this rung's mix of the source is)."""
-        out: dict[str, int] = {}
-        for d, n in zip(self.seg_doc.tolist(), self.seg_len.tolist()):
-            c = collection_of(self.shard.doc_ids[d])
-            out[c] = out.get(c, 0) + n
-        return dict(sorted(out.items()))
-
     def state(self) -> dict:
         return {"epoch": self.epoch, "pos": self.pos, "offset": self.offset, "pulled": self.pulled}
 
@@ -130,6 +122,15 @@ def collection_of(doc_id: str) -> str:
     """The collection a document belongs to: its id up to the first '/' ('' when there is none)."""
     head, sep, _ = doc_id.partition("/")
     return head if sep else ""
+
+
+def collection_tokens(shard, docs: np.ndarray, used: np.ndarray) -> dict[str, int]:
+    """Tokens per collection (sorted by name) of a subset given as (doc indices, tokens used of each)."""
+    out: dict[str, int] = {}
+    for d, n in zip(docs.tolist(), used.tolist()):
+        c = collection_of(shard.doc_ids[d])
+        out[c] = out.get(c, 0) + n
+    return dict(sorted(out.items()))
 
 
 def _hash_prefix(shard, source: str, docs: np.ndarray, cap_tokens: int) -> tuple[np.ndarray, np.ndarray]:
@@ -307,6 +308,6 @@ class SourceScaledSampler:
                 "planned_tokens": s.planned_tokens, "emitted_tokens": emitted,
                 "unique_tokens": min(emitted, s.cap_tokens), "epochs": emitted / s.cap_tokens,
                 "subset_docs": len(s.seg_doc), "subset_rule": self.subset,
-                "subset_collections": s.collections(),
+                "subset_collections": collection_tokens(s.shard, s.seg_doc, s.seg_len),
             }
         return out

@@ -4,6 +4,7 @@ raise errors that name the key."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -173,8 +174,6 @@ def test_small_expert_capacity_runs_more_rounds_and_the_same_math():
 def test_a_config_at_the_legacy_subset_rule_keeps_the_key_it_had_before_the_field():
     cfg = parse_config(tiny_config())
     legacy = {k: v for k, v in cfg.to_dict().items() if k != "subset"}
-    import hashlib
-
     payload = {k: v for k, v in legacy.items() if k not in ("tracking_uri", "experiment_name", "log_interval",
                                                               "trial_key", "data_cache_root", "checkpoint_interval")}
     before = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]

@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from rungs.data.corpus import DocumentShard
+from tests.rungs.data.shards import shard_of
 from tests.scripts.helpers import load_script
 
 mix_script = load_script("subset_mix")
-
-
-def shard_of(doc_lengths: dict[str, int]) -> DocumentShard:
-    lengths = np.array(list(doc_lengths.values()), dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    return DocumentShard("s", "d", np.zeros(int(lengths.sum()), np.uint16),
-                         np.stack([starts, lengths, lengths], axis=1), tuple(doc_lengths))
 
 
 def test_the_mix_counts_each_collection_s_tokens_and_sums_to_the_cap():

@@ -9,17 +9,8 @@ import pytest
 
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.errors import DataInputError
-from rungs.data.sampler import SourceScaledSampler, collection_of, collection_caps, select_subset
-
-
-def shard_of(doc_lengths: dict[str, int]) -> object:
-    """A real DocumentShard whose documents have the given ids and token counts (tokens are zeros)."""
-    from rungs.data.corpus import DocumentShard
-
-    lengths = np.array(list(doc_lengths.values()), dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    index = np.stack([starts, lengths, lengths * 4], axis=1)
-    return DocumentShard("s", "d", np.zeros(int(lengths.sum()), np.uint16), index, tuple(doc_lengths))
+from rungs.data.sampler import SourceScaledSampler, collection_caps, collection_of, select_subset
+from tests.rungs.data.shards import shard_of
 
 
 # Two collections of very different document sizes: a few large 'formal' chunks, many small pages.
