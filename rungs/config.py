@@ -40,14 +40,16 @@ class TrainConfigError(ValueError):
 class SourcePlan(BaseModel):
     """One source's allocation at this rung (the `sources` entries of RungSpec.to_dict())."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     share: float = Field(gt=0, le=1)
     unique_tokens: float = Field(gt=0)
     epochs: float = Field(gt=0)
 
 
 class TrainConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Non-finite floats are refused at the edge: lr=inf used to pass `gt=0` and come back as a
+    # "diverged" trial, a bad input recorded as a scientific result.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     # --- identity (tags) ---
     recipe: str = "custom"

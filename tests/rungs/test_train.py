@@ -119,6 +119,10 @@ def test_divergence_rule():
     ({"schedule": "linear"}, "schedule", "cosine"),
     ({"adam_beta2": 1.0}, "adam_beta2", "less than 1"),
     ({"subset": "random"}, "subset", "stratified"),
+    ({"lr": float("inf")}, "lr", "finite"),  # used to pass gt=0 and come back as a "diverged" trial
+    ({"lr": float("nan")}, "lr", "finite"),
+    ({"weight_decay": float("inf")}, "weight_decay", "finite"),
+    ({"spike_factor": float("inf")}, "spike_factor", "finite"),
 ])
 def test_bad_configs_raise_errors_naming_the_problem(change, key, match):
     cfg = tiny_config() | change
