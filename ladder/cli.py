@@ -64,6 +64,36 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as err:
         sys.stderr.write(f"ladder {args.command}: error: {err.filename or err}: file not found\n")
         return 2
+    except Exception as err:
+        # The edge of last resort: input the readers above did not name (a parser error raised from
+        # deeper down) is still bad input, one line and exit 2; anything else is a bug and keeps its
+        # traceback (exit 1).
+        text = _input_error_text(err)
+        if text is None:
+            raise
+        sys.stderr.write(f"ladder {args.command}: error: {text}\n")
+        return 2
+
+
+def _input_error_text(err: BaseException) -> str | None:
+    """One line for an error that can only come from reading a user's file or flag; None otherwise."""
+    import json
+
+    import yaml
+    from pydantic import ValidationError
+
+    if isinstance(err, UnicodeDecodeError):
+        return f"input is not UTF-8 text (byte {err.start} is 0x{err.object[err.start]:02x})"
+    if isinstance(err, json.JSONDecodeError):
+        return f"not valid JSON: {err}"
+    if isinstance(err, yaml.YAMLError):
+        return "not valid YAML: " + " ".join(str(err).split())
+    if isinstance(err, ValidationError):
+        from ladder.yaml_input import describe_validation_error
+
+        field, msg = describe_validation_error(err, schema=err.title)
+        return f"{err.title}: {field}: {msg}"
+    return None
 
 
 if __name__ == "__main__":

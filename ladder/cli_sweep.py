@@ -7,8 +7,11 @@ import sys
 
 from ladder.errors import LadderInputError
 from ladder.output import make_table, print_json, stdout_console
-from ladder.orchestrate import SweepOutcome, run_sweep, sweep_status
 from sweeps.spec import load_spec, resolve_spec_path
+
+# Exit codes of `ladder sweep run`: 0 every trial finished or diverged (a divergence is a result),
+# 1 at least one trial failed all its attempts, 2 bad input (the spec, a flag, the store).
+EXIT_TRIAL_FAILED = 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,8 +23,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--tracking-uri", help="MLflow store or server (default: sqlite:///runs/mlflow.db behind a "
                                           "local tracking server)")
     r.add_argument("--max-concurrent", type=int, help="trials at once (default: the spec's, else what fits)")
+    r.add_argument("--new-store", action="store_true",
+                   help="create the --tracking-uri store when it does not exist (without it a missing store is "
+                        "refused: a mistyped path would show every trial pending)")
+    r.add_argument("--reregister", action="store_true",
+                   help="record trials whose finished result.json names a run the store lacks (a replaced or lost "
+                        "store) as new finished runs, instead of refusing")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(handler=run)
+    r.epilog = "exit status: 0 all trials finished or diverged; 1 a trial failed; 2 bad input"
     s = ss.add_parser("status", help="pending / running / finished / failed / diverged per trial")
     s.add_argument("spec", help="sweep spec: a name or a path")
     s.add_argument("--tracking-uri", help="MLflow store or server (default: sqlite:///runs/mlflow.db)")
@@ -42,19 +52,28 @@ def _load(name: str):
 def run(args: argparse.Namespace) -> int:
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise LadderInputError(f"must be at least 1, got {args.max_concurrent}", field="--max-concurrent")
+    from ladder.orchestrate import run_sweep
+
     spec, where = _load(args.spec)
     outcome = run_sweep(spec, where=where, address=args.address, tracking_uri=args.tracking_uri,
-                        max_concurrent=args.max_concurrent, progress=_progress)
+                        max_concurrent=args.max_concurrent, progress=_progress,
+                        create_store=args.new_store or args.tracking_uri is None, reregister=args.reregister)
     counts = outcome.counts()
     if args.json:
         print_json({**counts, "sweep": outcome.sweep, "experiment": outcome.experiment,
                     "tracking_uri": outcome.tracking_uri, "results": [_row_json(r) for r in outcome.rows]})
     else:
         _render(outcome, f"sweep {outcome.sweep}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    if counts["failed"]:
+        sys.stderr.write(f"ladder sweep run: {counts['failed']} trial(s) failed; `ladder sweep status "
+                         f"{args.spec}` shows why, and a rerun retries them\n")
+        return EXIT_TRIAL_FAILED
     return 0
 
 
 def status(args: argparse.Namespace) -> int:
+    from ladder.orchestrate import sweep_status
+
     spec, where = _load(args.spec)
     outcome = sweep_status(spec, where=where, tracking_uri=args.tracking_uri)
     by_state: dict[str, int] = {}
@@ -75,7 +94,7 @@ def _row_json(r) -> dict:
             "error": r.error, "progress": r.progress}
 
 
-def _render(outcome: SweepOutcome, title: str) -> None:
+def _render(outcome, title: str) -> None:
     rows = [[r.label, r.key, r.state if not r.progress else f"{r.state}: {r.progress}", r.attempts, r.bpb_mean,
              r.wall_seconds, r.run_id or "-"] for r in outcome.rows]
     stdout_console.print(make_table(title, ["name", "key", "state", "attempts", "bpb", "seconds", "run"], rows))

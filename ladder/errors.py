@@ -16,3 +16,11 @@ class LadderInputError(ValueError):
         self.detail = message
         parts = [p for p in (where, field) if p]
         super().__init__(": ".join(parts + [message]))
+
+
+class StoreError(LadderInputError):
+    """The MLflow store named is missing, damaged, locked, or out of step with the run directories.
+
+    Raised before anything is written; the message says what is wrong and the way out (a flag that
+    creates a new store, one that re-registers finished results, or which file to move aside).
+    """

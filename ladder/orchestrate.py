@@ -22,10 +22,13 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ladder.errors import StoreError
 from ladder.sweep_plan import PlannedTrial, check_fits_cluster, plan_sweep, runs_root_for
-from ladder.sweep_runs import find_runs, trial_state
+from ladder.sweep_runs import (TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, check_store, find_runs,
+                               stored_result_run_id, trial_state)
+from ladder.sweep_runs import reregister as register_result
 from ladder.tracking_server import TrackingServer, is_local_store
-from rungs.tracking import DEFAULT_TRACKING_URI
+from rungs.tracking import DEFAULT_TRACKING_URI, _store_lock, sqlite_path
 from sweeps.spec import SweepSpec
 
 log = logging.getLogger(__name__)
@@ -69,8 +72,11 @@ class SweepOutcome:
 
 
 def default_store(tracking_uri: str | None) -> str:
-    """--tracking-uri, else $MLFLOW_TRACKING_URI (set on cluster pods), else the embedded SQLite store."""
-    return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    """--tracking-uri, else $MLFLOW_TRACKING_URI (set on cluster pods), else the embedded SQLite store.
+    An empty --tracking-uri stays empty (check_store refuses it) rather than meaning the default."""
+    if tracking_uri is not None:
+        return tracking_uri
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
 def launch_config(planned: PlannedTrial, *, tracking_uri: str, experiment: str) -> dict:
@@ -210,14 +216,36 @@ def run_on_tune(payloads: list[dict], *, name: str, storage_path: Path, max_conc
 
 def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None = None,
               tracking_uri: str | None = None, max_concurrent: int | None = None,
-              progress=lambda msg: log.info(msg)) -> SweepOutcome:
-    """Run every trial of `spec` that MLflow does not already hold as finished."""
+              progress=lambda msg: log.info(msg), create_store: bool = True,
+              reregister: bool = False) -> SweepOutcome:
+    """Run every trial of `spec` that MLflow does not already hold as finished.
+
+    `create_store`: a SQLite file or store directory that does not exist may be created (the CLI
+    allows it for the default store and `--new-store` only). `reregister`: trials whose finished
+    result sits in their run directory but whose MLflow run is missing from the store are recorded
+    in it as new runs (else that is refused: it means the store was replaced or mistyped).
+    """
     planned = plan_sweep(spec, where=where)  # bad specs fail here, before anything starts
     store = default_store(tracking_uri)
+    check_store(store, create=create_store)  # a missing, damaged or locked store: before anything is written
     runs_root = runs_root_for(store)
     # A read needs no server: decide what to run first, so a finished sweep reruns in seconds.
     records = find_runs(store, spec.experiment_name)
     rows = {p.key: _row(p, records.get(p.key, [])) for p in planned}
+    orphans = _orphaned_results(planned, rows, records, spec, runs_root)
+    if orphans and not reregister:
+        raise StoreError(
+            f"{len(orphans)} trial(s) finished earlier (their result.json is in {runs_root / 'sweeps' / spec.name}) "
+            f"but their MLflow runs are not in {store}: the store was replaced, or --tracking-uri names another one "
+            f"(e.g. {orphans[0][1].name}: run {orphans[0][2]}). Point --tracking-uri at the store they were "
+            f"recorded in; or rerun with --reregister to record their finished results in this store; or move "
+            f"{runs_root / 'sweeps' / spec.name} aside to train them again from scratch", field="--tracking-uri")
+    if orphans:
+        for p, run_dir, old_id in orphans:
+            run_id = register_result(store, spec.experiment_name, run_dir, _trial_tags(p, spec, run_dir))
+            progress(f"re-registered {p.label}: run {old_id} (not in the store) → {run_id}")
+        records = find_runs(store, spec.experiment_name)
+        rows = {p.key: _row(p, records.get(p.key, [])) for p in planned}
     todo = [p for p in planned if rows[p.key].state not in ("finished", "diverged")]
     progress(f"sweep {spec.name}: {len(planned)} trials, {len(planned) - len(todo)} already finished, "
              f"{len(todo)} to run; tracking {store}")
@@ -229,7 +257,8 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
         check_fits_cluster(todo, cluster_nodes(), where=where)  # before any trial is launched
         server = TrackingServer(store) if is_local_store(store) else None
         with server if server is not None else nullcontext(store) as uri:
-            ensure_experiment(uri, spec.experiment_name)
+            with _store_lock(store):  # two drivers on one fresh store: one creates the experiment
+                ensure_experiment(uri, spec.experiment_name)
             payloads = [_payload(p, spec, tracking_uri=uri, runs_root=runs_root) for p in todo]
             results = run_on_tune(payloads, name=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}",
                                   storage_path=runs_root / "ray_results",
@@ -258,6 +287,39 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
                         rows=[rows[p.key] for p in planned], tune_seconds=results[-1]["tune_seconds"])
 
 
+def _orphaned_results(planned: list[PlannedTrial], rows: dict[str, TrialRow], records: dict, spec: SweepSpec,
+                      runs_root: Path) -> list[tuple[PlannedTrial, Path, str]]:
+    """Trials not finished in the store whose run directory holds a finished result naming a run the
+    store does not have. Left alone, each would fail forever: the job returns its stored result and
+    the wrapper tags a run that does not exist."""
+    out = []
+    for p in planned:
+        if rows[p.key].state in ("finished", "diverged"):
+            continue
+        run_dir = runs_root / "sweeps" / spec.name / p.key
+        run_id = stored_result_run_id(run_dir)
+        if run_id and run_id not in {r.run_id for r in records.get(p.key, [])}:
+            out.append((p, run_dir, run_id))
+    return out
+
+
+def _trial_tags(planned: PlannedTrial, spec: SweepSpec, run_dir: Path) -> dict:
+    """The tags the trial wrapper (ladder.sweep_trial) puts on a finished trial's run."""
+    import json
+    import math
+
+    result = json.loads((run_dir / "result.json").read_text())
+    attempts = run_dir / "attempts"
+    attempt = attempts.read_text().strip() if attempts.is_file() else "1"
+    bpb = [v for v in (result.get("bpb") or {}).values() if isinstance(v, (int, float)) and math.isfinite(v)]
+    tags = {TAG_KEY: planned.key, TAG_SWEEP: spec.name, TAG_LABEL: planned.label, TAG_ATTEMPT: attempt or "1",
+            TAG_OUTCOME: "diverged" if result.get("diverged") else "finished",
+            **{f"coord.{k}": v for k, v in planned.trial.coordinates().items() if v is not None}}
+    if bpb:
+        tags["bpb_mean"] = f"{sum(bpb) / len(bpb):.6f}"
+    return tags
+
+
 def _row(planned: PlannedTrial, records) -> TrialRow:
     st = trial_state(records)
     bpb = None
@@ -271,7 +333,12 @@ def sweep_status(spec: SweepSpec, *, where: str = "sweep spec", tracking_uri: st
     """Each trial's state from MLflow alone (no Ray, no server: a read)."""
     planned = plan_sweep(spec, where=where)
     store = default_store(tracking_uri)
-    records = find_runs(store, spec.experiment_name)
+    db = sqlite_path(store)
+    if store == DEFAULT_TRACKING_URI and db is not None and not db.exists():
+        records = {}  # nothing has run yet; a status read must not create the store
+    else:
+        check_store(store, create=False)
+        records = find_runs(store, spec.experiment_name)
     rows = [_row(p, records.get(p.key, [])) for p in planned]
     for p, row in zip(planned, rows):
         if row.state == "running" and row.run_id:

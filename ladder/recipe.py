@@ -19,7 +19,8 @@ SHARE_TOLERANCE = 1e-6
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `Field(gt=0)` alone lets inf through (and YAML spells it `.inf`).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class WidthRule(_Strict):

@@ -8,6 +8,7 @@ FLOP counts from the new shapes; unknown keys are errors that list the valid one
 
 from __future__ import annotations
 
+import math
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,10 @@ def parse_value(text: str) -> Any:
             return cast(stripped)
         except ValueError:
             pass
-    value = yaml.safe_load(stripped) if stripped else ""
-    return value
+    try:
+        return yaml.safe_load(stripped) if stripped else ""
+    except yaml.YAMLError as err:
+        raise LadderInputError(f"cannot read the value {text!r}: {' '.join(str(err).split())}", field="--set") from None
 
 
 def parse_overrides(overrides: dict[str, Any] | list[str] | None) -> dict[str, Any]:
@@ -54,7 +57,12 @@ def parse_overrides(overrides: dict[str, Any] | list[str] | None) -> dict[str, A
         if not sep or not key.strip():
             raise LadderInputError(f"expected key=value, got {item!r}", field="--set")
         key = key.strip()
-        out[key] = parse_value(value)
+        try:
+            out[key] = parse_value(value)
+        except LadderInputError as err:
+            raise LadderInputError(err.detail, field=f"--set {key}") from None
+        if isinstance(out[key], float) and not math.isfinite(out[key]):
+            raise LadderInputError(f"must be a finite number, got {value!r}", field=f"--set {key}")
         if key == "agc_points" and isinstance(out[key], str):
             out[key] = [p.strip() for p in out[key].split(",") if p.strip()]
     return out

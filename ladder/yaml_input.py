@@ -16,13 +16,31 @@ from pydantic import BaseModel, ValidationError
 from ladder.errors import LadderInputError
 
 Model = TypeVar("Model", bound=BaseModel)
+# pydantic names a union's member types in an error's location (`overrides.lr.float`): not a field.
+_UNION_MEMBERS = frozenset({"bool", "int", "float", "str", "none"})
 
 
 def read_yaml(path: Path) -> object:
+    """Parse a YAML file (safe_load only: no tags that build Python objects)."""
     try:
-        return yaml.safe_load(Path(path).read_text())
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise LadderInputError(f"not UTF-8 text (byte {err.start} is 0x{err.object[err.start]:02x}); save it as "
+                               f"UTF-8", where=str(path)) from None
+    except IsADirectoryError:
+        raise LadderInputError("is a directory, not a YAML file", where=str(path)) from None
+    except OSError as err:
+        raise LadderInputError(f"cannot read: {err.strerror or err}", where=str(path)) from None
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise LadderInputError(f"not valid YAML: {err}", where=str(path)) from None
+        raise LadderInputError(f"not valid YAML: {' '.join(str(err).split())}", where=str(path)) from None
+
+
+def _field(error: dict) -> str:
+    parts = [str(p) for p in error["loc"]]
+    return ".".join(p for p in parts if not p.startswith("literal[") and not p[:1].isupper()
+                    and p not in _UNION_MEMBERS) or "(top level)"
 
 
 def describe_validation_error(err: ValidationError, *, schema: str,
@@ -34,16 +52,20 @@ def describe_validation_error(err: ValidationError, *, schema: str,
     replaces pydantic's text for an error type; "{msg}" in it stands for pydantic's own text.
     """
     errors = err.errors()
-    first = next((e for e in errors if e["type"] != "literal_error"), errors[0])
-    parts = [str(p) for p in first["loc"]]
-    field = ".".join(p for p in parts if not p.startswith("literal[") and not p[:1].isupper()) or "(top level)"
+    # A non-finite number inside a union (an override value) also fails the union's other members
+    # (bool, str, ...); the finite-number error is the one that says what is wrong.
+    first = next((e for e in errors if e["type"] == "finite_number"), None) or \
+        next((e for e in errors if e["type"] != "literal_error"), errors[0])
+    field = _field(first)
     defaults = {
+        "finite_number": "must be a finite number (inf and nan are not values a run can use)",
         "extra_forbidden": f"unknown key; remove it or check its spelling against the schema ({schema})",
         "missing": "required key is missing",
     }
     template = {**defaults, **(messages or {})}.get(first["type"], "{msg}")
     msg = template.replace("{msg}", first["msg"])
-    extra = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    others = {_field(e) for e in errors} - {field}  # a union's member mismatches are one problem
+    extra = f" (and {len(others)} more problem(s))" if others else ""
     return field, msg + extra
 
 

@@ -11,6 +11,7 @@ prediction (`ladder.plan.plan_rung`). Validated once here (unknown keys rejected
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -23,6 +24,8 @@ from ladder.yaml_input import read_yaml, validate_mapping
 SWEEPS_DIR = Path(__file__).parent
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 OverrideValue = bool | int | float | str | None
+# Grid offsets are natural logs: beyond ±20 (a factor of 5e8) a value is a unit mistake, not a sweep.
+MAX_LOG_OFFSET = 20.0
 
 
 def _check_name(v: str) -> str:
@@ -35,7 +38,8 @@ Name = Annotated[str, AfterValidator(_check_name)]  # block and sweep names: saf
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `Field(gt=0)` alone lets inf through (and YAML spells it `.inf`).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Axis(_Strict):
@@ -52,6 +56,11 @@ class Axis(_Strict):
             raise ValueError("offsets is empty: the grid would have no points; give at least one offset (0 is the centre)")
         if self.offsets is None and self.points > 1 and self.spacing <= 0:
             raise ValueError(f"{self.points} points need a positive spacing (natural-log units)")
+        far = [v for v in self.values() if abs(v) > MAX_LOG_OFFSET]
+        if far:
+            raise ValueError(f"offset {far[0]:g} is more than {MAX_LOG_OFFSET:g} natural-log units from the centre "
+                             f"(a factor of {math.exp(MAX_LOG_OFFSET):.1e}); offsets are natural logs, e.g. 0.7 "
+                             f"for ×2")
         return self
 
     def values(self) -> list[float]:
