@@ -1,17 +1,42 @@
 """Checkpoints for exact resume: model, optimizer, sampler, clipper and trainer state, and every RNG.
 
 Restoring all of it makes N steps + restart + N steps produce the same losses as 2N straight
-(tested). Writes are atomic (temp file, then rename), so a job killed mid-save keeps the previous
-checkpoint.
+(tested).
+
+A checkpoint is data, never code: the payload holds only tensors and plain values (numbers,
+strings, lists, dicts), and is read with `torch.load(weights_only=True)`, which refuses any other
+object instead of unpickling it. A run directory may come from someone else (a shared `/runs`),
+so a crafted `checkpoint.pt` must not run anything when a job resumes.
+
+A checkpoint is also checked before it is read: `checkpoint.pt.sha256` (JSON: sha256, bytes, step)
+records the payload's digest, and a truncated or bit-flipped file is refused with an error naming
+it, rather than loaded and reported later as a divergence. The write order makes a kill at any
+point leave one usable checkpoint: the payload goes to `checkpoint.pt.tmp` (fsynced), then the
+digest file is replaced atomically (the commit point), then the payload is renamed into place. A
+job killed before the commit keeps the previous checkpoint (the next save overwrites its `.tmp`); one killed
+between the commit and the rename has its `.tmp` match the digest, and the load finishes the rename.
+
+The run directory is one job's: `exclusive_run_dir` holds an flock on `job.lock` for the whole job,
+so two drivers never train one trial twice or share `checkpoint.pt.tmp`; the kernel drops the lock
+of a holder that dies.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
 import logging
 import os
+import pickle
 import random
+import socket
+import time
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -19,15 +44,30 @@ import torch
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.pt"
-FORMAT_VERSION = 1
+CHECKSUM_SUFFIX = ".sha256"  # checkpoint.pt.sha256
+LOCK_FILE = "job.lock"
+FORMAT_VERSION = 2  # 1: pickled with numpy objects, loaded with weights_only=False (unsafe; refused)
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used to resume this job."""
+    """A checkpoint that cannot be used to resume this job (damaged, unsafe, or another config's)."""
 
+
+class DiskFullError(OSError):
+    """A write ran out of space (ENOSPC/EDQUOT). Says which file; nothing half-written is left behind."""
+
+
+class RunDirBusyError(RuntimeError):
+    """Another live job holds this run directory."""
+
+
+# --- RNG state as plain data (weights_only=True refuses numpy objects) ---
 
 def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()  # dropout on a GPU draws from these
     return state
@@ -37,12 +77,98 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
 
+
+# --- atomic writes that say when the disk is full ---
+
+def _is_disk_full(err: BaseException) -> bool:
+    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _disk_full(path: Path, err: OSError) -> DiskFullError:
+    return DiskFullError(err.errno, f"disk full writing {path} ({os.strerror(err.errno)}); free space on "
+                                    f"{path.parent} and rerun: the job resumes from its last checkpoint")
+
+
+class _Writer:
+    """A file object for torch.save that remembers the OSError a write raised: torch reports a failed
+    write as an opaque RuntimeError ("inline_container.cc ... file write failed")."""
+
+    def __init__(self, f) -> None:
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _write_atomic(path: Path, write: Callable[[Any], None], *, commit: bool = True) -> Path:
+    """Write `path` via `path.tmp` (fsynced); rename it into place when `commit`. Returns the tmp path
+    when not committing. Any failure removes the tmp file; a full disk raises DiskFullError."""
+    tmp = path.with_name(path.name + ".tmp")
+    writer = None
+    try:
+        with open(tmp, "wb") as f:
+            writer = _Writer(f)
+            write(writer)
+            f.flush()
+            os.fsync(f.fileno())
+        if commit:
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        cause = writer.error if writer is not None and writer.error is not None else err
+        if _is_disk_full(cause):
+            raise _disk_full(path, cause) from err
+        raise
+    return path if commit else tmp
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem lets a directory be opened
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Any, **dumps_kwargs: Any) -> Path:
+    """`path` holds either its old content or all of `data`, never a prefix (result.json, eval.json)."""
+    text = json.dumps(data, **dumps_kwargs) + "\n"
+    return _write_atomic(Path(path), lambda f: f.write(text.encode()))
+
+
+# --- save and load ---
 
 def checkpoint_path(run_dir: Path) -> Path:
     return Path(run_dir) / CHECKPOINT_NAME
+
+
+def checksum_path(run_dir: Path) -> Path:
+    return Path(run_dir) / (CHECKPOINT_NAME + CHECKSUM_SUFFIX)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def save_checkpoint(run_dir: Path, *, step: int, config_key: str, model: torch.nn.Module, optimizer: Any,
@@ -61,21 +187,67 @@ def save_checkpoint(run_dir: Path, *, step: int, config_key: str, model: torch.n
         "rng": rng_state(),
         "extra": extra,
     }
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(payload, tmp)
+    tmp = _write_atomic(path, lambda f: torch.save(payload, f), commit=False)
+    try:
+        record = {"sha256": _sha256(tmp), "bytes": tmp.stat().st_size, "step": step, "format_version": FORMAT_VERSION}
+        write_json_atomic(checksum_path(run_dir), record)  # the commit point (see the module docstring)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     os.replace(tmp, path)
+    _fsync_dir(path.parent)
     log.debug("checkpoint at step %d written to %s", step, path)
     return path
 
 
+def _verified_path(run_dir: Path) -> Path | None:
+    """The checkpoint file after its digest matched, or None when the run has none."""
+    path, digest_file = checkpoint_path(run_dir), checksum_path(run_dir)
+    tmp = path.with_name(path.name + ".tmp")
+    if not digest_file.is_file():
+        if path.is_file():
+            raise CheckpointError(f"{path}: no {digest_file.name} beside it (written by an older version, or "
+                                  "damaged); refusing to load an unverified checkpoint: start over with --fresh "
+                                  "(resume=False) or move the file aside")
+        return None  # (a `.tmp` of a first write that never committed is overwritten by the next save)
+    try:
+        record = json.loads(digest_file.read_text())
+        expected = str(record["sha256"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{digest_file}: unreadable checksum record ({err}); move it and {path.name} "
+                              "aside or start over with --fresh") from None
+    actual = _sha256(path) if path.is_file() else None
+    if actual == expected:
+        return path
+    if tmp.is_file() and _sha256(tmp) == expected:  # killed between the commit and the rename
+        os.replace(tmp, path)
+        log.info("%s: completed the rename of a checkpoint written just before the job stopped", path)
+        return path
+    found = "missing" if actual is None else f"{path.stat().st_size} bytes with sha256 {actual[:16]}…"
+    raise CheckpointError(f"{path}: checksum mismatch: {found}, recorded {record.get('bytes')} bytes with sha256 "
+                          f"{expected[:16]}…; the file is truncated or damaged and is not loaded. Restore it, "
+                          "or start over with --fresh (resume=False)")
+
+
 def load_checkpoint(run_dir: Path, *, config_key: str) -> dict[str, Any] | None:
-    """The checkpoint payload, or None when the run has none. Refuses one written by another config."""
-    path = checkpoint_path(run_dir)
-    if not path.is_file():
+    """The checkpoint payload, or None when the run has none. Refuses a damaged or unsafe file and one
+    written by another config."""
+    path = _verified_path(run_dir)
+    if path is None:
         return None
-    payload = torch.load(path, map_location="cpu", weights_only=False)
-    if payload.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format {payload.get('format_version')}, expected {FORMAT_VERSION}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile) as err:
+        first = str(err).strip().splitlines()
+        why = next((line.strip() for line in first if "Unsupported global" in line), first[0] if first else "")
+        raise CheckpointError(f"{path}: not a plain-tensor checkpoint; refusing to unpickle it (it would be "
+                              f"able to run code): {why[:300]}") from None
+    if not isinstance(payload, dict) or payload.get("format_version") != FORMAT_VERSION:
+        version = payload.get("format_version") if isinstance(payload, dict) else None
+        raise CheckpointError(f"{path}: checkpoint format {version}, expected {FORMAT_VERSION}")
+    if "config_key" not in payload or "step" not in payload:
+        raise CheckpointError(f"{path}: checkpoint without config_key/step; not one this job wrote")
     if payload["config_key"] != config_key:
         raise CheckpointError(
             f"{path}: written by a different configuration (key {payload['config_key']}, this job {config_key}); "
@@ -95,3 +267,50 @@ def restore(payload: dict[str, Any], *, model: torch.nn.Module, optimizer: Any, 
     sampler.load_state_dict(payload["sampler"])
     set_rng_state(payload["rng"])
     return int(payload["step"])
+
+
+def remove_checkpoint(run_dir: Path) -> None:
+    """Forget a run's checkpoint (a fresh start in the same directory)."""
+    path = checkpoint_path(run_dir)
+    for p in (path, checksum_path(run_dir), path.with_name(path.name + ".tmp")):
+        p.unlink(missing_ok=True)
+
+
+# --- one job per run directory ---
+
+@contextlib.contextmanager
+def exclusive_run_dir(run_dir: Path, *, wait: bool = True, poll_seconds: float = 1.0) -> Iterator[None]:
+    """Hold `run_dir/job.lock` (flock, exclusive) for the body. A second job on the same directory waits
+    for the first to end (`wait`) or raises RunDirBusyError naming the holder. A holder that dies
+    (even by SIGKILL) releases the lock with its file descriptors."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock_path = run_dir / LOCK_FILE
+    with open(lock_path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            if not wait:
+                raise RunDirBusyError(f"{run_dir}: in use by another job ({holder}); one job per run directory. "
+                                      "Wait for it to finish, or use another --run-dir") from None
+            log.warning("%s: in use by another job (%s); waiting for it to finish", run_dir, holder)
+            while True:  # polling (not a blocking flock) keeps Ctrl-C working
+                time.sleep(poll_seconds)
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    continue
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+            f.flush()
+        except OSError:  # a full disk: the lock holds anyway, only the holder's name is missing
+            pass
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

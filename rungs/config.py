@@ -20,7 +20,7 @@ from rungs.tracking import DEFAULT_TRACKING_URI
 # Fields added after runs existed, at the value those runs had: left out of a config's identity (its
 # key() and its sweep trial key), so a config that sets one that way keeps the key, and the finished
 # trial, it had before the field existed.
-LEGACY_VALUES: dict[str, Any] = {"subset": "prefix"}
+LEGACY_VALUES: dict[str, Any] = {"subset": "prefix", "peak_flops_per_device": None}
 
 
 def at_legacy_value(key: str, value: Any) -> bool:
@@ -127,6 +127,9 @@ class TrainConfig(BaseModel):
     seed: int = 0
     deterministic: bool = False
     threads: int | None = Field(default=None, gt=0, description="torch intra-op threads (default: the idle cores)")
+    # The MFU denominator (rungs.metrics.device_peak): None takes the device's dense bf16 spec peak
+    # from the table, or the nominal CPU peak. Reporting only: not part of the config key.
+    peak_flops_per_device: float | None = Field(default=None, gt=0, description="spec peak FLOP/s of one device")
 
     # --- divergence ---
     spike_factor: float = Field(default=3.0, gt=1, description="loss > factor × running median → diverged")
@@ -239,7 +242,7 @@ class TrainConfig(BaseModel):
         """Stable hash of everything that changes the trained model (not where it is tracked)."""
         payload = {k: v for k, v in self.to_dict().items()
                    if k not in ("tracking_uri", "experiment_name", "log_interval", "trial_key", "data_cache_root",
-                                "checkpoint_interval") and not at_legacy_value(k, v)}
+                                "checkpoint_interval", "peak_flops_per_device") and not at_legacy_value(k, v)}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

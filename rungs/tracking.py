@@ -5,6 +5,13 @@ the trial key and the code version (git sha when available); metrics are logged 
 batches; the final BPB per domain, FLOPs, tokens and wall-clock go in as final metrics; artifacts
 are the resolved config, the eval JSON and the clip-event log. The default store is an embedded
 SQLite file (`sqlite:///runs/mlflow.db`); any tracking URI MLflow accepts works.
+
+Each (metric, step) reaches the store once, however the job is killed and resumed: a reopened run
+reads the last step stored for each metric, and steps a resumed job runs again (those after its
+last checkpoint) are not logged a second time. So flushing may happen at any time, ahead of
+checkpoints or not. On a failure path (`finish(..., failing=True)`) MLflow's HTTP retries are
+bounded, so a dead or full store cannot hold a failed job for minutes, and a tracking error
+never hides the error that ended the job.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import os
 import shutil
 import subprocess
 import time
@@ -24,6 +32,9 @@ RUN_ID_FILE = "mlflow_run_id"
 DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"  # the one place the embedded store is named
 _MAX_PARAM_CHARS = 6000
 _BATCH = 100  # MLflow's per-request limit on params; metrics allow 1000
+_FLUSH_PENDING = 500  # values held before a flush (any flush is safe: steps are logged once)
+# On a failure path: one try, 10 s per request (MLflow's defaults retry for minutes).
+_FAILING_HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -120,11 +131,13 @@ class Tracker:
             self.client.search_experiments(max_results=1)
         self.tracking_uri = tracking_uri
         self._pending: list[Any] = []
+        self._stored_through: dict[str, int] = {}  # per metric: the last step the store already holds
         id_file = Path(run_dir) / RUN_ID_FILE
         self.run_id = id_file.read_text().strip() if id_file.is_file() else None
         if self.run_id is not None:
             try:
-                self.client.get_run(self.run_id)
+                run = self.client.get_run(self.run_id)
+                self._stored_through = self._last_steps(run)
                 self.client.update_run(self.run_id, status="RUNNING")
                 log.info("resuming MLflow run %s", self.run_id)
                 return
@@ -150,12 +163,23 @@ class Tracker:
         for i in range(0, len(flat), _BATCH):
             self.client.log_batch(self.run_id, params=flat[i:i + _BATCH])
 
+    def _last_steps(self, run: Any) -> dict[str, int]:
+        """Per metric key, the largest step the store holds for this run."""
+        latest = getattr(run.data, "_metric_objs", None)  # the latest-metric rows carry their step
+        if latest is not None:
+            return {m.key: int(m.step) for m in latest}
+        return {key: max(int(m.step) for m in self.client.get_metric_history(self.run_id, key))
+                for key in run.data.metrics}
+
     def log_metrics(self, metrics: dict[str, float], step: int, *, flush: bool = False) -> None:
+        """Queue values for `step`; a (key, step) the store already has (a step run again after a
+        resume) is dropped, so no step is ever stored twice."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self._pending += [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None]
-        if flush or len(self._pending) >= 500:
+        self._pending += [Metric(k, float(v), now, step) for k, v in metrics.items()
+                          if v is not None and step > self._stored_through.get(k, -1)]
+        if flush or len(self._pending) >= _FLUSH_PENDING:
             self.flush()
 
     def flush(self) -> None:
@@ -170,6 +194,38 @@ class Tracker:
     def set_tag(self, key: str, value: str) -> None:
         self.client.set_tag(self.run_id, key, value)
 
-    def finish(self, status: str = "FINISHED") -> None:
-        self.flush()
-        self.client.set_terminated(self.run_id, status=status)
+    def finish(self, status: str = "FINISHED", *, failing: bool = False, skip_flush: bool = False) -> None:
+        """Flush and close the run. `failing`: the job is ending on an error; bound MLflow's HTTP retries
+        and log (never raise) a tracking failure, so the job's own error is the one reported.
+        `skip_flush`: drop pending values (a full disk: flushing to a store on it cannot succeed)."""
+        if not failing:
+            self.flush()
+            self.client.set_terminated(self.run_id, status=status)
+            return
+        saved = {k: os.environ.get(k) for k in _FAILING_HTTP_ENV}
+        os.environ.update(_FAILING_HTTP_ENV)
+        try:
+            if skip_flush:
+                log.warning("not flushing %d pending metric values to MLflow: the disk is full", len(self._pending))
+                self._pending = []
+            else:
+                self.flush()
+            self.client.set_terminated(self.run_id, status=status)
+        except Exception as err:  # the store is down or full too; the job's error says what happened
+            log.warning("could not mark MLflow run %s %s: %s", self.run_id, status, str(err).splitlines()[0][:300])
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def run_status(tracking_uri: str, run_id: str) -> str | None:
+    """The MLflow status of a run (RUNNING, FINISHED, FAILED, KILLED), None when the store lacks it."""
+    from mlflow import MlflowClient
+
+    try:
+        return MlflowClient(tracking_uri).get_run(run_id).info.status
+    except Exception:  # a missing run or store: the caller starts or closes nothing
+        return None

@@ -23,18 +23,19 @@ import torch
 import torch.nn.functional as F
 
 from rungs.agc import ActivationGradClipper, drop_events_after, write_events
-from rungs.checkpoint import checkpoint_path, load_checkpoint, restore, save_checkpoint
+from rungs.checkpoint import (CheckpointError, DiskFullError, exclusive_run_dir, load_checkpoint, remove_checkpoint,
+                              restore, save_checkpoint, write_json_atomic)
 from rungs.config import TrainConfig, TrainConfigError, parse_config
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.prepare import ensure_prepared
 from rungs.data.sampler import SourceScaledSampler
 from rungs.evaluation import evaluate_model, unigram_bpb
-from rungs.metrics import DivergenceRule, MovingMedian, measure_peak_bf16_flops
+from rungs.metrics import DevicePeak, DivergenceRule, MovingMedian, device_peak, utilisation
 from rungs.model import Transformer
 from rungs.optim import build_optimizer, clip_grad_norm_, lr_at
 from rungs.progress import StepProgress
 from rungs.router import load_balancing_loss, z_loss
-from rungs.tracking import RUN_ID_FILE, Tracker
+from rungs.tracking import RUN_ID_FILE, Tracker, run_status
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +56,20 @@ class TrainResult:
     train_flops: float
     wall_seconds: float  # the job's wall clock, all restarts together, set-up and evals included
     tokens_per_second: float  # training steps only
-    mfu: float
+    mfu: float  # against the devices' spec peak (rungs.metrics); never above 1
     diverged: bool
     steps: int
     unigram_bpb: dict[str, float] = field(default_factory=dict)
     diverged_reason: str | None = None
     losses: list[float] = field(default_factory=list)
     run_dir: str = ""
+    # Beside MFU: the achieved model FLOP/s per device, the peak it was divided by and where that came
+    # from; mfu_capped: the achieved rate exceeded that peak (a wrong peak), and MFU says 1.0.
+    achieved_tflops_per_device: float = 0.0
+    peak_flops_per_device: float | None = None
+    peak_source: str = ""
+    devices: int = 1
+    mfu_capped: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -157,24 +165,36 @@ def _train_step(cfg: TrainConfig, model: Transformer, optimizer, batch, clipper,
 
 
 def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, progress: bool = True,
-          stop_after: int | None = None) -> TrainResult:
+          stop_after: int | None = None, wait_for_run_dir: bool = True) -> TrainResult:
     """Run (or resume) one training job in `run_dir`.
 
     `stop_after` ends this invocation after that many completed steps with a checkpoint, as a
-    preemption would; the next call with resume=True continues from there.
+    preemption would; the next call with resume=True continues from there. The job holds the run
+    directory's lock throughout (rungs.checkpoint.exclusive_run_dir): a second job on the same
+    directory waits for it (or, with wait_for_run_dir=False, raises RunDirBusyError).
     """
-    job_start = time.perf_counter()
     cfg = parse_config(config)
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive_run_dir(run_dir, wait=wait_for_run_dir):
+        return _train(cfg, run_dir, resume=resume, progress=progress, stop_after=stop_after)
+
+
+def _train(cfg: TrainConfig, run_dir: Path, *, resume: bool, progress: bool, stop_after: int | None) -> TrainResult:
+    job_start = time.perf_counter()
     if not resume:
-        for name in (checkpoint_path(run_dir).name, RUN_ID_FILE, RESULT_FILE, EVAL_FILE, CLIP_LOG_FILE):
+        remove_checkpoint(run_dir)
+        for name in (RUN_ID_FILE, RESULT_FILE, EVAL_FILE, CLIP_LOG_FILE):
             (run_dir / name).unlink(missing_ok=True)
+    total = cfg.run_steps
+    done_before = _finished_result(run_dir, total)  # before any checkpoint is read: a finished job is done
+    if done_before is not None:
+        _close_finished_run(cfg, run_dir, done_before)
+        return done_before
     threads = _pick_threads(cfg)
     torch.set_num_threads(threads)
     log.info("torch threads: %d", threads)
     _seed_everything(cfg.seed, cfg.deterministic)
-    (run_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    write_json_atomic(run_dir / CONFIG_FILE, cfg.to_dict(), indent=2)
 
     corpus = PreparedCorpus.open(ensure_prepared(cfg.data_manifest, vocab_size=cfg.vocab_size,
                                                  cache_root=Path(cfg.data_cache_root)))
@@ -198,29 +218,21 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
         state = _State(**payload["extra"])
         if clipper is not None and state.agc is not None:
             clipper.load_state_dict(state.agc)
-        drop_events_after(run_dir / CLIP_LOG_FILE, state.step)  # those steps run again
         log.info("resumed %s at step %d", run_dir, state.step)
+    # Events of steps after the checkpoint (all of them when there is none) are logged again when
+    # those steps run again.
+    drop_events_after(run_dir / CLIP_LOG_FILE, state.step)
 
-    total = cfg.run_steps
-    done_before = _finished_result(run_dir, state, total)
-    if done_before is not None:
-        return done_before
-
-    tracker = None
-    if cfg.tracking_uri:
-        tracker = Tracker(cfg.tracking_uri, cfg.experiment_name, run_dir,
-                          run_name=f"{cfg.recipe}-L{cfg.L}-{cfg.key()[:8]}",
-                          tags={"recipe": cfg.recipe, "rung": cfg.L, "trial_key": cfg.trial_key or cfg.key(),
-                                "config_key": cfg.key()},
-                          params=cfg.to_dict())
+    tracker = _tracker(cfg, run_dir) if cfg.tracking_uri else None
+    if tracker is not None:
         tracker.set_tag("muon_update_scale", str(getattr(optimizer, "convention", cfg.adjust_lr)))
-    peak = measure_peak_bf16_flops(device=cfg.device_type)
+    peak = device_peak(cfg.device_type, override=cfg.peak_flops_per_device, cores=threads)
     grad_median = MovingMedian(GRAD_NORM_WINDOW, state.grad_norms[-GRAD_NORM_WINDOW:])
     divergence = DivergenceRule(cfg.spike_factor, cfg.spike_warmup_steps, history=state.losses[-100:])
     decode = corpus.tokenizer.decode
     unigram = unigram_bpb(corpus, cfg)
-    log.info("set-up took %.1fs (corpus, model, tracking, peak %.3g FLOP/s, unigram BPB)",
-             time.perf_counter() - job_start, peak)
+    log.info("set-up took %.1fs (corpus, model, tracking, unigram BPB); MFU peak %s FLOP/s per device (%s)",
+             time.perf_counter() - job_start, f"{peak.flops:.3g}" if peak.flops else "unknown", peak.source)
     diverged_reason = None
     stop_at = total if stop_after is None else min(total, stop_after)
     bar = StepProgress(total, enabled=progress, start=state.step)
@@ -244,6 +256,7 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
             state.losses.append(stats["loss"])
             state.grad_norms.append(stats["grad_norm"])
             state.grad_norms = state.grad_norms[-GRAD_NORM_WINDOW:]
+            use = utilisation(cfg.flops_per_token * cfg.batch_tokens, seconds, devices=1, peak=peak)
             metrics = stats | {
                 "lr": cfg.lr * multiplier,
                 "grad_norm_median_1000": grad_median.add(stats["grad_norm"]),
@@ -251,7 +264,8 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
                 "tokens_per_second": cfg.batch_tokens / seconds,
                 "train_flops": state.train_flops,
                 "tokens": float(state.tokens),
-                "mfu": cfg.flops_per_token * cfg.batch_tokens / seconds / peak,
+                "mfu": use.mfu,
+                "achieved_tflops_per_device": use.achieved_flops_per_device / 1e12,
             }
             if clipper is not None:
                 events = clipper.drain_events()
@@ -266,7 +280,7 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
                          " ".join(f"{d} {v:.3f}" for d, v in result.items()), time.perf_counter() - t_eval)
                 state.evals.append({"step": state.step, "bpb": result})
                 metrics |= {f"bpb/{domain}": v for domain, v in result.items()}
-                (run_dir / EVAL_FILE).write_text(json.dumps({"unigram_bpb": unigram, "evals": state.evals}, indent=2))
+                write_json_atomic(run_dir / EVAL_FILE, {"unigram_bpb": unigram, "evals": state.evals}, indent=2)
             if tracker is not None:
                 tracker.log_metrics(metrics, step=state.step, flush=is_last)
             bar.update(state.step, metrics)
@@ -277,14 +291,14 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
                 state.wall_seconds += time.perf_counter() - job_start
                 job_start = time.perf_counter()
                 state.agc = clipper.state_dict() if clipper is not None else None
+                if tracker is not None:  # a kill after this flush reruns steps the store skips (tracking.py)
+                    tracker.flush()
                 save_checkpoint(run_dir, step=state.step, config_key=cfg.key(), model=model, optimizer=optimizer,
                                 sampler=sampler, extra=asdict(state))
-                if tracker is not None:  # steps up to a saved checkpoint are never redone: store them now
-                    tracker.flush()  # (flushing before the save could log a step twice if killed in between)
-    except BaseException:  # a crash (or Ctrl-C) leaves the MLflow run marked, not RUNNING forever
+    except BaseException as err:  # a crash (or Ctrl-C) leaves the MLflow run marked, not RUNNING forever
         bar.close()
         if tracker is not None:
-            tracker.finish(status="FAILED")
+            tracker.finish(status="FAILED", failing=True, skip_flush=isinstance(err, DiskFullError))
         raise
     bar.close()
     state.wall_seconds += time.perf_counter() - job_start
@@ -293,16 +307,29 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
             tracker.finish(status="KILLED")
         return _result(tracker, state, peak, unigram, None, run_dir, finished=False)
     res = _result(tracker, state, peak, unigram, diverged_reason, run_dir, finished=True)
-    (run_dir / RESULT_FILE).write_text(json.dumps(res.to_json(), indent=2) + "\n")
-    (run_dir / DATA_REPORT_FILE).write_text(json.dumps(sampler.report(), indent=2, default=float) + "\n")
+    try:
+        write_json_atomic(run_dir / RESULT_FILE, res.to_json(), indent=2)
+        write_json_atomic(run_dir / DATA_REPORT_FILE, sampler.report(), indent=2, default=float)
+    except DiskFullError:
+        if tracker is not None:
+            tracker.finish(status="FAILED", failing=True, skip_flush=True)
+        raise
     if tracker is not None:
         _log_final(tracker, res, run_dir)
     return res
 
 
-def _result(tracker, state: _State, peak: float, unigram: dict[str, float], diverged_reason: str | None,
+def _tracker(cfg: TrainConfig, run_dir: Path) -> Tracker:
+    return Tracker(cfg.tracking_uri, cfg.experiment_name, run_dir, run_name=f"{cfg.recipe}-L{cfg.L}-{cfg.key()[:8]}",
+                   tags={"recipe": cfg.recipe, "rung": cfg.L, "trial_key": cfg.trial_key or cfg.key(),
+                         "config_key": cfg.key()},
+                   params=cfg.to_dict())
+
+
+def _result(tracker, state: _State, peak: DevicePeak, unigram: dict[str, float], diverged_reason: str | None,
             run_dir: Path, *, finished: bool) -> TrainResult:
     last_bpb = state.evals[-1]["bpb"] if state.evals else {}
+    use = utilisation(state.train_flops, state.train_seconds, devices=1, peak=peak)
     return TrainResult(
         run_id=tracker.run_id if tracker is not None else None,
         final_loss=state.losses[-1] if state.losses else float("nan"),
@@ -311,36 +338,59 @@ def _result(tracker, state: _State, peak: float, unigram: dict[str, float], dive
         train_flops=state.train_flops,
         wall_seconds=state.wall_seconds,
         tokens_per_second=state.tokens / state.train_seconds if state.train_seconds else 0.0,
-        mfu=state.train_flops / state.train_seconds / peak if state.train_seconds else 0.0,
+        mfu=use.mfu,
         diverged=diverged_reason is not None,
         diverged_reason=diverged_reason,
         steps=state.step,
         unigram_bpb=unigram,
         losses=list(state.losses),
         run_dir=str(run_dir),
+        achieved_tflops_per_device=use.achieved_flops_per_device / 1e12,
+        peak_flops_per_device=peak.flops,
+        peak_source=peak.source,
+        devices=1,
+        mfu_capped=use.mfu_capped,
     )
 
 
-def _finished_result(run_dir: Path, state: _State, total: int) -> TrainResult | None:
+def _finished_result(run_dir: Path, total: int) -> TrainResult | None:
     """A job that already finished returns its stored result instead of training again."""
     path = run_dir / RESULT_FILE
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
-    if data.get("steps") != total and not data.get("diverged"):
-        return None
-    return TrainResult(**data)
+    try:
+        data = json.loads(path.read_text())
+        if data.get("steps") != total and not data.get("diverged"):
+            return None
+        return TrainResult(**data)
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path}: unreadable stored result ({str(err)[:200]}); move it aside to train "
+                              "again from the checkpoint, or start over with --fresh (resume=False)") from None
+
+
+def _close_finished_run(cfg: TrainConfig, run_dir: Path, res: TrainResult) -> None:
+    """A job killed after writing its result but before closing its MLflow run left the run RUNNING:
+    the rerun that returns the stored result logs what was missing and closes it."""
+    if not cfg.tracking_uri or not res.run_id or not (run_dir / RUN_ID_FILE).is_file():
+        return
+    if run_status(cfg.tracking_uri, res.run_id) != "RUNNING":
+        return
+    log.warning("MLflow run %s of finished job %s was left RUNNING; closing it", res.run_id, run_dir)
+    _log_final(_tracker(cfg, run_dir), res, run_dir)
 
 
 def _log_final(tracker: Tracker, res: TrainResult, run_dir: Path) -> None:
     final = {f"final_bpb/{d}": v for d, v in res.bpb.items()}
     final |= {f"unigram_bpb/{d}": v for d, v in res.unigram_bpb.items()}
     final |= {"final_loss": res.final_loss, "total_train_flops": res.train_flops, "total_tokens": float(res.tokens),
-              "wall_seconds": res.wall_seconds, "final_tokens_per_second": res.tokens_per_second, "final_mfu": res.mfu}
+              "wall_seconds": res.wall_seconds, "final_tokens_per_second": res.tokens_per_second, "final_mfu": res.mfu,
+              "final_achieved_tflops_per_device": res.achieved_tflops_per_device}
     tracker.log_metrics(final, step=res.steps, flush=True)
     tracker.set_tag("diverged", str(res.diverged).lower())
     if res.diverged_reason:
         tracker.set_tag("diverged_reason", res.diverged_reason[:5000])
     for name in (CONFIG_FILE, EVAL_FILE, CLIP_LOG_FILE, RESULT_FILE, DATA_REPORT_FILE):
         tracker.log_artifact(run_dir / name)
-    tracker.finish()
+    # A diverged run is FINISHED too, tagged diverged=true: its outcome is a result (ladder.sweep_runs
+    # counts it "diverged", not "failed", and does not retry it).
+    tracker.finish(status="FINISHED")
