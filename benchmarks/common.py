@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import operator
-import os
-import platform
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from ladder.machine import machine_info as ladder_machine_info
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq,
@@ -83,18 +83,10 @@ def measured_peak_bf16_flops(size: int = 2048, repeats: int = 5) -> float:
 
 
 def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                            "python": platform.python_version()}
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        info["torch_threads"] = torch.get_num_threads()
+    """The machine (`ladder.machine`, shared with the nightly) plus the bf16 peak measured here."""
+    info = ladder_machine_info()
+    if "torch" in info:
         info["peak_bf16_flops_measured"] = measured_peak_bf16_flops()
-        if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name(0)
-    except ImportError:
-        pass
     return info
 
 

@@ -1,4 +1,6 @@
-"""`ladder nightly SPEC [--baseline FILE] [--update-baseline] [--json]`: exit 1 on a regression."""
+"""`ladder nightly SPEC [--baseline FILE] [--update-baseline] [--json]`: exit 1 on a regression.
+
+Throughput from a golden of another machine class is "not comparable", never a regression (ladder.nightly)."""
 
 from __future__ import annotations
 
@@ -41,13 +43,11 @@ def run(args: argparse.Namespace) -> int:
     if args.update_baseline:
         if args.repeats < 2:
             raise LadderInputError("tolerances come from the spread of repeats; use at least 2", field="--repeats")
-        from benchmarks.common import machine_info
-
-        runs = run_repeats(spec, where=str(path), root=root, repeats=args.repeats, address=args.address,
-                           progress=_progress)
+        runs, machine = run_repeats(spec, where=str(path), root=root, repeats=args.repeats, address=args.address,
+                                    progress=_progress)
         from rungs.tracking import code_version
 
-        golden = build_golden(spec, runs, machine_info())
+        golden = build_golden(spec, runs, machine)
         golden["code_version"] = code_version()  # the golden is only as current as the code it measured
         baseline.parent.mkdir(parents=True, exist_ok=True)
         baseline.write_text(json.dumps(golden, indent=2, sort_keys=True) + "\n")
@@ -56,14 +56,17 @@ def run(args: argparse.Namespace) -> int:
             print_json({"baseline": str(baseline), **golden})
         return 0
     golden = load_golden(baseline)  # a missing golden file is bad input: fail before running anything
-    current = run_repeats(spec, where=str(path), root=root, repeats=1, address=args.address, progress=_progress)[0]
-    report = compare(golden, current, spec.name)
+    runs, machine = run_repeats(spec, where=str(path), root=root, repeats=1, address=args.address,
+                                progress=_progress)
+    report = compare(golden, runs[0], spec.name, machine)
     report_path = write_report(report, golden, root / f"report-{time.strftime('%Y%m%d-%H%M%S')}")
     _progress(f"nightly: report at {report_path}")
     if args.json:
         print_json({**report.to_json(), "report": str(report_path), "baseline": str(baseline)})
     else:
         rows = [[c.trial, c.metric, c.golden, c.current, c.tolerance, c.verdict] for c in report.comparisons]
+        for note in report.notes:
+            stdout_console.print(note)
         stdout_console.print(make_table(f"nightly {spec.name}: {'PASS' if not report.regressions else 'FAIL'}",
                                         ["name", "metric", "golden", "tonight", "tolerance", "verdict"], rows))
     return 1 if report.regressions else 0

@@ -8,6 +8,18 @@ tolerance from the spread it measured (times a safety factor), with a floor for 
 the same machine cannot show (another machine's kernels, a busier machine). Only a change in the
 bad direction beyond tolerance is a regression (BPB or rounds up, tokens/s down); a change in the
 good direction is reported as an improvement and is a hint to refresh the golden file.
+
+Throughput is compared only within one machine class (`ladder.machine`: the GPU model and count, else
+the CPU model and core count). BPB in deterministic mode and the MoE round count are properties of
+the code and the data, so they are compared on any machine; tokens/s is a property of the code and
+the hardware, so a golden recorded on another class (or a golden too old to record its class) has
+its throughput reported as "not comparable" with a note, never as a regression. We chose a class
+per golden over a ratio to a reference timed in the same run: a reference kernel would add minutes
+to every night, and its ratio to a training step still moves with the cache sizes and core count
+of the machine, so it would not make two classes comparable either. A team with several machine
+classes keeps one golden file per class (`--baseline`). The class is measured by a Ray task that
+holds the trials' resources, so on a cluster it names the kind of node the trials ran on (with
+`gpus: 0` the task, like the trials, sees no GPU).
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ladder.errors import LadderInputError
+from ladder.machine import machine_info
 from ladder.orchestrate import SweepOutcome, connect_ray, run_sweep
 from sweeps.spec import SWEEPS_DIR, SweepSpec
 
@@ -50,11 +63,15 @@ class Comparison:
     golden: float
     current: float
     tolerance: float
-    verdict: str  # ok, regression, improvement, missing
+    verdict: str  # ok, regression, improvement, missing, not comparable (throughput from another machine class)
 
     @property
     def delta(self) -> float:
         return self.current - self.golden
+
+
+NOT_COMPARABLE = "not comparable"
+THROUGHPUT_METRIC = "log_tokens_per_second"
 
 
 @dataclass
@@ -62,16 +79,34 @@ class NightlyReport:
     spec: str
     comparisons: list[Comparison] = field(default_factory=list)
     measurements: dict[str, TrialMeasurement] = field(default_factory=dict)
+    golden_machine_class: str | None = None
+    machine_class: str | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def regressions(self) -> list[Comparison]:
         return [c for c in self.comparisons if c.verdict in ("regression", "missing")]
 
+    @property
+    def throughput_compared(self) -> bool:
+        return _same_class(self.golden_machine_class, self.machine_class)
+
     def to_json(self) -> dict:
         return {"spec": self.spec, "ok": not self.regressions, "regressions": len(self.regressions),
+                "machine_class": self.machine_class, "golden_machine_class": self.golden_machine_class,
+                "throughput_compared": self.throughput_compared, "notes": self.notes,
                 "comparisons": [{"trial": c.trial, "metric": c.metric, "golden": c.golden, "current": c.current,
                                  "delta": c.delta, "tolerance": c.tolerance, "verdict": c.verdict}
                                 for c in self.comparisons]}
+
+
+def _same_class(golden: str | None, current: str | None) -> bool:
+    return golden is not None and golden == current
+
+
+def golden_machine_class(golden: dict) -> str | None:
+    """The class a golden file was measured on; None for a file written before classes existed."""
+    return (golden.get("machine") or {}).get("class")
 
 
 def trial_name(row_label: str, coordinates: dict) -> str:
@@ -112,13 +147,25 @@ def run_once(spec: SweepSpec, *, where: str, out_dir: Path, address: str | None,
     return measure(outcome, coords)
 
 
+def trial_machine(spec: SweepSpec) -> dict:
+    """`machine_info()` of a Ray worker holding one trial worker's resources (see the module docstring)."""
+    import ray
+
+    task = ray.remote(machine_info).options(num_cpus=spec.resources.cpus, num_gpus=spec.resources.gpus)
+    return ray.get(task.remote())
+
+
 def run_repeats(spec: SweepSpec, *, where: str, root: Path, repeats: int, address: str | None,
-                progress) -> list[dict[str, TrialMeasurement]]:
+                progress) -> tuple[list[dict[str, TrialMeasurement]], dict]:
+    """Each repeat's measurements, and the machine the trials ran on."""
     started = connect_ray(address)  # one Ray for all repeats
     try:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        return [run_once(spec, where=where, out_dir=root / f"{stamp}-{i}", address=address, progress=progress)
+        machine = trial_machine(spec)
+        progress(f"nightly: machine class {machine['class']}")
+        runs = [run_once(spec, where=where, out_dir=root / f"{stamp}-{i}", address=address, progress=progress)
                 for i in range(repeats)]
+        return runs, machine
     finally:
         if started:
             import ray
@@ -151,9 +198,15 @@ def build_golden(spec: SweepSpec, runs: list[dict[str, TrialMeasurement]], machi
     }
 
 
-def compare(golden: dict, current: dict[str, TrialMeasurement], spec_name: str) -> NightlyReport:
+def compare(golden: dict, current: dict[str, TrialMeasurement], spec_name: str,
+            machine: dict | None = None) -> NightlyReport:
+    """Judge tonight's measurements against the golden file; `machine` is tonight's `machine_info()`
+    (None: unknown, so throughput is not compared)."""
     tol = golden["tolerances"]
-    report = NightlyReport(spec=spec_name, measurements=current)
+    report = NightlyReport(spec=spec_name, measurements=current, golden_machine_class=golden_machine_class(golden),
+                           machine_class=(machine or {}).get("class"))
+    if not report.throughput_compared:
+        report.notes.append(_not_comparable_note(report.golden_machine_class, report.machine_class))
     for name, want in golden["trials"].items():
         got = current.get(name)
         if got is None:
@@ -163,12 +216,27 @@ def compare(golden: dict, current: dict[str, TrialMeasurement], spec_name: str) 
             now = got.bpb.get(domain, float("nan"))
             report.comparisons.append(_judge(name, f"bpb/{domain}", value, now, tol["bpb_abs"], higher_is_worse=True))
         # Judged as log(tokens/s): a slowdown by a factor f is a change of log f whatever the base rate.
-        report.comparisons.append(_judge(name, "log_tokens_per_second", math.log(want["tokens_per_second"]),
-                                         math.log(got.tokens_per_second) if got.tokens_per_second > 0 else math.nan,
-                                         tol["tokens_per_second_log_ratio"], higher_is_worse=False))
+        want_log = math.log(want["tokens_per_second"])
+        got_log = math.log(got.tokens_per_second) if got.tokens_per_second > 0 else math.nan
+        if report.throughput_compared:
+            report.comparisons.append(_judge(name, THROUGHPUT_METRIC, want_log, got_log,
+                                             tol["tokens_per_second_log_ratio"], higher_is_worse=False))
+        else:
+            report.comparisons.append(Comparison(name, THROUGHPUT_METRIC, want_log, got_log,
+                                                 tol["tokens_per_second_log_ratio"], NOT_COMPARABLE))
         report.comparisons.append(_judge(name, "moe_rounds_mean", want["moe_rounds_mean"], got.moe_rounds_mean,
                                          tol["moe_rounds_abs"], higher_is_worse=True))
     return report
+
+
+def _not_comparable_note(golden_class: str | None, current_class: str | None) -> str:
+    if golden_class is None:
+        return ("throughput not compared: the golden file records no machine class (written before classes "
+                "existed); refresh it on this machine with --update-baseline. BPB and MoE rounds were compared.")
+    if current_class is None:
+        return "throughput not compared: tonight's machine class is unknown. BPB and MoE rounds were compared."
+    return (f"throughput not compared: the golden was measured on {golden_class}, tonight ran on {current_class}; "
+            "keep a golden per machine class (--baseline). BPB and MoE rounds were compared.")
 
 
 def _judge(trial: str, metric: str, golden: float, current: float, tolerance: float, *,

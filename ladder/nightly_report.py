@@ -1,5 +1,6 @@
 """The nightly report: a markdown table of every comparison and two plots (BPB per domain and
-throughput, golden vs tonight), written next to the night's runs."""
+throughput, golden vs tonight), written next to the night's runs. It names both machine classes and
+says when throughput was not compared (a golden from another class)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,14 @@ def write_report(report: NightlyReport, golden: dict, out_dir: Path) -> Path:
     lines = [f"# Nightly rung regression: {report.spec}: {status}", "",
              f"Golden file created {golden.get('created_utc', '?')} from {golden.get('repeats', '?')} repeat(s); "
              f"tolerances {golden['tolerances']} (measured noise {golden.get('noise', {})}).", "",
+             f"Machine class: golden {report.golden_machine_class or 'not recorded'}, tonight "
+             f"{report.machine_class or 'unknown'}; throughput "
+             f"{'compared' if report.throughput_compared else 'not compared'}.", "",
+             *[f"**Note:** {n}" for n in report.notes], *([""] if report.notes else []),
              "| trial | metric | golden | tonight | delta | tolerance | verdict |", "|---|---|---|---|---|---|---|"]
     for c in report.comparisons:
-        mark = {"regression": "**REGRESSION**", "missing": "**MISSING**"}.get(c.verdict, c.verdict)
+        mark = {"regression": "**REGRESSION**", "missing": "**MISSING**",
+                "not comparable": "not comparable (other machine class)"}.get(c.verdict, c.verdict)
         lines.append(f"| {c.trial} | {c.metric} | {c.golden:.6g} | {c.current:.6g} | {c.delta:+.3g} | "
                      f"{c.tolerance:.3g} | {mark} |")
     lines += [""] + [f"![{p.stem}]({p.name})" for p in plots]

@@ -12,8 +12,9 @@ import yaml
 
 from ladder.cli import main
 from ladder.errors import LadderInputError
-from ladder.nightly import (FLOOR_BPB_ABS, FLOOR_TOKENS_PER_SECOND_LOG_RATIO, SAFETY_FACTOR, GOLDENS_DIR,
-                            TrialMeasurement, build_golden, compare, load_golden)
+from ladder.machine import cpu_model, machine_class, machine_info
+from ladder.nightly import (FLOOR_BPB_ABS, FLOOR_TOKENS_PER_SECOND_LOG_RATIO, NOT_COMPARABLE, SAFETY_FACTOR,
+                            GOLDENS_DIR, TrialMeasurement, build_golden, compare, load_golden)
 from ladder.nightly_report import write_report
 from sweeps.spec import load_spec
 
@@ -21,6 +22,9 @@ from sweeps.spec import load_spec
 def m(bpb: dict, tps: float, rounds: float) -> TrialMeasurement:
     return TrialMeasurement(bpb=bpb, tokens_per_second=tps, moe_rounds_mean=rounds, key="k", run_id="r")
 
+
+HERE = {"cpu_model": "AMD EPYC", "cores": 2, "class": "cpu:AMD EPYC x2"}
+ELSEWHERE = {"cpu_model": "Intel(R) Xeon(R) Platinum 8488C", "cores": 8, "class": "cpu:Intel(R) Xeon(R) Platinum 8488C x8"}
 
 RUNS = [
     {"rungs/L3/base/s0": m({"code": 3.00, "web": 4.00}, 10_000.0, 1.00)},
@@ -43,12 +47,13 @@ def test_tolerances_are_the_measured_spread_times_the_safety_factor_with_floors(
 
 
 def test_only_the_bad_direction_beyond_tolerance_is_a_regression():
-    golden = build_golden(load_spec("nightly"), [RUNS[0], RUNS[0]], machine={})
+    golden = build_golden(load_spec("nightly"), [RUNS[0], RUNS[0]], machine=HERE)
     tol = golden["tolerances"]["bpb_abs"]
     name = "rungs/L3/base/s0"
 
     def verdicts(bpb_code: float, tps: float, rounds: float) -> dict[str, str]:
-        report = compare(golden, {name: m({"code": bpb_code, "web": 4.0}, tps, rounds)}, "nightly")
+        report = compare(golden, {name: m({"code": bpb_code, "web": 4.0}, tps, rounds)}, "nightly", HERE)
+        assert report.throughput_compared and not report.notes  # same machine class: everything compared
         return {c.metric: c.verdict for c in report.comparisons}
 
     assert set(verdicts(3.0, 10_000.0, 1.0).values()) == {"ok"}
@@ -61,19 +66,62 @@ def test_only_the_bad_direction_beyond_tolerance_is_a_regression():
     assert verdicts(3.0, 30_000.0, 1.0)["log_tokens_per_second"] == "improvement"
     assert verdicts(3.0, 10_000.0, 1.5)["moe_rounds_mean"] == "regression"
     assert verdicts(float("nan"), 10_000.0, 1.0)["bpb/code"] == "missing"
-    missing = compare(golden, {}, "nightly")
+    missing = compare(golden, {}, "nightly", HERE)
     assert [c.verdict for c in missing.comparisons] == ["missing"] and missing.regressions
 
 
+def test_throughput_from_another_machine_class_is_not_comparable_while_bpb_and_rounds_are_judged():
+    """#25.12: BPB matched bit for bit on other hardware, and the nightly failed on tokens/s."""
+    name = "rungs/L3/base/s0"
+    golden = build_golden(load_spec("nightly"), [RUNS[0], RUNS[0]], machine=ELSEWHERE)
+    tol = golden["tolerances"]["bpb_abs"]
+    ten_times_slower = m({"code": 3.0, "web": 4.0}, 1_000.0, 1.0)
+    report = compare(golden, {name: ten_times_slower}, "nightly", HERE)
+    verdicts = {c.metric: c.verdict for c in report.comparisons}
+    assert verdicts == {"bpb/code": "ok", "bpb/web": "ok", "log_tokens_per_second": NOT_COMPARABLE,
+                        "moe_rounds_mean": "ok"}
+    assert not report.regressions and not report.throughput_compared
+    assert len(report.notes) == 1 and ELSEWHERE["class"] in report.notes[0] and HERE["class"] in report.notes[0]
+    on_golden_class = compare(golden, {name: ten_times_slower}, "nightly", ELSEWHERE)
+    assert {c.metric: c.verdict for c in on_golden_class.comparisons}["log_tokens_per_second"] == "regression"
+    # BPB and MoE rounds stay judged across machine classes.
+    worse = compare(golden, {name: m({"code": 3.0 + 2 * tol, "web": 4.0}, 1_000.0, 1.5)}, "nightly", HERE)
+    assert {(c.metric, c.verdict) for c in worse.regressions} == {("bpb/code", "regression"),
+                                                                   ("moe_rounds_mean", "regression")}
+    # A golden written before machine classes existed (the old file format): throughput not compared, said so.
+    legacy = {k: v for k, v in golden.items() if k != "machine"}
+    old = compare(legacy, {name: ten_times_slower}, "nightly", HERE)
+    assert not old.regressions and "records no machine class" in old.notes[0]
+    as_json = old.to_json()
+    assert as_json["throughput_compared"] is False and as_json["notes"] == old.notes and as_json["ok"]
+
+
+def test_machine_class_is_the_gpu_else_the_cpu_model_and_cores(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R)  Xeon(R) CPU @ 2.20GHz\n")
+    assert cpu_model(cpuinfo) == "Intel(R) Xeon(R) CPU @ 2.20GHz"
+    assert cpu_model(tmp_path / "absent")  # no /proc/cpuinfo: what platform knows, never empty
+    assert machine_class({"cpu_model": "AMD EPYC", "cores": 2}) == "cpu:AMD EPYC x2"
+    assert machine_class({"cpu_model": "AMD EPYC", "cores": 64, "gpu": "NVIDIA H200", "gpus": 8}) == "gpu:NVIDIA H200 x8"
+    here = machine_info()
+    assert here["class"] == machine_class(here) and here["cores"] >= 1
+    assert "peak_bf16_flops_measured" not in here  # a machine's identity is not timed
+
+
 def test_report_has_every_comparison_and_its_plots(tmp_path):
-    golden = build_golden(load_spec("nightly"), RUNS, machine={})
-    report = compare(golden, {"rungs/L3/base/s0": m({"code": 9.0, "web": 4.0}, 10_000.0, 1.0)}, "nightly")
+    golden = build_golden(load_spec("nightly"), RUNS, machine=HERE)
+    report = compare(golden, {"rungs/L3/base/s0": m({"code": 9.0, "web": 4.0}, 10_000.0, 1.0)}, "nightly", HERE)
     path = write_report(report, golden, tmp_path)
     text = path.read_text()
     assert "FAIL (1 regression(s))" in text and "**REGRESSION**" in text
     assert text.count("| rungs/L3/base/s0 |") == len(report.comparisons) == 4
     for png in ("bpb.png", "throughput.png"):
         assert (tmp_path / png).stat().st_size > 1000 and f"({png})" in text
+    assert "throughput compared" in text
+    elsewhere = compare(golden, report.measurements, "nightly", ELSEWHERE)
+    text = write_report(elsewhere, golden, tmp_path / "elsewhere").read_text()
+    assert "throughput not compared" in text and "not comparable (other machine class)" in text
+    assert f"**Note:** {elsewhere.notes[0]}" in text
 
 
 def test_shipped_golden_file_matches_the_shipped_spec():
@@ -94,8 +142,15 @@ def test_missing_golden_exits_2_before_running_anything(tmp_path, capsys):
         load_golden(tmp_path / "none.json")
 
 
+# The smallest nightly that still goes through everything real (Ray, the MLflow tracking server, one
+# cpu-demo trial): one L3 trial of 6 steps, its final BPB on the first held-out document of each domain
+# (the full held-out sets cost ~12 s a trial and prove nothing more here).
 TINY = {"name": "tiny_nightly", "recipe": "cpu-demo", "max_steps": 6, "seeds": [0], "max_concurrent": 1,
-        "resources": {"cpus": 1}, "overrides": {"deterministic": True}, "blocks": [{"name": "rungs", "rungs": [3]}]}
+        "resources": {"cpus": 1},
+        "overrides": {"deterministic": True, "final_eval_max_docs_per_domain": 1, "eval_max_docs_per_domain": 1},
+        "blocks": [{"name": "rungs", "rungs": [3]}]}
+# A guard against a hung command, not a speed limit: each command takes ~1 min on the idle 2-core box.
+HUNG_COMMAND_S = 3600
 
 
 @pytest.mark.slow
@@ -105,20 +160,26 @@ def test_nightly_passes_against_its_own_baseline_and_fails_a_worse_one(tmp_path)
     golden_path = tmp_path / "golden.json"
     ladder = [sys.executable, "-m", "ladder", "nightly", str(spec), "--baseline", str(golden_path),
               "--out", str(tmp_path / "runs"), "--json"]
-    made = subprocess.run([*ladder, "--update-baseline", "--repeats", "2"], capture_output=True, text=True, timeout=900)
+    made = subprocess.run([*ladder, "--update-baseline", "--repeats", "2"], capture_output=True, text=True,
+                          timeout=HUNG_COMMAND_S)
     assert made.returncode == 0, made.stderr
     golden = json.loads(golden_path.read_text())
     assert golden["noise"]["bpb_abs_spread"] == 0.0  # deterministic mode repeats bit for bit on one machine
-    # Tonight must look worse than the stored numbers: lower the golden BPB well past tolerance.
+    assert golden["machine"]["class"] == machine_info()["class"]  # measured where the trials ran: this machine
+    # Tonight must look worse than the stored numbers: lower the golden BPB well past tolerance, and
+    # claim a throughput no 2-core machine reaches (compared: the golden's class is tonight's).
     worse = json.loads(golden_path.read_text())
     for trial in worse["trials"].values():
         trial["bpb"] = {d: v - 5 * worse["tolerances"]["bpb_abs"] for d, v in trial["bpb"].items()}
+        trial["tokens_per_second"] = 1e12
     golden_path.write_text(json.dumps(worse))
-    out = subprocess.run(ladder, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(ladder, capture_output=True, text=True, timeout=HUNG_COMMAND_S)
     assert out.returncode == 1, out.stderr
     result = json.loads(out.stdout)
+    assert result["throughput_compared"] and result["machine_class"] == golden["machine"]["class"]
     bpb = [c for c in result["comparisons"] if c["metric"].startswith("bpb/")]
     assert bpb and all(c["verdict"] == "regression" for c in bpb)
+    assert [c["verdict"] for c in result["comparisons"] if c["metric"] == "log_tokens_per_second"] == ["regression"]
     # Against the true baseline the same numbers are within tolerance: BPB repeats exactly.
     for c in bpb:
         true_golden = golden["trials"][c["trial"]]["bpb"][c["metric"].split("/", 1)[1]]
