@@ -1,16 +1,22 @@
-"""`ladder data prepare MANIFEST --out DIR`: tokenized shards, held-out sets and the decontamination report."""
+"""`ladder data prepare MANIFEST --out DIR`: tokenized shards, held-out sets and the decontamination report.
+
+Exit 2 with one line naming the file and field on bad input (nothing is written); exit 1 with one
+line naming the file when the disk fills (no half-written file is left visible; rerun once space is
+freed and the prepare continues from its last finished step).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 from ladder.errors import LadderInputError
 from ladder.output import make_table, print_json, stdout_console
 from rungs.data.corpus import PreparedCorpus
-from rungs.data.errors import DataInputError
+from rungs.data.errors import DataDiskFullError, DataInputError
 from rungs.data.manifest import DEMO_MANIFEST
 from rungs.data.prepare import prepare
 
@@ -21,14 +27,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = data_sub.add_parser("prepare", help="tokenize a corpus manifest into shards (resumable, idempotent)")
     p.add_argument("manifest", help="corpus manifest YAML, or 'demo' for the shipped demo corpus")
     p.add_argument("--out", required=True, help="output directory for the shards")
-    p.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary size (default 512, cpu-demo's)")
-    p.add_argument("--tokenizer", choices=["bpe", "byte"], default="bpe", help="byte-level BPE (default) or bytes")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="vocabulary size: of the BPE to train (default 512, cpu-demo's), or the model's vocabulary "
+                        "a --tokenizer file must fit (default: the file's own size)")
+    p.add_argument("--tokenizer", default="bpe",
+                   help="'bpe' (train a byte-level BPE, default), 'byte', or the path of a Hugging Face tokenizer.json "
+                        "with an <|endoftext|> token (a fixed vocabulary; over 65,536 entries the shards are uint32)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
 
 def resolve_manifest(name: str) -> Path:
     return DEMO_MANIFEST if name == "demo" else Path(name)
+
+
+def _vocab_size(args: argparse.Namespace) -> int:
+    if args.vocab_size is not None:
+        return args.vocab_size
+    if args.tokenizer in ("bpe", "byte"):
+        return 512
+    from rungs.data.prepare import tokenizer_file_vocab_size
+
+    try:
+        return tokenizer_file_vocab_size(Path(args.tokenizer))
+    except DataInputError as err:
+        raise LadderInputError(err.detail, where=err.where, field=err.field) from None
 
 
 def prepare_payload(out: Path, wall_seconds: float) -> dict:
@@ -48,10 +71,13 @@ def prepare_payload(out: Path, wall_seconds: float) -> dict:
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
-        out = prepare(resolve_manifest(args.manifest), Path(args.out), vocab_size=args.vocab_size,
+        out = prepare(resolve_manifest(args.manifest), Path(args.out), vocab_size=_vocab_size(args),
                       tokenizer=args.tokenizer)
     except DataInputError as err:
         raise LadderInputError(err.detail, where=err.where or args.manifest, field=err.field) from None
+    except DataDiskFullError as err:
+        sys.stderr.write(f"ladder data: error: {err.strerror}\n")
+        return 1
     payload = prepare_payload(out, time.perf_counter() - t0)
     if args.json:
         print_json(payload)

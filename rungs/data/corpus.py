@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from rungs.data.errors import DataInputError
-from rungs.data.tokenizer import load_tokenizer
+from rungs.data.tokenizer import load_tokenizer, token_dtype
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,11 @@ class PreparedCorpus:
             entries = self.meta["sources"] if split == "train" else self.meta["eval"]
             domain = next(e["domain"] for e in entries if e["name"] == name)
             tokens = np.load(base / f"{name}.tokens.npy", mmap_mode="r")
+            vocab_size = int(self.meta["tokenizer"]["vocab_size"])
+            if tokens.dtype != token_dtype(vocab_size):
+                raise DataInputError(f"{split}/{name}.tokens.npy holds {tokens.dtype} ids but the vocabulary has "
+                                     f"{vocab_size:,} entries (needs {token_dtype(vocab_size)}); ids may have "
+                                     "wrapped: prepare this corpus again", where=str(self.path))
             index = np.load(base / f"{name}.index.npy")
             ids = tuple(json.loads((base / f"{name}.ids.json").read_text())["ids"])
             self._shards[(split, name)] = DocumentShard(name, domain, tokens, index, ids)

@@ -16,3 +16,8 @@ class DataInputError(ValueError):
 
 class SourceTooSmallError(DataInputError):
     """A source holds fewer tokens than the plan's unique-token cap for it."""
+
+
+class DataDiskFullError(OSError):
+    """A prepare ran out of space (ENOSPC/EDQUOT): says which file; no half-written file is left visible,
+    and a rerun once space is freed continues from the last finished step."""

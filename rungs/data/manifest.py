@@ -12,7 +12,16 @@ A manifest is YAML, paths relative to the manifest file:
 `files` entries may be globs. Formats by extension: `.jsonl`/`.jsonl.gz` (one JSON object per line
 with `text` and optionally `id`; field names configurable with `text_field`/`id_field`), `.txt` /
 `.txt.gz` or any other text file (the whole file is one document, its id the relative path) and
-`.parquet` (columns `text` and optionally `id`).
+`.parquet` (columns `text` and optionally `id`). Every file must be UTF-8 text (or gzip of it) and
+hold at least one non-empty document; anything else (an empty, binary or non-UTF-8 file) is refused
+with an error naming the file.
+
+A document longer than `MAX_DOCUMENT_BYTES` (1 MiB of UTF-8) is split into pieces of at most that
+many bytes, cut after the last newline in the piece's second half (else after the last whitespace,
+else at the limit), so that the pieces concatenate back to the document exactly. Piece k keeps the
+document's id with the suffix `#part<k>` (`books/war-and-peace.txt#part3`): provenance, the
+collection and decontamination stay per document while tokenizer memory stays bounded (encoding a
+string costs ~150x its size). Every shipped demo document is far below the limit.
 
 A document's collection is its id up to the first '/' (`metamath/set.mm#3` is in `metamath`); the
 sampler gives each collection of a source the same share of every rung's unique subset.
@@ -20,10 +29,12 @@ sampler gives each collection of a source the same share of every rung's unique 
 
 from __future__ import annotations
 
+import codecs
 import glob
 import gzip
 import hashlib
 import json
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +44,8 @@ import yaml
 from rungs.data.errors import DataInputError
 
 SHARE_TOLERANCE = 1e-6
+MAX_DOCUMENT_BYTES = 1 << 20  # longer documents are split into pieces of at most this many bytes
+PART_SUFFIX = "#part"
 DEMO_MANIFEST = Path(__file__).resolve().parent / "demo" / "manifest.yaml"
 
 
@@ -55,15 +68,56 @@ class DocumentSet:
     base: Path = field(default=Path("."))
 
     def documents(self) -> Iterator[Document]:
+        """Every non-empty document in file order, those over `MAX_DOCUMENT_BYTES` as their pieces."""
         seen: set[str] = set()
         for path in self.files:
+            non_empty = 0
             for doc in _read_file(path, self):
                 if doc.doc_id in seen:
                     raise DataInputError(f"document id {doc.doc_id!r} appears twice; ids must be unique within a set",
                                          where=str(path), field=self.name)
                 seen.add(doc.doc_id)
-                if doc.text.strip():
+                if not doc.text.strip():
+                    continue
+                non_empty += 1
+                pieces = split_document(doc.text)
+                if len(pieces) == 1:
                     yield doc
+                    continue
+                for k, piece in enumerate(pieces):
+                    piece_id = f"{doc.doc_id}{PART_SUFFIX}{k}"
+                    if piece_id in seen:
+                        raise DataInputError(f"document id {piece_id!r} (a piece of the long document "
+                                             f"{doc.doc_id!r}) appears twice", where=str(path), field=self.name)
+                    seen.add(piece_id)
+                    yield Document(piece_id, piece)
+            if not non_empty:
+                raise DataInputError("holds no non-empty document (an empty file?)", where=str(path), field=self.name)
+
+
+def split_document(text: str, max_bytes: int = MAX_DOCUMENT_BYTES) -> list[str]:
+    """`text` as pieces of at most `max_bytes` UTF-8 bytes that concatenate back to it exactly.
+
+    Each piece ends after its last newline in its second half, else after its last whitespace
+    there, else at the limit (a character boundary). A text within the limit is one piece.
+    """
+    if len(text) <= max_bytes // 4 or len(text.encode("utf-8")) <= max_bytes:
+        return [text]
+    pieces, pos = [], 0
+    while pos < len(text):
+        window = text[pos:pos + max_bytes]
+        encoded = window.encode("utf-8")
+        if len(encoded) > max_bytes:  # keep whole characters within max_bytes
+            window = encoded[:max_bytes].decode("utf-8", errors="ignore")
+        if pos + len(window) < len(text):
+            half = len(window) // 2
+            cut = window.rfind("\n", half) + 1
+            if not cut:
+                cut = max(window.rfind(c, half) for c in " \t\r\f\v") + 1
+            window = window[:cut] if cut else window
+        pieces.append(window)
+        pos += len(window)
+    return pieces
 
 
 @dataclass(frozen=True)
@@ -99,6 +153,34 @@ def _open_text(path: Path):
 
 
 def _read_file(path: Path, ds: DocumentSet) -> Iterator[Document]:
+    """The documents of one file; an unreadable, binary or non-UTF-8 file is a DataInputError naming it."""
+    try:
+        yield from _read_documents(path, ds)
+    except UnicodeDecodeError:
+        raise DataInputError(f"is not UTF-8 text ({_first_non_utf8(path)}); convert it to UTF-8 or drop it from "
+                             "the manifest", where=str(path), field=ds.name) from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        raise DataInputError(f"is not a readable gzip file ({err or type(err).__name__})", where=str(path),
+                             field=ds.name) from None
+    except IsADirectoryError:
+        raise DataInputError("is a directory, not a file", where=str(path), field=ds.name) from None
+
+
+def _first_non_utf8(path: Path) -> str:
+    """Where the first invalid UTF-8 byte of a (possibly gzipped) file is, for the error message."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as err:
+                return f"byte 0x{block[err.start]:02x} at offset {offset + err.start}"
+            offset += len(block)
+    return "truncated multi-byte character at the end"
+
+
+def _read_documents(path: Path, ds: DocumentSet) -> Iterator[Document]:
     rel = str(path.relative_to(ds.base)) if path.is_relative_to(ds.base) else str(path)
     name = path.name.removesuffix(".gz")
     if name.endswith(".jsonl"):
@@ -116,7 +198,11 @@ def _read_file(path: Path, ds: DocumentSet) -> Iterator[Document]:
     elif name.endswith(".parquet"):
         import pandas as pd
 
-        frame = pd.read_parquet(path)
+        try:
+            frame = pd.read_parquet(path)
+        except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+            raise DataInputError(f"is not a readable Parquet file ({str(err).splitlines()[0] if str(err) else err!r})",
+                                 where=str(path), field=ds.name) from None
         if ds.text_field not in frame.columns:
             raise DataInputError(f"no {ds.text_field!r} column (columns: {list(frame.columns)})",
                                  where=str(path), field=ds.name)
@@ -125,7 +211,11 @@ def _read_file(path: Path, ds: DocumentSet) -> Iterator[Document]:
             yield Document(str(doc_id), str(text))
     else:
         with _open_text(path) as f:
-            yield Document(rel, f.read())
+            text = f.read()
+        if "\x00" in text:
+            raise DataInputError(f"looks binary (a NUL byte at character {text.index(chr(0))}); a text document "
+                                 "must be UTF-8 text", where=str(path), field=ds.name)
+        yield Document(rel, text)
 
 
 def _resolve_files(entry: dict, base: Path, where: str, label: str) -> tuple[Path, ...]:
@@ -156,8 +246,11 @@ def load_manifest(path: str | Path) -> Manifest:
         raise DataInputError("manifest file not found", where=where)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise DataInputError(f"is not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start})",
+                             where=where) from None
     except yaml.YAMLError as err:
-        raise DataInputError(f"not valid YAML ({err})", where=where) from None
+        raise DataInputError(f"not valid YAML ({' '.join(str(err).split())})", where=where) from None
     if not isinstance(raw, dict):
         raise DataInputError("expected a mapping with `sources` and `eval`", where=where)
     unknown = set(raw) - {"name", "description", "sources", "eval", "decontamination"}
@@ -178,8 +271,11 @@ def load_manifest(path: str | Path) -> Manifest:
         raise DataInputError(f"source shares sum to {total:.6g}; they must sum to 1 "
                              f"({', '.join(f'{s.name}={s.share:g}' for s in sources)})", where=where, field="sources.share")
     decon = raw.get("decontamination") or {}
+    if not isinstance(decon, dict) or set(decon) - {"ngram_words"}:
+        raise DataInputError(f"expected a mapping with only `ngram_words`, got {decon!r}", where=where,
+                             field="decontamination")
     ngram = decon.get("ngram_words", 13)
-    if not isinstance(ngram, int) or ngram < 4:
+    if not isinstance(ngram, int) or isinstance(ngram, bool) or ngram < 4:
         raise DataInputError(f"ngram_words must be an integer >= 4, got {ngram!r}", where=where,
                              field="decontamination.ngram_words")
     return Manifest(path=path.resolve(), name=str(raw.get("name", path.stem)), sources=sources, eval_sets=evals,
@@ -201,7 +297,7 @@ def _document_set(entry: object, i: int, base: Path, where: str, *, train: bool)
     share = None
     if train:
         share = entry.get("share")
-        if not isinstance(share, (int, float)) or not 0 < share <= 1:
+        if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
             raise DataInputError(f"share must be a number in (0, 1], got {share!r}", where=where, field=f"{label}.share")
         share = float(share)
     files = _resolve_files(entry, base, where, label)

@@ -12,6 +12,25 @@ from pathlib import Path
 import numpy as np
 
 EOS_TEXT = "<|endoftext|>"
+UINT16_VOCAB = 1 << 16  # ids 0..65,535 fit uint16; a larger vocabulary needs uint32
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The dtype shards store token ids in: uint16 up to 65,536 entries, else uint32."""
+    return np.dtype(np.uint16 if vocab_size <= UINT16_VOCAB else np.uint32)
+
+
+def ids_array(ids, vocab_size: int, dtype: np.dtype) -> np.ndarray:
+    """`ids` as `dtype`, refusing any id outside 0..vocab_size-1 before the cast (a cast would wrap)."""
+    wide = np.asarray(ids, dtype=np.int64)
+    if wide.size and (int(wide.max()) >= vocab_size or int(wide.min()) < 0):
+        bad = int(wide.max()) if int(wide.max()) >= vocab_size else int(wide.min())
+        raise TokenIdError(f"token id {bad} is outside the vocabulary of {vocab_size:,} entries (0..{vocab_size - 1:,})")
+    return wide.astype(dtype)
+
+
+class TokenIdError(ValueError):
+    """A tokenizer produced an id outside its vocabulary: nothing may be written with it."""
 
 
 class ByteTokenizer:
@@ -30,7 +49,7 @@ class ByteTokenizer:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
     def encode_many(self, texts: list[str]) -> list[np.ndarray]:
-        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.uint16) for t in texts]
+        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(token_dtype(self.vocab_size)) for t in texts]
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "vocab_size": self.vocab_size, "eos_id": self.eos_id}
@@ -53,10 +72,12 @@ class BpeTokenizer:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
     def encode_many(self, texts: list[str]) -> list[np.ndarray]:
-        """Batch-encode (parallel in Rust) and return one uint16 array per text."""
+        """Batch-encode (parallel in Rust): one array per text, of `token_dtype(vocab_size)`, every id
+        checked to be below `vocab_size` (`TokenIdError` otherwise)."""
         encodings = self.hf.encode_batch_fast(texts, add_special_tokens=False) \
             if hasattr(self.hf, "encode_batch_fast") else self.hf.encode_batch(texts, add_special_tokens=False)
-        return [np.asarray(e.ids, dtype=np.uint16) for e in encodings]
+        dtype = token_dtype(self.vocab_size)
+        return [ids_array(e.ids, self.vocab_size, dtype) for e in encodings]
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "vocab_size": self.vocab_size, "eos_id": self.eos_id}

@@ -111,8 +111,9 @@ def test_shares_must_sum_to_one(tmp_path):
 def test_empty_source_is_rejected(tmp_path):
     manifest = write_manifest(tmp_path)
     write_jsonl(tmp_path / "b.jsonl", [{"id": "blank", "text": "   \n"}])
-    with pytest.raises(DataInputError, match="sources: b: has no non-empty documents"):
+    with pytest.raises(DataInputError, match=r"b\.jsonl: b: holds no non-empty document"):
         prepare(manifest, tmp_path / "out", vocab_size=300)
+    assert not (tmp_path / "out").exists()
 
 
 def test_bad_rows_and_duplicate_ids_are_reported(tmp_path):

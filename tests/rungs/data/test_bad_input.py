@@ -1,0 +1,140 @@
+"""`ladder data prepare` on hostile input: exit 2, one line naming the file and field, nothing written (#24, #25.9)."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+from ladder.cli import main
+
+from .conftest import write_manifest
+
+
+def _empty(root):
+    (root / "b.jsonl").write_bytes(b"")
+    return root / "b.jsonl", "b: holds no non-empty document"
+
+
+def _blank_text_file(root):
+    (root / "b.txt").write_text("  \n\n")
+    _retarget(root, "b.jsonl", "b.txt")
+    return root / "b.txt", "b: holds no non-empty document"
+
+
+def _binary(root):
+    (root / "b.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    _retarget(root, "b.jsonl", "b.txt")
+    return root / "b.txt", "b: is not UTF-8 text (byte 0x89 at offset 0)"
+
+
+def _binary_but_utf8(root):
+    (root / "b.txt").write_bytes(b"ELF\x00\x01\x02 looks like text but is not")
+    _retarget(root, "b.jsonl", "b.txt")
+    return root / "b.txt", "b: looks binary (a NUL byte at character 3)"
+
+
+def _latin1_jsonl(root):
+    (root / "b.jsonl").write_bytes('{"id": "1", "text": "plain"}\n{"id": "2", "text": "café"}\n'.encode("latin-1"))
+    return root / "b.jsonl", "b: is not UTF-8 text (byte 0xe9 at offset 53)"
+
+
+def _not_gzip(root):
+    (root / "b.jsonl.gz").write_bytes(b'{"id": "1", "text": "not compressed"}\n')
+    _retarget(root, "b.jsonl", "b.jsonl.gz")
+    return root / "b.jsonl.gz", "b: is not a readable gzip file"
+
+
+def _truncated_gzip(root):
+    blob = gzip.compress(b'{"id": "1", "text": "a document that is cut off"}\n' * 50)
+    (root / "b.jsonl.gz").write_bytes(blob[:len(blob) // 2])
+    _retarget(root, "b.jsonl", "b.jsonl.gz")
+    return root / "b.jsonl.gz", "b: is not a readable gzip file"
+
+
+def _bad_parquet(root):
+    pytest.importorskip("pyarrow")
+    (root / "b.parquet").write_bytes(b"PAR1 this is not parquet at all")
+    _retarget(root, "b.jsonl", "b.parquet")
+    return root / "b.parquet", "b: is not a readable Parquet file"
+
+
+def _manifest_not_utf8(root):
+    manifest = root / "manifest.yaml"
+    manifest.write_bytes(manifest.read_bytes().replace(b"name: tiny", b"name: caf\xe9"))
+    return manifest, "is not UTF-8 text (byte 0xe9 at offset 9)"
+
+
+def _manifest_bad_yaml(root):
+    manifest = root / "manifest.yaml"
+    manifest.write_text(manifest.read_text() + "  - {domain: y, files: [\n")
+    return manifest, "not valid YAML"
+
+
+def _manifest_unknown_key(root):
+    manifest = root / "manifest.yaml"
+    manifest.write_text(manifest.read_text() + "shards: 4\n")
+    return manifest, "unknown keys ['shards']"
+
+
+def _source_unknown_key(root):
+    manifest = root / "manifest.yaml"
+    manifest.write_text(manifest.read_text().replace("share: 0.4,", "share: 0.4, weight: 2,"))
+    return manifest, "sources[1]: unknown keys ['weight']"
+
+
+def _decontamination_unknown_key(root):
+    manifest = root / "manifest.yaml"
+    manifest.write_text(manifest.read_text() + "decontamination: {ngram: 8}\n")
+    return manifest, "decontamination: expected a mapping with only `ngram_words`"
+
+
+def _decontamination_not_a_mapping(root):
+    manifest = root / "manifest.yaml"
+    manifest.write_text(manifest.read_text() + "decontamination: 13\n")
+    return manifest, "decontamination: expected a mapping with only `ngram_words`, got 13"
+
+
+def _share_is_a_bool(root):
+    manifest = root / "manifest.yaml"
+    manifest.write_text(manifest.read_text().replace("share: 0.6", "share: true").replace("share: 0.4", "share: 0.0"))
+    return manifest, "sources[0].share: share must be a number in (0, 1], got True"
+
+
+def _missing(root):
+    (root / "b.jsonl").unlink()
+    return root / "manifest.yaml", "sources[1].files: 'b.jsonl' matches no file"
+
+
+def _retarget(root, old: str, new: str) -> None:
+    manifest = root / "manifest.yaml"
+    manifest.write_text(manifest.read_text().replace(old, new))
+
+
+CASES = [_empty, _blank_text_file, _binary, _binary_but_utf8, _latin1_jsonl, _not_gzip, _truncated_gzip, _bad_parquet,
+         _manifest_not_utf8, _manifest_bad_yaml, _manifest_unknown_key, _source_unknown_key,
+         _decontamination_unknown_key, _decontamination_not_a_mapping, _share_is_a_bool, _missing]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.__name__.strip("_") for c in CASES])
+def test_bad_input_exits_2_with_one_line_naming_the_file_and_writes_nothing(case, tmp_path, capsys):
+    root = tmp_path / "corpus"
+    manifest = write_manifest(root)
+    path, message = case(root)
+    out = tmp_path / "out"
+    assert main(["data", "prepare", str(manifest), "--out", str(out), "--tokenizer", "byte"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"ladder data: error: {path}: ") and message in err, err
+    assert not out.exists()
+
+
+def test_an_unusable_tokenizer_file_is_named(tmp_path, capsys):
+    manifest = write_manifest(tmp_path / "corpus")
+    for tokenizer, message in ((tmp_path / "nope.json", "tokenizer: is neither 'bpe', 'byte' nor a tokenizer.json"),
+                               (manifest, "tokenizer: is not a Hugging Face tokenizer.json")):
+        assert main(["data", "prepare", str(manifest), "--out", str(tmp_path / "out"),
+                     "--tokenizer", str(tokenizer)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{tokenizer}: {message}" in err, err
+        assert not (tmp_path / "out").exists()
