@@ -188,6 +188,9 @@ def prepare(manifest_path: str | Path, out_dir: str | Path, *, vocab_size: int, 
                              field="vocab_size")
     manifest = load_manifest(manifest_path)
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise DataInputError("exists and is not a directory; name a new or prepared output directory",
+                             where=str(out), field="out")
     key = input_key(manifest, _tokenizer_key(tokenizer), vocab_size)
     meta_path = out / "meta.json"
     if meta_path.exists() and json.loads(meta_path.read_text()).get("key") == key:

@@ -129,6 +129,15 @@ def test_bad_input_exits_2_with_one_line_naming_the_file_and_writes_nothing(case
     assert not out.exists()
 
 
+def test_an_output_path_that_is_a_file_is_refused(tmp_path, capsys):
+    manifest = write_manifest(tmp_path / "corpus")
+    (tmp_path / "out").write_text("not a directory")
+    assert main(["data", "prepare", str(manifest), "--out", str(tmp_path / "out"), "--tokenizer", "byte"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"ladder data: error: {tmp_path / 'out'}: out: exists and is not a directory; name a new or " \
+                  "prepared output directory\n"
+
+
 def test_an_unusable_tokenizer_file_is_named(tmp_path, capsys):
     manifest = write_manifest(tmp_path / "corpus")
     for tokenizer, message in ((tmp_path / "nope.json", "tokenizer: is neither 'bpe', 'byte' nor a tokenizer.json"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -90,3 +91,14 @@ def test_a_16_mb_single_document_prepares_within_1_5_gb(tmp_path):
     assert peak < 1.5e9, f"peak RSS {peak / 1e6:.0f} MB (at start {before / 1e6:.0f} MB)"
     corpus = PreparedCorpus.open(tmp_path / "out")
     assert corpus.train_shard("a").n_docs == 16  # 16 MB in pieces of at most 1 MiB
+
+
+def test_one_enormous_jsonl_line_is_split_under_its_own_id(tmp_path):
+    text = ("word " * 20 + "\n") * (5 * MAX_DOCUMENT_BYTES // 2 // 101)  # ~2.5 MiB in one JSON line
+    write = '{"id": "books/huge", "text": ' + json.dumps(text) + '}\n{"id": "books/small", "text": "tiny"}\n'
+    (tmp_path / "a.jsonl").write_text(write, encoding="utf-8")
+    (tmp_path / "m.yaml").write_text("sources:\n  - {name: a, share: 1.0, files: [a.jsonl]}\n")
+    docs = list(load_manifest(tmp_path / "m.yaml").sources[0].documents())
+    assert [d.doc_id for d in docs] == [f"books/huge{PART_SUFFIX}{k}" for k in range(3)] + ["books/small"]
+    assert "".join(d.text for d in docs[:3]) == text
+    assert all(len(d.text.encode()) <= MAX_DOCUMENT_BYTES for d in docs)

@@ -49,9 +49,10 @@ def test_prepare_is_idempotent_and_deterministic(tiny_manifest, tiny_bpe, tmp_pa
     assert [s["sha256"] for s in first["sources"] + first["eval"]] == \
            [s["sha256"] for s in second["sources"] + second["eval"]]
     assert (tiny_bpe / "tokenizer.json").read_bytes() == (again / "tokenizer.json").read_bytes()
-    stamp = (again / "meta.json").stat().st_mtime_ns
-    prepare(tiny_manifest, again, vocab_size=300)  # a finished prepare is a no-op
-    assert (again / "meta.json").stat().st_mtime_ns == stamp
+    stamp = (again / "meta.json").stat()
+    prepare(tiny_manifest, again, vocab_size=300)  # a finished prepare is a no-op (a rewrite is a new inode)
+    assert ((again / "meta.json").stat().st_ino, (again / "meta.json").stat().st_mtime_ns) == \
+           (stamp.st_ino, stamp.st_mtime_ns)
 
 
 def test_an_interrupted_prepare_continues_without_redoing_finished_steps(tiny_manifest, tiny_bpe, tmp_path,
