@@ -14,10 +14,10 @@ the CPU model and core count). BPB in deterministic mode and the MoE round count
 the code and the data, so they are compared on any machine; tokens/s is a property of the code and
 the hardware, so a golden recorded on another class (or a golden too old to record its class) has
 its throughput reported as "not comparable" with a note, never as a regression. We chose a class
-per golden over a ratio to a reference timed in the same run: a reference kernel would add minutes
-to every night, and its ratio to a training step still moves with the cache sizes and core count
-of the machine, so it would not make two classes comparable either. A team with several machine
-classes keeps one golden file per class (`--baseline`). The class is measured by a Ray task that
+per golden over a ratio to a reference timed in the same run: a reference kernel's ratio to a
+training step still depends on the machine (cache sizes, memory bandwidth, core count, bf16 units),
+so a ratio would not make two classes comparable either, and it would add a second noisy timing to
+every night. A team with several machine classes keeps one golden file per class (`--baseline`). The class is measured by a Ray task that
 holds the trials' resources, so on a cluster it names the kind of node the trials ran on (with
 `gpus: 0` the task, like the trials, sees no GPU).
 """
