@@ -101,6 +101,8 @@ def split_document(text: str, max_bytes: int = MAX_DOCUMENT_BYTES) -> list[str]:
     Each piece ends after its last newline in its second half, else after its last whitespace
     there, else at the limit (a character boundary). A text within the limit is one piece.
     """
+    if max_bytes < 4:
+        raise ValueError(f"max_bytes must hold one UTF-8 character (>= 4), got {max_bytes}")
     if len(text) <= max_bytes // 4 or len(text.encode("utf-8")) <= max_bytes:
         return [text]
     pieces, pos = [], 0

@@ -73,6 +73,7 @@ _PEAK_RSS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_16_mb_single_document_prepares_within_1_5_gb(tmp_path):
     """Was ~3 GB (the BPE trainer and encode_batch build ~100-150 bytes per byte of one string)."""
     words = demo_words()
