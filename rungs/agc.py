@@ -26,37 +26,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-POINTS = ("residual", "moe_input")
-GRANULARITIES = ("token", "sequence")
-MODES = ("fixed", "median")
-
-
-class AGCConfigError(ValueError):
-    """An invalid activation-gradient-clipping setting."""
-
-
-@dataclass(frozen=True)
-class AGCSettings:
-    points: tuple[str, ...] = POINTS
-    granularity: str = "token"  # "token": norm over d_model; "sequence": over the whole sequence
-    mode: str = "median"  # "fixed": threshold is an absolute norm; "median": a multiple of the running median
-    threshold: float = 8.0
-    median_window_steps: int = 100
-    context_tokens: int = 16  # decoded tokens each side of a clipped position in the event log
-    max_logged_events_per_step: int = 32
-
-    def __post_init__(self) -> None:
-        bad = [p for p in self.points if p not in POINTS]
-        if bad:
-            raise AGCConfigError(f"unknown AGC point(s) {bad}; valid points are {list(POINTS)}")
-        if self.granularity not in GRANULARITIES:
-            raise AGCConfigError(f"agc granularity {self.granularity!r}; valid: {list(GRANULARITIES)}")
-        if self.mode not in MODES:
-            raise AGCConfigError(f"agc mode {self.mode!r}; valid: {list(MODES)}")
-        if not self.threshold > 0:
-            raise AGCConfigError(f"agc threshold must be positive, got {self.threshold}")
-        if self.median_window_steps < 1:
-            raise AGCConfigError(f"agc median window must be at least 1 step, got {self.median_window_steps}")
+# The settings live apart from the clipper so that config validation imports no torch.
+from rungs.agc_settings import GRANULARITIES, MODES, POINTS, AGCConfigError, AGCSettings  # noqa: E402,F401
 
 
 @dataclass
