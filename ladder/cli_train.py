@@ -3,7 +3,9 @@
 Prepares the corpus on first use (cached under runs/data), trains in `runs/train/<recipe>-L<L>-<key>`
 (a rerun of the same config resumes or returns the finished result), tracks in MLflow.
 JSON (DESIGN.md): {run_id, final_loss, bpb: {DOMAIN: value}, tokens, train_flops, wall_seconds,
-tokens_per_second, mfu}.
+tokens_per_second, mfu}, plus achieved_tflops_per_device, peak_flops_per_device and mfu_capped (MFU
+is against the device's specification peak, rungs.metrics). A damaged or unsafe checkpoint, a full
+disk or a run directory in use by another job exits 2 with one line naming the file.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rungs.checkpoint import CheckpointError
+    from rungs.checkpoint import CheckpointError, DiskFullError, RunDirBusyError
     from rungs.config import TrainConfigError, parse_config
     from rungs.data.errors import DataInputError
     from rungs.train import train
@@ -49,11 +51,14 @@ def run(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or DEFAULT_RUNS_ROOT / f"{config['recipe']}-L{args.rung}-{key}"
     try:
         result = train(config, run_dir=run_dir, resume=not args.fresh, progress=True)
-    except (TrainConfigError, DataInputError, CheckpointError) as err:
+    except (TrainConfigError, DataInputError, CheckpointError, RunDirBusyError) as err:
         raise LadderInputError(str(err), where=f"ladder train {args.recipe} --rung {args.rung}") from None
+    except DiskFullError as err:  # not bad input, but one line that says what to do beats a traceback
+        raise LadderInputError(err.strerror, where=f"ladder train {args.recipe} --rung {args.rung}") from None
     payload = {k: getattr(result, k) for k in CONTRACT_KEYS}
     payload |= {"diverged": result.diverged, "steps": result.steps, "unigram_bpb": result.unigram_bpb,
-                "run_dir": str(run_dir)}
+                "run_dir": str(run_dir), "achieved_tflops_per_device": result.achieved_tflops_per_device,
+                "peak_flops_per_device": result.peak_flops_per_device, "mfu_capped": result.mfu_capped}
     if args.json:
         print_json(payload)
     else:
@@ -63,5 +68,7 @@ def run(args: argparse.Namespace) -> int:
         stdout_console.print(
             f"{result.steps} steps  loss {result.final_loss:.4f}{'  DIVERGED: ' + str(result.diverged_reason) if result.diverged else ''}\n"
             f"run {result.run_id}  tokens {result.tokens:,}  FLOPs {result.train_flops:.3e}  "
-            f"wall {result.wall_seconds:.1f}s  {result.tokens_per_second:,.0f} tok/s  MFU {result.mfu:.2%}")
+            f"wall {result.wall_seconds:.1f}s  {result.tokens_per_second:,.0f} tok/s  MFU {result.mfu:.2%}"
+            f"{' (capped: the peak is wrong)' if result.mfu_capped else ''}  "
+            f"{result.achieved_tflops_per_device:.3g} TFLOP/s per device")
     return 0

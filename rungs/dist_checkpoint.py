@@ -7,11 +7,19 @@ reshards on load, so a checkpoint resumes onto any dp × ep layout and any numbe
 Optimizer state is keyed by parameter name (`<name>/<state key>`), so it does not depend on how
 the optimizer's groups are ordered. Small non-tensor state (step, sampler, RNG) is a JSON file
 written by rank 0. A checkpoint directory appears atomically (written under a temporary name).
+
+Loading unpickles nothing but data. Stock DCP reads its `.metadata` file with `pickle.load` and
+non-tensor entries with `torch.load(weights_only=False)`, either of which runs whatever a crafted
+file says; its tensors are already read with `weights_only=True`. Here the metadata goes through an
+unpickler that admits only DCP's own metadata classes and torch's dtype/Size values, and non-tensor
+entries are read with `weights_only=True`, so a crafted checkpoint is refused, not executed.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,6 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
@@ -30,6 +40,62 @@ EXTRA_FILE = "extra.json"
 
 class DistCheckpointError(ValueError):
     """A checkpoint that cannot be read into this job (missing directory, different model)."""
+
+
+# Modules whose classes make up DCP's metadata (Metadata, TensorStorageMetadata, MetadataIndex,
+# _StorageInfo, ...): only classes from these, never functions or modules, are admitted.
+_METADATA_MODULES = frozenset({"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
+                               "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint.storage"})
+_PLAIN_GLOBALS = {("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"),
+                  ("torch", "Size"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+                  ("torch.serialization", "_get_layout")}  # a layout's name -> the torch.layout (a lookup)
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _PLAIN_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch":  # dtypes, layouts and memory formats pickle as `torch.<name>`
+            value = getattr(torch, name, None)
+            if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+                return value
+        if module in _METADATA_MODULES and "." not in name:
+            value = super().find_class(module, name)
+            if isinstance(value, type):
+                return value
+        raise pickle.UnpicklingError(f"{module}.{name} is not checkpoint metadata")
+
+
+class _SafeReader(FileSystemReader):
+    """DCP's file reader, with its metadata read by the allow-listing unpickler."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any):
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as f:
+            try:
+                metadata = _MetadataUnpickler(f).load()
+            except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as err:
+                raise DistCheckpointError(f"{path}: not distributed-checkpoint metadata; refusing to unpickle "
+                                          f"it: {err}") from None
+        if getattr(metadata, "storage_meta", None) is None:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _SafePlanner(DefaultLoadPlanner):
+    """DefaultLoadPlanner with non-tensor entries read as data (weights_only=True)."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._traverse import set_element  # DCP's own helper
+
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
 
 
 def _as_global(t: Tensor, expert: bool, par: Parallel) -> Tensor:
@@ -106,8 +172,10 @@ def load(path: Path, model: nn.Module, optimizer: MuonAdamW, par: Parallel) -> d
         raise DistCheckpointError(f"{path}: no complete distributed checkpoint there (missing {EXTRA_FILE})")
     state, copy_back = _items(model, optimizer, par, create_state=True)
     try:
-        dcp.load(state, checkpoint_id=str(path))
-    except Exception as err:  # DCP raises CheckpointException with every rank's error inside
+        dcp.load(state, storage_reader=_SafeReader(str(path)), planner=_SafePlanner())
+    except DistCheckpointError:
+        raise
+    except (Exception, CheckpointException) as err:  # every rank's error inside (a BaseException, not Exception)
         raise DistCheckpointError(f"{path}: cannot load into this model: {err}") from err
     with torch.no_grad():
         for local, loaded in copy_back:

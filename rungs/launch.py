@@ -25,6 +25,7 @@ worker count (a median threshold is scale-free).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -38,13 +39,14 @@ import torch.distributed as dist
 
 from rungs import dist_checkpoint
 from rungs.agc import ActivationGradClipper, drop_events_after, write_events
+from rungs.checkpoint import exclusive_run_dir, write_json_atomic
 from rungs.config import TrainConfig, parse_config
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.prepare import ensure_prepared
 from rungs.data.sampler import SourceScaledSampler
 from rungs.distributed import DistributedError, Parallel, build_optimizer, parallelize, setup, train_step
 from rungs.evaluation import evaluate_model, unigram_bpb
-from rungs.metrics import DivergenceRule, MovingMedian, measure_peak_bf16_flops
+from rungs.metrics import DevicePeak, DivergenceRule, MovingMedian, device_peak, utilisation
 from rungs.model import Transformer
 from rungs.optim import lr_at
 from rungs.tracking import Tracker
@@ -87,12 +89,31 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
     ep = ep if ep is not None else int(getattr(cfg, "expert_parallel", 1) or 1)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    finished = run_dir / RESULT_FILE
-    if resume and finished.is_file():  # a finished job returns its stored result (every rank reads it)
-        stored = json.loads(finished.read_text())
-        if stored.get("steps") == cfg.run_steps or stored.get("diverged"):
-            return TrainResult(**stored)
+    stored = _finished_result(run_dir, cfg.run_steps) if resume else None
+    if stored is not None:  # a finished job returns its stored result (every rank reads it)
+        return stored
     par = setup(ep=ep)
+    # Rank 0 holds the run directory for the whole job (one job per trial: rungs.checkpoint); the
+    # other ranks wait at the barrier, then every rank looks again for a result the holder wrote.
+    with exclusive_run_dir(run_dir) if par.is_main else contextlib.nullcontext():
+        dist.barrier()
+        stored = _finished_result(run_dir, cfg.run_steps) if resume else None
+        if stored is not None:
+            return stored
+        return _train_sharded(cfg, run_dir, par, resume=resume, comm_dtype=comm_dtype, stop_after=stop_after,
+                              t_start=t_start)
+
+
+def _finished_result(run_dir: Path, total: int) -> TrainResult | None:
+    path = run_dir / RESULT_FILE
+    if not path.is_file():
+        return None
+    stored = json.loads(path.read_text())
+    return TrainResult(**stored) if stored.get("steps") == total or stored.get("diverged") else None
+
+
+def _train_sharded(cfg: TrainConfig, run_dir: Path, par: Parallel, *, resume: bool, comm_dtype: torch.dtype,
+                   stop_after: int | None, t_start: float) -> TrainResult:
     if cfg.batch_sequences % par.world:
         raise DistributedError(f"batch_sequences={cfg.batch_sequences} must be divisible by the {par.world} workers")
     if cfg.threads:
@@ -131,11 +152,8 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
     grad_median = MovingMedian(GRAD_NORM_WINDOW, state["grad_norms"])
     divergence = DivergenceRule(cfg.spike_factor, cfg.spike_warmup_steps, history=state["losses"][-100:])
     diverged_reason: str | None = None
-    # MFU denominator: every worker's own measured bf16 rate, summed over the job (a shared gloo
-    # box reports contended rates; a GPU pool reports its real peak)
-    peak = torch.tensor(measure_peak_bf16_flops(device=par.device_type), dtype=torch.float64, device=device)
-    dist.all_reduce(peak)
-    job_peak_flops = float(peak)
+    # MFU denominator: the workers' devices' spec peak (rungs.metrics), the same on every rank
+    peak = device_peak(par.device_type, override=cfg.peak_flops_per_device, cores=torch.get_num_threads())
     rows = slice(par.rank * cfg.batch_sequences // par.world, (par.rank + 1) * cfg.batch_sequences // par.world)
     autocast = torch.bfloat16 if cfg.precision == "bf16" else None
     total = cfg.run_steps
@@ -165,8 +183,9 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
         state["train_flops"] += cfg.flops_per_token * cfg.batch_tokens
         state["train_seconds"] += seconds
         state["losses"].append(stats["loss"])
+        use = utilisation(cfg.flops_per_token * cfg.batch_tokens, seconds, devices=par.world, peak=peak)
         metrics = stats | {"lr": cfg.lr * multiplier, "tokens_per_second": cfg.batch_tokens / seconds,
-                           "mfu": cfg.flops_per_token * cfg.batch_tokens / seconds / job_peak_flops,
+                           "mfu": use.mfu, "achieved_tflops_per_device": use.achieved_flops_per_device / 1e12,
                            "tokens": float(state["tokens"]), "workers": float(par.world),
                            "grad_norm_median_1000": grad_median.add(stats["grad_norm"]),
                            "train_flops": state["train_flops"]}
@@ -186,7 +205,7 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
             dist_checkpoint.save(ckpt, model, optimizer, par,
                                  extra={"config_key": cfg.key(), "sampler": sampler.state_dict(), "state": state})
     if diverged_reason is not None:
-        return _diverged(state, diverged_reason, tracker, par, run_dir, t_start, job_peak_flops)
+        return _diverged(state, diverged_reason, tracker, par, run_dir, t_start, peak)
     if state["step"] < total:  # stopped on request
         if tracker is not None:
             tracker.finish(status="KILLED")
@@ -196,13 +215,13 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
                            wall_seconds=time.perf_counter() - t_start, tokens_per_second=0.0, mfu=0.0,
                            diverged=False, steps=state["step"], losses=list(state["losses"]), run_dir=str(run_dir))
     bpb = evaluate_model(model, corpus, cfg, final=True)  # every rank runs it: the sharded forward is collective
-    result = _job_result(state, tracker, run_dir, t_start, job_peak_flops, bpb=bpb)
+    result = _job_result(state, tracker, run_dir, t_start, peak, bpb=bpb)
     if par.is_main:
         unigram = unigram_bpb(corpus, cfg)
         result.unigram_bpb = unigram
         (run_dir / EVAL_FILE).write_text(json.dumps({"unigram_bpb": unigram, "evals": state["evals"] + [
             {"step": state["step"], "bpb": bpb}]}, indent=2))
-        (run_dir / RESULT_FILE).write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        write_json_atomic(run_dir / RESULT_FILE, result.to_json(), indent=2)
         if tracker is not None:
             tracker.log_metrics({f"final_bpb/{d}": v for d, v in bpb.items()} | {
                 "final_loss": result.final_loss, "total_tokens": float(result.tokens),
@@ -216,30 +235,34 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
     return result
 
 
-def _job_result(state: dict[str, Any], tracker: Tracker | None, run_dir: Path, t_start: float, job_peak_flops: float,
+def _job_result(state: dict[str, Any], tracker: Tracker | None, run_dir: Path, t_start: float, peak: DevicePeak,
                 *, bpb: dict[str, float], diverged_reason: str | None = None) -> TrainResult:
     seconds = state["train_seconds"]
+    use = utilisation(state["train_flops"], seconds, devices=dist.get_world_size(), peak=peak)
     return TrainResult(
         run_id=tracker.run_id if tracker is not None else None,
         final_loss=state["losses"][-1] if state["losses"] else math.nan, bpb=bpb, tokens=state["tokens"],
         train_flops=state["train_flops"], wall_seconds=time.perf_counter() - t_start,
         tokens_per_second=state["tokens"] / seconds if seconds else 0.0,
-        mfu=state["train_flops"] / seconds / job_peak_flops if seconds else 0.0,
+        mfu=use.mfu, achieved_tflops_per_device=use.achieved_flops_per_device / 1e12, peak_flops_per_device=peak.flops,
+        peak_source=peak.source, devices=dist.get_world_size(), mfu_capped=use.mfu_capped,
         diverged=diverged_reason is not None, diverged_reason=diverged_reason, steps=state["step"],
         losses=list(state["losses"]), run_dir=str(run_dir))
 
 
 def _diverged(state: dict[str, Any], reason: str, tracker: Tracker | None, par: Parallel,
-              run_dir: Path, t_start: float, job_peak_flops: float) -> TrainResult:
+              run_dir: Path, t_start: float, peak: DevicePeak) -> TrainResult:
     """A diverged job: no final BPB, the reason in the result file and on the MLflow run (FAILED)."""
-    result = _job_result(state, tracker, run_dir, t_start, job_peak_flops, bpb={}, diverged_reason=reason)
+    result = _job_result(state, tracker, run_dir, t_start, peak, bpb={}, diverged_reason=reason)
     if par.is_main:
-        (run_dir / RESULT_FILE).write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        write_json_atomic(run_dir / RESULT_FILE, result.to_json(), indent=2)
         if tracker is not None:
             tracker.set_tag("diverged", "true")
             tracker.set_tag("diverged_reason", reason[:5000])
             tracker.log_artifact(run_dir / RESULT_FILE)
-            tracker.finish(status="FAILED")
+            # FINISHED and tagged, as the single-process job does: ladder.sweep_runs counts a FINISHED run
+            # tagged diverged as "diverged" (recorded, not retried); FAILED would read as a failure
+            tracker.finish(status="FINISHED")
     dist.barrier()
     return result
 

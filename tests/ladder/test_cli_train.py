@@ -73,7 +73,7 @@ def test_json_contract_end_to_end(tmp_path):
     cmd = [sys.executable, "-m", "ladder", "train", "cpu-demo", "--rung", "3", "--max-steps", "3", "--json",
            "--tracking-uri", uri, "--run-dir", str(tmp_path / "run"), "--set", f"data_cache_root={DATA_CACHE}",
            "--set", "eval_max_docs_per_domain=1", "--set", "final_eval_max_docs_per_domain=1", "--set", "batch_sequences=4", "--set", "threads=1"]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600)  # a far guard
     assert out.returncode == 0, out.stderr[-3000:]
     payload = json.loads(out.stdout)
     for key in ("run_id", "final_loss", "bpb", "tokens", "train_flops", "wall_seconds", "tokens_per_second", "mfu"):
@@ -83,3 +83,60 @@ def test_json_contract_end_to_end(tmp_path):
     from mlflow import MlflowClient
 
     assert MlflowClient(uri).get_run(payload["run_id"]).info.status == "FINISHED"
+
+
+_TINY = ["--set", f"data_cache_root={DATA_CACHE}", "--set", "eval_max_docs_per_domain=1",
+         "--set", "final_eval_max_docs_per_domain=1", "--set", "batch_sequences=4", "--set", "seq_len=64",
+         "--set", "threads=1", "--set", "warmup_steps=1"]
+
+
+def test_a_damaged_checkpoint_exits_2_naming_the_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = ["train", "cpu-demo", "--rung", "3", "--max-steps", "2", "--run-dir", str(run),
+            "--set", "tracking_uri=none", "--set", "checkpoint_interval=1", *_TINY]
+    assert main(argv) == 0
+    (run / "result.json").unlink()  # as if killed before the end: the rerun reads the checkpoint
+    data = (run / "checkpoint.pt").read_bytes()
+    (run / "checkpoint.pt").write_bytes(data[: len(data) // 2])
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert str(run / "checkpoint.pt") in err and "checksum mismatch" in err and "Traceback" not in err
+
+
+# Runs `ladder train` and SIGKILLs it right after the metrics of step K reached MLflow: a real kill at a
+# chosen step, whatever the machine's speed.
+_KILL_AT_STEP = """
+import os, signal, sys
+from rungs.tracking import Tracker
+log_metrics, kill_at = Tracker.log_metrics, int(sys.argv[1])
+def logged_then_killed(self, metrics, step, *, flush=False):
+    log_metrics(self, metrics, step, flush=flush)
+    if step == kill_at:
+        self.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+Tracker.log_metrics = logged_then_killed
+from ladder.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("kill_at", [2, 7])  # before the first checkpoint (step 3), and after the second (6)
+def test_kill_and_resume_store_each_step_and_clip_event_once(tmp_path, kill_at):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = tmp_path / "run"
+    args = ["train", "cpu-demo", "--rung", "3", "--max-steps", "8", "--run-dir", str(run), "--tracking-uri", uri,
+            "--set", "checkpoint_interval=3", "--set", "agc_threshold=1.01", *_TINY]  # every step clips
+    killed = subprocess.run([sys.executable, "-c", _KILL_AT_STEP, str(kill_at), *args], cwd=REPO,
+                            capture_output=True, text=True, timeout=3600)  # a far guard
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert not (run / "result.json").exists()
+    assert main(args + ["--json"]) == 0
+    client = MlflowClient(uri)
+    (only,) = client.search_runs([client.get_experiment_by_name("ladder").experiment_id])
+    assert only.info.status == "FINISHED"
+    assert sorted(m.step for m in client.get_metric_history(only.info.run_id, "loss")) == list(range(1, 9))
+    steps = [json.loads(line)["step"] for line in (run / "clip_events.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and set(steps) == set(range(8))  # each step's events once, in order

@@ -56,3 +56,36 @@ def test_resume_on_fewer_workers_and_another_layout_equals_uninterrupted(tmp_pat
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(dist_checkpoint.DistCheckpointError, match="no complete distributed checkpoint"):
         dist_checkpoint.load(tmp_path / "nothing", None, None, None)
+
+
+class _CreatesAFile:
+    """A hostile `.metadata`: unpickling it calls open(path, "w")."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _save_small(rank, world, ckpt):
+    _job(rank, world, 2, 1, range(0, 1), ckpt, load=False, save=True)
+
+
+def _load_crafted(rank, world, ckpt, marker):
+    par = setup(2, 1)
+    model = parallelize(Transformer(CFG), par)
+    opt = build_optimizer(model, par, lr=LR, weight_decay=WD, comm_dtype=torch.float32, ns_dtype=None)
+    with pytest.raises(dist_checkpoint.DistCheckpointError, match="refusing to unpickle"):
+        dist_checkpoint.load(ckpt, model, opt, par)
+    assert not marker.exists()
+
+
+def test_a_crafted_metadata_file_is_refused_and_never_executed(tmp_path):
+    import pickle
+
+    ckpt, marker = tmp_path / "ckpt", tmp_path / "pwned"
+    run_ranks(_save_small, 2, ckpt)
+    (ckpt / ".metadata").write_bytes(pickle.dumps(_CreatesAFile(marker)))  # stock DCP would pickle.load it
+    run_ranks(_load_crafted, 2, ckpt, marker)
+    assert not marker.exists()

@@ -72,7 +72,7 @@ def test_torchrun_entry_point_trains_one_rung_expert_parallel(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            "-m", "rungs.launch", "--config", str(tmp_path / "config.json"), "--run-dir", str(tmp_path / "run"),
            "--ep", "2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)  # a far guard, not a speed bound
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = json.loads(proc.stdout.strip().splitlines()[-1])  # rank 0 prints the result
     assert printed["steps"] == 2 and printed == json.loads((tmp_path / "run" / "result.json").read_text())
