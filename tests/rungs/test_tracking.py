@@ -55,3 +55,64 @@ def test_artifacts_of_a_server_created_experiment_land_where_the_server_keeps_th
     src.write_text("{}")
     log_artifact(client, uri, run_id, src)
     assert (tmp_path / "mlartifacts" / "7" / run_id / "artifacts" / "fit.json").read_text() == "{}"
+
+
+def test_steps_a_resumed_job_runs_again_are_stored_once(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = Tracker(uri, "resume", tmp_path / "run", run_name="r", tags={}, params={})
+    for step in range(1, 6):  # flushed ahead of a checkpoint at step 3, then killed
+        first.log_metrics({"loss": float(step), "bpb/code": 1.0} if step == 4 else {"loss": float(step)}, step=step)
+    first.flush()
+    again = Tracker(uri, "resume", tmp_path / "run", run_name="r", tags={}, params={})  # resumed from step 3
+    assert again.run_id == first.run_id
+    for step in range(4, 9):
+        again.log_metrics({"loss": 10.0 + step, "bpb/code": 2.0}, step=step)
+    again.finish()
+    client = MlflowClient(uri)
+    loss = sorted((m.step, m.value) for m in client.get_metric_history(first.run_id, "loss"))
+    assert [s for s, _ in loss] == list(range(1, 9))
+    assert dict(loss)[5] == 5.0 and dict(loss)[6] == 16.0  # the stored value stays; new steps are added
+    assert sorted(m.step for m in client.get_metric_history(first.run_id, "bpb/code")) == [4, 5, 6, 7, 8]
+
+
+def test_failing_finish_with_the_store_gone_returns_promptly_and_raises_nothing(tmp_path: Path, caplog) -> None:
+    import threading
+
+    from tests.rungs.dist.spawn import free_port
+
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "gone", tmp_path / "run", run_name="r", tags={},
+                      params={})
+    tracker.log_metrics({"loss": 1.0}, step=1)
+    # The store behind the run goes away (a server on a full disk, a dead host): nothing listens there.
+    tracker.client = MlflowClient(f"http://127.0.0.1:{free_port()}")
+    done = threading.Event()
+    errors = []
+
+    def finish():
+        try:
+            tracker.finish(status="FAILED", failing=True)
+        except BaseException as err:  # noqa: BLE001 (the assertion below reports it)
+            errors.append(err)
+        done.set()
+
+    threading.Thread(target=finish, daemon=True).start()
+    # MLflow's default retries take minutes against a dead server; bounded, it is one refused connection.
+    assert done.wait(timeout=120)
+    assert not errors and "could not mark MLflow run" in caplog.text
+
+
+def test_a_finished_job_whose_run_was_left_running_closes_it_on_rerun(tmp_path: Path) -> None:
+    from rungs.train import train
+    from tests.rungs.train_helpers import tiny_config
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = tiny_config(max_steps=2, tracking_uri=uri, experiment_name="left-running")
+    res = train(cfg, run_dir=tmp_path / "run", progress=False)
+    client = MlflowClient(uri)
+    # Killed between writing result.json and closing the run: the run stays RUNNING.
+    client.update_run(res.run_id, status="RUNNING")
+    again = train(cfg, run_dir=tmp_path / "run", progress=False)
+    assert again.run_id == res.run_id and again.losses == res.losses
+    run = client.get_run(res.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["diverged"] == "false"
+    assert len(client.get_metric_history(res.run_id, "final_loss")) == 1  # the final metrics are not doubled
