@@ -131,6 +131,8 @@ def test_shipped_golden_file_matches_the_shipped_spec():
     assert set(golden["trials"]) == {f"rungs/L{L}/base/s0" for L in spec.blocks[0].rungs}
     for trial in golden["trials"].values():
         assert trial["bpb"] and all(0.0 < v < 8.0 for v in trial["bpb"].values())  # below 8 bits/byte (uniform bytes)
+    # The machine class its throughput was measured on: without it no machine compares throughput.
+    assert golden["machine"]["class"] == machine_class(golden["machine"])
 
 
 def test_missing_golden_exits_2_before_running_anything(tmp_path, capsys):
