@@ -1,0 +1,216 @@
+"""The rung model in JAX: `rungs.model.Transformer` as pure functions of a flat parameter dict.
+
+Data flows as in the torch model: embedding → n_layers × [RMSNorm → GQA attention (RoPE; global
+layers causal over the sequence, local layers a sliding window) → residual, RMSNorm → latent MoE
+(fp32 router on d_model, shared SwiGLU expert in d_model, routed experts in the latent space) →
+residual] → RMSNorm → LM head. `loss` adds the load-balancing and z-loss terms exactly as
+`rungs.train` does, so one jax.grad gives the gradients the torch job's backward gives.
+
+Windowed layers attend block-locally: the sequence is cut into blocks of window_tokens queries and
+each block attends to its own and the previous block's keys (2W keys instead of T), so no T×T
+masked softmax exists. Both kinds go through `jax.nn.dot_product_attention`, which takes a fused
+kernel where the backend has one. No parallelism here: sharding is applied from outside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rungs.jaxjob.moe import count_per_expert, dispatch_for, rounds_needed, routed_experts
+from rungs.jaxjob.params import Buffers, Params, bias_name
+
+__all__ = ["Routing", "forward", "loss", "rms_norm", "apply_rope", "rope_tables", "attention", "latent_moe",
+           "load_balancing_loss", "z_loss", "update_expert_bias"]
+
+# (x, layer, point) -> x: activation gradient clipping's hook, the identity by default.
+ActivationClip = Callable[[jax.Array, int, str], jax.Array]
+
+
+class Routing(NamedTuple):
+    """One layer's routing, the fields the balancing losses and the step metrics need."""
+
+    expert_idx: jax.Array         # (N, k) int32, in descending selection score
+    gate: jax.Array               # (N, k) fp32 combine weights
+    probs: jax.Array              # (N, E) fp32 softmax or sigmoid scores, no bias
+    logits: jax.Array             # (N, E) fp32
+    tokens_per_expert: jax.Array  # (E,) int32
+    rounds: jax.Array             # () int32: MoE rounds this layer needed
+
+
+def _no_clip(x, layer, point):
+    return x
+
+
+def _check(cfg: Any) -> None:
+    if getattr(cfg, "dropout", 0.0):
+        raise ValueError(f"the JAX model has no dropout; got dropout={cfg.dropout}")
+    if cfg.head_dim % 2:
+        raise ValueError(f"head_dim={cfg.head_dim} must be even for RoPE")
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float = 1e-6) -> jax.Array:
+    xf = x.astype(jnp.float32)  # fp32 mean of squares, output in the input dtype
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + eps)
+    return (xf * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin (seq_len, head_dim/2), angles in float64 then fp32, as the torch tables."""
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.outer(np.arange(seq_len, dtype=np.float64), inv_freq)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate channel pairs (2j, 2j+1) of x (B, T, h, hd) by position-dependent angles."""
+    B, T, h, hd = x.shape
+    pairs = x.astype(jnp.float32).reshape(B, T, h, hd // 2, 2)
+    a, b = pairs[..., 0], pairs[..., 1]                                       # (B, T, h, hd/2)
+    c, s = cos[:T, None, :], sin[:T, None, :]                                 # (T, 1, hd/2)
+    return jnp.stack([a * c - b * s, a * s + b * c], -1).reshape(B, T, h, hd).astype(x.dtype)
+
+
+def _local_attention(q, k, v, window: int) -> jax.Array:
+    """Causal sliding-window attention by blocks of `window` queries over 2·window keys.
+
+    q (B, T, H, hd), k/v (B, T, kv, hd). A query at t sees keys t-window+1..t, all of which lie in
+    its own block or the previous one.
+    """
+    B, T, H, hd = q.shape
+    kv = k.shape[2]
+    nb = -(-T // window)
+    pad = nb * window - T
+    q = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(B * nb, window, H, hd)
+    # One block of zeros in front, so block n's keys are padded blocks n-1 and n.
+    k, v = (jnp.pad(a, ((0, 0), (window, pad), (0, 0), (0, 0))).reshape(B, nb + 1, window, kv, hd) for a in (k, v))
+    k, v = (jnp.concatenate([a[:, :-1], a[:, 1:]], 2).reshape(B * nb, 2 * window, kv, hd) for a in (k, v))
+    i = np.arange(window)[:, None]              # query position in its block
+    j = np.arange(2 * window)[None, :] - window  # key position relative to the block start
+    first = np.arange(nb)[:, None, None] * window
+    mask = (j <= i) & (i - j < window) & (first + j >= 0)                   # (nb, W, 2W)
+    mask = np.tile(mask[:, None], (B, 1, 1, 1))                              # (B*nb, 1, W, 2W)
+    y = jax.nn.dot_product_attention(q, k, v, mask=jnp.asarray(mask))       # (B*nb, W, H, hd)
+    return y.reshape(B, nb * window, H, hd)[:, :T]
+
+
+def attention(p: Params, prefix: str, x: jax.Array, cos, sin, cfg: Any, is_global: bool) -> jax.Array:
+    B, T, _ = x.shape
+    kv = cfg.n_kv_heads_global if is_global else cfg.n_kv_heads_local
+    q = (x @ p[prefix + "wq.weight"].T).reshape(B, T, cfg.n_heads, cfg.head_dim)   # (B, T, H, hd)
+    k = (x @ p[prefix + "wk.weight"].T).reshape(B, T, kv, cfg.head_dim)            # (B, T, kv, hd)
+    v = (x @ p[prefix + "wv.weight"].T).reshape(B, T, kv, cfg.head_dim)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if is_global or cfg.window_tokens >= T:
+        y = jax.nn.dot_product_attention(q, k, v, is_causal=True)               # (B, T, H, hd)
+    else:
+        y = _local_attention(q, k, v, cfg.window_tokens)
+    return y.reshape(B, T, cfg.n_heads * cfg.head_dim) @ p[prefix + "wo.weight"].T
+
+
+def _swiglu(p: Params, prefix: str, x: jax.Array) -> jax.Array:
+    h = jax.nn.silu(x @ p[prefix + "w_gate.weight"].T) * (x @ p[prefix + "w_up.weight"].T)
+    return h @ p[prefix + "w_down.weight"].T
+
+
+def route(weight: jax.Array, bias: jax.Array | None, x: jax.Array, cfg: Any) -> Routing:
+    """fp32 router: scores softmax or sigmoid; top-k on scores + bias; gates the selected unbiased
+    scores normalised over the k slots (the torch Router with normalize_gates=True)."""
+    logits = x.astype(jnp.float32) @ weight.astype(jnp.float32).T            # (N, E)
+    probs = jax.nn.softmax(logits, -1) if cfg.router_score == "softmax" else jax.nn.sigmoid(logits)
+    select = probs + bias if (cfg.expert_bias and bias is not None) else probs
+    _, expert_idx = jax.lax.top_k(select, cfg.top_k)                          # (N, k)
+    gate = jnp.take_along_axis(probs, expert_idx, -1)
+    gate = gate / jnp.maximum(gate.sum(-1, keepdims=True), jnp.finfo(gate.dtype).tiny)
+    counts = count_per_expert(expert_idx, cfg.n_experts)
+    return Routing(expert_idx.astype(jnp.int32), gate, probs, logits, counts, jnp.zeros((), jnp.int32))
+
+
+def latent_moe(p: Params, prefix: str, bias, x: jax.Array, cfg: Any, backend: str | None = None) -> tuple[jax.Array, Routing]:
+    B, T, d = x.shape
+    flat = x.reshape(B * T, d)                                                # (N, d)
+    r = route(p[prefix + "router.weight"], bias, flat, cfg)
+    latent = prefix + "latent_down.weight" in p
+    h = flat @ p[prefix + "latent_down.weight"].T if latent else flat        # (N, latent)
+    disp = dispatch_for(B * T, cfg.top_k, cfg.n_experts, capacity_per_expert=cfg.capacity_per_expert,
+                        group_size=cfg.group_size, backend=backend)
+    y = routed_experts(disp, h, r.gate.astype(h.dtype), r.expert_idx, p[prefix + "experts.w_gate"],
+                       p[prefix + "experts.w_up"], p[prefix + "experts.w_down"])   # (N, latent)
+    y = y @ p[prefix + "latent_up.weight"].T if latent else y                # (N, d)
+    if prefix + "shared.w_gate.weight" in p:
+        y = y + _swiglu(p, prefix + "shared.", flat)
+    return y.reshape(B, T, d), r._replace(rounds=rounds_needed(r.tokens_per_expert, disp))
+
+
+def forward(params: Params, buffers: Buffers | None, tokens: jax.Array, cfg: Any, *,
+            clip: ActivationClip | None = None, backend: str | None = None) -> tuple[jax.Array, list[Routing]]:
+    """tokens (B, T) int → logits (B, T, V) fp32-compatible, and each layer's routing."""
+    _check(cfg)
+    clip = clip or _no_clip
+    B, T = tokens.shape
+    if T > cfg.seq_len:
+        raise ValueError(f"sequence of {T} tokens exceeds the model's seq_len {cfg.seq_len}")
+    cos, sin = (jnp.asarray(t) for t in rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta))
+    x = params["embed.weight"][tokens]                                        # (B, T, d)
+    routes = []
+    for i in range(cfg.n_layers):
+        pre = f"layers.{i}."
+        x = clip(x, i, "residual")
+        x = x + attention(params, pre + "attn.", rms_norm(x, params[pre + "attn_norm.weight"]), cos, sin, cfg,
+                          cfg.is_global_layer(i))
+        h = clip(rms_norm(x, params[pre + "moe_norm.weight"]), i, "moe_input")
+        bias = None if buffers is None else buffers[bias_name(i)]
+        y, r = latent_moe(params, pre + "moe.", bias, h, cfg, backend)
+        x = x + y
+        routes.append(r)
+    x = rms_norm(x, params["final_norm.weight"])
+    head = params["embed.weight"] if cfg.tied_embeddings else params["lm_head.weight"]
+    return x @ head.T, routes                                                 # (B, T, V)
+
+
+def load_balancing_loss(routes: list[Routing], n_experts: int) -> jax.Array:
+    """E * sum_i f_i P_i averaged over layers (`rungs.router.load_balancing_loss`); f carries no grad."""
+    counts = jnp.stack([r.tokens_per_expert for r in routes]).astype(jnp.float32)  # (L, E)
+    f = counts / jnp.maximum(counts.sum(-1, keepdims=True), 1.0)
+    probs = jnp.stack([r.probs for r in routes])                                   # (L, N, E)
+    p = (probs / probs.sum(-1, keepdims=True)).mean(1)                             # (L, E)
+    return n_experts * (f * p).sum(-1).mean()
+
+
+def z_loss(routes: list[Routing]) -> jax.Array:
+    """Mean over layers and tokens of logsumexp(router logits)^2."""
+    return jnp.stack([jnp.square(jax.nn.logsumexp(r.logits, -1)).mean() for r in routes]).mean()
+
+
+def loss(params: Params, buffers: Buffers | None, inputs: jax.Array, targets: jax.Array, cfg: Any,
+         lb_loss_coef: float | jax.Array = 0.0, z_loss_coef: float | jax.Array = 0.0, *,
+         clip: ActivationClip | None = None, backend: str | None = None) -> tuple[jax.Array, dict]:
+    """Mean token cross-entropy + lb_loss_coef·LBL + z_loss_coef·z-loss (the torch job's objective).
+
+    Returns (total, aux) with aux = {ce, aux_loss, tokens_per_expert (L, E), rounds (L,)}. The
+    coefficients may be traced, so one compiled step serves any of them.
+    """
+    logits, routes = forward(params, buffers, inputs, cfg, clip=clip, backend=backend)
+    logits = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(logits, -1)                                         # (B, T)
+    ce = (lse - jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]).mean()
+    aux = lb_loss_coef * load_balancing_loss(routes, cfg.n_experts) + z_loss_coef * z_loss(routes)
+    stats = {"ce": ce, "aux_loss": aux,
+             "tokens_per_expert": jnp.stack([r.tokens_per_expert for r in routes]),
+             "rounds": jnp.stack([r.rounds for r in routes])}
+    return ce + aux, stats
+
+
+def update_expert_bias(buffers: Buffers, tokens_per_expert: jax.Array, rate: float) -> Buffers:
+    """One aux-loss-free bias step per layer from this step's (L, E) counts: b += rate·sign(mean − n),
+    recentred to mean zero (`Router.update_bias`)."""
+    counts = tokens_per_expert.astype(jnp.float32)
+    out = dict(buffers)
+    for i in range(counts.shape[0]):
+        delta = rate * jnp.sign(counts[i].mean() - counts[i])
+        out[bias_name(i)] = buffers[bias_name(i)] + (delta - delta.mean())
+    return out
