@@ -1,8 +1,9 @@
 """`ladder fit power-law|chinchilla|hparams`: fit laws to a CSV or straight to an MLflow experiment.
 
 JSON contracts (DESIGN.md): power-law → {"fits": [{"group", "E", "A", "alpha", "ci", "backtest"}]}, a
-group whose law is not identified (E on its bound) carrying E = A = alpha = null and the reason in
-"not_identified" (exit 1; exit 2 when no group is identified);
+group whose law could not be fitted (E on its bound, too few or too narrow rungs, a bootstrap that
+cannot run) carrying E = A = alpha = null and its own reason, naming it, in "not_identified" and
+"reason" (exit 0 when any group was fitted, 1 when none was; bad input for the whole table exits 2);
 chinchilla → E, A, B, alpha, beta; hparams → {"lr_wd_product": {coef, steps_exponent},
 "log_lr": {intercept, log_tpp, log_steps}, "slices": [...]}. Fits read from MLflow are logged back
 as an MLflow run of their own. `--save FILE.json` writes the laws (with bootstrap draws) in the
@@ -40,8 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         q.add_argument("--plot", help="write a PNG figure of the fit to this path")
         q.add_argument("--json", action="store_true", help="print one JSON object")
 
-    q = fit_sub.add_parser("power-law", help="y = E + A·x^(−α) per group (BPB against training FLOPs); exit 1 when "
-                                            "some group's law is not identified (reported, the others fitted)")
+    q = fit_sub.add_parser("power-law", help="y = E + A·x^(−α) per group (BPB against training FLOPs); a group that "
+                                            "cannot be fitted is reported with its reason, the others fitted; exit 1 "
+                                            "when no group could be fitted")
     common(q)
     q.add_argument("--x", help="compute column (default with --experiment: train_flops)")
     q.add_argument("--y", help="metric column (default with --experiment: bpb, one law per domain)")
@@ -148,7 +150,7 @@ def column_arg(args: argparse.Namespace, name: str, default: str) -> str:
 
 def run_power_law(args: argparse.Namespace) -> int:
     from fits.backtest import holdout_backtest, progressive_backtest
-    from fits.errors import FitBoundaryError, FitError, FitInputError
+    from fits.errors import FitBoundaryError, FitError
     from fits.power_law import fit_power_law
 
     df, source = load_input(args)
@@ -165,48 +167,61 @@ def run_power_law(args: argparse.Namespace) -> int:
                                where=source.get("csv") or args.experiment, field=group)
     if args.bootstrap < 0 or args.holdout_top < 0 or not 0 < args.ci_level < 1:
         raise LadderInputError("--bootstrap and --holdout-top must be ≥ 0 and --ci-level in (0, 1)", field="--bootstrap")
+    if group:  # table-level problems (a missing or non-numeric column) are bad input for every group
+        from fits.validate import numeric_column, require_columns
+
+        try:
+            require_columns(df, [x, y])
+            numeric_column(df, x, positive=True)
+            numeric_column(df, y, positive=True)
+        except FitError as err:
+            raise input_error(err, source) from None
     groups = [(None, df)] if not group else list(df.groupby(group, sort=True))
     delta_kw = {} if args.delta is None else {"delta": args.delta}
     fits, saved, laws = [], {}, {}
     for name, part in groups:
+        label = y if name is None else str(name)
         try:
             fit = fit_power_law(part, x, y, bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed,
                                 group=None if name is None else str(name), cluster=args.cluster, **delta_kw)
-        except FitBoundaryError as err:
-            # One group's law not identified (e.g. no floor in the data): say so for that group and go
-            # on with the others instead of losing every domain's result. Its backtest still runs: the
-            # prediction of the top rung is identified even where E is not (fits.backtest).
-            try:
-                backtest = _backtest(part, x, y, args, holdout_backtest, delta_kw)
-            except FitError as bt_err:
-                backtest = {"skipped": str(bt_err)}
+        except FitError as err:
+            if name is None and not isinstance(err, FitBoundaryError):
+                raise input_error(err, source) from None
+            # One group's law not fitted (no floor in the data, too few or too narrow rungs, a bootstrap
+            # that cannot run): say so for that group, by name, and go on with the others instead of
+            # losing every domain's result. Its backtest still runs where it can: the prediction of the
+            # top rung is identified even where E is not (fits.backtest).
+            backtest = _backtest(part, x, y, args, holdout_backtest, delta_kw)
+            reason = f"{label}: {err}"
             fits.append({"group": None if name is None else str(name), "E": None, "A": None, "alpha": None,
                          "ci": {}, "ci_level": args.ci_level, "backtest": backtest, "n_points": len(part),
-                         "not_identified": str(err)})
+                         "not_identified": reason, "reason": reason})
             continue
-        except FitError as err:
-            raise input_error(err, source) from None
-        try:
-            backtest = _backtest(part, x, y, args, holdout_backtest, delta_kw)
-            progressive = None
-            if args.progressive:
-                try:
-                    progressive = progressive_backtest(part, x, y, bootstrap=max(args.bootstrap, 200),
-                                                       ci_level=args.ci_level, seed=args.seed, **delta_kw)
-                except FitInputError as err:
-                    progressive = {"skipped": err.detail}
-        except FitError as err:
-            raise input_error(err, source) from None
+        backtest = _backtest(part, x, y, args, holdout_backtest, delta_kw)
+        progressive = None
+        if args.progressive:
+            try:
+                progressive = progressive_backtest(part, x, y, bootstrap=max(args.bootstrap, 200),
+                                                   ci_level=args.ci_level, seed=args.seed, **delta_kw)
+            except FitError as err:
+                progressive = {"skipped": f"{label}: {getattr(err, 'detail', err)}"}
         d = fit.to_dict()
         fits.append({"group": d["group"], **fit.params, "ci": d["ci"], "ci_level": d["ci_level"], "backtest": backtest,
                      **({"progressive_backtest": progressive} if args.progressive else {}), "n_points": fit.n_points, "objective": fit.objective, "x_range": d["x_range"],
                      "bootstrap_failed": d.get("bootstrap_failed", 0), "rows_used": d["rows_used"],
-                     "options": d["options"], "code_version": d["code_version"]})
-        saved[str(name) if name is not None else y] = fit.to_dict(include_draws=True)
-        laws[str(name) if name is not None else y] = fit
-    if not laws:
-        raise input_error(FitBoundaryError("; ".join(f"{f['group'] or y}: {f['not_identified']}" for f in fits)),
-                          source)
+                     "options": d["options"], "code_version": d["code_version"],
+                     **{k: d[k] for k in ("interval", "flags") if k in d}})
+        saved[label] = fit.to_dict(include_draws=True)
+        laws[label] = fit
+    if not laws and not group:
+        raise input_error(FitBoundaryError("; ".join(f["not_identified"] for f in fits)), source)
+    if not laws:  # every group refused, each with its own reason
+        if args.json:
+            print_json({"fits": fits, "source": source})
+        print(f"no group could be fitted ({len(fits)} of {len(fits)} refused):", file=sys.stderr)
+        for f in fits:
+            print(f"  {f['reason']}", file=sys.stderr)
+        return 1
     payload = {"fits": fits, "source": source}
     identified = [f for f in fits if f["E"] is not None]
     if args.plot:
@@ -218,20 +233,19 @@ def run_power_law(args: argparse.Namespace) -> int:
         payload["plot"] = args.plot
     finish(args, payload, source, df, {"power_law": saved},
            {f["group"] or y: {"E": f["E"], "A": f["A"], "alpha": f["alpha"]} for f in identified})
-    missing = [f["group"] or y for f in fits if f["E"] is None]
     if args.json:
         print_json(payload)
-        return 1 if missing else 0
+        return 0
     rows = []
     for f in fits:
         ci = f["ci"].get("alpha")
         bt = f["backtest"] or {}
-        pred = (bt.get("predictions") or [{}])[0]
+        pred = max(bt.get("predictions") or [{}], key=lambda p: p.get("x", 0.0))  # the TOP held-out rung
         held_out = "-"
         if pred:
             held_out = (f"{pred['actual']:.4g} vs {pred['predicted']:.4g} [{pred['lo']:.4g}, {pred['hi']:.4g}] "
                         f"{pred['rel_error']:+.2%}" + (" (E=0)" if bt.get("floor_at_zero") else ""))
-        law = ["not identified", "-", "-", "-"] if f["E"] is None else [
+        law = ["not fitted", "-", "-", "-"] if f["E"] is None else [
             f["E"], f["A"], f["alpha"], f"[{ci[0]:.4g}, {ci[1]:.4g}]" if ci else "-"]
         rows.append([f["group"] or y, *law, f["n_points"], held_out if pred else bt.get("skipped", "-"),
                      str(pred.get("inside", "-"))])
@@ -239,13 +253,15 @@ def run_power_law(args: argparse.Namespace) -> int:
                                     "points", "top rung held out: actual vs predicted [interval]", "inside"], rows))
     for f in fits:
         if f["E"] is None:
-            print(f"{f['group'] or y}: {f['not_identified']}", file=sys.stderr)
-    return 1 if missing else 0
+            print(f["not_identified"], file=sys.stderr)
+        for flag in f.get("flags") or []:
+            print(f"{f['group'] or y}: {flag}", file=sys.stderr)
+    return 0
 
 
 def _backtest(part: pd.DataFrame, x: str, y: str, args: argparse.Namespace, holdout_backtest,
               delta_kw: dict[str, Any]) -> dict[str, Any] | None:
-    from fits.errors import FitBoundaryError, FitInputError
+    from fits.errors import FitBoundaryError, FitError, FitInputError
 
     if args.holdout_top == 0:
         return None
@@ -256,6 +272,8 @@ def _backtest(part: pd.DataFrame, x: str, y: str, args: argparse.Namespace, hold
         return {"skipped": err.detail}
     except FitBoundaryError as err:  # the rungs below the top do not pin the law down on their own
         return {"skipped": "law below the top not identified", "reason": str(err)}
+    except FitError as err:  # e.g. a bootstrap the rungs below the top cannot support
+        return {"skipped": "backtest not possible", "reason": str(err)}
 
 
 # ---------------------------------------------------------------- chinchilla
