@@ -3,25 +3,106 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
 from rungs.data.errors import DataInputError
+
+FORMAT_VERSION = 2  # rungs.data.prepare writes this; 1 was one .npy per set (before #20)
 from rungs.data.tokenizer import load_tokenizer, token_dtype
 
 
-@dataclass(frozen=True)
-class DocumentShard:
-    """One set's documents: `tokens[start:start+n]` is a document followed by EOS."""
+class ShardedTokens:
+    """One set's token stream over its shard files: indexable and sliceable like a 1-D array; each shard is
+    memory-mapped the first time a read touches it, so a rank maps only the shards its subset uses."""
 
-    name: str
-    domain: str
-    tokens: np.ndarray  # memory-mapped, uint16/uint32
-    index: np.ndarray  # int64 [docs, 3]: start, tokens (with EOS), UTF-8 bytes
-    doc_ids: tuple[str, ...]
+    def __init__(self, paths: list[Path], sizes: list[int], dtype: np.dtype) -> None:
+        self.paths = paths
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.dtype = np.dtype(dtype)
+        self._maps: dict[int, np.ndarray] = {}
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (int(self.starts[-1]),)
+
+    @property
+    def size(self) -> int:
+        return int(self.starts[-1])
+
+    ndim = 1
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _map(self, k: int) -> np.ndarray:
+        if k not in self._maps:
+            self._maps[k] = np.load(self.paths[k], mmap_mode="r")
+        return self._maps[k]
+
+    def __getitem__(self, item):
+        if isinstance(item, slice):
+            begin, end, step = item.indices(self.size)
+            if step != 1:
+                return np.asarray(self)[item]
+            if end <= begin:
+                return np.zeros(0, self.dtype)
+            k = int(np.searchsorted(self.starts, begin, side="right")) - 1
+            if end <= self.starts[k + 1]:  # within one shard: documents never cross shards
+                return self._map(k)[begin - self.starts[k]:end - self.starts[k]]
+            parts = []
+            while begin < end:
+                stop = min(end, int(self.starts[k + 1]))
+                parts.append(self._map(k)[begin - self.starts[k]:stop - self.starts[k]])
+                begin, k = stop, k + 1
+            return np.concatenate(parts)
+        i = int(item)
+        if i < 0:
+            i += self.size
+        if not 0 <= i < self.size:
+            raise IndexError(f"token {item} is outside 0..{self.size - 1}")
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return self._map(k)[i - self.starts[k]]
+
+    def __array__(self, dtype=None, copy=None):
+        whole = np.concatenate([self._map(k) for k in range(len(self.paths))]) if self.paths else \
+            np.zeros(0, self.dtype)
+        return whole.astype(dtype) if dtype is not None else whole
+
+    def max(self):
+        return np.asarray(self).max()
+
+    def min(self):
+        return np.asarray(self).min()
+
+
+class DocumentShard:
+    """One set's documents: `tokens[start:start+n]` is a document followed by EOS.
+
+    `tokens` is an array or a `ShardedTokens`; `index` is int64 [docs, 3] (start, tokens with EOS, UTF-8
+    bytes), memory-mapped for a prepared corpus; `doc_ids` is read on first use. The sampler's subset
+    arrays (`subset_arrays`) come from the prepared corpus or, for a shard built in memory, from its ids.
+    """
+
+    def __init__(self, name: str, domain: str, tokens, index: np.ndarray, doc_ids: tuple[str, ...] | None = None,
+                 *, ids_loader=None, subset_loader=None) -> None:
+        self.name = name
+        self.domain = domain
+        self.tokens = tokens
+        self.index = index
+        self._doc_ids = tuple(doc_ids) if doc_ids is not None else None
+        self._ids_loader = ids_loader
+        self._subset_loader = subset_loader
+        self._subset: dict[str, tuple] = {}
+
+    @property
+    def doc_ids(self) -> tuple[str, ...]:
+        if self._doc_ids is None:
+            self._doc_ids = tuple(self._ids_loader())
+        return self._doc_ids
 
     @property
     def n_docs(self) -> int:
@@ -33,8 +114,28 @@ class DocumentShard:
 
     def document_tokens(self, i: int) -> np.ndarray:
         """The tokens of document i without its trailing EOS."""
-        start, n, _ = self.index[i]
+        start, n, _ = (int(v) for v in self.index[i])
         return self.tokens[start:start + n - 1]
+
+    def subset_arrays(self, source: str) -> tuple[np.ndarray, np.ndarray, list[tuple[str, int, int]]]:
+        """(order by subset key, order by collection then key, [(collection, docs, tokens)] by name)."""
+        if source not in self._subset:
+            if self._subset_loader is not None and source == self.name:
+                self._subset[source] = self._subset_loader()
+            else:
+                self._subset[source] = self._subset_from_ids(source)
+        return self._subset[source]
+
+    def _subset_from_ids(self, source: str):
+        from rungs.data.subset import collection_of, subset_key
+
+        keys = np.fromiter((subset_key(source, d) for d in self.doc_ids), dtype=np.uint64, count=self.n_docs)
+        names = sorted({collection_of(d) for d in self.doc_ids})
+        rank = {c: r for r, c in enumerate(names)}
+        codes = np.fromiter((rank[collection_of(d)] for d in self.doc_ids), dtype=np.int64, count=self.n_docs)
+        lengths = np.asarray(self.index[:, 1], dtype=np.int64)
+        collections = [(c, int((codes == r).sum()), int(lengths[codes == r].sum())) for r, c in enumerate(names)]
+        return np.argsort(keys, kind="stable"), np.lexsort((keys, codes)), collections
 
 
 class PreparedCorpus:
@@ -51,7 +152,11 @@ class PreparedCorpus:
         meta_path = path / "meta.json"
         if not meta_path.exists():
             raise DataInputError("not a prepared corpus (no meta.json; run `ladder data prepare` first)", where=str(path))
-        return cls(path, json.loads(meta_path.read_text()))
+        meta = json.loads(meta_path.read_text())
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise DataInputError(f"prepared in format {meta.get('format_version')}, this version reads "
+                                 f"{FORMAT_VERSION}: run `ladder data prepare` again", where=str(path))
+        return cls(path, meta)
 
     @cached_property
     def tokenizer(self):
@@ -93,16 +198,35 @@ class PreparedCorpus:
         if (split, name) not in self._shards:
             base = self.path / split
             entries = self.meta["sources"] if split == "train" else self.meta["eval"]
-            domain = next(e["domain"] for e in entries if e["name"] == name)
-            tokens = np.load(base / f"{name}.tokens.npy", mmap_mode="r")
+            entry = next(e for e in entries if e["name"] == name)
             vocab_size = int(self.meta["tokenizer"]["vocab_size"])
-            if tokens.dtype != token_dtype(vocab_size):
-                raise DataInputError(f"{split}/{name}.tokens.npy holds {tokens.dtype} ids but the vocabulary has "
-                                     f"{vocab_size:,} entries (needs {token_dtype(vocab_size)}); ids may have "
-                                     "wrapped: prepare this corpus again", where=str(self.path))
-            index = np.load(base / f"{name}.index.npy")
-            ids = tuple(json.loads((base / f"{name}.ids.json").read_text())["ids"])
-            self._shards[(split, name)] = DocumentShard(name, domain, tokens, index, ids)
+            dtype = token_dtype(vocab_size)
+            paths = [self.path / f"{s['stem']}.tokens.npy" for s in entry["shards"]]
+            for p in paths:
+                found = np.load(p, mmap_mode="r").dtype
+                if found != dtype:
+                    raise DataInputError(f"{p.relative_to(self.path)} holds {found} ids but the vocabulary has "
+                                         f"{vocab_size:,} entries (needs {dtype}); ids may have wrapped: prepare "
+                                         "this corpus again", where=str(self.path))
+            tokens = ShardedTokens(paths, [s["tokens"] for s in entry["shards"]], dtype)
+            index = np.load(base / f"{name}.docs.npy", mmap_mode="r")
+            stems = [s["stem"] for s in entry["shards"]]
+
+            def ids(stems=stems):
+                out: list[str] = []
+                for stem in stems:
+                    out.extend(json.loads((self.path / f"{stem}.ids.json").read_text())["ids"])
+                return out
+
+            subset = None
+            if split == "train":
+                def subset(base=base, name=name, entry=entry):
+                    return (np.load(base / f"{name}.order.npy", mmap_mode="r"),
+                            np.load(base / f"{name}.strata.npy", mmap_mode="r"),
+                            [(c["name"], c["docs"], c["tokens"]) for c in entry["collections"]])
+
+            self._shards[(split, name)] = DocumentShard(entry["name"], entry["domain"], tokens, index,
+                                                        ids_loader=ids, subset_loader=subset)
         return self._shards[(split, name)]
 
     def summary(self) -> dict:

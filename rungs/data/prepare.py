@@ -1,21 +1,31 @@
 """Build tokenized shards from a manifest: decontaminate, train the tokenizer, tokenize, index.
 
+Streaming and parallel (#20): one input file is one unit of work (`rungs.data.filework`), run in this
+process (`workers=1`) or as Ray tasks (`workers=N` local processes, or `address` of a Ray cluster);
+documents are read as streams and never all held in memory. The steps:
+
+1. scan the held-out files: check every document, hash its word n-grams (a sorted uint64 array);
+2. scan the training files against it: check every document, find the contaminated ones (both ways);
+   ids are checked unique per set by 64-bit hashes. Bad input stops here, before anything is written;
+3. write `decontamination.json` and the tokenizer: a BPE is trained on a bounded, deterministic sample
+   (each source's first `BPE_SAMPLE_BYTES / sources` bytes of clean documents, in file order);
+4. tokenize every file into bounded shards (each resumable on its own);
+5. per set, the document table (`<split>/<set>.docs.npy`, int64 [docs, 3]: start in the set's token
+   stream, tokens with EOS, bytes; training sources also `.keys.npy` (the sampler's uint64 hash of the
+   id), `.strata.npy` (document order by collection name, then key) and `.order.npy` (by key)), then
+   `meta.json` last: the key, tokenizer, per-set counts, the shards with their counts and hashes.
+
 Layout of a prepared directory:
 
-    meta.json                   written last: the key, tokenizer, per-set counts and shard hashes
-    tokenizer.json              the HF BPE (absent for the byte tokenizer)
-    decontamination.json        the both-ways overlap report
-    train/<source>.tokens.npy   uint16 (uint32 for vocabularies over 65,536 entries) tokens, each document + EOS
-    train/<source>.index.npy    int64 [docs, 3]: start, tokens (with EOS), UTF-8 bytes of the text
-    train/<source>.ids.json     document ids in index order
-    eval/<domain>.*             the same for the held-out sets
+    meta.json, tokenizer.json (absent for the byte tokenizer), decontamination.json, progress.json
+    train/<source>/<file:05d>-<k:04d>.{tokens.npy,index.npy,ids.json,json}   shards (filework)
+    train/<source>.{docs,keys,strata,order}.npy                             the source's document table
+    eval/<domain>/...; eval/<domain>.docs.npy                               the same for the held-out sets
 
-Every file is written to a temporary name and renamed into place, and `progress.json` records the
-steps done under the input key, so an interrupted prepare (killed, or out of disk) continues where it
-stopped and a finished one is a no-op; a temporary file a killed prepare left behind is removed by
-the next run. Same inputs give byte-identical shards (same hashes). Every input file is read and
-checked, and the tokenizer's vocabulary checked against `vocab_size`, before the output directory is
-created, so bad input leaves nothing behind. Token ids are range-checked against the vocabulary
+Every file is written to a temporary name and renamed into place; a shard is finished once its `.json`
+is there, so a killed prepare resumes without redoing finished shards and a finished one is a no-op; a
+temporary a killed prepare left behind is removed by the next run. Same inputs give byte-identical
+output (same hashes), with any number of workers. Token ids are range-checked against the vocabulary
 before they are cast to the shard dtype (a cast would wrap silently on numpy 1.x).
 
 `tokenizer` is "bpe" (a byte-level BPE trained on the training sources), "byte", or the path of a
@@ -33,26 +43,26 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rungs.data.decontam import decontaminate
+from rungs.data.corpus import FORMAT_VERSION
+from rungs.data.decontam import HeldOutIndex
 from rungs.data.errors import DataDiskFullError, DataInputError
-from rungs.data.manifest import DEMO_MANIFEST, Manifest, load_manifest
+from rungs.data.filework import ENCODE_BATCH_BYTES, ENCODE_BATCH_DOCS, SHARD_TEXT_BYTES, id_hash, scan_file, \
+    tokenize_file
+from rungs.data.manifest import DEMO_MANIFEST, DocumentSet, Manifest, load_manifest
+from rungs.data.subset import collection_of, subset_key
 from rungs.data.tokenizer import (EOS_TEXT, UINT16_VOCAB, BpeTokenizer, ByteTokenizer, TokenIdError, load_tokenizer,
                                   token_dtype, train_bpe)
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 1
-ENCODE_BATCH_DOCS = 256
-# Encoding costs ~150x the text in memory (HF Encoding objects: ids, offsets, token strings), so a
-# batch is also cut at this many bytes of text; with documents split at 1 MiB this bounds the peak.
-ENCODE_BATCH_BYTES = 2 << 20
+BPE_SAMPLE_BYTES = 32 << 20  # the BPE's training text, split equally over the sources (the demo: all of it)
 _TMP_MARK = ".tmp"
+__all__ = ["prepare", "ensure_prepared", "tokenize_documents", "input_key", "ENCODE_BATCH_BYTES",
+           "ENCODE_BATCH_DOCS", "SHARD_TEXT_BYTES"]
 
 
 def input_key(manifest: Manifest, tokenizer: str, vocab_size: int) -> str:
@@ -68,7 +78,7 @@ def _is_disk_full(err: BaseException) -> bool:
     return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` via a hidden temporary and a rename: `path` is never half-written, and
     a failed write (a full disk) removes its temporary."""
     tmp = path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}")
@@ -82,6 +92,14 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
             raise DataDiskFullError(err.errno, f"disk full writing {path} ({os.strerror(err.errno)}); free space "
                                                f"on {path.parent} and rerun: finished steps are kept") from None
         raise
+
+
+def atomic_write_json(path: Path, payload: dict) -> None:
+    atomic_write_bytes(path, (json.dumps(payload, indent=1, sort_keys=True) + "\n").encode())
+
+
+_atomic_write_bytes = atomic_write_bytes
+_atomic_write_json = atomic_write_json
 
 
 def _remove_stale_temporaries(out: Path) -> None:
@@ -103,10 +121,6 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def _atomic_write_json(path: Path, payload: dict) -> None:
-    _atomic_write_bytes(path, (json.dumps(payload, indent=1, sort_keys=True) + "\n").encode())
-
-
 def _npy_bytes(array: np.ndarray) -> bytes:
     import io
 
@@ -119,9 +133,8 @@ def tokenize_documents(tokenizer, texts: list[str], on_batch: Callable[[int], No
                        ) -> tuple[np.ndarray, np.ndarray]:
     """Tokens of every text followed by EOS, concatenated, and the [docs, 3] index (start, tokens, bytes).
 
-    Tokens are `token_dtype(tokenizer.vocab_size)`; an id outside the vocabulary raises `TokenIdError`.
-    Batches hold at most `ENCODE_BATCH_DOCS` documents and (beyond their first) `ENCODE_BATCH_BYTES`
-    of text. `on_batch(n_docs)` is called after each batch of documents (progress display).
+    In memory (for tests, benchmarks and small inputs; `prepare` streams files through
+    `filework.tokenize_file`). An id outside the vocabulary raises `TokenIdError`.
     """
     dtype = token_dtype(tokenizer.vocab_size)
     pieces: list[np.ndarray] = []
@@ -147,14 +160,14 @@ def _batches(texts: list[str]):
     while begin < len(texts):
         end, size = begin, 0
         while end < len(texts) and end - begin < ENCODE_BATCH_DOCS and (end == begin or size + len(texts[end]) <= ENCODE_BATCH_BYTES):
-            size += len(texts[end])  # characters: a cheap stand-in for bytes (<= 4x)
+            size += len(texts[end])
             end += 1
         yield begin, texts[begin:end]
         begin = end
 
 
 class _Progress:
-    """`progress.json`: the input key and the steps completed under it."""
+    """`progress.json`: the input key and the steps completed under it (shards keep their own marks)."""
 
     def __init__(self, out_dir: Path, key: str) -> None:
         self.path = out_dir / "progress.json"
@@ -171,12 +184,77 @@ class _Progress:
 
     def mark(self, step: str, info: dict) -> None:
         self.state["steps"][step] = info
-        _atomic_write_json(self.path, self.state)
+        atomic_write_json(self.path, self.state)
 
 
-def prepare(manifest_path: str | Path, out_dir: str | Path, *, vocab_size: int, tokenizer: str = "bpe") -> Path:
+# ---- running units of work: in this process, or as Ray tasks ----
+def _run_units(fn: Callable, calls: list[tuple[tuple, dict]], workers: int, address: str | None) -> Iterator:
+    """`fn(*args, **kwargs)` for every call, results in call order; in-process for one local worker."""
+    if workers <= 1 and address is None:
+        for args, kwargs in calls:
+            yield fn(*args, **kwargs)
+        return
+    import ray
+
+    if not ray.is_initialized():
+        if address is None:
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        else:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+    # One Rust thread per task: the workers are the parallelism (tokenizers would otherwise use every core
+    # in every worker and oversubscribe the machine).
+    remote = ray.remote(num_cpus=1)(fn).options(runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1"}})
+    pending: list = []
+    calls_iter = iter(calls)
+    for args, kwargs in calls_iter:
+        pending.append(remote.remote(*args, **kwargs))
+        if len(pending) >= 2 * max(workers, 1):
+            break
+    while pending:
+        try:
+            result = ray.get(pending.pop(0))
+        except ray.exceptions.RayTaskError as err:  # the worker's typed error, as if raised here
+            cause = getattr(err, "cause", None)
+            if isinstance(cause, (DataInputError, DataDiskFullError)):
+                raise cause from None
+            raise
+        for args, kwargs in calls_iter:
+            pending.append(remote.remote(*args, **kwargs))
+            break
+        yield result
+
+
+class _SourceProgress:
+    """Per source on stderr: documents, MB and tokens per second (rich; silent when stderr is no tty)."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        from rich.console import Console
+        from rich.progress import Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=Console(file=sys.stderr),
+                            transient=True, disable=not sys.stderr.isatty())
+        self.t0 = time.perf_counter()
+        self.stats = {n: [0, 0, 0] for n in names}
+        self.tasks = {n: self.bar.add_task(self._line(n), total=None) for n in self.stats}
+
+    def _line(self, name: str) -> str:
+        docs, n_bytes, tokens = self.stats[name]
+        rate = tokens / max(time.perf_counter() - self.t0, 1e-9)
+        return f"tokenize {name}: {docs:,} docs, {n_bytes / 1e6:,.1f} MB, {rate:,.0f} tokens/s"
+
+    def add(self, name: str, info: dict) -> None:
+        s = self.stats[name]
+        s[0] += info["docs"]
+        s[1] += info["bytes"]
+        s[2] += info["tokens"]
+        self.bar.update(self.tasks[name], description=self._line(name))
+        log.info("prepare: %s", self._line(name))
+
+def prepare(manifest_path: str | Path, out_dir: str | Path, *, vocab_size: int, tokenizer: str = "bpe",
+            workers: int = 1, address: str | None = None, shard_text_bytes: int = SHARD_TEXT_BYTES) -> Path:
     """Prepare the shards of `manifest_path` in `out_dir` (resumable, idempotent); returns `out_dir`.
 
+    `workers` > 1 or a Ray `address` runs the per-file work as Ray tasks; the output is the same bytes.
     Raises DataInputError for bad input (before `out_dir` is created) and DataDiskFullError when the
     disk fills (no half-written file is left visible; a rerun continues).
     """
@@ -186,6 +264,8 @@ def prepare(manifest_path: str | Path, out_dir: str | Path, *, vocab_size: int, 
     elif tokenizer == "bpe" and not 258 <= vocab_size <= 1 << 32:
         raise DataInputError(f"vocab_size must be at least 258 for a byte-level BPE, got {vocab_size}",
                              field="vocab_size")
+    if workers < 1:
+        raise DataInputError(f"workers must be at least 1, got {workers}", field="workers")
     manifest = load_manifest(manifest_path)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -197,9 +277,10 @@ def prepare(manifest_path: str | Path, out_dir: str | Path, *, vocab_size: int, 
         log.info("prepare: %s is already prepared for these inputs", out)
         return out
     t0 = time.perf_counter()
-    train_docs, eval_docs = _read_documents(manifest)
+    report, removed = _scan(manifest, workers, address)
     try:
-        return _prepare_into(out, key, manifest, train_docs, eval_docs, tokenizer, vocab_size, fixed, t0)
+        return _prepare_into(out, key, manifest, report, removed, tokenizer, vocab_size, fixed, t0, workers, address,
+                             shard_text_bytes)
     except OSError as err:
         if _is_disk_full(err) and not isinstance(err, DataDiskFullError):
             raise DataDiskFullError(err.errno, f"disk full writing under {out} ({os.strerror(err.errno)}); "
@@ -207,85 +288,192 @@ def prepare(manifest_path: str | Path, out_dir: str | Path, *, vocab_size: int, 
         raise
 
 
-def _read_documents(manifest: Manifest) -> tuple[dict, dict]:
-    """Every document of every set, checked (each file readable UTF-8 with a document; no set empty)."""
-    train_docs = {s.name: [(d.doc_id, d.text) for d in s.documents()] for s in manifest.sources}
-    eval_docs = {e.name: [(d.doc_id, d.text) for d in e.documents()] for e in manifest.eval_sets}
-    for label, sets in (("sources", train_docs), ("eval", eval_docs)):
-        for name, docs in sets.items():
+def _units(sets: tuple[DocumentSet, ...]) -> list[tuple[DocumentSet, int, Path]]:
+    return [(ds, i, path) for ds in sets for i, path in enumerate(ds.files)]
+
+
+def _check_ids(ds: DocumentSet, per_file: list[np.ndarray], where: str, label: str) -> None:
+    """Ids unique across the set's files (each file checked itself while read), by 64-bit hashes."""
+    if len(per_file) < 2:
+        return
+    hashes = np.concatenate(per_file)
+    owner = np.repeat(np.arange(len(per_file)), [len(h) for h in per_file])
+    order = np.argsort(hashes, kind="stable")
+    dup = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    if len(dup):
+        second = int(owner[order][dup[0] + 1])
+        target = int(hashes[order][dup[0]])
+        path = ds.files[second]
+        doc_id = next(d.doc_id for d in ds.file_documents(path) if id_hash(d.doc_id) == target)
+        raise DataInputError(f"document id {doc_id!r} appears twice; ids must be unique within a set",
+                             where=str(path), field=ds.name)
+
+
+def _scan(manifest: Manifest, workers: int, address: str | None) -> tuple[dict, dict[tuple[str, int], frozenset]]:
+    """Read every input once: check it, build the held-out n-gram index, decontaminate (both ways).
+
+    Returns the decontamination report (`decontamination.json`) and, per (source, file index), the ids
+    of the training documents removed."""
+    n = manifest.ngram_words
+    eval_units = _units(manifest.eval_sets)
+    scanned = list(_run_units(scan_file, [((ds, path), {"ngram_words": n}) for ds, _, path in eval_units],
+                              workers, address))
+    checked_eval: dict[str, int] = {}
+    per_doc = []
+    for (ds, _, _), res in zip(eval_units, scanned):
+        checked_eval[ds.name] = checked_eval.get(ds.name, 0) + res["docs"]
+        per_doc.extend(res["ngrams"])
+    for ds in manifest.eval_sets:
+        _check_ids(ds, [r["id_hashes"] for (d, _, _), r in zip(eval_units, scanned) if d is ds], str(manifest.path), "eval")
+    del scanned
+    held_out = HeldOutIndex.build(per_doc, n)
+    del per_doc
+    if workers > 1 or address is not None:
+        import ray
+
+        held_ref = ray.put(held_out)
+    else:
+        held_ref = held_out
+    train_units = _units(manifest.sources)
+    checked_train: dict[str, int] = {ds.name: 0 for ds in manifest.sources}
+    removed_train: dict[tuple[str, str], list[str]] = {}
+    flagged: dict[tuple[str, str], list[str]] = {}
+    removed: dict[tuple[str, int], frozenset] = {}
+    hashes: dict[str, list[np.ndarray]] = {ds.name: [] for ds in manifest.sources}
+    for (ds, i, _), res in zip(train_units, _run_units(scan_file, [((ds, path), {"held_out": held_ref})
+                                                                   for ds, _, path in train_units], workers, address)):
+        checked_train[ds.name] += res["docs"]
+        hashes[ds.name].append(res["id_hashes"])
+        removed[(ds.name, i)] = frozenset(doc_id for doc_id, _ in res["removed"])
+        for doc_id, labels in res["removed"]:
+            removed_train[(ds.name, doc_id)] = [lab.replace("\x00", "/") for lab in labels]
+            for lab in labels:
+                domain, eval_id = lab.split("\x00", 1)
+                flagged.setdefault((domain, eval_id), []).append(f"{ds.name}/{doc_id}")
+    for ds in manifest.sources:
+        _check_ids(ds, hashes.pop(ds.name), str(manifest.path), "sources")
+    for label, counts in (("sources", checked_train), ("eval", checked_eval)):
+        for name, docs in counts.items():
             if not docs:
                 raise DataInputError("has no non-empty documents", where=str(manifest.path), field=f"{label}: {name}")
-    log.info("prepare: read %d training and %d held-out documents",
-             sum(map(len, train_docs.values())), sum(map(len, eval_docs.values())))
-    return train_docs, eval_docs
-
-
-def _prepare_into(out: Path, key: str, manifest: Manifest, train_docs: dict, eval_docs: dict, tokenizer: str,
-                  vocab_size: int, fixed: BpeTokenizer | None, t0: float) -> Path:
-    meta_path = out / "meta.json"
-    progress = _Progress(out, key) if (out / "progress.json").exists() else None
-    if progress is not None and progress.done("decontamination"):
-        report = json.loads((out / "decontamination.json").read_text())
-    else:
-        report = decontaminate(train_docs, eval_docs, manifest.ngram_words).to_json()
-    removed = {(r["source"], r["doc_id"]) for r in report["removed_train"]}
-    train_docs = {s: [(i, t) for i, t in docs if (s, i) not in removed] for s, docs in train_docs.items()}
-    for name, docs in train_docs.items():
-        if not docs:
+    for ds in manifest.sources:
+        gone = sum(1 for (src, _) in removed_train if src == ds.name)
+        log.info("decontamination: %s: %d of %d training documents overlap a held-out set", ds.name, gone,
+                 checked_train[ds.name])
+        if gone == checked_train[ds.name]:
             raise DataInputError("every document was removed by decontamination", where=str(manifest.path),
-                                 field=f"sources: {name}")
+                                 field=f"sources: {ds.name}")
+    from rungs.data.decontam import DecontaminationReport
 
+    report = DecontaminationReport(ngram_words=n, removed_train=removed_train, flagged_eval=flagged,
+                                   train_docs_checked=checked_train,
+                                   eval_docs_checked={e.name: checked_eval.get(e.name, 0) for e in manifest.eval_sets})
+    log.info("prepare: scanned %d training and %d held-out documents", sum(checked_train.values()),
+             sum(checked_eval.values()))
+    return report.to_json(), removed
+
+
+def _prepare_into(out: Path, key: str, manifest: Manifest, report: dict, removed: dict, tokenizer: str,
+                  vocab_size: int, fixed: BpeTokenizer | None, t0: float, workers: int, address: str | None,
+                  shard_text_bytes: int) -> Path:
+    meta_path = out / "meta.json"
     out.mkdir(parents=True, exist_ok=True)
     (out / "train").mkdir(exist_ok=True)
     (out / "eval").mkdir(exist_ok=True)
     _remove_stale_temporaries(out)
     if meta_path.exists():
         meta_path.unlink()
-    if progress is None:
-        progress = _Progress(out, key)
+    progress = _Progress(out, key)
     if not progress.done("decontamination"):
-        _atomic_write_json(out / "decontamination.json", report)
+        atomic_write_json(out / "decontamination.json", report)
         progress.mark("decontamination", {"removed": len(report["removed_train"]),
                                           "flagged": len(report["flagged_eval"])})
+    tok = _tokenizer_step(out, progress, tokenizer, vocab_size, manifest, removed, fixed)
+    kind = tok.kind
 
-    tok = _tokenizer_step(out, progress, tokenizer, vocab_size, train_docs, fixed)
-    shards: dict[str, dict] = {}
-    bar = Progress(TextColumn("tokenize {task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True,
-                   disable=not sys.stderr.isatty())
-    for split, sets in (("train", train_docs), ("eval", eval_docs)):
-        for name, docs in sets.items():
-            step = f"{split}/{name}"
-            info = progress.done(step)
-            if info is None:
-                with bar:
-                    task = bar.add_task(step, total=len(docs))
-                    try:
-                        tokens, index = tokenize_documents(tok, [t for _, t in docs],
-                                                           on_batch=lambda n, task=task: bar.advance(task, n))
-                    except TokenIdError as err:
-                        raise DataInputError(str(err), where=tokenizer, field="tokenizer") from None
-                    bar.remove_task(task)
-                blob = _npy_bytes(tokens)
-                _atomic_write_bytes(out / split / f"{name}.tokens.npy", blob)
-                _atomic_write_bytes(out / split / f"{name}.index.npy", _npy_bytes(index))
-                _atomic_write_json(out / split / f"{name}.ids.json", {"ids": [i for i, _ in docs]})
-                info = {"docs": len(docs), "tokens": int(tokens.size), "bytes": int(index[:, 2].sum()),
-                        "sha256": hashlib.sha256(blob).hexdigest()}
-                progress.mark(step, info)
-                log.info("prepare: %s: %d docs, %d tokens, %d bytes", step, info["docs"], info["tokens"], info["bytes"])
-            shards[step] = info
+    sets = [("train", ds) for ds in manifest.sources] + [("eval", ds) for ds in manifest.eval_sets]
+    calls = [((ds, path), {"split": split, "file_index": i, "tokenizer": _TokenizerLoader(out, kind), "out": out,
+                           "key": key, "removed": removed.get((ds.name, i), frozenset()) if split == "train"
+                           else frozenset(), "shard_text_bytes": shard_text_bytes})
+             for split, ds in sets for i, path in enumerate(ds.files)]
+    bar = _SourceProgress(f"{split}/{ds.name}" for split, ds in sets)
+    shards: dict[str, list[dict]] = {f"{split}/{ds.name}": [] for split, ds in sets}
+    in_process = workers <= 1 and address is None
+    with bar.bar:
+        for (args, kwargs), infos in zip(calls, _run_units(
+                tokenize_file, [(a, dict(k, on_shard=None)) for a, k in calls] if not in_process else
+                [(a, dict(k, on_shard=lambda info, n=f"{k['split']}/{a[0].name}": bar.add(n, info))) for a, k in calls],
+                workers, address)):
+            name = f"{kwargs['split']}/{args[0].name}"
+            shards[name].extend({k: v for k, v in info.items() if k not in ("key", "seconds")} for info in infos)
+            if not in_process:
+                for info in infos:
+                    bar.add(name, info)
 
+    entries = {}
+    for split, ds in sets:
+        name = f"{split}/{ds.name}"
+        entries[name] = _write_set_table(out, split, ds.name, shards[name], progress, kind)
     meta = {
         "format_version": FORMAT_VERSION, "key": key, "manifest": str(manifest.path), "name": manifest.name,
         "tokenizer": tok.to_json(),
-        "sources": [{"name": s.name, "domain": s.domain, "share": s.share, **shards[f"train/{s.name}"]}
+        "sources": [{"name": s.name, "domain": s.domain, "share": s.share, **entries[f"train/{s.name}"]}
                     for s in manifest.sources],
-        "eval": [{"name": e.name, "domain": e.domain, **shards[f"eval/{e.name}"]} for e in manifest.eval_sets],
+        "eval": [{"name": e.name, "domain": e.domain, **entries[f"eval/{e.name}"]} for e in manifest.eval_sets],
     }
-    _atomic_write_json(meta_path, meta)
+    atomic_write_json(meta_path, meta)
     log.info("prepare: done in %.1f s -> %s", time.perf_counter() - t0, out)
     return out
+
+
+class _TokenizerLoader:
+    """Picklable: builds the prepared directory's tokenizer where a shard needs it (a Ray worker)."""
+
+    def __init__(self, out: Path, kind: str) -> None:
+        self.out, self.kind = out, kind
+
+    def __call__(self):
+        return load_tokenizer(self.out, {"kind": self.kind})
+
+
+def _write_set_table(out: Path, split: str, name: str, shards: list[dict], progress: _Progress, kind: str) -> dict:
+    """The set's document table (and, for a source, the sampler's keys and orders) from its shards.
+
+    Holds 8 bytes per document for the keys plus the sorts' indices; the shards are read one at a time."""
+    step = f"{split}/{name}"
+    info = progress.done(step)
+    if info is not None and info.get("shards") == shards:
+        return info
+    tables, keys, codes, collections = [], [], [], {}
+    start = 0
+    for shard in shards:
+        index = np.load(out / f"{shard['stem']}.index.npy")
+        index[:, 0] += start
+        start += shard["tokens"]
+        tables.append(index)
+        if split == "train":
+            ids = json.loads((out / f"{shard['stem']}.ids.json").read_text())["ids"]
+            keys.append(np.fromiter((subset_key(name, d) for d in ids), dtype=np.uint64, count=len(ids)))
+            codes.append(np.fromiter((collections.setdefault(collection_of(d), len(collections)) for d in ids),
+                                     dtype=np.int64, count=len(ids)))
+    table = np.concatenate(tables) if tables else np.zeros((0, 3), np.int64)
+    atomic_write_bytes(out / split / f"{name}.docs.npy", _npy_bytes(table))
+    info = {"docs": int(len(table)), "tokens": int(start), "bytes": int(table[:, 2].sum()), "shards": shards,
+            "sha256": hashlib.sha256(b"".join(s["sha256"].encode() for s in shards)).hexdigest()}
+    if split == "train":
+        key_arr = np.concatenate(keys)
+        names = sorted(collections)
+        rank = np.empty(len(names), dtype=np.int64)
+        for r, c in enumerate(names):
+            rank[collections[c]] = r
+        code_arr = rank[np.concatenate(codes)]
+        atomic_write_bytes(out / split / f"{name}.keys.npy", _npy_bytes(key_arr))
+        atomic_write_bytes(out / split / f"{name}.order.npy", _npy_bytes(np.argsort(key_arr, kind="stable")))
+        atomic_write_bytes(out / split / f"{name}.strata.npy", _npy_bytes(np.lexsort((key_arr, code_arr))))
+        info["collections"] = [{"name": c, "docs": int((code_arr == r).sum()),
+                                "tokens": int(table[code_arr == r, 1].sum())} for r, c in enumerate(names)]
+    progress.mark(step, info)
+    return info
 
 
 def _tokenizer_key(tokenizer: str) -> str:
@@ -320,8 +508,29 @@ def _tokenizer_file(path: Path, vocab_size: int | None) -> BpeTokenizer:
     return tok
 
 
-def _tokenizer_step(out: Path, progress: _Progress, kind: str, vocab_size: int,
-                    train_docs: dict[str, list[tuple[str, str]]], fixed: BpeTokenizer | None):
+def bpe_sample(manifest: Manifest, removed: dict[tuple[str, int], frozenset],
+               sample_bytes: int = BPE_SAMPLE_BYTES) -> Iterator[str]:
+    """The BPE's training text: each source's first `sample_bytes / sources` bytes of clean documents, in
+    manifest and file order. Bounded and deterministic; the whole demo corpus fits (its largest source is
+    4.5 MB), so its tokenizer is the one trained on every document before #20."""
+    budget = sample_bytes // len(manifest.sources)
+    for ds in manifest.sources:
+        taken = 0
+        for i, path in enumerate(ds.files):
+            gone = removed.get((ds.name, i), frozenset())
+            for doc in ds.file_documents(path):
+                if taken >= budget:
+                    break
+                if doc.doc_id in gone:
+                    continue
+                taken += len(doc.text.encode("utf-8"))
+                yield doc.text
+            if taken >= budget:
+                break
+
+
+def _tokenizer_step(out: Path, progress: _Progress, kind: str, vocab_size: int, manifest: Manifest,
+                    removed: dict, fixed: BpeTokenizer | None):
     if kind == "byte":
         return ByteTokenizer()
     if progress.done("tokenizer"):
@@ -330,15 +539,15 @@ def _tokenizer_step(out: Path, progress: _Progress, kind: str, vocab_size: int,
         tok, blob = fixed, Path(kind).read_bytes()
     else:
         log.info("prepare: training a byte-level BPE with %d entries", vocab_size)
-        tok = train_bpe((t for docs in train_docs.values() for _, t in docs), vocab_size)
+        tok = train_bpe(bpe_sample(manifest, removed), vocab_size)
         blob = tok.hf.to_str(pretty=False).encode()
-    _atomic_write_bytes(out / "tokenizer.json", blob)
+    atomic_write_bytes(out / "tokenizer.json", blob)
     progress.mark("tokenizer", {"sha256": hashlib.sha256(blob).hexdigest(), "vocab_size": tok.vocab_size})
     return tok
 
 
 def ensure_prepared(manifest_path: str | Path | None = None, *, vocab_size: int, cache_root: Path = Path("runs/data"),
-                    tokenizer: str = "bpe") -> Path:
+                    tokenizer: str = "bpe", workers: int = 1, address: str | None = None) -> Path:
     """The prepared directory for these inputs under `cache_root`, preparing it on first use.
 
     Keyed by the manifest's content hash, the tokenizer and the vocabulary; a file lock makes two
@@ -356,6 +565,7 @@ def ensure_prepared(manifest_path: str | Path | None = None, *, vocab_size: int,
             meta = target / "meta.json"
             if meta.exists() and json.loads(meta.read_text()).get("key") == key:
                 return target
-            return prepare(manifest.path, target, vocab_size=vocab_size, tokenizer=tokenizer)
+            return prepare(manifest.path, target, vocab_size=vocab_size, tokenizer=tokenizer, workers=workers,
+                           address=address)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)

@@ -34,6 +34,7 @@ import torch
 
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.errors import DataInputError, SourceTooSmallError
+from rungs.data.subset import caps_by_collection, collection_of, prefix_of
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 1
@@ -77,8 +78,8 @@ class _SourceStream:
         self.planned_tokens = cap_tokens * epochs
         self.seed = seed
         self.seg_doc, self.seg_len = select_subset(shard, name, cap_tokens, stratified=subset == "stratified")
-        self.tokens = np.asarray(shard.tokens)  # a plain view of the memory map (cheaper slicing)
-        self.doc_starts = shard.index[:, 0].tolist()
+        self.tokens = shard.tokens  # memory-mapped shards: only the pages the subset touches are read
+        self.doc_starts = shard.index[:, 0]
         self.epoch = 0
         self.pos = 0
         self.offset = 0
@@ -118,72 +119,48 @@ class _SourceStream:
         return {"epoch": self.epoch, "pos": self.pos, "offset": self.offset, "pulled": self.pulled}
 
 
-def collection_of(doc_id: str) -> str:
-    """The collection a document belongs to: its id up to the first '/' ('' when there is none)."""
-    head, sep, _ = doc_id.partition("/")
-    return head if sep else ""
-
-
 def collection_tokens(shard, docs: np.ndarray, used: np.ndarray) -> dict[str, int]:
     """Tokens per collection (sorted by name) of a subset given as (doc indices, tokens used of each)."""
     out: dict[str, int] = {}
+    ids = shard.doc_ids
     for d, n in zip(docs.tolist(), used.tolist()):
-        c = collection_of(shard.doc_ids[d])
+        c = collection_of(ids[d])
         out[c] = out.get(c, 0) + n
     return dict(sorted(out.items()))
 
 
-def _hash_prefix(shard, source: str, docs: np.ndarray, cap_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """Of `docs`, those in hash-of-id order up to exactly `cap_tokens` tokens (the last one cut)."""
-    keys = np.array([int.from_bytes(hashlib.sha256(f"{source}\x00{shard.doc_ids[d]}".encode()).digest()[:8],
-                                    "little") for d in docs], dtype=np.uint64)
-    order = docs[np.argsort(keys, kind="stable")]
-    lengths = shard.index[order, 1]
-    cumulative = np.cumsum(lengths)
-    n_docs = min(int(np.searchsorted(cumulative, cap_tokens, side="left")) + 1, len(order))
-    chosen = order[:n_docs].astype(np.int64)
-    used = lengths[:n_docs].astype(np.int64).copy()
-    if n_docs:
-        used[-1] -= int(cumulative[n_docs - 1]) - cap_tokens  # truncate the last document at the cap
-    return chosen, used
-
-
 def collection_caps(shard, cap_tokens: int) -> dict[str, tuple[np.ndarray, int]]:
-    """Per collection (sorted by name): its document indices and its share of `cap_tokens`.
-
-    Shares are proportional to the collections' tokens; cumulative floors make them sum to exactly
-    `cap_tokens`."""
-    members: dict[str, list[int]] = {}
-    for i, doc_id in enumerate(shard.doc_ids):
-        members.setdefault(collection_of(doc_id), []).append(i)
-    names = sorted(members)
-    sizes = [int(shard.index[members[n], 1].sum()) for n in names]
-    total = sum(sizes)
-    caps, before, running = {}, 0, 0
-    for name, size in zip(names, sizes):
-        running += size
-        upto = cap_tokens * running // total
-        caps[name] = (np.asarray(members[name], dtype=np.int64), upto - before)
-        before = upto
-    return caps
+    """Per collection (sorted by name): its document indices (in subset-key order) and its share of
+    `cap_tokens`, proportional to the collections' tokens (cumulative floors: they sum to `cap_tokens`)."""
+    _, strata, collections = shard.subset_arrays(shard.name)
+    caps = caps_by_collection([tokens for _, _, tokens in collections], cap_tokens)
+    out, pos = {}, 0
+    for (name, docs, _), cap in zip(collections, caps):
+        out[name] = (np.asarray(strata[pos:pos + docs], dtype=np.int64), cap)
+        pos += docs
+    return out
 
 
 def select_subset(shard, source: str, cap_tokens: int, *, stratified: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The source's unique subset at `cap_tokens`: (doc indices, tokens used of each).
 
     Stratified: a hash prefix within each collection, sized by the collection's share (module
-    docstring); otherwise one hash prefix over all documents."""
+    docstring); otherwise one hash prefix over all documents. Vectorised (`rungs.data.subset`): reads
+    the head of each collection's precomputed order, a block at a time."""
     if not 0 < cap_tokens <= shard.n_tokens:
         raise DataInputError(f"a unique subset of {cap_tokens:,} tokens is outside 1..{shard.n_tokens:,}, the "
                              f"source's size", field=f"sources.{source}")
+    order, strata, collections = shard.subset_arrays(source)
+    lengths = shard.index[:, 1]
     if not stratified:
-        return _hash_prefix(shard, source, np.arange(shard.n_docs, dtype=np.int64), cap_tokens)
-    docs, used = [], []
-    for members, cap in collection_caps(shard, cap_tokens).values():
+        return prefix_of(order, lengths, cap_tokens)
+    docs, used, pos = [], [], 0
+    for (_, n_docs, _), cap in zip(collections, caps_by_collection([t for _, _, t in collections], cap_tokens)):
         if cap > 0:
-            d, u = _hash_prefix(shard, source, members, cap)
+            d, u = prefix_of(strata[pos:pos + n_docs], lengths, cap)
             docs.append(d)
             used.append(u)
+        pos += n_docs
     return np.concatenate(docs), np.concatenate(used)
 
 
@@ -259,7 +236,7 @@ class SourceScaledSampler:
         for k, (src, doc, off, n) in enumerate(self.pending):
             take = min(n, need - filled)
             stream = self.streams[src]
-            start = stream.doc_starts[doc] + off
+            start = int(stream.doc_starts[doc]) + off
             buffer[filled:filled + take] = stream.tokens[start:start + take]
             segments.append((filled, src, doc, off, take))
             filled += take

@@ -55,30 +55,47 @@ def test_prepare_is_idempotent_and_deterministic(tiny_manifest, tiny_bpe, tmp_pa
            (stamp.st_ino, stamp.st_mtime_ns)
 
 
-def test_an_interrupted_prepare_continues_without_redoing_finished_steps(tiny_manifest, tiny_bpe, tmp_path,
-                                                                           monkeypatch):
-    real = prepare_mod.tokenize_documents
+def test_an_interrupted_prepare_continues_without_redoing_finished_shards(tiny_manifest, tmp_path, monkeypatch):
+    """Shards of ~2 kB of text: source a is several shards; an interruption in its third encode leaves the
+    finished shards in place (same inodes) and the rerun encodes only what was not finished."""
+    from rungs.data.tokenizer import ByteTokenizer
+
+    reference = prepare(tiny_manifest, tmp_path / "reference", vocab_size=257, tokenizer="byte",
+                        shard_text_bytes=2_000)
+    real = ByteTokenizer.encode_many
     calls = []
-    interrupt = [True]
 
-    def fail_on_second_set(tokenizer, texts, **kwargs):
+    def fail_on_third(self, texts):
         calls.append(len(texts))
-        if len(calls) == 2 and interrupt[0]:
-            interrupt[0] = False
+        if len(calls) == 3:
             raise RuntimeError("simulated interruption")
-        return real(tokenizer, texts, **kwargs)
+        return real(self, texts)
 
-    monkeypatch.setattr(prepare_mod, "tokenize_documents", fail_on_second_set)
+    monkeypatch.setattr(ByteTokenizer, "encode_many", fail_on_third)
     out = tmp_path / "resumed"
     with pytest.raises(RuntimeError, match="simulated"):
-        prepare(tiny_manifest, out, vocab_size=300)
+        prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte", shard_text_bytes=2_000)
     assert not (out / "meta.json").exists()
+    finished = {p.name: p.stat().st_ino for p in (out / "train" / "a").iterdir()}
+    assert sorted(finished) == ["00000-0000.ids.json", "00000-0000.index.npy", "00000-0000.json",
+                                "00000-0000.tokens.npy", "00000-0001.ids.json", "00000-0001.index.npy",
+                                "00000-0001.json", "00000-0001.tokens.npy"]
     calls.clear()
-    prepare(tiny_manifest, out, vocab_size=300)
-    assert len(calls) == 2  # sets b and x; set a was already done
-    done = json.loads((out / "meta.json").read_text())
-    ref = json.loads((tiny_bpe / "meta.json").read_text())
-    assert [s["sha256"] for s in done["sources"] + done["eval"]] == [s["sha256"] for s in ref["sources"] + ref["eval"]]
+    monkeypatch.setattr(ByteTokenizer, "encode_many", lambda self, texts: calls.append(len(texts)) or real(self, texts))
+    prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte", shard_text_bytes=2_000)
+    assert {p.name: p.stat().st_ino for p in (out / "train" / "a").iterdir() if p.name in finished} == finished
+    total = sum(len(json.loads(p.read_text())["ids"]) for p in reference.rglob("*.ids.json"))
+    done_before = sum(len(json.loads((out / "train" / "a" / f"00000-000{k}.ids.json").read_text())["ids"])
+                      for k in (0, 1))
+    assert sum(calls) == total - done_before  # every document encoded once over both runs
+    meta, ref = (json.loads((d / "meta.json").read_text()) for d in (out, reference))
+    assert len(ref["sources"][0]["shards"]) > 2
+    assert meta == ref | {"manifest": meta["manifest"]}
+    assert _files(out) == _files(reference)
+
+
+def _files(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_ensure_prepared_caches_by_content_and_survives_a_race(tiny_manifest, tmp_path):

@@ -54,14 +54,21 @@ def test_a_full_disk_says_so_leaves_no_temporary_and_a_rerun_completes_identical
         assert main(["data", "prepare", str(manifest), "--out", str(out), "--tokenizer", "byte", "--vocab-size", "257"]) == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "Traceback" not in err
-        assert f"ladder data: error: disk full writing {out}/train/a.tokens.npy (No space left on device)" in err
-        assert _temporaries(out) == [] and not (out / "train" / "a.tokens.npy").exists()
+        assert f"ladder data: error: disk full writing {out}/train/a/00000-0000.tokens.npy (No space left on device)" in err
+        assert _temporaries(out) == [] and not (out / "train" / "a" / "00000-0000.tokens.npy").exists()
         assert not (out / "meta.json").exists()
         subprocess.run(["mount", "-o", "remount,size=16m", str(mnt)], check=True)
         assert main(["data", "prepare", str(manifest), "--out", str(out), "--tokenizer", "byte", "--vocab-size", "257"]) == 0
         assert _files(out) == _files(reference)
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+def _matches(path, target: str) -> bool:
+    """`target` is a file name, or 'dir/name' (a shard: 'b/00000-0000.tokens.npy'); temporaries match too."""
+    where, _, name = target.rpartition("/")
+    p = Path(path)
+    return name in p.name and (not where or str(p.parent).endswith("/" + where))
 
 
 class _FullDiskAfter:
@@ -75,8 +82,7 @@ class _FullDiskAfter:
 
     def __call__(self, path, mode="r", *args, **kwargs):
         f = self.open(path, mode, *args, **kwargs)
-        if self.fired or not isinstance(path, (str, os.PathLike)) or self.name not in Path(path).name \
-                or "w" not in mode:
+        if self.fired or not isinstance(path, (str, os.PathLike)) or not _matches(path, self.name) or "w" not in mode:
             return f
         self.fired = True
         outer = self
@@ -101,16 +107,16 @@ def test_disk_full_at_a_shard_write(tmp_path, capsys, monkeypatch):
     manifest = write_manifest(tmp_path / "corpus")
     reference = prepare(manifest, tmp_path / "reference", vocab_size=300)
     out = tmp_path / "out"
-    fault = _FullDiskAfter("b.tokens.npy")
+    fault = _FullDiskAfter("b/00000-0000.tokens.npy")
     monkeypatch.setattr(builtins, "open", fault)
     monkeypatch.setattr(io, "open", fault)
     assert main(["data", "prepare", str(manifest), "--out", str(out), "--vocab-size", "300"]) == 1
     assert fault.fired
     err = capsys.readouterr().err
-    assert err == f"ladder data: error: disk full writing {out}/train/b.tokens.npy (No space left on device); " \
-                  f"free space on {out}/train and rerun: finished steps are kept\n"
-    assert _temporaries(out) == [] and not (out / "train" / "b.tokens.npy").exists()
-    assert (out / "train" / "a.tokens.npy").exists() and not (out / "meta.json").exists()
+    assert err == f"ladder data: error: disk full writing {out}/train/b/00000-0000.tokens.npy (No space left on " \
+                  f"device); free space on {out}/train/b and rerun: finished steps are kept\n"
+    assert _temporaries(out) == [] and not (out / "train" / "b" / "00000-0000.tokens.npy").exists()
+    assert (out / "train" / "a" / "00000-0000.tokens.npy").exists() and not (out / "meta.json").exists()
     monkeypatch.undo()
     assert main(["data", "prepare", str(manifest), "--out", str(out), "--vocab-size", "300"]) == 0
     assert _files(out) == _files(reference)
@@ -126,7 +132,9 @@ _KILLED = textwrap.dedent("""
 
     def open_then_die(path, mode="r", *args, **kwargs):
         f = real_open(path, mode, *args, **kwargs)
-        if not isinstance(path, (str, os.PathLike)) or target not in Path(path).name or "w" not in mode:
+        where, _, name = target.rpartition("/")
+        if not isinstance(path, (str, os.PathLike)) or name not in Path(path).name or "w" not in mode \
+                or (where and not str(Path(path).parent).endswith("/" + where)):
             return f
         if not inside:  # between files: the previous step is on disk, this one never starts
             os.kill(os.getpid(), signal.SIGKILL)
@@ -150,7 +158,7 @@ _KILLED = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("target,where", [("b.tokens.npy", "inside"), ("x.tokens.npy", "between"),
+@pytest.mark.parametrize("target,where", [("b/00000-0000.tokens.npy", "inside"), ("x/00000-0000.tokens.npy", "between"),
                                           ("tokenizer.json", "inside")])
 def test_a_prepare_killed_mid_way_reruns_to_byte_identical_output(target, where, tmp_path):
     manifest = write_manifest(tmp_path / "corpus")
@@ -159,9 +167,10 @@ def test_a_prepare_killed_mid_way_reruns_to_byte_identical_output(target, where,
     killed = subprocess.run([sys.executable, "-c", _KILLED, str(manifest), str(out), target, where], cwd=REPO,
                             capture_output=True, text=True, timeout=3600)  # a far guard
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    assert not (out / "meta.json").exists() and not any(p.name == target for p in out.rglob("*"))
+    assert not (out / "meta.json").exists() and not any(_matches(p, target) and ".tmp" not in p.name
+                                                          for p in out.rglob("*"))
     if where == "inside":  # the half-written temporary is there, hidden, until the next run
-        assert [p.name.split(".tmp")[0] for p in _temporaries(out)] == [f".{target}"]
+        assert [p.name.split(".tmp")[0] for p in _temporaries(out)] == [f".{target.rpartition('/')[2]}"]
     assert main(["data", "prepare", str(manifest), "--out", str(out), "--vocab-size", "300"]) == 0
     assert _temporaries(out) == []
     assert _files(out) == _files(reference)

@@ -126,8 +126,8 @@ def test_shards_whose_ids_wrapped_into_uint16_are_refused(wide_corpus, tmp_path)
     import shutil
 
     copy = shutil.copytree(wide_corpus[1], tmp_path / "wrapped")
-    path = copy / "train" / "a.tokens.npy"
+    path = copy / "train" / "a" / "00000-0000.tokens.npy"
     np.save(path, np.load(path).astype(np.uint16))
-    with pytest.raises(DataInputError, match=r"train/a\.tokens\.npy holds uint16 ids but the vocabulary has "
+    with pytest.raises(DataInputError, match=r"train/a/00000-0000\.tokens\.npy holds uint16 ids but the vocabulary has "
                                              r"66,\d{3} entries \(needs uint32\); ids may have wrapped"):
         PreparedCorpus.open(copy).train_shard("a")
