@@ -30,7 +30,7 @@ from rungs.tracking import DEFAULT_TRACKING_URI, sqlite_path
 
 log = logging.getLogger(__name__)
 
-STARTUP_TIMEOUT_SECONDS = 120.0
+STARTUP_TIMEOUT_SECONDS = 600.0  # a hang guard: a server starts in seconds, minutes on a very busy machine
 WATCH_INTERVAL_SECONDS = 0.5
 
 

@@ -42,7 +42,12 @@ def _ray_node(args: list[str], temp_dir: Path) -> subprocess.Popen:
                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
 
 
-def _wait_for_nodes(address: str, count: int, timeout_seconds: float = 180) -> None:
+# Guards against a hang, far above any plausible run (a node joins in seconds; a smoke sweep takes
+# minutes on 2 busy cores): they end a stuck test, they never judge a slow one.
+GUARD_SECONDS = 3600
+
+
+def _wait_for_nodes(address: str, count: int, timeout_seconds: float = GUARD_SECONDS) -> None:
     probe = textwrap.dedent(f"""
         import ray
         ray.init(address="{address}", logging_level="ERROR")
@@ -56,6 +61,23 @@ def _wait_for_nodes(address: str, count: int, timeout_seconds: float = 180) -> N
             return
         time.sleep(2)
     raise TimeoutError(f"Ray cluster at {address} did not reach {count} nodes")
+
+
+def _wait_for_idle_cluster(address: str, timeout_seconds: float = GUARD_SECONDS) -> None:
+    """Until every CPU of the cluster is free again (no trial of a dead driver still holds one)."""
+    probe = textwrap.dedent(f"""
+        import ray
+        ray.init(address="{address}", logging_level="ERROR")
+        print(ray.available_resources().get("CPU", 0.0) >= ray.cluster_resources().get("CPU", 0.0))
+    """)
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+        if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == ["True"]:
+            return
+        time.sleep(1)
+    raise TimeoutError(f"Ray cluster at {address} still runs the killed driver's trials")
 
 
 @pytest.fixture(scope="module")
@@ -100,16 +122,16 @@ def _peek(db: Path) -> list[str]:
 
 
 def _sweep(args: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([*LADDER, "sweep", *args], capture_output=True, text=True, timeout=900, **kw)
+    return subprocess.run([*LADDER, "sweep", *args], capture_output=True, text=True, timeout=GUARD_SECONDS, **kw)
 
 
 @pytest.mark.slow
 def test_killed_driver_rerun_finishes_every_trial_exactly_once(ray_cluster, tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cmd = [*LADDER, "sweep", "run", "smoke", "--address", ray_cluster, "--tracking-uri", store, "--json"]
+    cmd = [*LADDER, "sweep", "run", "smoke", "--address", ray_cluster, "--tracking-uri", store, "--new-store", "--json"]
     driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # Kill once two trials are finished and the third has a checkpoint (every 5 steps) to resume from.
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + GUARD_SECONDS
     while time.monotonic() < deadline and driver.poll() is None:
         time.sleep(1)
         dirs = list((tmp_path / "sweeps" / "smoke").glob("*"))
@@ -120,7 +142,7 @@ def test_killed_driver_rerun_finishes_every_trial_exactly_once(ray_cluster, tmp_
     assert driver.poll() is None, f"the sweep ended before it could be killed: {driver.communicate()}"
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
-    time.sleep(5)  # Ray ends the dead driver's trials; nothing may finish after this point
+    _wait_for_idle_cluster(ray_cluster)  # Ray has ended the dead driver's trials: nothing may finish after this
     states = {k: trial_state(rs).state for k, rs in find_runs(store, "sweep-smoke").items()}
     finished_before = {k for k, s in states.items() if s == "finished"}
     interrupted = {k for k, s in states.items() if s == "running"}
@@ -183,12 +205,23 @@ def test_raising_trial_is_retried_then_failed_and_diverged_trial_is_not_retried(
     spec_path = tmp_path / "faults.yaml"
     spec_path.write_text(yaml.safe_dump(FAULTS))
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # Diverged is a result: a sweep whose trials finished or diverged exits 0.
+    FAULTS_NO_CRASH = {**FAULTS, "blocks": [{**FAULTS["blocks"][0], "arms": {
+        k: v for k, v in FAULTS["blocks"][0]["arms"].items() if k != "broken"}}]}
+    spec_path.write_text(yaml.safe_dump(FAULTS_NO_CRASH))
+    out = _sweep(["run", str(spec_path), "--address", ray_cluster, "--tracking-uri", store, "--new-store", "--json"])
+    assert out.returncode == 0, out.stderr
+    assert {k: json.loads(out.stdout)[k] for k in ("completed", "diverged", "failed")} == {
+        "completed": 1, "diverged": 1, "failed": 0}
+    # A failed trial does not take the sweep down, but the sweep exits 1 so cron and CI see it.
+    spec_path.write_text(yaml.safe_dump(FAULTS))
     out = _sweep(["run", str(spec_path), "--address", ray_cluster, "--tracking-uri", store, "--json"])
-    assert out.returncode == 0, out.stderr  # a crashing trial does not take the sweep down
+    assert out.returncode == 1, out.stderr
+    assert "1 trial(s) failed" in out.stderr.splitlines()[-1]  # (Ray Tune logs the trial's own traceback above)
     summary = json.loads(out.stdout)
     by_arm = {r["trial"].split()[-2]: r for r in summary["results"]}
-    assert {k: summary[k] for k in ("trials", "completed", "failed", "diverged")} == {
-        "trials": 3, "completed": 1, "failed": 1, "diverged": 1}
+    assert {k: summary[k] for k in ("trials", "completed", "skipped", "failed", "diverged")} == {
+        "trials": 3, "completed": 0, "skipped": 2, "failed": 1, "diverged": 0}
     assert by_arm["ok"]["state"] == "finished"
     assert by_arm["broken"]["state"] == "failed" and by_arm["broken"]["attempts"] == 2  # 1 try + 1 retry
     assert "manifest" in (by_arm["broken"]["error"] or "")
@@ -234,7 +267,8 @@ def test_resources_larger_than_the_cluster_exit_2_before_any_trial(ray_cluster, 
     spec = _bad_spec(tmp_path, resources={"cpus": 2, "workers": 4},
                      overrides={"checkpoint_interval": 5, "batch_sequences": 8})
     store = tmp_path / "mlflow.db"
-    out = _sweep(["run", spec, "--address", ray_cluster, "--tracking-uri", f"sqlite:///{store}", "--json"])
+    out = _sweep(["run", spec, "--address", ray_cluster, "--tracking-uri", f"sqlite:///{store}", "--new-store",
+                  "--json"])
     assert out.returncode == 2
     assert "cluster has 3 CPU" in out.stderr and "Traceback" not in out.stderr
     assert out.stdout == ""
@@ -271,7 +305,7 @@ def test_multi_worker_trial_runs_as_one_torchtrainer_job_and_one_mlflow_run(ray_
     assert refused.returncode == 2 and "does not split over 2 workers" in refused.stderr
     spec["overrides"] = {"batch_sequences": 8}
     path.write_text(yaml.safe_dump(spec))
-    out = _sweep(["run", str(path), "--address", ray_cluster, "--tracking-uri", store, "--json"])
+    out = _sweep(["run", str(path), "--address", ray_cluster, "--tracking-uri", store, "--new-store", "--json"])
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["completed"] == 1, out.stdout
     (runs,) = find_runs(store, "sweep-two_workers").values()
@@ -289,3 +323,34 @@ def test_status_progress_marks_a_silent_running_run_as_stale(tmp_path):
     assert re.fullmatch(r"step 7/100, 1[01] s ago", _progress(store, run_id, 100))
     client.log_metric(run_id, "loss", 2.9, timestamp=now_ms - int(STALE_AFTER_SECONDS * 1000) - 60_000, step=8)
     assert _progress(store, run_id, 100).startswith("step 8/100") and "stale" in _progress(store, run_id, 100)
+
+
+TWIN = {"name": "twin", "recipe": "cpu-demo", "max_steps": 6, "max_failures": 0, "max_concurrent": 1,
+        "resources": {"cpus": 1}, "overrides": {"checkpoint_interval": 3},
+        "blocks": [{"name": "lr", "rungs": [3], "lr_wd": {"log_lr": {"spacing": 0.7, "points": 2}}}]}
+
+
+@pytest.mark.slow
+def test_two_drivers_of_one_spec_on_one_fresh_store_train_each_trial_once(ray_cluster, tmp_path):
+    """Started together on a store that does not exist yet: neither crashes creating MLflow's schema
+    or the experiment, and each trial is trained once (one run, one loss point per step)."""
+    path = tmp_path / "twin.yaml"
+    path.write_text(yaml.safe_dump(TWIN))
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cmd = [*LADDER, "sweep", "run", str(path), "--address", ray_cluster, "--tracking-uri", store, "--new-store",
+           "--json"]
+    drivers = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [d.communicate(timeout=GUARD_SECONDS) for d in drivers]
+    for driver, (out, err) in zip(drivers, outs):
+        assert driver.returncode == 0, err
+        assert "already exists" not in err and "Traceback" not in err
+        summary = json.loads(out)
+        assert summary["trials"] == 2 and summary["failed"] == 0
+    records = find_runs(store, "sweep-twin")
+    assert len(records) == 2
+    client = MlflowClient(store)
+    for key, runs in records.items():
+        assert len(runs) == 1, f"trial {key} has {len(runs)} runs"
+        assert runs[0].status == "FINISHED" and runs[0].tags["outcome"] == "finished"
+        history = [m.step for m in client.get_metric_history(runs[0].run_id, "loss")]
+        assert sorted(history) == list(range(1, TWIN["max_steps"] + 1)), f"trial {key} logged steps {history}"

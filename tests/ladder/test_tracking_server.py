@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from ladder.tracking_server import TrackingServer, healthy
 
+GUARD_SECONDS = 1800  # ends a hung test; far above any plausible run, never a judgement of speed
 WRITERS = 4
 STEPS = 1000
 METRICS = ("loss", "bpb", "grad_norm")  # 3,000 points per writer
@@ -48,7 +49,7 @@ def test_concurrent_writers_through_the_server_lose_no_point(tmp_path):
                                   stdout=subprocess.PIPE, text=True) for w in range(WRITERS)]
         run_ids = {}
         for w, p in enumerate(procs):
-            out, _ = p.communicate(timeout=300)
+            out, _ = p.communicate(timeout=GUARD_SECONDS)
             assert p.returncode == 0
             run_ids[w] = out.strip().splitlines()[-1]
     # Read back from the SQLite file itself, server gone: every point is on disk.
@@ -77,8 +78,32 @@ def test_server_dies_with_a_sigkilled_driver(tmp_path):
     uri = driver.stdout.readline().strip()
     assert healthy(uri)
     os.kill(driver.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + GUARD_SECONDS
     while healthy(uri) and time.monotonic() < deadline:
         time.sleep(0.5)
     driver.wait()
     assert not healthy(uri)
+
+
+def _listening_addresses(pid: int) -> set[tuple[str, int]]:
+    """(ip, port) of every listening TCP socket of a process and its descendants."""
+    import psutil
+
+    root = psutil.Process(pid)
+    out = set()
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            out |= {(c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
+                    if c.status == psutil.CONN_LISTEN}
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def test_server_listens_on_loopback_only(tmp_path):
+    server = TrackingServer(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with server as uri:
+        listening = _listening_addresses(server._proc.pid)
+        assert listening, "the server listens on no TCP socket"
+        assert {ip for ip, _ in listening} == {"127.0.0.1"}, listening
+        assert ("127.0.0.1", server.port) in listening and uri == f"http://127.0.0.1:{server.port}"
