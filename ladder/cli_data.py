@@ -1,4 +1,5 @@
-"""`ladder data prepare MANIFEST --out DIR`: tokenized shards, held-out sets and the decontamination report.
+"""`ladder data prepare MANIFEST --out DIR`: tokenized shards, held-out sets and the decontamination report;
+`ladder data inspect DIR`: the shard manifest of a prepared directory and a decoded sample of documents.
 
 Exit 2 with one line naming the file and field on bad input (nothing is written); exit 1 with one
 line naming the file when the disk fills (no half-written file is left visible; rerun once space is
@@ -33,8 +34,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", default="bpe",
                    help="'bpe' (train a byte-level BPE, default), 'byte', or the path of a Hugging Face tokenizer.json "
                         "with an <|endoftext|> token (a fixed vocabulary; over 65,536 entries the shards are uint32)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="parallel workers (Ray tasks, one input file each); default: every core when the inputs "
+                        f"exceed {AUTO_PARALLEL_BYTES >> 20} MB, else 1 (in this process: Ray's start-up would cost "
+                        "more than it saves). The output is the same bytes for any number")
+    p.add_argument("--address", default=None, help="a Ray cluster to run the workers on (e.g. ray://head:10001)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
+    i = data_sub.add_parser("inspect", help="print a prepared directory's shard manifest and decode sample documents")
+    i.add_argument("dir", help="a directory written by `ladder data prepare`")
+    i.add_argument("--docs", type=int, default=2, help="documents decoded per set (default 2)")
+    i.add_argument("--chars", type=int, default=200, help="characters shown per decoded document (default 200)")
+    i.add_argument("--json", action="store_true", help="print one JSON object")
+    i.set_defaults(handler=run_inspect)
+
+
+AUTO_PARALLEL_BYTES = 64 << 20
+
+
+def auto_workers(manifest_path: Path) -> int:
+    """Every core for inputs over AUTO_PARALLEL_BYTES (on disk), else 1 (and 1 for a bad manifest: prepare
+    checks its arguments in order and names what is wrong)."""
+    import os
+
+    from rungs.data.manifest import load_manifest
+
+    try:
+        manifest = load_manifest(manifest_path)
+    except DataInputError:
+        return 1
+    size = sum(f.stat().st_size for ds in manifest.sources + manifest.eval_sets for f in ds.files)
+    return (os.cpu_count() or 1) if size > AUTO_PARALLEL_BYTES else 1
 
 
 def resolve_manifest(name: str) -> Path:
@@ -70,9 +100,14 @@ def prepare_payload(out: Path, wall_seconds: float) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
+    manifest = resolve_manifest(args.manifest)
+    if args.workers is not None and args.workers < 1:
+        raise LadderInputError(f"--workers must be at least 1, got {args.workers}", field="--workers")
+    vocab_size = _vocab_size(args)
     try:
-        out = prepare(resolve_manifest(args.manifest), Path(args.out), vocab_size=_vocab_size(args),
-                      tokenizer=args.tokenizer)
+        workers = args.workers if args.workers is not None else (1 if args.address else auto_workers(manifest))
+        out = prepare(manifest, Path(args.out), vocab_size=vocab_size, tokenizer=args.tokenizer,
+                      workers=workers, address=args.address)
     except DataInputError as err:
         raise LadderInputError(err.detail, where=err.where or args.manifest, field=err.field) from None
     except DataDiskFullError as err:
@@ -100,3 +135,45 @@ def render(payload: dict) -> None:
         ["split", "name", "domain", "share", "docs", "bytes", "tokens", "bytes/token", "overlap docs"], rows))
     stdout_console.print(f"decontamination ({decon['rule']}): overlap docs are training documents removed and "
                          f"held-out documents reported; details in {decon['report']}")
+
+
+def inspect_payload(directory: Path, docs: int, chars: int) -> dict:
+    """The shard manifest and, per set, `docs` documents spread over it, decoded (first `chars` characters)."""
+    corpus = PreparedCorpus.open(directory)
+    tok = corpus.tokenizer
+    sets = []
+    for split, entries in (("train", corpus.meta["sources"]), ("eval", corpus.meta["eval"])):
+        for e in entries:
+            shard = corpus.train_shard(e["name"]) if split == "train" else corpus.eval_shard(e["name"])
+            picks = sorted({round(k * (shard.n_docs - 1) / max(docs - 1, 1)) for k in range(min(docs, shard.n_docs))})
+            sample = [{"doc": i, "id": shard.doc_ids[i], "tokens": int(shard.index[i, 1]) - 1,
+                       "bytes": int(shard.index[i, 2]), "text": tok.decode(shard.document_tokens(i).tolist())[:chars]}
+                      for i in picks]
+            sets.append({"split": split, "name": e["name"], "domain": e["domain"], "docs": e["docs"],
+                         "tokens": e["tokens"], "bytes": e["bytes"], "shards": e["shards"], "sample": sample})
+    return {"dir": str(directory), "format_version": corpus.meta["format_version"], "key": corpus.meta["key"],
+            "tokenizer": corpus.meta["tokenizer"], "sets": sets}
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    if args.docs < 0 or args.chars < 0:
+        raise LadderInputError("--docs and --chars must be >= 0", field="--docs")
+    try:
+        payload = inspect_payload(Path(args.dir), args.docs, args.chars)
+    except DataInputError as err:
+        raise LadderInputError(err.detail, where=err.where or args.dir, field=err.field) from None
+    if args.json:
+        print_json(payload)
+        return 0
+    tok = payload["tokenizer"]
+    rows = [[s["split"], s["name"], sh["stem"].rpartition("/")[2], sh["docs"], sh["tokens"], sh["bytes"],
+             sh["sha256"][:12]] for s in payload["sets"] for sh in s["shards"]]
+    stdout_console.print(make_table(
+        f"ladder data inspect {payload['dir']} (format {payload['format_version']}, {tok['kind']} tokenizer, "
+        f"vocab {tok['vocab_size']})", ["split", "set", "shard", "docs", "tokens", "bytes", "sha256"], rows))
+    for s in payload["sets"]:
+        for d in s["sample"]:
+            stdout_console.print(f"[bold]{s['split']}/{s['name']}[/bold] doc {d['doc']} {d['id']!r} "
+                                 f"({d['tokens']} tokens, {d['bytes']} bytes):", highlight=False)
+            stdout_console.print(repr(d["text"]), markup=False, highlight=False)
+    return 0

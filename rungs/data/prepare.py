@@ -35,6 +35,7 @@ Hugging Face `tokenizer.json` with an `<|endoftext|>` token (a fixed vocabulary,
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -196,11 +197,6 @@ def _run_units(fn: Callable, calls: list[tuple[tuple, dict]], workers: int, addr
         return
     import ray
 
-    if not ray.is_initialized():
-        if address is None:
-            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
-        else:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
     # One Rust thread per task: the workers are the parallelism (tokenizers would otherwise use every core
     # in every worker and oversubscribe the machine).
     remote = ray.remote(num_cpus=1)(fn).options(runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1"}})
@@ -222,6 +218,28 @@ def _run_units(fn: Callable, calls: list[tuple[tuple, dict]], workers: int, addr
             pending.append(remote.remote(*args, **kwargs))
             break
         yield result
+
+
+@contextlib.contextmanager
+def _ray_session(workers: int, address: str | None):
+    """Ray for this prepare when it runs in parallel: joined if this process already has it, else started
+    (locally with `workers` CPUs, or connected to `address`) and shut down at the end."""
+    if workers <= 1 and address is None:
+        yield
+        return
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    if address is None:
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    else:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 class _SourceProgress:
@@ -277,10 +295,11 @@ def prepare(manifest_path: str | Path, out_dir: str | Path, *, vocab_size: int, 
         log.info("prepare: %s is already prepared for these inputs", out)
         return out
     t0 = time.perf_counter()
-    report, removed = _scan(manifest, workers, address)
     try:
-        return _prepare_into(out, key, manifest, report, removed, tokenizer, vocab_size, fixed, t0, workers, address,
-                             shard_text_bytes)
+        with _ray_session(workers, address):
+            report, removed = _scan(manifest, workers, address)
+            return _prepare_into(out, key, manifest, report, removed, tokenizer, vocab_size, fixed, t0, workers,
+                                 address, shard_text_bytes)
     except OSError as err:
         if _is_disk_full(err) and not isinstance(err, DataDiskFullError):
             raise DataDiskFullError(err.errno, f"disk full writing under {out} ({os.strerror(err.errno)}); "

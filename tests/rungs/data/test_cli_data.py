@@ -6,7 +6,7 @@ import json
 
 from ladder.cli import main
 
-from .conftest import write_manifest
+from .conftest import make_docs, write_manifest
 
 
 def test_json_output_is_one_object_describing_the_shards(tiny_manifest, tmp_path, capsys):
@@ -36,3 +36,28 @@ def test_bad_input_exits_2_with_the_file_and_field(tmp_path, capsys):
     assert f"{manifest}: sources.share: source shares sum to 0.7" in err and "Traceback" not in err
     assert main(["data", "prepare", str(manifest), "--out", str(tmp_path / "o"), "--vocab-size", "10"]) == 2
     assert "vocab_size must be at least 258" in capsys.readouterr().err
+
+
+def test_inspect_prints_the_shard_manifest_and_decodes_sample_documents(tiny_bpe, capsys):
+    assert main(["data", "inspect", str(tiny_bpe), "--json", "--docs", "3"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert [(s["split"], s["name"]) for s in payload["sets"]] == [("train", "a"), ("train", "b"), ("eval", "x")]
+    a = payload["sets"][0]
+    assert a["shards"][0]["stem"] == "train/a/00000-0000" and sum(s["docs"] for s in a["shards"]) == a["docs"] == 60
+    assert [d["doc"] for d in a["sample"]] == [0, 30, 59]
+    docs = {d["id"]: d["text"] for d in make_docs("a", 60, seed=1)}
+    assert all(docs[d["id"]][:200] == d["text"] for d in a["sample"])  # the round trip: decode(encode(text))
+    assert main(["data", "inspect", str(tiny_bpe)]) == 0
+    text = capsys.readouterr().out
+    assert "train/a doc 59 'a-59' (459 tokens, 668 bytes):" in text and "00000-0000" in text
+
+
+def test_inspect_of_a_directory_that_is_not_prepared_exits_2(tmp_path, capsys):
+    assert main(["data", "inspect", str(tmp_path)]) == 2
+    assert f"{tmp_path}: not a prepared corpus" in capsys.readouterr().err
+
+
+def test_workers_below_one_exit_2(tiny_manifest, tmp_path, capsys):
+    assert main(["data", "prepare", str(tiny_manifest), "--out", str(tmp_path / "o"), "--workers", "0"]) == 2
+    assert "--workers must be at least 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
