@@ -1,0 +1,41 @@
+"""The trial key of every trial of every shipped spec is a contract: finished runs in MLflow are found
+by it, so a refactor that moves a field, renames a default or changes the hash would silently rerun
+(or orphan) every trial. `shipped_trial_keys.json` was written from the code before the 2026-12-01
+refactors (commit 32031b6) by `python tests/sweeps/test_shipped_keys.py --write`; a spec edited on
+purpose regenerates it in the same commit, and the diff shows which keys moved."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from ladder.sweep_plan import plan_sweep
+from sweeps.spec import available_specs, load_spec
+
+KEYS_FILE = Path(__file__).with_name("shipped_trial_keys.json")
+
+
+def shipped_trial_keys() -> dict[str, dict[str, str]]:
+    return {name: {p.label: p.key for p in plan_sweep(load_spec(name), where=name)} for name in available_specs()}
+
+
+RECORDED: dict[str, dict[str, str]] = json.loads(KEYS_FILE.read_text())
+
+
+def test_every_shipped_spec_has_recorded_keys():
+    assert sorted(RECORDED) == available_specs()
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_shipped_spec_keys_are_unchanged(name):
+    now = {p.label: p.key for p in plan_sweep(load_spec(name), where=name)}
+    moved = {label: (RECORDED[name].get(label), key) for label, key in now.items() if RECORDED[name].get(label) != key}
+    assert not moved, f"{name}: trial keys changed (recorded, now): {moved}"
+    assert set(now) == set(RECORDED[name])
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    KEYS_FILE.write_text(json.dumps(shipped_trial_keys(), indent=1, sort_keys=True) + "\n")
