@@ -34,7 +34,7 @@ import torch
 
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.errors import DataInputError, SourceTooSmallError
-from rungs.data.subset import caps_by_collection, collection_of, prefix_of
+from rungs.data.subset import caps_by_collection, collection_of, fill_prefix, prefix_length, prefix_of
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 1
@@ -154,14 +154,20 @@ def select_subset(shard, source: str, cap_tokens: int, *, stratified: bool = Tru
     lengths = shard.index[:, 1]
     if not stratified:
         return prefix_of(order, lengths, cap_tokens)
-    docs, used, pos = [], [], 0
-    for (_, n_docs, _), cap in zip(collections, caps_by_collection([t for _, _, t in collections], cap_tokens)):
+    caps = caps_by_collection([t for _, _, t in collections], cap_tokens)
+    spans, pos = [], 0  # per collection with a cap: (its slice of the strata order, docs taken, last used)
+    for (_, n_docs, _), cap in zip(collections, caps):
         if cap > 0:
-            d, u = prefix_of(strata[pos:pos + n_docs], lengths, cap)
-            docs.append(d)
-            used.append(u)
+            members = strata[pos:pos + n_docs]
+            spans.append((members, *prefix_length(members, lengths, cap)))
         pos += n_docs
-    return np.concatenate(docs), np.concatenate(used)
+    total = sum(n for _, n, _ in spans)
+    docs, used = np.empty(total, np.int64), np.empty(total, np.int64)
+    at = 0
+    for members, n, last in spans:
+        fill_prefix(members, lengths, n, last, docs[at:at + n], used[at:at + n])
+        at += n
+    return docs, used
 
 
 def _plan_float(plan: dict, source: str, key: str) -> float:

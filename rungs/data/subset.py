@@ -27,27 +27,37 @@ def subset_key(source: str, doc_id: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{source}\x00{doc_id}".encode()).digest()[:8], "little")
 
 
-def prefix_of(order: np.ndarray, lengths: np.ndarray, cap_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """The documents of `order` (a possibly memory-mapped index array) up to exactly `cap_tokens` tokens,
-    read a block at a time: (doc indices, tokens used of each, the last one cut at the cap)."""
-    chosen, used, total = [], [], 0
+def prefix_length(order: np.ndarray, lengths: np.ndarray, cap_tokens: int) -> tuple[int, int]:
+    """How many documents of `order` (a possibly memory-mapped index array) reach `cap_tokens` tokens, and
+    the tokens the last of them contributes; read a block at a time, nothing kept."""
+    total = 0
     for begin in range(0, len(order), BLOCK_DOCS):
-        block = np.asarray(order[begin:begin + BLOCK_DOCS], dtype=np.int64)
-        n = np.asarray(lengths[block], dtype=np.int64)
+        n = np.asarray(lengths[np.asarray(order[begin:begin + BLOCK_DOCS], dtype=np.int64)], dtype=np.int64)
         cumulative = total + np.cumsum(n)
         stop = int(np.searchsorted(cumulative, cap_tokens, side="left"))
-        if stop < len(block):
-            chosen.append(block[:stop + 1])
-            last = n[:stop + 1].copy()
-            last[-1] -= int(cumulative[stop]) - cap_tokens
-            used.append(last)
-            break
-        chosen.append(block)
-        used.append(n)
+        if stop < len(n):
+            return begin + stop + 1, int(n[stop]) - (int(cumulative[stop]) - cap_tokens)
         total = int(cumulative[-1])
-    if not chosen:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(chosen), np.concatenate(used)
+    return len(order), int(lengths[int(order[-1])]) if len(order) else 0
+
+
+def fill_prefix(order: np.ndarray, lengths: np.ndarray, n_docs: int, last_used: int, docs_out: np.ndarray,
+                used_out: np.ndarray) -> None:
+    """Write the first `n_docs` of `order` and the tokens used of each (the last cut to `last_used`)."""
+    if not n_docs:
+        return
+    docs_out[:] = order[:n_docs]
+    used_out[:] = lengths[docs_out]
+    used_out[-1] = last_used
+
+
+def prefix_of(order: np.ndarray, lengths: np.ndarray, cap_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """The documents of `order` up to exactly `cap_tokens` tokens: (doc indices, tokens used of each, the
+    last one cut at the cap). Allocates 16 bytes per document taken, nothing per document left."""
+    n_docs, last = prefix_length(order, lengths, cap_tokens)
+    docs, used = np.empty(n_docs, np.int64), np.empty(n_docs, np.int64)
+    fill_prefix(order, lengths, n_docs, last, docs, used)
+    return docs, used
 
 
 def caps_by_collection(tokens: list[int], cap_tokens: int) -> list[int]:
