@@ -92,7 +92,11 @@ def run_trial(payload: dict) -> dict:
     bpb = [v for v in result.bpb.values() if v is not None and math.isfinite(v)]
     if result.run_id:
         summary = {"bpb_mean": f"{sum(bpb) / len(bpb):.6f}"} if bpb else {}
-        tag_run(payload["config"]["tracking_uri"], result.run_id, {**tags, TAG_OUTCOME: outcome, **summary})
+        # With a status: a job that returned its stored result after a kill between result.json and
+        # closing its run must not leave the trial RUNNING. A diverged run is FINISHED and tagged
+        # diverged (ladder.sweep_runs: recorded, not retried), as the training job itself marks it.
+        tag_run(payload["config"]["tracking_uri"], result.run_id,
+                {**tags, TAG_OUTCOME: outcome, "diverged": str(result.diverged).lower(), **summary}, status="FINISHED")
     train_loop_seconds = result.tokens / result.tokens_per_second if result.tokens_per_second else 0.0
     return {
         "outcome": outcome, "run_id": result.run_id, "attempt": attempt, "steps": result.steps,
