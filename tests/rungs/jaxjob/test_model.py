@@ -1,0 +1,160 @@
+"""The JAX rung model against rungs.model.Transformer: logits, loss and every gradient at two
+cpu-demo rungs; block-local attention against the full masked softmax; the bias update."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ladder.plan import plan_rung
+from ladder.recipe import load_recipe
+from rungs.jaxjob import model as M
+from rungs.jaxjob import params as P
+from rungs.model import ModelConfig, Transformer, attention_mask
+from rungs.router import Router, load_balancing_loss, z_loss
+
+torch.set_num_threads(1)
+
+LB, Z = 0.01, 1e-3
+# L2: softmax router, one round. L3: sigmoid router with a planted expert bias and a capacity that
+# forces several rounds per layer, lending in groups of two.
+CASES = {"cpu-demo-L2": (2, {}),
+         "cpu-demo-L3-sigmoid-bias-rounds": (3, dict(router_score="sigmoid", expert_bias=True,
+                                                     capacity_per_expert=8, group_size=2))}
+
+
+def config(L: int, **extra) -> ModelConfig:
+    return ModelConfig(**asdict(plan_rung(load_recipe("cpu-demo"), L).arch), **extra)
+
+
+def torch_run(model: Transformer, inputs, targets):
+    """The torch job's objective (rungs.train._train_step): CE + LB·LBL + Z·z-loss, and its grads."""
+    logits, routes = model(inputs)
+    ce = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+    total = ce + LB * load_balancing_loss(routes, model.cfg.n_experts, model.cfg.top_k) + Z * z_loss(routes)
+    total.backward()
+    rounds = [block.moe.experts.last_stats["rounds"] for block in model.layers]
+    return logits.detach().numpy(), float(total.detach()), rounds
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_loss_and_every_gradient_equal_torch(case):
+    L, extra = CASES[case]
+    cfg = config(L, **extra)
+    torch.manual_seed(0)
+    model = Transformer(cfg)
+    if cfg.expert_bias:
+        for block in model.layers:
+            block.moe.router.expert_bias.normal_(0.0, 0.05)
+    g = torch.Generator().manual_seed(1)
+    inputs, targets = (torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=g) for _ in range(2))
+    want_logits, want_loss, want_rounds = torch_run(model, inputs, targets)
+
+    params, buffers = P.from_torch_state_dict(model.state_dict(), cfg)
+    inputs, targets = jnp.asarray(inputs.numpy()), jnp.asarray(targets.numpy())
+
+    def step(p, b, x, y):
+        (total, aux), grads = jax.value_and_grad(M.loss, has_aux=True)(p, b, x, y, cfg, LB, Z)
+        logits, _ = M.forward(p, b, x, cfg)
+        return total, aux, grads, logits
+    total, aux, grads, logits = jax.jit(step)(params, buffers, inputs, targets)
+
+    assert abs(float(total) - want_loss) <= 1e-5 * abs(want_loss)
+    assert np.abs(np.asarray(logits) - want_logits).max() <= 1e-5 * np.abs(want_logits).max()
+    assert np.asarray(aux["rounds"]).tolist() == want_rounds
+    if cfg.capacity_per_expert:
+        assert min(want_rounds) > 1  # the multi-round path really ran
+    assert set(grads) == {n for n, _ in model.named_parameters()}
+    for name, p in model.named_parameters():
+        ref = p.grad.numpy()
+        err = np.abs(np.asarray(grads[name]) - ref).max()
+        assert err <= 1e-5 * np.abs(ref).max(), f"{name}: max error {err:.3g}, scale {np.abs(ref).max():.3g}"
+
+
+def dense_reference(q, k, v, window):
+    """The full (T, T) masked softmax, as the torch model's attention_mask builds it; GQA by repeat."""
+    T, H, kv = q.shape[1], q.shape[2], k.shape[2]
+    k, v = (np.repeat(a, H // kv, axis=2) for a in (k, v))
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    scores = np.where(attention_mask(T, window).numpy(), scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+@pytest.mark.parametrize("T,window", [(24, 8), (29, 8), (7, 8), (16, 1)])
+def test_block_local_attention_equals_the_full_masked_softmax(T, window):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, T, 4, 8)).astype(np.float64)
+    k, v = rng.standard_normal((2, 2, T, 2, 8))
+    # fp32 in (dot_product_attention's softmax runs in fp32 whatever the input), float64 reference.
+    got = M._local_attention(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)), window)
+    np.testing.assert_allclose(np.asarray(got), dense_reference(q, k, v, window), rtol=1e-5, atol=2e-6)
+
+
+def test_windowed_layer_materialises_no_sequence_by_sequence_array():
+    cfg = config(3)
+    T = cfg.seq_len
+    assert cfg.window_tokens < T and not cfg.is_global_layer(0)
+    params = P.init_params(cfg, jax.random.key(0))
+    x = jnp.ones((2, T, cfg.d_model))
+    cos, sin = M.rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
+
+    def shapes(is_global):
+        fn = lambda p, x: M.attention(p, "layers.0.attn.", x, cos, sin, cfg, is_global)  # noqa: E731
+        jaxpr = jax.make_jaxpr(jax.grad(lambda p, x: fn(p, x).sum(), argnums=1))(params, x)
+        out, todo = set(), [jaxpr.jaxpr]
+        while todo:  # every equation, nested jaxprs (pjit, custom_vjp) included
+            j = todo.pop()
+            for eqn in j.eqns:
+                out |= {tuple(v.aval.shape) for v in eqn.outvars}
+                todo += list(jax.extend.core.jaxprs_in_params(eqn.params))
+        return out
+
+    def has_tt(all_shapes):
+        return any(len(s) >= 2 and s[-1] == T and s[-2] == T for s in all_shapes)
+    assert has_tt(shapes(True))        # the check can see a (T, T) score array: the global layer has one
+    assert not has_tt(shapes(False))   # the windowed layer does not
+
+
+def test_activation_clip_points_equal_the_torch_model():
+    cfg = config(2)
+    seen = []
+
+    def record(x, layer, point):
+        seen.append((layer, point))
+        return x
+    jax.eval_shape(lambda p, t: M.forward(p, None, t, cfg, clip=record), P.init_params(cfg, jax.random.key(0)),
+                   jnp.zeros((1, 8), jnp.int32))
+    torch_seen = []
+    torch.manual_seed(0)
+    model = Transformer(cfg)
+    model.activation_clip = lambda x, layer, point: torch_seen.append((layer, point)) or x
+    model(torch.zeros(1, 8, dtype=torch.long))
+    assert seen == torch_seen
+
+
+def test_expert_bias_update_equals_the_torch_router():
+    cfg = config(2, expert_bias=True, bias_update_rate=0.01)
+    counts = torch.tensor([[5, 0, 3, 3, 9, 1, 3, 0], [2, 2, 2, 2, 2, 2, 2, 2]])
+    buffers = M.update_expert_bias(P.init_buffers(cfg), jnp.asarray(counts.numpy()), cfg.bias_update_rate)
+    buffers = M.update_expert_bias(buffers, jnp.asarray(counts.numpy()[::-1].copy()), cfg.bias_update_rate)
+    for layer in range(2):
+        router = Router(cfg.d_model, cfg.n_experts, cfg.top_k, expert_bias=True, bias_update_rate=0.01)
+        router.update_bias(counts[layer])
+        router.update_bias(counts[1 - layer])
+        np.testing.assert_allclose(np.asarray(buffers[P.bias_name(layer)]), router.expert_bias.numpy(), atol=1e-7)
+
+
+def test_dropout_is_refused():
+    cfg = config(2, dropout=0.1)
+    with pytest.raises(ValueError, match="dropout"):
+        jax.eval_shape(lambda p, t: M.forward(p, None, t, cfg), P.init_params(cfg, jax.random.key(0)),
+                       jnp.zeros((1, 8), jnp.int32))
