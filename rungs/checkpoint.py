@@ -86,7 +86,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 # --- atomic writes that say when the disk is full ---
 
-def _is_disk_full(err: BaseException) -> bool:
+def is_disk_full(err: BaseException) -> bool:
     return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -132,7 +132,7 @@ def _write_atomic(path: Path, write: Callable[[Any], None], *, commit: bool = Tr
         with contextlib.suppress(OSError):
             tmp.unlink()
         cause = writer.error if writer is not None and writer.error is not None else err
-        if _is_disk_full(cause):
+        if is_disk_full(cause):
             raise _disk_full(path, cause) from err
         raise
     return path if commit else tmp

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from rungs.agc import ActivationGradClipper, drop_events_after, write_events
-from rungs.checkpoint import (CheckpointError, DiskFullError, exclusive_run_dir, load_checkpoint, remove_checkpoint,
-                              restore, save_checkpoint, write_json_atomic)
+from rungs.checkpoint import (CheckpointError, DiskFullError, exclusive_run_dir, is_disk_full, load_checkpoint,
+                              remove_checkpoint, restore, save_checkpoint, write_json_atomic)
 from rungs.config import TrainConfig, TrainConfigError, parse_config
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.prepare import ensure_prepared
@@ -297,8 +297,12 @@ def _train(cfg: TrainConfig, run_dir: Path, *, resume: bool, progress: bool, sto
                                 sampler=sampler, extra=asdict(state))
     except BaseException as err:  # a crash (or Ctrl-C) leaves the MLflow run marked, not RUNNING forever
         bar.close()
+        full = isinstance(err, DiskFullError) or is_disk_full(err)
         if tracker is not None:
-            tracker.finish(status="FAILED", failing=True, skip_flush=isinstance(err, DiskFullError))
+            tracker.finish(status="FAILED", failing=True, skip_flush=full)
+        if full and not isinstance(err, DiskFullError):  # e.g. the clip-event log: say so, and where
+            raise DiskFullError(err.errno, f"disk full while training in {run_dir} ({err}); free space and "
+                                           "rerun: the job resumes from its last checkpoint") from err
         raise
     bar.close()
     state.wall_seconds += time.perf_counter() - job_start

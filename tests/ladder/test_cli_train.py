@@ -140,3 +140,14 @@ def test_kill_and_resume_store_each_step_and_clip_event_once(tmp_path, kill_at):
     assert sorted(m.step for m in client.get_metric_history(only.info.run_id, "loss")) == list(range(1, 9))
     steps = [json.loads(line)["step"] for line in (run / "clip_events.jsonl").read_text().splitlines()]
     assert steps == sorted(steps) and set(steps) == set(range(8))  # each step's events once, in order
+
+
+def test_a_full_disk_exits_2_saying_so(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "result.json.tmp").symlink_to("/dev/full")  # a real ENOSPC where the result is written
+    argv = ["train", "cpu-demo", "--rung", "3", "--max-steps", "1", "--run-dir", str(run), "--set", "tracking_uri=none",
+            *_TINY]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "disk full" in err and str(run / "result.json") in err and "Traceback" not in err
