@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -106,6 +107,19 @@ def test_machine_class_is_the_gpu_else_the_cpu_model_and_cores(tmp_path):
     here = machine_info()
     assert here["class"] == machine_class(here) and here["cores"] >= 1
     assert "peak_bf16_flops_measured" not in here  # a machine's identity is not timed
+
+
+def test_the_nightly_imports_no_benchmark_code():
+    """#18: product code took `machine_info` from benchmarks/; it lives in ladder.machine now."""
+    import ast
+
+    import ladder
+
+    for name in ("nightly", "nightly_report", "cli_nightly", "machine"):
+        tree = ast.parse((Path(ladder.__file__).parent / f"{name}.py").read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not any(m.split(".")[0] == "benchmarks" for m in imported), (name, imported)
 
 
 def test_report_has_every_comparison_and_its_plots(tmp_path):
