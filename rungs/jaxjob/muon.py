@@ -1,0 +1,143 @@
+"""Muon for JAX as an optax `GradientTransformation`: the math of `rungs.muon`, leaf for leaf.
+
+Per matrix W (out, in) with gradient G (`rungs.muon` has the derivation):
+    B <- lerp(B, G, 1 - mu)                   (EMA momentum, as torch.optim.Muon: no bias correction)
+    U <- lerp(G, B, mu) if nesterov else B
+    O <- NS5(U) * scale(out, in)              (`scale_by_muon`)
+    W <- W * (1 - lr * wd) - lr * O           (`muon`: decoupled decay, then the step)
+A 3-D leaf (E, out, in) is E matrices, each orthogonalised and scaled on its own; that is what a
+batched matmul over the leading axis does, so no reshaping is needed.
+
+Why not `optax.contrib.muon` (0.2.8): it sends 3-D expert stacks to AdamW by default, and its
+Nesterov momentum is bias-corrected, which differs from torch.optim.Muon by ~9% from the second
+step. Presets, conventions and their validation are imported from `rungs.muon`, so the two engines
+cannot drift apart on a coefficient.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rungs.muon import CONVENTIONS, NS_PRESETS, SIMPLE_COEFFICIENTS, MuonConfigError, _schedule
+from rungs.muon import adjust_lr as _adjust_lr
+
+__all__ = ["CONVENTIONS", "NS_PRESETS", "MuonState", "muon", "newton_schulz", "scale_by_muon", "update_scale"]
+
+_TINY = float(np.finfo(np.float32).tiny)
+
+
+class MuonState(NamedTuple):
+    momentum: Any  # same tree, shapes and dtypes as the parameters
+
+
+def _lerp(start: jax.Array, end: jax.Array, weight: float) -> jax.Array:
+    # torch.lerp's two-sided formula with the weight in float32 (XLA:CPU contracts it into one fma,
+    # as torch's kernel does), so the momentum and the bf16 cast before Newton-Schulz round alike.
+    w = np.float32(weight)
+    if w < 0.5:
+        return start + w * (end - start)
+    return end - (end - start) * (np.float32(1.0) - w)
+
+
+def newton_schulz(G: jax.Array, steps: int = 5, coefficients=SIMPLE_COEFFICIENTS, *,
+                  dtype: Any = jnp.bfloat16, safety: float | None = None) -> jax.Array:
+    """Orthogonalise G (..., m, n), batched over leading dims; returns `dtype` (None: G's dtype).
+
+    The same steps as `rungs.muon.newton_schulz`: Gram matrix on the smaller side, an exact
+    power-of-two prescale to max |x| in [0.5, 1), X / max(||X||_F * safety, tiny), then per step
+    A = X X^T, B = b A + c A A, X = a X + B X. Products accumulate in float32 and round to `dtype`
+    where torch's addmm rounds (once per fused op), so bf16 results track torch's closely.
+    """
+    if G.ndim < 2:
+        raise MuonConfigError(f"newton_schulz needs a matrix or a batch of matrices, got shape {tuple(G.shape)}")
+    per_step, preset_safety = _schedule(coefficients, steps)
+    safety = preset_safety if safety is None else safety
+    dt = jnp.dtype(dtype if dtype is not None else G.dtype)
+    # Arithmetic runs in float32 (or wider) and every result is rounded to `dt` with an explicit
+    # reduce_precision where torch rounds: XLA may drop a float32 -> bf16 -> float32 convert pair
+    # (excess precision is allowed by default), but never a reduce_precision.
+    wide = jnp.promote_types(dt, jnp.float32)
+    if dt == wide:
+        def rnd(v):
+            return v
+    else:
+        info = jnp.finfo(dt)
+        def rnd(v):
+            return jax.lax.reduce_precision(v, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+    X = rnd(G.astype(wide))
+    transposed = G.shape[-2] > G.shape[-1]
+    if transposed:
+        X = jnp.swapaxes(X, -1, -2)
+    amax = jnp.max(jnp.abs(X), axis=(-2, -1), keepdims=True)
+    _, exponent = jnp.frexp(amax)
+    X = X * jnp.ldexp(jnp.ones_like(amax), -exponent)                    # exact: a power of two
+    norm = rnd(jnp.sqrt(jnp.sum(X * X, axis=(-2, -1), keepdims=True)))
+    denom = rnd(norm * safety) if safety != 1.0 else norm
+    X = rnd(X / jnp.maximum(denom, _TINY))
+
+    def mm(p, q):  # (..., i, k) @ (..., k, j): operands exact in dt, accumulated in `wide`
+        return jnp.matmul(p.astype(dt), q.astype(dt), preferred_element_type=wide)
+
+    for a, b, c in per_step:
+        A = rnd(mm(X, jnp.swapaxes(X, -1, -2)))
+        B = rnd(b * A + c * mm(A, A))
+        X = rnd(a * X + mm(B, X))
+    X = jnp.swapaxes(X, -1, -2) if transposed else X
+    return X.astype(dt)
+
+
+def update_scale(shape: tuple[int, ...], mode: str = "match_rms_adamw") -> float:
+    """The per-matrix update scale of `mode` (`rungs.muon.CONVENTIONS`) for (..., fan_out, fan_in)."""
+    return _adjust_lr(1.0, tuple(shape), mode)
+
+
+def scale_by_muon(momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
+                  ns_coefficients=SIMPLE_COEFFICIENTS, ns_dtype: Any = jnp.bfloat16,
+                  adjust_lr: str = "match_rms_adamw") -> optax.GradientTransformation:
+    """Momentum, Newton-Schulz and the update scale: the direction -O/lr of `rungs.muon.Muon`.
+
+    Every leaf must be 2-D or 3-D (use `optax.partition` to send the rest elsewhere)."""
+    if not 0 <= momentum < 1:
+        raise MuonConfigError(f"need 0 <= momentum < 1, got {momentum}")
+    _schedule(ns_coefficients, ns_steps)                                    # validates
+    if adjust_lr not in CONVENTIONS:
+        raise MuonConfigError(f"adjust_lr must be one of {sorted(CONVENTIONS)}, got {adjust_lr!r}")
+
+    def init(params):
+        def zeros(p):
+            if p.ndim not in (2, 3):
+                raise MuonConfigError(f"Muon takes 2-D matrices or 3-D stacks, got shape {tuple(p.shape)}")
+            return jnp.zeros_like(p)
+        return MuonState(jax.tree.map(zeros, params))
+
+    def update(updates, state, params=None):
+        del params
+        buf = jax.tree.map(lambda b, g: _lerp(b, g, 1.0 - momentum), state.momentum, updates)
+        direction = jax.tree.map(lambda g, b: _lerp(g, b, momentum), updates, buf) if nesterov else buf
+
+        def ortho(u):
+            o = newton_schulz(u, ns_steps, ns_coefficients, dtype=ns_dtype)
+            return (o.astype(u.dtype) * update_scale(u.shape, adjust_lr)).astype(u.dtype)
+
+        return jax.tree.map(ortho, direction), MuonState(buf)
+
+    return optax.GradientTransformation(init, update)
+
+
+def muon(learning_rate, weight_decay=0.0, *, weight_decay_mask=None, momentum: float = 0.95,
+         nesterov: bool = True, ns_steps: int = 5, ns_coefficients=SIMPLE_COEFFICIENTS,
+         ns_dtype: Any = jnp.bfloat16, adjust_lr: str = "match_rms_adamw") -> optax.GradientTransformation:
+    """`rungs.muon.Muon` as one transformation: W <- W (1 - lr wd) - lr scale NS(U).
+
+    learning_rate and weight_decay may be floats, traced arrays or (learning_rate only) an optax
+    schedule; decay applies where `weight_decay_mask` (a tree of bools or a callable) is True."""
+    return optax.chain(
+        scale_by_muon(momentum, nesterov, ns_steps, ns_coefficients, ns_dtype, adjust_lr),
+        optax.add_decayed_weights(weight_decay, weight_decay_mask),
+        optax.scale_by_learning_rate(learning_rate),
+    )
