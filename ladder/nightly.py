@@ -17,9 +17,9 @@ its throughput reported as "not comparable" with a note, never as a regression. 
 per golden over a ratio to a reference timed in the same run: a reference kernel's ratio to a
 training step still depends on the machine (cache sizes, memory bandwidth, core count, bf16 units),
 so a ratio would not make two classes comparable either, and it would add a second noisy timing to
-every night. A team with several machine classes keeps one golden file per class (`--baseline`). The class is measured by a Ray task that
-holds the trials' resources, so on a cluster it names the kind of node the trials ran on (with
-`gpus: 0` the task, like the trials, sees no GPU).
+every night. A team with several machine classes keeps one golden file per class (`--baseline`).
+The class is measured by a Ray task that holds the trials' resources, so on a cluster it names the
+kind of node the trials ran on (with `gpus: 0` the task, like the trials, sees no GPU).
 """
 
 from __future__ import annotations
