@@ -25,7 +25,8 @@ def m(bpb: dict, tps: float, rounds: float) -> TrialMeasurement:
 
 
 HERE = {"cpu_model": "AMD EPYC", "cores": 2, "class": "cpu:AMD EPYC x2"}
-ELSEWHERE = {"cpu_model": "Intel(R) Xeon(R) Platinum 8488C", "cores": 8, "class": "cpu:Intel(R) Xeon(R) Platinum 8488C x8"}
+ELSEWHERE = {"cpu_model": "Intel(R) Xeon(R) Platinum 8488C", "cores": 8,
+             "class": "cpu:Intel(R) Xeon(R) Platinum 8488C x8"}
 
 RUNS = [
     {"rungs/L3/base/s0": m({"code": 3.00, "web": 4.00}, 10_000.0, 1.00)},
@@ -103,7 +104,8 @@ def test_machine_class_is_the_gpu_else_the_cpu_model_and_cores(tmp_path):
     assert cpu_model(cpuinfo) == "Intel(R) Xeon(R) CPU @ 2.20GHz"
     assert cpu_model(tmp_path / "absent")  # no /proc/cpuinfo: what platform knows, never empty
     assert machine_class({"cpu_model": "AMD EPYC", "cores": 2}) == "cpu:AMD EPYC x2"
-    assert machine_class({"cpu_model": "AMD EPYC", "cores": 64, "gpu": "NVIDIA H200", "gpus": 8}) == "gpu:NVIDIA H200 x8"
+    gpu_box = {"cpu_model": "AMD EPYC", "cores": 64, "gpu": "NVIDIA H200", "gpus": 8}
+    assert machine_class(gpu_box) == "gpu:NVIDIA H200 x8"
     here = machine_info()
     assert here["class"] == machine_class(here) and here["cores"] >= 1
     assert "peak_bf16_flops_measured" not in here  # a machine's identity is not timed
