@@ -86,37 +86,84 @@ def decontaminate(train: dict[str, list[tuple[str, str]]], held_out: dict[str, l
 
 
 # ---- hashed n-grams: the scalable form prepare uses ----
-# A word is hashed once (blake2b, 8 bytes; stable across processes, unlike `hash`), an n-gram is the
-# polynomial Σ_j word[i+j]·P^j mod 2^64 computed over all positions at once in numpy. Held-out n-grams
-# live in a sorted uint64 array searched with `np.searchsorted`: 8 bytes per n-gram plus 4 for its
-# document. Two different n-grams share a 64-bit hash with probability ~2^-64 per pair, so a check of
-# 10^12 training n-grams against 10^8 held-out ones expects 10^20 / 1.8e19 ≈ 5 false matches (each one
-# removes one training document); the planted-contamination test measures equality with the exact `decontaminate` on the demo corpus.
+# Every word is hashed in numpy from the text's code points (no Python per word): Σ c_k·Q^(k+1) mod 2^64
+# over its characters, then a splitmix64 finaliser; an n-gram is Σ_j word[i+j]·P^j mod 2^64 over all
+# positions at once. The same value in every process (Python's `hash` of a str is salted per process). Held-out n-grams live in
+# a sorted uint64 array searched with `np.searchsorted`: 8 bytes per n-gram plus 4 for its document.
+# Two different n-grams share a hash with probability ~2^-64 per pair, so checking 10^12 training
+# n-grams against 10^8 held-out ones expects 10^20 / 1.8e19 ≈ 5 false matches (each one removes one
+# training document); the planted-contamination test finds exactly the exact rule's matches on the demo.
 _P = np.uint64(0x9E3779B97F4A7C15)
-_WORD_CACHE: dict[str, int] = {}
-_WORD_CACHE_MAX = 1 << 20
+_Q = np.uint64(0xBF58476D1CE4E5B9)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_WORD_BLOCK_CELLS = 1 << 22  # characters x words per step: bounds the matrix a document of long words needs
 
 
-def _word_hashes(words: list[str]) -> np.ndarray:
-    cache = _WORD_CACHE
-    if len(cache) > _WORD_CACHE_MAX:
-        cache.clear()
+def _hash_new_words(words: list[str]) -> np.ndarray:
+    """The word hash of each word, one word at a time in a padded matrix (the reference `word_hashes_of` is
+    tested against)."""
     out = np.empty(len(words), dtype=np.uint64)
-    for i, w in enumerate(words):
-        h = cache.get(w)
-        if h is None:
-            h = cache[w] = int.from_bytes(hashlib.blake2b(w.encode(), digest_size=8).digest(), "little")
-        out[i] = h
+    if not words:
+        return out
+    width = max(map(len, words))
+    step = max(1, _WORD_BLOCK_CELLS // width)
+    powers = np.cumprod(np.full(width, _Q, dtype=np.uint64), dtype=np.uint64)  # Q^1..Q^width
+    with np.errstate(over="ignore"):
+        for begin in range(0, len(words), step):
+            block = np.array(words[begin:begin + step], dtype=f"<U{width}").view(np.uint32).reshape(-1, width)
+            out[begin:begin + len(block)] = _mix((block.astype(np.uint64) * powers).sum(axis=1, dtype=np.uint64))
     return out
+
+
+_WORD_CHAR: np.ndarray | None = None
+
+
+def _word_char_table() -> np.ndarray:
+    """bool per code point: does `\\w` match it (str.isalnum() or '_', as `re` defines it for str)."""
+    global _WORD_CHAR
+    if _WORD_CHAR is None:
+        _WORD_CHAR = np.array([c.isalnum() or c == "_" for c in map(chr, range(0x110000))], dtype=bool)
+    return _WORD_CHAR
+
+
+def word_hashes_of(text: str) -> np.ndarray:
+    """The hash of every word of `WORD_RE.findall(text.lower())`, in order, computed over the code points
+    in numpy (no Python per word): the same values `_hash_new_words` gives the words."""
+    points = np.frombuffer(text.lower().encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    if not len(points):
+        return np.zeros(0, dtype=np.uint64)
+    is_word = _word_char_table()[points]
+    starts = np.flatnonzero(is_word & ~np.concatenate([[False], is_word[:-1]]))
+    if not len(starts):
+        return np.zeros(0, dtype=np.uint64)
+    where = np.flatnonzero(is_word)  # positions of word characters, in order
+    word_of = np.cumsum(is_word & ~np.concatenate([[False], is_word[:-1]]))[where] - 1
+    first = np.searchsorted(where, starts)  # index into `where` of each word's first character
+    offset = np.arange(len(where)) - first[word_of]  # position of each character within its word
+    width = int(offset.max()) + 1
+    powers = np.cumprod(np.full(width, _Q, dtype=np.uint64), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = np.add.reduceat(points[where].astype(np.uint64) * powers[offset], first, dtype=np.uint64)
+        return _mix(h)
+
+
+def _mix(h: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        h ^= h >> np.uint64(30)
+        h *= _M1
+        h ^= h >> np.uint64(27)
+        h *= _M2
+        h ^= h >> np.uint64(31)
+    return h
 
 
 def ngram_hash_array(text: str, n: int) -> np.ndarray:
     """Unique 64-bit hashes of the lower-cased word n-grams of `text` (sorted uint64; empty when shorter)."""
-    words = WORD_RE.findall(text.lower())
-    m = len(words) - n + 1
+    w = word_hashes_of(text)
+    m = len(w) - n + 1
     if m <= 0:
         return np.zeros(0, dtype=np.uint64)
-    w = _word_hashes(words)
     h = np.zeros(m, dtype=np.uint64)
     power = np.uint64(1)
     with np.errstate(over="ignore"):

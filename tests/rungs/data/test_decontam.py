@@ -109,3 +109,12 @@ def test_hashed_ngrams_find_planted_contamination_on_the_demo_corpus_exactly_as_
     assert {d for s, d in removed if s == "planted"} == {p["id"] for p in planted}  # every plant, no near miss
     flagged = {(r["domain"], r["doc_id"]) for r in hashed["flagged_eval"]}
     assert {("leaks", f"leak-{k}") for k in range(10)} <= flagged
+
+
+@pytest.mark.parametrize("text", ["Hello, wörld! it's 3 o_clock ÉCOLE naïve 北京 x", "", "!!", "a", "Ⅻ ǅ ß ﬃ İstanbul",
+                                  "tab\tnew\nline  double--dash " + "z" * 5_000 + " end"])
+def test_vectorised_word_hashes_are_the_hashes_of_the_regex_words(text):
+    """prepare hashes words from code points in numpy; they must be exactly the words `\\w+` finds."""
+    from rungs.data.decontam import WORD_RE, _hash_new_words, word_hashes_of
+
+    assert word_hashes_of(text).tolist() == _hash_new_words(WORD_RE.findall(text.lower())).tolist()
