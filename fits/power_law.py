@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 ALPHA_BOUNDS = (1e-4, 4.0)
 ALPHA_GRID = np.geomspace(2e-4, 3.5, 64)
 MIN_DISTINCT_X = 3
-N_REFINED_STARTS = 3
+N_REFINED_STARTS = 4
 LOG_E_SPAN_BELOW = 12.0  # log E may go this far below log min(y)
 PARAM_NAMES = ("E", "A", "alpha")
 FORMULA = "y = E + A * x^(-alpha)"
@@ -66,7 +66,9 @@ def _objective(theta: np.ndarray, z: np.ndarray, log_y: np.ndarray, delta: float
 
 def _grid_starts(z: np.ndarray, y: np.ndarray, log_y: np.ndarray, delta: float) -> np.ndarray:
     """Variable projection over α: exact least squares for (E, A) at every grid α, scored by the
-    robust log objective. Returns starts (a, α, e) sorted best first."""
+    robust log objective. Returns starts (a, α, e): first the best grid point of every basin (a local
+    minimum of the score along α), best first, then the rest by score. Refining only the best few
+    points by score would refine one basin three times (neighbouring α) and miss a second one."""
     u = np.exp(-ALPHA_GRID[:, None] * z[None, :])  # (G, n)
     u_mean, y_mean = u.mean(axis=1), y.mean()
     cov = ((u - u_mean[:, None]) * (y - y_mean)).mean(axis=1)
@@ -76,7 +78,10 @@ def _grid_starts(z: np.ndarray, y: np.ndarray, log_y: np.ndarray, delta: float) 
     E = np.clip(y_mean - A * u_mean, floor, 0.999 * y.min())
     pred = E[:, None] + A[:, None] * u
     score = huber(np.log(pred) - log_y[None, :], delta).sum(axis=1)
-    order = np.argsort(score)
+    padded = np.concatenate([[np.inf], score, [np.inf]])
+    basin = (score <= padded[:-2]) & (score <= padded[2:])
+    order = np.argsort(score, kind="stable")
+    order = np.concatenate([order[basin[order]], order[~basin[order]]])
     return np.column_stack([np.log(A), ALPHA_GRID, np.log(E)])[order]
 
 
