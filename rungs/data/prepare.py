@@ -440,9 +440,31 @@ def _prepare_into(out: Path, key: str, manifest: Manifest, report: dict, removed
                     for s in manifest.sources],
         "eval": [{"name": e.name, "domain": e.domain, **entries[f"eval/{e.name}"]} for e in manifest.eval_sets],
     }
+    _remove_unlisted(out, meta)
     atomic_write_json(meta_path, meta)
     log.info("prepare: done in %.1f s -> %s", time.perf_counter() - t0, out)
     return out
+
+
+def _remove_unlisted(out: Path, meta: dict) -> None:
+    """Files under train/ and eval/ that this prepare did not write (shards of a file since dropped from
+    the manifest, sets since renamed, the one-file-per-set layout before #20): removed, so that the
+    directory holds exactly what `meta.json` lists."""
+    keep = set()
+    for split, entries in (("train", meta["sources"]), ("eval", meta["eval"])):
+        for e in entries:
+            keep.update(f"{split}/{e['name']}.{part}.npy" for part in ("docs", "keys", "order", "strata"))
+            keep.update(f"{s['stem']}{ext}" for s in e["shards"] for ext in (".tokens.npy", ".index.npy",
+                                                                            ".ids.json", ".json"))
+    for split in ("train", "eval"):
+        for path in sorted((out / split).rglob("*"), reverse=True):
+            rel = str(path.relative_to(out))
+            if path.is_dir():
+                if not any(path.iterdir()):
+                    path.rmdir()
+            elif rel not in keep and _TMP_MARK not in path.name:
+                log.info("prepare: removing %s, not part of this corpus", path)
+                path.unlink()
 
 
 class _TokenizerLoader:
@@ -569,8 +591,9 @@ def ensure_prepared(manifest_path: str | Path | None = None, *, vocab_size: int,
                     tokenizer: str = "bpe", workers: int = 1, address: str | None = None) -> Path:
     """The prepared directory for these inputs under `cache_root`, preparing it on first use.
 
-    Keyed by the manifest's content hash, the tokenizer and the vocabulary; a file lock makes two
-    processes racing for the same key prepare it once.
+    Keyed by the manifest's cheap content hash (names, sizes, mtimes, each file's head and tail), the
+    tokenizer and the vocabulary; a file lock makes two processes racing for the same key prepare it once.
+    `workers`/`address` as for `prepare` (default: in this process).
     """
     manifest = load_manifest(manifest_path or DEMO_MANIFEST)
     key = input_key(manifest, _tokenizer_key(tokenizer), vocab_size)

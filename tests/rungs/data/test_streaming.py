@@ -151,3 +151,8 @@ def test_inputs_changed_since_a_finished_prepare_are_prepared_again(tmp_path):
     assert PreparedCorpus.open(out).train_shard("a").n_docs == 123
     assert np.array_equal(PreparedCorpus.open(out).train_shard("a").document_tokens(0),
                           list(make_docs("a0", 1, seed=10)[0]["text"].encode()))
+    (tmp_path / "corpus" / "a" / "part-0.jsonl").unlink()  # a file dropped: its shards go too
+    (out / "train" / "old.tokens.npy").write_bytes(b"the layout before #20")
+    prepare(manifest, out, vocab_size=257, tokenizer="byte")
+    fresh = prepare(manifest, tmp_path / "fresh", vocab_size=257, tokenizer="byte")
+    assert sorted(_files(out)) == sorted(_files(fresh))
