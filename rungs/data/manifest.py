@@ -156,7 +156,7 @@ class Manifest:
         h = hashlib.sha256(self.path.read_bytes())
         for ds in self.sources + self.eval_sets:
             for f in ds.files:
-                h.update(str(f.relative_to(ds.base)).encode())
+                h.update(str(f.relative_to(ds.base) if f.is_relative_to(ds.base) else f).encode())
                 h.update(file_fingerprint(f).encode())
         return h.hexdigest()
 

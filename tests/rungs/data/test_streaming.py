@@ -119,6 +119,16 @@ def test_the_cache_key_reads_names_sizes_mtimes_and_the_ends_of_each_file(tmp_pa
     assert edit(2_999_990, b"y", keep_mtime=True) != key  # the tail
 
 
+def test_files_outside_the_manifests_folder_are_keyed_and_prepared(tmp_path):
+    """An absolute path (or ../) in `files`: keyed by its absolute path (was a ValueError from relative_to)."""
+    write_jsonl(tmp_path / "elsewhere" / "a.jsonl", make_docs("a", 10, seed=1))
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "m.yaml").write_text(f"sources:\n  - {{name: a, share: 1.0, files: "
+                                              f"['{tmp_path / 'elsewhere' / 'a.jsonl'}']}}\n")
+    out = prepare(tmp_path / "here" / "m.yaml", tmp_path / "out", vocab_size=257, tokenizer="byte")
+    assert PreparedCorpus.open(out).train_shard("a").n_docs == 10
+
+
 def test_progress_reports_documents_megabytes_and_tokens_per_second_per_source(tmp_path, caplog):
     manifest = _many_files_manifest(tmp_path / "corpus")
     with caplog.at_level(logging.INFO, logger="rungs.data.prepare"):
