@@ -179,3 +179,38 @@ def test_finished_results_missing_from_a_replaced_store_are_refused_then_reregis
     assert main(["sweep", "status", "smoke", "--tracking-uri", uri, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["counts"] == {"finished": 3}
     shutil.rmtree(tmp_path / "sweeps")
+
+
+RACER = """
+import os, sys, time
+from ladder.sweep_runs import find_runs
+uri, ready, go = sys.argv[1:4]
+open(ready, "w").close()
+while not os.path.exists(go):
+    time.sleep(0.005)
+print(len(find_runs(uri, "sweep-smoke")))
+"""
+
+
+def test_drivers_reading_a_fresh_store_at_once_do_not_race_creating_its_schema(tmp_path):
+    """`ladder sweep run` twice at once on a store that does not exist yet: each driver's first read
+    creates MLflow's schema; without the store lock they collide ("table ... already exists",
+    alembic "expected to match one row")."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    racers = []
+    for i in range(4):
+        racers.append(subprocess.Popen([sys.executable, "-c", RACER, uri, str(tmp_path / f"ready{i}"),
+                                        str(tmp_path / "go")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True))
+    guard = 1800  # imports take seconds; this only ends a hang
+    import time
+
+    deadline = time.monotonic() + guard
+    while not all((tmp_path / f"ready{i}").exists() for i in range(4)) and time.monotonic() < deadline:
+        assert all(r.poll() is None for r in racers), [r.communicate() for r in racers]
+        time.sleep(0.05)
+    (tmp_path / "go").touch()  # all four hit the fresh file together
+    for r in racers:
+        out, err = r.communicate(timeout=guard)
+        assert r.returncode == 0, err[-2000:]
+        assert out.strip() == "0"
