@@ -183,6 +183,8 @@ def test_finished_results_missing_from_a_replaced_store_are_refused_then_reregis
 
 RACER = """
 import os, sys, time
+import mlflow.store.tracking.sqlalchemy_store  # the heavy imports before the start line, so all four race
+from mlflow.tracking import MlflowClient
 from ladder.sweep_runs import find_runs
 uri, ready, go = sys.argv[1:4]
 open(ready, "w").close()
