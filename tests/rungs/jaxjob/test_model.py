@@ -89,14 +89,21 @@ def dense_reference(q, k, v, window):
     return np.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
-@pytest.mark.parametrize("T,window", [(24, 8), (29, 8), (7, 8), (16, 1)])
-def test_block_local_attention_equals_the_full_masked_softmax(T, window):
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("T,window", [(24, 8), (29, 8), (7, 8), (16, 1), (24, None)])
+def test_attention_equals_the_full_masked_softmax(T, window, fused):
+    """Heads-major block-local (and global) attention, and the fused-kernel path, against the dense
+    float64 reference; the einsum path in float64 too, the fused one in fp32 (its softmax is fp32)."""
     rng = np.random.default_rng(0)
-    q = rng.standard_normal((2, T, 4, 8)).astype(np.float64)
-    k, v = rng.standard_normal((2, 2, T, 2, 8))
-    # fp32 in (dot_product_attention's softmax runs in fp32 whatever the input), float64 reference.
-    got = M._local_attention(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)), window)
-    np.testing.assert_allclose(np.asarray(got), dense_reference(q, k, v, window), rtol=1e-5, atol=2e-6)
+    q = rng.standard_normal((2, T, 4, 8))                          # (B, T, H, hd), H = kv * g
+    k, v = rng.standard_normal((2, 2, T, 2, 8))                    # (B, T, kv, hd)
+    want = dense_reference(q, k, v, window)
+    heads_major = (q.reshape(2, T, 2, 2, 8).transpose(0, 2, 3, 1, 4), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
+    dtype, tol = (jnp.float32, dict(rtol=1e-5, atol=2e-6)) if fused else (jnp.float64, dict(rtol=1e-12, atol=1e-12))
+    with jax.enable_x64(True):
+        got = M.attention_core(*(jnp.asarray(a, dtype) for a in heads_major), window, fused)
+        got = np.asarray(got, np.float64).transpose(0, 3, 1, 2, 4).reshape(q.shape)
+    np.testing.assert_allclose(got, want, **tol)
 
 
 def test_windowed_layer_materialises_no_sequence_by_sequence_array():
@@ -108,7 +115,7 @@ def test_windowed_layer_materialises_no_sequence_by_sequence_array():
     cos, sin = M.rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
 
     def shapes(is_global):
-        fn = lambda p, x: M.attention(p, "layers.0.attn.", x, cos, sin, cfg, is_global)  # noqa: E731
+        fn = lambda p, x: M.attention(p, "layers.0.attn.", x, cos, sin, cfg, is_global, fused=False)  # noqa: E731
         jaxpr = jax.make_jaxpr(jax.grad(lambda p, x: fn(p, x).sum(), argnums=1))(params, x)
         out, todo = set(), [jaxpr.jaxpr]
         while todo:  # every equation, nested jaxprs (pjit, custom_vjp) included

@@ -1,0 +1,106 @@
+"""JAX vs PyTorch forward+backward time of one cpu-demo transformer block, on one thread.
+
+Usage: .venv/bin/python scripts/jax_block_time.py [--rung 6] [--repeats 15] [--layers 0 2]
+
+Both engines get the same weights (the torch block's, converted) and the same input (B =
+batch_sequences of the rung, T = seq_len); the work timed is the block's forward and the gradient
+of sum(out * upstream) with respect to the input and every parameter. Steps alternate between the
+engines so load drifts hit both alike, and the time is the process's CPU time (both engines run
+on one thread), which other jobs on a shared machine disturb far less than wall time; the medians
+are reported, with their ratio. Layer 0 is a
+windowed (local) layer of the cpu-demo pattern, layer 2 a global one. Attention and MoE halves are
+timed apart too, since the issue's prototype was slow in attention only.
+
+A measurement, not a test: the numbers depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+# One thread for XLA:CPU, set before jax is imported.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import torch  # noqa: E402
+from dataclasses import asdict  # noqa: E402
+
+from ladder.plan import plan_rung  # noqa: E402
+from ladder.recipe import load_recipe  # noqa: E402
+from rungs.jaxjob import model as M  # noqa: E402
+from rungs.model import Block, ModelConfig, Transformer  # noqa: E402
+
+
+def _median_pair(torch_step, jax_step, repeats: int) -> tuple[float, float]:
+    torch_step(), jax_step()  # warm (jit compile, allocator)
+    t_times, j_times = [], []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        torch_step()
+        t1 = time.process_time()
+        jax_step()
+        t2 = time.process_time()
+        t_times.append(t1 - t0)
+        j_times.append(t2 - t1)
+    return statistics.median(t_times), statistics.median(j_times)
+
+
+def measure(rung: int, layer: int, repeats: int) -> dict[str, tuple[float, float]]:
+    spec = plan_rung(load_recipe("cpu-demo"), rung)
+    cfg = ModelConfig(**asdict(spec.arch))
+    B, T, d = spec.to_dict()["batch_sequences"], cfg.seq_len, cfg.d_model
+    torch.manual_seed(0)
+    model = Transformer(cfg)
+    blk: Block = model.layers[layer]
+    x = torch.randn(B, T, d)
+    upstream = torch.randn(B, T, d)
+    params = {f"layers.{layer}.{n}": jnp.asarray(p.detach().numpy()) for n, p in blk.named_parameters()}
+    cos, sin = (jnp.asarray(t) for t in M.rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta))
+    jx, jup = jnp.asarray(x.numpy()), jnp.asarray(upstream.numpy())
+    pre = f"layers.{layer}."
+
+    def torch_part(fn):
+        def step():
+            xs = x.clone().requires_grad_()
+            blk.zero_grad(set_to_none=True)
+            (fn(xs) * upstream).sum().backward()
+        return step
+
+    def jax_part(fn):
+        grad = jax.jit(jax.grad(lambda p, x: (fn(p, x) * jup).sum(), argnums=(0, 1)))
+        return lambda: jax.block_until_ready(grad(params, jx))
+
+    parts = {
+        "block": (lambda xs: blk(xs, model.rope_cos, model.rope_sin, lambda a, i, q: a)[0],
+                  lambda p, x: M.block(p, layer, x, cos, sin, None, cfg)[0]),
+        "attention": (lambda xs: blk.attn(blk.attn_norm(xs), model.rope_cos, model.rope_sin),
+                      lambda p, x: M.attention(p, pre + "attn.", M.rms_norm(x, p[pre + "attn_norm.weight"]),
+                                               cos, sin, cfg, cfg.is_global_layer(layer))),
+        "moe": (lambda xs: blk.moe(blk.moe_norm(xs))[0],
+                lambda p, x: M.latent_moe(p, pre + "moe.", None, M.rms_norm(x, p[pre + "moe_norm.weight"]), cfg)[0]),
+    }
+    return {name: _median_pair(torch_part(t), jax_part(j), repeats) for name, (t, j) in parts.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rung", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--layers", type=int, nargs="+", default=[0, 2])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"cpu-demo L{args.rung}, one thread, jax {jax.__version__} ({jax.default_backend()}), "
+          f"torch {torch.__version__}; medians of {args.repeats} interleaved steps")
+    print(f"{'layer':>5} {'part':>10} {'torch ms':>9} {'jax ms':>9} {'jax/torch':>9}")
+    for layer in args.layers:
+        for name, (t, j) in measure(args.rung, layer, args.repeats).items():
+            print(f"{layer:>5} {name:>10} {t * 1e3:9.2f} {j * 1e3:9.2f} {j / t:9.2f}")
+
+
+if __name__ == "__main__":
+    main()
