@@ -6,7 +6,10 @@
   loop), predicting the next rung from those below it, so the error can be watched shrinking.
 
 The interval is a prediction interval for a new run: bootstrap draws of the law plus a resampled
-log residual of the fit (observation noise), at `ci_level`.
+log residual of the fit (observation noise), at `ci_level`. Where the rungs below the top are too
+few for a bootstrap to mean anything (`fits.bootstrap.MIN_DISTINCT_FOR_INTERVAL`), each prediction
+says `interval_available: false` with the reason; lo/hi stay for compatibility and must not be
+read as a 95% interval.
 
 A backtest tests predictions, so rungs that show no loss floor still predict: the fit below the top
 is allowed to put E at zero (the nested law A·x^(−α), `zero_floor`), and the result says so in
@@ -40,8 +43,11 @@ def _predict_rows(fit: PowerLawResult, test: pd.DataFrame, x: str, y: str, ci_le
     xs = actual.index.to_numpy(dtype=float)
     pred = fit.predict(xs)
     lo, hi = prediction_interval(fit, xs, ci_level, seed)
+    interval = fit.extra.get("interval") or {}
+    available = bool(interval.get("available", True))
     return [{"x": float(xv), "actual": float(a), "predicted": float(p), "lo": float(l), "hi": float(h),
-             "rel_error": float((p - a) / a), "inside": bool(l <= a <= h)}
+             "rel_error": float((p - a) / a), "inside": bool(l <= a <= h), "interval_available": available,
+             **({} if available else {"interval_reason": interval.get("reason")})}
             for xv, a, p, l, h in zip(xs, actual.to_numpy(), pred, lo, hi)]
 
 

@@ -25,6 +25,7 @@ import pandas as pd
 from scipy.optimize import minimize
 
 from fits.errors import FitBoundaryError, FitConvergenceError, FitInputError
+from fits.identify import require_span
 from fits.results import FitResult
 from fits.robust import HUBER_DELTA, delta_from_replicates, huber, huber_grad, lse_terms, reduce_weight
 from fits.threads import one_blas_thread
@@ -236,6 +237,7 @@ def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, d
     xs = numeric_column(df, x, positive=True)
     ys = numeric_column(df, y, positive=True)
     require_points(len(np.unique(xs)), MIN_DISTINCT_X, "the power law E + A·x^(−α) (3 parameters)", x)
+    require_span(xs, x, x)
     delta, delta_rule = resolve_delta(delta, xs, ys)
     raw = fit_arrays(xs, ys, delta=delta, reduction=reduction, zero_floor=zero_floor)
     E, A, alpha = raw.params
@@ -255,6 +257,9 @@ def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, d
     if bootstrap > 0:
         from fits.bootstrap import bootstrap_power_law
 
+        from fits.bootstrap import judge_power_law_interval
+
         bootstrap_power_law(result, raw, xs, ys, n=bootstrap, seed=seed, ci_level=ci_level, delta=delta,
                             reduction=reduction, clusters=df[cluster].to_numpy() if cluster else None)
+        judge_power_law_interval(result, len(np.unique(xs)), ALPHA_BOUNDS)
     return result

@@ -243,12 +243,13 @@ def run_power_law(args: argparse.Namespace) -> int:
         pred = max(bt.get("predictions") or [{}], key=lambda p: p.get("x", 0.0))  # the TOP held-out rung
         held_out = "-"
         if pred:
-            held_out = (f"{pred['actual']:.4g} vs {pred['predicted']:.4g} [{pred['lo']:.4g}, {pred['hi']:.4g}] "
+            band = f"[{pred['lo']:.4g}, {pred['hi']:.4g}]" if pred.get("interval_available", True) else "[interval n/a]"
+            held_out = (f"{pred['actual']:.4g} vs {pred['predicted']:.4g} {band} "
                         f"{pred['rel_error']:+.2%}" + (" (E=0)" if bt.get("floor_at_zero") else ""))
         law = ["not fitted", "-", "-", "-"] if f["E"] is None else [
             f["E"], f["A"], f["alpha"], f"[{ci[0]:.4g}, {ci[1]:.4g}]" if ci else "-"]
-        rows.append([f["group"] or y, *law, f["n_points"], held_out if pred else bt.get("skipped", "-"),
-                     str(pred.get("inside", "-"))])
+        inside = str(pred.get("inside", "-")) if pred.get("interval_available", True) else "n/a"
+        rows.append([f["group"] or y, *law, f["n_points"], held_out if pred else bt.get("skipped", "-"), inside])
     stdout_console.print(make_table(f"power law {y} = E + A·{x}^(−α)", ["domain", "E", "A", "alpha", "alpha CI",
                                     "points", "top rung held out: actual vs predicted [interval]", "inside"], rows))
     for f in fits:
@@ -256,6 +257,8 @@ def run_power_law(args: argparse.Namespace) -> int:
             print(f["not_identified"], file=sys.stderr)
         for flag in f.get("flags") or []:
             print(f"{f['group'] or y}: {flag}", file=sys.stderr)
+        if (f.get("interval") or {}).get("available") is False:
+            print(f"{f['group'] or y}: interval not available: {f['interval']['reason']}", file=sys.stderr)
     return 0
 
 
