@@ -18,8 +18,6 @@ from collections import deque
 from dataclasses import dataclass
 from statistics import median
 
-import torch
-
 log = logging.getLogger(__name__)
 
 # Dense (no 2:4 sparsity) bf16 tensor-core peak FLOP/s per GPU, from NVIDIA's datasheets, which
@@ -62,6 +60,8 @@ def device_peak(device: str, *, override: float | None = None, cores: int | None
     """The spec peak of one device the job runs on (`override`, e.g. the config's, wins)."""
     if override is not None:
         return DevicePeak(float(override), "config")
+    import torch  # here, not at the top: the training loop (rungs.loop) imports no framework
+
     if device == "cpu":
         n = cores or torch.get_num_threads()
         return DevicePeak(n * CPU_PEAK_FLOPS_PER_CORE, f"cpu nominal: {n} cores x {CPU_PEAK_FLOPS_PER_CORE:.3g}")
