@@ -14,7 +14,6 @@ renamed, then `.json` (counts, the tokens file's SHA-256 and the input key) last
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rungs.data.atomic import atomic_write_bytes, atomic_write_json, npy_bytes
 from rungs.data.decontam import HeldOutIndex, ngram_hash_array
 from rungs.data.errors import DataInputError
 from rungs.data.manifest import DocumentSet
@@ -81,8 +81,6 @@ def tokenize_file(ds: DocumentSet, path: Path, *, split: str, file_index: int, t
     Finished shards (their `.json` under `key`) are kept: their documents are read past, not encoded.
     `tokenizer` is a tokenizer object or a callable returning one (built only if a shard needs it).
     """
-    from rungs.data.prepare import atomic_write_bytes, atomic_write_json
-
     infos: list[dict] = []
     state = {"k": 0, "bytes": 0, "done": None}
     batch: list[str] = []
@@ -131,10 +129,10 @@ def tokenize_file(ds: DocumentSet, path: Path, *, split: str, file_index: int, t
                 index[:, 1] = lengths
                 index[:, 2] = rows
                 index[1:, 0] = np.cumsum(index[:-1, 1])
-            blob = _npy_bytes(tokens)
+            blob = npy_bytes(tokens)
             (out / stem).parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(out / f"{stem}.tokens.npy", blob)
-            atomic_write_bytes(out / f"{stem}.index.npy", _npy_bytes(index))
+            atomic_write_bytes(out / f"{stem}.index.npy", npy_bytes(index))
             atomic_write_json(out / f"{stem}.ids.json", {"ids": ids})
             info = {"key": key, "stem": stem, "docs": len(rows), "tokens": int(tokens.size),
                     "bytes": int(index[:, 2].sum()), "sha256": hashlib.sha256(blob).hexdigest()}
@@ -173,9 +171,3 @@ def tokenize_file(ds: DocumentSet, path: Path, *, split: str, file_index: int, t
     if state["bytes"] or not infos:
         close_shard()
     return infos
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=False)
-    return buf.getvalue()

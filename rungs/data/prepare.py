@@ -35,20 +35,19 @@ Hugging Face `tokenizer.json` with an `<|endoftext|>` token (a fixed vocabulary,
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import fcntl
 import hashlib
 import json
 import logging
 import os
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
+from rungs.data.atomic import (_TMP_MARK, atomic_write_bytes, atomic_write_json, is_disk_full, npy_bytes,
+                               remove_stale_temporaries)
 from rungs.data.corpus import FORMAT_VERSION
 from rungs.data.decontam import HeldOutIndex
 from rungs.data.errors import DataDiskFullError, DataInputError
@@ -56,12 +55,12 @@ from rungs.data.filework import ENCODE_BATCH_BYTES, ENCODE_BATCH_DOCS, SHARD_TEX
     tokenize_file
 from rungs.data.manifest import DEMO_MANIFEST, DocumentSet, Manifest, load_manifest
 from rungs.data.subset import collection_of, subset_key
-from rungs.data.tokenizer import (EOS_TEXT, UINT16_VOCAB, BpeTokenizer, ByteTokenizer, TokenIdError, load_tokenizer,
-                                  token_dtype, train_bpe)
+from rungs.data.tokenizer import EOS_TEXT, UINT16_VOCAB, BpeTokenizer, ByteTokenizer, load_tokenizer, token_dtype, \
+    train_bpe
+from rungs.data.workers import SourceProgress, ray_session, run_units
 
 log = logging.getLogger(__name__)
 BPE_SAMPLE_BYTES = 32 << 20  # the BPE's training text, split equally over the sources (the demo: all of it)
-_TMP_MARK = ".tmp"
 __all__ = ["prepare", "ensure_prepared", "tokenize_documents", "input_key", "ENCODE_BATCH_BYTES",
            "ENCODE_BATCH_DOCS", "SHARD_TEXT_BYTES"]
 
@@ -73,61 +72,6 @@ def input_key(manifest: Manifest, tokenizer: str, vocab_size: int) -> str:
     h = hashlib.sha256(f"v{FORMAT_VERSION}|{tokenizer}|{vocab_size}{wide}|".encode())
     h.update(manifest.content_hash().encode())
     return h.hexdigest()
-
-
-def _is_disk_full(err: BaseException) -> bool:
-    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` via a hidden temporary and a rename: `path` is never half-written, and
-    a failed write (a full disk) removes its temporary."""
-    tmp = path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException as err:
-        tmp.unlink(missing_ok=True)
-        if _is_disk_full(err):
-            raise DataDiskFullError(err.errno, f"disk full writing {path} ({os.strerror(err.errno)}); free space "
-                                               f"on {path.parent} and rerun: finished steps are kept") from None
-        raise
-
-
-def atomic_write_json(path: Path, payload: dict) -> None:
-    atomic_write_bytes(path, (json.dumps(payload, indent=1, sort_keys=True) + "\n").encode())
-
-
-_atomic_write_bytes = atomic_write_bytes
-_atomic_write_json = atomic_write_json
-
-
-def _remove_stale_temporaries(out: Path) -> None:
-    """Temporaries of a prepare that was killed mid-write (its process is gone): never trusted, removed."""
-    for tmp in out.glob(f"**/.*{_TMP_MARK}*"):
-        pid = tmp.name.rpartition(_TMP_MARK)[2]
-        if pid.isdigit() and not _process_alive(int(pid)):
-            log.info("prepare: removing %s, left by a prepare that was killed mid-write", tmp)
-            tmp.unlink(missing_ok=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=False)
-    return buf.getvalue()
 
 
 def tokenize_documents(tokenizer, texts: list[str], on_batch: Callable[[int], None] | None = None,
@@ -188,86 +132,6 @@ class _Progress:
         atomic_write_json(self.path, self.state)
 
 
-# ---- running units of work: in this process, or as Ray tasks ----
-def _run_units(fn: Callable, calls: list[tuple[tuple, dict]], workers: int, address: str | None) -> Iterator:
-    """`fn(*args, **kwargs)` for every call, results in call order; in-process for one local worker."""
-    if workers <= 1 and address is None:
-        for args, kwargs in calls:
-            yield fn(*args, **kwargs)
-        return
-    import ray
-
-    # One Rust thread per task: the workers are the parallelism (tokenizers would otherwise use every core
-    # in every worker and oversubscribe the machine).
-    remote = ray.remote(num_cpus=1)(fn).options(runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1"}})
-    pending: list = []
-    calls_iter = iter(calls)
-    for args, kwargs in calls_iter:
-        pending.append(remote.remote(*args, **kwargs))
-        if len(pending) >= 2 * max(workers, 1):
-            break
-    while pending:
-        try:
-            result = ray.get(pending.pop(0))
-        except ray.exceptions.RayTaskError as err:  # the worker's typed error, as if raised here
-            cause = getattr(err, "cause", None)
-            if isinstance(cause, (DataInputError, DataDiskFullError)):
-                raise cause from None
-            raise
-        for args, kwargs in calls_iter:
-            pending.append(remote.remote(*args, **kwargs))
-            break
-        yield result
-
-
-@contextlib.contextmanager
-def _ray_session(workers: int, address: str | None):
-    """Ray for this prepare when it runs in parallel: joined if this process already has it, else started
-    (locally with `workers` CPUs, or connected to `address`) and shut down at the end."""
-    if workers <= 1 and address is None:
-        yield
-        return
-    import ray
-
-    if ray.is_initialized():
-        yield
-        return
-    if address is None:
-        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    else:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-class _SourceProgress:
-    """Per source on stderr: documents, MB and tokens per second (rich; silent when stderr is no tty)."""
-
-    def __init__(self, names: Iterable[str]) -> None:
-        from rich.console import Console
-        from rich.progress import Progress, TextColumn, TimeElapsedColumn
-
-        self.bar = Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=Console(file=sys.stderr),
-                            transient=True, disable=not sys.stderr.isatty())
-        self.t0 = time.perf_counter()
-        self.stats = {n: [0, 0, 0] for n in names}
-        self.tasks = {n: self.bar.add_task(self._line(n), total=None) for n in self.stats}
-
-    def _line(self, name: str) -> str:
-        docs, n_bytes, tokens = self.stats[name]
-        rate = tokens / max(time.perf_counter() - self.t0, 1e-9)
-        return f"tokenize {name}: {docs:,} docs, {n_bytes / 1e6:,.1f} MB, {rate:,.0f} tokens/s"
-
-    def add(self, name: str, info: dict) -> None:
-        s = self.stats[name]
-        s[0] += info["docs"]
-        s[1] += info["bytes"]
-        s[2] += info["tokens"]
-        self.bar.update(self.tasks[name], description=self._line(name))
-        log.info("prepare: %s", self._line(name))
-
 def prepare(manifest_path: str | Path, out_dir: str | Path, *, vocab_size: int, tokenizer: str = "bpe",
             workers: int = 1, address: str | None = None, shard_text_bytes: int = SHARD_TEXT_BYTES) -> Path:
     """Prepare the shards of `manifest_path` in `out_dir` (resumable, idempotent); returns `out_dir`.
@@ -296,12 +160,12 @@ def prepare(manifest_path: str | Path, out_dir: str | Path, *, vocab_size: int, 
         return out
     t0 = time.perf_counter()
     try:
-        with _ray_session(workers, address):
+        with ray_session(workers, address):
             report, removed = _scan(manifest, workers, address)
             return _prepare_into(out, key, manifest, report, removed, tokenizer, vocab_size, fixed, t0, workers,
                                  address, shard_text_bytes)
     except OSError as err:
-        if _is_disk_full(err) and not isinstance(err, DataDiskFullError):
+        if is_disk_full(err) and not isinstance(err, DataDiskFullError):
             raise DataDiskFullError(err.errno, f"disk full writing under {out} ({os.strerror(err.errno)}); "
                                                "free space there and rerun: finished steps are kept") from None
         raise
@@ -335,7 +199,7 @@ def _scan(manifest: Manifest, workers: int, address: str | None) -> tuple[dict, 
     of the training documents removed."""
     n = manifest.ngram_words
     eval_units = _units(manifest.eval_sets)
-    scanned = list(_run_units(scan_file, [((ds, path), {"ngram_words": n}) for ds, _, path in eval_units],
+    scanned = list(run_units(scan_file, [((ds, path), {"ngram_words": n}) for ds, _, path in eval_units],
                               workers, address))
     checked_eval: dict[str, int] = {}
     per_doc = []
@@ -359,7 +223,7 @@ def _scan(manifest: Manifest, workers: int, address: str | None) -> tuple[dict, 
     flagged: dict[tuple[str, str], list[str]] = {}
     removed: dict[tuple[str, int], frozenset] = {}
     hashes: dict[str, list[np.ndarray]] = {ds.name: [] for ds in manifest.sources}
-    for (ds, i, _), res in zip(train_units, _run_units(scan_file, [((ds, path), {"held_out": held_ref})
+    for (ds, i, _), res in zip(train_units, run_units(scan_file, [((ds, path), {"held_out": held_ref})
                                                                    for ds, _, path in train_units], workers, address)):
         checked_train[ds.name] += res["docs"]
         hashes[ds.name].append(res["id_hashes"])
@@ -399,7 +263,7 @@ def _prepare_into(out: Path, key: str, manifest: Manifest, report: dict, removed
     out.mkdir(parents=True, exist_ok=True)
     (out / "train").mkdir(exist_ok=True)
     (out / "eval").mkdir(exist_ok=True)
-    _remove_stale_temporaries(out)
+    remove_stale_temporaries(out)
     if meta_path.exists():
         meta_path.unlink()
     progress = _Progress(out, key)
@@ -415,11 +279,11 @@ def _prepare_into(out: Path, key: str, manifest: Manifest, report: dict, removed
                            "key": key, "removed": removed.get((ds.name, i), frozenset()) if split == "train"
                            else frozenset(), "shard_text_bytes": shard_text_bytes})
              for split, ds in sets for i, path in enumerate(ds.files)]
-    bar = _SourceProgress(f"{split}/{ds.name}" for split, ds in sets)
+    bar = SourceProgress(f"{split}/{ds.name}" for split, ds in sets)
     shards: dict[str, list[dict]] = {f"{split}/{ds.name}": [] for split, ds in sets}
     in_process = workers <= 1 and address is None
     with bar.bar:
-        for (args, kwargs), infos in zip(calls, _run_units(
+        for (args, kwargs), infos in zip(calls, run_units(
                 tokenize_file, [(a, dict(k, on_shard=None)) for a, k in calls] if not in_process else
                 [(a, dict(k, on_shard=lambda info, n=f"{k['split']}/{a[0].name}": bar.add(n, info))) for a, k in calls],
                 workers, address)):
@@ -498,7 +362,7 @@ def _write_set_table(out: Path, split: str, name: str, shards: list[dict], progr
             codes.append(np.fromiter((collections.setdefault(collection_of(d), len(collections)) for d in ids),
                                      dtype=np.int64, count=len(ids)))
     table = np.concatenate(tables) if tables else np.zeros((0, 3), np.int64)
-    atomic_write_bytes(out / split / f"{name}.docs.npy", _npy_bytes(table))
+    atomic_write_bytes(out / split / f"{name}.docs.npy", npy_bytes(table))
     info = {"docs": int(len(table)), "tokens": int(start), "bytes": int(table[:, 2].sum()), "shards": shards,
             "sha256": hashlib.sha256(b"".join(s["sha256"].encode() for s in shards)).hexdigest()}
     if split == "train":
@@ -508,9 +372,9 @@ def _write_set_table(out: Path, split: str, name: str, shards: list[dict], progr
         for r, c in enumerate(names):
             rank[collections[c]] = r
         code_arr = rank[np.concatenate(codes)]
-        atomic_write_bytes(out / split / f"{name}.keys.npy", _npy_bytes(key_arr))
-        atomic_write_bytes(out / split / f"{name}.order.npy", _npy_bytes(np.argsort(key_arr, kind="stable")))
-        atomic_write_bytes(out / split / f"{name}.strata.npy", _npy_bytes(np.lexsort((key_arr, code_arr))))
+        atomic_write_bytes(out / split / f"{name}.keys.npy", npy_bytes(key_arr))
+        atomic_write_bytes(out / split / f"{name}.order.npy", npy_bytes(np.argsort(key_arr, kind="stable")))
+        atomic_write_bytes(out / split / f"{name}.strata.npy", npy_bytes(np.lexsort((key_arr, code_arr))))
         info["collections"] = [{"name": c, "docs": int((code_arr == r).sum()),
                                 "tokens": int(table[code_arr == r, 1].sum())} for r, c in enumerate(names)]
     progress.mark(step, info)
@@ -611,3 +475,7 @@ def ensure_prepared(manifest_path: str | Path | None = None, *, vocab_size: int,
                            address=address)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+# Names the benchmarks and older callers use.
+_run_units, _ray_session = run_units, ray_session

@@ -1,0 +1,67 @@
+"""Writing a prepared directory safely: every file via a hidden temporary and a rename, a full disk as a
+typed error naming the file, and temporaries of a killed prepare removed by the next one."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from rungs.data.errors import DataDiskFullError
+
+log = logging.getLogger("rungs.data.prepare")
+_TMP_MARK = ".tmp"
+
+
+def is_disk_full(err: BaseException) -> bool:
+    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` via a hidden temporary and a rename: `path` is never half-written, and
+    a failed write (a full disk) removes its temporary."""
+    tmp = path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(err):
+            raise DataDiskFullError(err.errno, f"disk full writing {path} ({os.strerror(err.errno)}); free space "
+                                               f"on {path.parent} and rerun: finished steps are kept") from None
+        raise
+
+
+def atomic_write_json(path: Path, payload: dict) -> None:
+    atomic_write_bytes(path, (json.dumps(payload, indent=1, sort_keys=True) + "\n").encode())
+
+
+def remove_stale_temporaries(out: Path) -> None:
+    """Temporaries of a prepare that was killed mid-write (its process is gone): never trusted, removed."""
+    for tmp in out.glob(f"**/.*{_TMP_MARK}*"):
+        pid = tmp.name.rpartition(_TMP_MARK)[2]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            log.info("prepare: removing %s, left by a prepare that was killed mid-write", tmp)
+            tmp.unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
