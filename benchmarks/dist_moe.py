@@ -1,7 +1,7 @@
 """Expert-parallel multi-round MoE: time and per-rank peak memory, balanced vs worst routing, and the
 fraction of steps that need one round once the capacity is calibrated.
 
-W gloo processes (2 quick, 4 full), `rungs.expert_parallel.ExpertParallelExperts` with 4 experts
+W gloo processes (2 quick, 4 full), `rungs.parallel.expert_parallel.ExpertParallelExperts` with 4 experts
 per rank, top-2, each rank routing its own tokens.
 - balanced: every expert gets exactly T·k·W/E pairs; worst: every pair of every rank goes to the
   two experts of rank 0. Capacity = the balanced load, so balanced needs one round and worst
@@ -34,7 +34,7 @@ def _routing(kind: str, rank: int, tokens: int, n_experts: int) -> torch.Tensor:
 
 
 def _worker(rank: int, world: int, quick: bool) -> dict:
-    from rungs.expert_parallel import ExpertParallelExperts, peak_allocated_bytes
+    from rungs.parallel.expert_parallel import ExpertParallelExperts, peak_allocated_bytes
     from rungs.moe import RoutedExperts, calibrate_capacity
     from rungs.router import Router
 

@@ -1,7 +1,7 @@
 """Distributed Muon step against its communication floor and the all-gather-everything variant.
 
 W gloo processes on this machine (2 quick, 4 full) train the largest cpu-demo rung sharded with
-FSDP2 (`rungs.distributed`), Muon parameters handled by `rungs.dist_muon.DistMuon` (BF16 comm).
+FSDP2 (`rungs.parallel.distributed`), Muon parameters handled by `rungs.parallel.dist_muon.DistMuon` (BF16 comm).
 Measured in the same run, medians over repeats, wall seconds of rank 0 between barriers:
 - `muon_step_seconds`: DistMuon.step (momentum shards, two all-to-alls per shape batch, NS on owners);
 - `comm_floor_seconds`: bytes each rank sends in those all-to-alls (and all-gathers of replicated
@@ -81,7 +81,7 @@ def loopback_bandwidth(megabytes: int) -> float:
 def allgather_muon_step(opt) -> None:
     """Moonlight / ZeRO-1 'DP gather': all-gather every momentum shard into the full matrix, every rank
     runs NS on every matrix (batched by shape), keeps its own rows. Same momentum math as DistMuon."""
-    from rungs.dist_muon import _local
+    from rungs.parallel.dist_muon import _local
     from rungs.muon import adjust_lr, newton_schulz
 
     world = dist.get_world_size()
@@ -119,7 +119,7 @@ def allgather_muon_step(opt) -> None:
 
 def _worker(rank: int, world: int, quick: bool) -> dict:
     from benchmarks.muon import largest_demo_rung
-    from rungs.distributed import build_optimizer, parallelize, setup, train_step
+    from rungs.parallel.distributed import build_optimizer, parallelize, setup, train_step
     from rungs.model import Transformer
 
     repeats = 3 if quick else 7

@@ -45,6 +45,6 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any) -> None:
                        start_method="forkserver")
 
 
-_PRELOAD = ["torch", "torch.distributed", "rungs.distributed", "rungs.expert_parallel", "rungs.dist_muon",
+_PRELOAD = ["torch", "torch.distributed", "rungs.parallel.distributed", "rungs.parallel.expert_parallel", "rungs.parallel.dist_muon",
             "rungs.model", "tests.rungs.dist.spawn"]
 mp.set_forkserver_preload(_PRELOAD)

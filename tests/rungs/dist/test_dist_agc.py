@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from rungs.agc import ActivationGradClipper, AGCSettings
-from rungs.distributed import build_optimizer, parallelize, setup, train_step
+from rungs.parallel.distributed import build_optimizer, parallelize, setup, train_step
 from rungs.model import Transformer
 from rungs.optim import build_optimizer as single_optimizer
 from rungs.optim import clip_grad_norm_

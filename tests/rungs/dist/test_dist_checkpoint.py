@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rungs import dist_checkpoint
-from rungs.distributed import build_optimizer, parallelize, setup, train_step
+from rungs.parallel import dist_checkpoint
+from rungs.parallel.distributed import build_optimizer, parallelize, setup, train_step
 from rungs.model import Transformer
 from tests.rungs.dist.spawn import run_ranks
 from tests.rungs.dist.test_distributed_train import CFG, CLIP, LB, LR, SEQS_PER_RANK, WD, _batches, _compare, _single, _whole

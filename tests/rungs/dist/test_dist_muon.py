@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from rungs.dist_muon import DistMuon, DistMuonError
+from rungs.parallel.dist_muon import DistMuon, DistMuonError
 from tests.rungs.dist.spawn import run_ranks
 
 COEFFS = (3.4445, -4.7750, 2.0315)

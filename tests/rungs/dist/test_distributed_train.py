@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from rungs.distributed import build_optimizer, lbl_reduce, parallelize, reduce_expert_grads, setup, train_step
+from rungs.parallel.distributed import build_optimizer, lbl_reduce, parallelize, reduce_expert_grads, setup, train_step
 from rungs.model import ModelConfig, Transformer
 from rungs.optim import build_optimizer as single_optimizer
 from rungs.optim import clip_grad_norm_

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rungs.expert_parallel import (ExpertParallelError, ExpertParallelExperts, build_rounds, check_layout,
+from rungs.parallel.expert_parallel import (ExpertParallelError, ExpertParallelExperts, build_rounds, check_layout,
                                    peak_allocated_bytes)
 from rungs.moe import RoutedExperts
 from tests.rungs.dist.spawn import run_ranks

@@ -31,8 +31,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from rungs.dist_muon import DistMuon
-from rungs.expert_parallel import ExpertParallelExperts
+from rungs.parallel.dist_muon import DistMuon
+from rungs.parallel.expert_parallel import ExpertParallelExperts
 from rungs.optim import ADAMW_ROLES, DEFAULT_NO_DECAY_ROLES, MUON_ROLES, MuonAdamW, param_role
 from rungs.router import load_balancing_loss, z_loss
 

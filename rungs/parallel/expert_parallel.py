@@ -20,7 +20,7 @@ the E experts are split across the P ranks of an expert-parallel (EP) group, ran
    exchange), so saved activations do not grow with the number of rounds.
 
 Expert weight gradients are the sum over all sources of the EP group; under DP×EP the caller
-reduces them over the data-parallel replicas (`rungs.distributed`).
+reduces them over the data-parallel replicas (`rungs.parallel.distributed`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Sharded checkpoints with torch.distributed.checkpoint (DCP): every rank writes only its shards.
 
 Tensors are stored under their global shapes: FSDP2 parameters and their optimizer state are
-DTensors already; expert-parallel slices (plain local tensors, see `rungs.expert_parallel`) are
+DTensors already; expert-parallel slices (plain local tensors, see `rungs.parallel.expert_parallel`) are
 presented as DTensors on the (dp, ep) mesh with placements (Replicate, Shard(0)). DCP therefore
 reshards on load, so a checkpoint resumes onto any dp × ep layout and any number of workers.
 Optimizer state is keyed by parameter name (`<name>/<state key>`), so it does not depend on how
@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from rungs.distributed import Parallel
+from rungs.parallel.distributed import Parallel
 from rungs.optim import MuonAdamW
 
 EXTRA_FILE = "extra.json"
