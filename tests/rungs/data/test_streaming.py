@@ -166,3 +166,13 @@ def test_inputs_changed_since_a_finished_prepare_are_prepared_again(tmp_path):
     prepare(manifest, out, vocab_size=257, tokenizer="byte")
     fresh = prepare(manifest, tmp_path / "fresh", vocab_size=257, tokenizer="byte")
     assert sorted(_files(out)) == sorted(_files(fresh))
+
+
+def test_bad_input_found_by_a_ray_worker_is_the_same_typed_error_and_nothing_is_written(tmp_path):
+    from rungs.data.errors import DataInputError
+
+    manifest = _many_files_manifest(tmp_path / "corpus")
+    (tmp_path / "corpus" / "a" / "part-2.jsonl").write_bytes(b'{"id": "ok", "text": "fine"}\n\xff\xfe bad bytes\n')
+    with pytest.raises(DataInputError, match=r"part-2\.jsonl: a: is not UTF-8 text \(byte 0xff at offset 29\)"):
+        prepare(manifest, tmp_path / "out", vocab_size=257, tokenizer="byte", workers=2)
+    assert not (tmp_path / "out").exists()
