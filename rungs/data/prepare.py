@@ -275,9 +275,10 @@ def _prepare_into(out: Path, key: str, manifest: Manifest, report: dict, removed
     kind = tok.kind
 
     sets = [("train", ds) for ds in manifest.sources] + [("eval", ds) for ds in manifest.eval_sets]
+    shard_key = f"{key}:{shard_text_bytes}"  # boundaries depend on the shard size: another size redoes them
     calls = [((ds, path), {"split": split, "file_index": i, "tokenizer": _TokenizerLoader(out, kind), "out": out,
-                           "key": key, "removed": removed.get((ds.name, i), frozenset()) if split == "train"
-                           else frozenset(), "shard_text_bytes": shard_text_bytes})
+                           "key": shard_key, "shard_text_bytes": shard_text_bytes,
+                           "removed": removed.get((ds.name, i), frozenset()) if split == "train" else frozenset()})
              for split, ds in sets for i, path in enumerate(ds.files)]
     bar = SourceProgress(f"{split}/{ds.name}" for split, ds in sets)
     shards: dict[str, list[dict]] = {f"{split}/{ds.name}": [] for split, ds in sets}

@@ -176,3 +176,15 @@ def test_bad_input_found_by_a_ray_worker_is_the_same_typed_error_and_nothing_is_
     with pytest.raises(DataInputError, match=r"part-2\.jsonl: a: is not UTF-8 text \(byte 0xff at offset 29\)"):
         prepare(manifest, tmp_path / "out", vocab_size=257, tokenizer="byte", workers=2)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_rerun_with_another_shard_size_redoes_the_shards(tmp_path):
+    """Shard boundaries depend on the shard size: a finished shard of another size is not reused."""
+    manifest = _many_files_manifest(tmp_path / "corpus")
+    out = prepare(manifest, tmp_path / "out", vocab_size=257, tokenizer="byte", shard_text_bytes=4_000)
+    (out / "meta.json").unlink()  # as if killed before the end
+    prepare(manifest, out, vocab_size=257, tokenizer="byte", shard_text_bytes=1_000_000)
+    fresh = prepare(manifest, tmp_path / "fresh", vocab_size=257, tokenizer="byte", shard_text_bytes=1_000_000)
+    assert _files(out).keys() == _files(fresh).keys()
+    assert {k: v for k, v in _files(out).items() if k != "progress.json"} == \
+        {k: v for k, v in _files(fresh).items() if k != "progress.json"}
