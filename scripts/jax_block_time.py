@@ -1,6 +1,6 @@
 """JAX vs PyTorch forward+backward time of one cpu-demo transformer block, on one thread.
 
-Usage: .venv/bin/python scripts/jax_block_time.py [--rung 6] [--repeats 15] [--layers 0 2]
+Usage: taskset -c 0 .venv/bin/python scripts/jax_block_time.py [--rung 6] [--repeats 15] [--layers 0 2] [--model]
 
 Both engines get the same weights (the torch block's, converted) and the same input (B =
 batch_sequences of the rung, T = seq_len); the work timed is the block's forward and the gradient
@@ -87,11 +87,38 @@ def measure(rung: int, layer: int, repeats: int) -> dict[str, tuple[float, float
     return {name: _median_pair(torch_part(t), jax_part(j), repeats) for name, (t, j) in parts.items()}
 
 
+def measure_model(rung: int, repeats: int) -> tuple[float, float]:
+    """The whole model's loss (CE + 0.01 LBL, the default objective) and every gradient."""
+    import torch.nn.functional as F
+
+    from rungs.jaxjob import params as P
+    from rungs.router import load_balancing_loss
+
+    spec = plan_rung(load_recipe("cpu-demo"), rung)
+    cfg = ModelConfig(**asdict(spec.arch))
+    B = spec.to_dict()["batch_sequences"]
+    torch.manual_seed(0)
+    model = Transformer(cfg)
+    inputs, targets = (torch.randint(0, cfg.vocab_size, (B, cfg.seq_len)) for _ in range(2))
+
+    def torch_step():
+        model.zero_grad(set_to_none=True)
+        logits, routes = model(inputs)
+        ce = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        (ce + 0.01 * load_balancing_loss(routes, cfg.n_experts, cfg.top_k)).backward()
+
+    params, buffers = P.from_torch_state_dict(model.state_dict(), cfg)
+    grad = jax.jit(jax.grad(lambda p, b, x, y: M.loss(p, b, x, y, cfg, 0.01)[0]))
+    ji, jt = jnp.asarray(inputs.numpy()), jnp.asarray(targets.numpy())
+    return _median_pair(torch_step, lambda: jax.block_until_ready(grad(params, buffers, ji, jt)), repeats)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rung", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--layers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--model", action="store_true", help="also time the whole model's loss and gradients")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"cpu-demo L{args.rung}, one thread, jax {jax.__version__} ({jax.default_backend()}), "
@@ -100,6 +127,9 @@ def main() -> None:
     for layer in args.layers:
         for name, (t, j) in measure(args.rung, layer, args.repeats).items():
             print(f"{layer:>5} {name:>10} {t * 1e3:9.2f} {j * 1e3:9.2f} {j / t:9.2f}")
+    if args.model:
+        t, j = measure_model(args.rung, args.repeats)
+        print(f"{'all':>5} {'model':>10} {t * 1e3:9.2f} {j * 1e3:9.2f} {j / t:9.2f}")
 
 
 if __name__ == "__main__":
