@@ -26,7 +26,7 @@ import statsmodels.api as sm
 from fits.errors import FitInputError, FlatSurfaceError
 from fits.results import code_version, jsonable
 from fits.surfaces import WEIGHT_SCALE_REL, SurfaceResult, fit_surface
-from fits.validate import numeric_column, require_columns
+from fits.validate import n_distinct, numeric_column, require_columns, snap_close
 
 log = logging.getLogger(__name__)
 
@@ -199,8 +199,11 @@ def fit_hparam_laws(df: pd.DataFrame, y: str = "bpb", *, criterion: str = "aic",
     df = df[np.isfinite(metric)]
     for c in REQUIRED:
         df[c] = numeric_column(df, c, positive=True)
-    df["lr_wd"] = df["lr"] * df["wd"]
-    has_dropout = dropout_column in df.columns and df[dropout_column].nunique() > 1
+    for c in (*slice_cols, "lr", "wd"):  # a value with float noise in its last bits is still one value
+        if c in df.columns:
+            df[c] = snap_close(pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float))
+    df["lr_wd"] = snap_close((df["lr"] * df["wd"]).to_numpy())
+    has_dropout = dropout_column in df.columns and n_distinct(pd.to_numeric(df[dropout_column], errors="coerce")) > 1
     dropout_law = None
     options = {"y": y, "criterion": criterion, "slice_cols": list(slice_cols), "weight_scale_rel": weight_scale_rel,
                "diverged_rows_dropped": diverged, "n_rows": len(df)}

@@ -32,7 +32,7 @@ from scipy.spatial import Delaunay
 
 from fits.errors import FitInputError, FlatSurfaceError
 from fits.results import jsonable
-from fits.validate import numeric_column, require_columns
+from fits.validate import n_distinct, numeric_column, require_columns
 
 WEIGHT_SCALE_REL = 0.01
 
@@ -135,9 +135,9 @@ def fit_surface(df: pd.DataFrame, coords: list[str], y: str, *, log_coords: list
     n_params = 1 + d + d * (d + 1) // 2
     where = f" (slice {key})" if key else ""
     for j, c in enumerate(coords):
-        if len(np.unique(raw[:, j])) < 3:
+        if n_distinct(raw[:, j]) < 3:
             raise FlatSurfaceError(f"needs at least 3 distinct values to see curvature, got "
-                                   f"{len(np.unique(raw[:, j]))}{where}", column=c)
+                                   f"{n_distinct(raw[:, j])}{where}", column=c)
     y_min = float(loss.min())
     if np.ptp(loss) <= 1e-12 * max(abs(y_min), 1.0):
         raise FlatSurfaceError(f"the loss does not vary across the slice (all {y_min:g}){where}; there is no optimum "

@@ -47,3 +47,31 @@ def row_ids(df: pd.DataFrame, id_column: str | None) -> list:
     if id_column and id_column in df.columns:
         return df[id_column].tolist()
     return df.index.tolist()
+
+
+# Values equal up to this relative difference are one value: a product such as LR·WD computed from
+# differently rounded factors (3e-3 · 0.1 vs 1e-3 · 0.3) differs in its last bits, and an exact
+# count would call a constant two values (issue #25 item 14).
+DISTINCT_RTOL = 1e-6
+
+
+def snap_close(values: np.ndarray, rtol: float = DISTINCT_RTOL) -> np.ndarray:
+    """Each value replaced by the smallest value within `rtol` (relative) of it, chained in sorted order."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return v.copy()
+    u = np.unique(v[np.isfinite(v)])
+    if u.size == 0:
+        return v.copy()
+    new = np.concatenate([[True], np.diff(u) > rtol * np.maximum(np.abs(u[1:]), np.abs(u[:-1]))])
+    reps = u[np.flatnonzero(new)][np.cumsum(new) - 1]
+    out = v.copy()
+    finite = np.isfinite(v)
+    out[finite] = reps[np.searchsorted(u, v[finite])]
+    return out
+
+
+def n_distinct(values: np.ndarray, rtol: float = DISTINCT_RTOL) -> int:
+    """How many distinct values, counting values within `rtol` of each other as one."""
+    v = np.asarray(values, dtype=np.float64)
+    return int(np.unique(snap_close(v[np.isfinite(v)], rtol)).size)

@@ -96,6 +96,7 @@ def fit_table(runs: pd.DataFrame) -> pd.DataFrame:
     for c in ("lr", "wd", "dropout", "steps", "tpp", "params_active", "train_flops", "wall_seconds", "final_loss", "tokens"):
         if c in out.columns:
             out[c] = pd.to_numeric(out[c], errors="coerce")
+    _steps_actually_run(out)
     domains = sorted(c[len(BPB_PREFIX):] for c in out.columns if c.startswith(BPB_PREFIX))
     for d in domains:
         out[f"bpb_{d}"] = pd.to_numeric(out[BPB_PREFIX + d], errors="coerce")
@@ -105,6 +106,22 @@ def fit_table(runs: pd.DataFrame) -> pd.DataFrame:
     bpb_cols = [c for c in out.columns if c == "bpb" or c.startswith("bpb_")]
     out.loc[out["diverged"], bpb_cols] = np.nan
     return out.copy()  # one block per dtype: the column-by-column inserts above leave it fragmented
+
+
+def _steps_actually_run(out: pd.DataFrame) -> None:
+    """A run capped by `max_steps` trained min(steps, max_steps) steps and proportionally fewer tokens
+    per parameter than planned: the laws must see what was run (`steps`, `tpp`); the plan stays in
+    `steps_planned`, `tpp_planned` (issue #25 item 14)."""
+    if "steps" not in out.columns or "params.max_steps" not in out.columns:
+        return
+    cap = pd.to_numeric(out["params.max_steps"], errors="coerce")
+    planned = out["steps"]
+    run = planned.where(~(cap < planned), cap)
+    out["steps_planned"] = planned
+    out["steps"] = run
+    if "tpp" in out.columns:
+        out["tpp_planned"] = out["tpp"]
+        out["tpp"] = out["tpp"] * run / planned
 
 
 def domains_of(table: pd.DataFrame) -> list[str]:
