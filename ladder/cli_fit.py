@@ -66,7 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--n", help="parameters column (default with --experiment: params_active)")
     q.add_argument("--d", help="tokens column (default with --experiment: tokens)")
     q.add_argument("--y", help="loss column (default with --experiment: bpb)")
-    q.add_argument("--bootstrap", type=int, default=0)
+    q.add_argument("--bootstrap", type=int, default=0, help="bootstrap resamples for intervals (default 0: none)")
+    q.add_argument("--delta", type=_delta_arg, default=None,
+                   help="Huber threshold on log residuals (default 1e-3, Hoffmann et al.)")
+    q.add_argument("--holdout-top", type=int, default=0,
+                   help="also fit without the K largest model sizes and predict their runs, with intervals (default 0)")
     q.add_argument("--starts", choices=["hoffmann", "varpro"], default="hoffmann")
     q.add_argument("--n-starts", type=int, default=64, help="grid starts refined by L-BFGS-B (0: all 4,500)")
     q.add_argument("--ci-level", type=float, default=0.95)
@@ -287,13 +291,26 @@ def run_chinchilla(args: argparse.Namespace) -> int:
 
     df, source = load_input(args)
     n, d, y = column_arg(args, "n", "params_active"), column_arg(args, "d", "tokens"), column_arg(args, "y", "bpb")
+    if args.bootstrap < 0 or args.holdout_top < 0 or not 0 < args.ci_level < 1:
+        raise LadderInputError("--bootstrap and --holdout-top must be ≥ 0 and --ci-level in (0, 1)", field="--bootstrap")
+    if args.delta == "auto":
+        raise LadderInputError("the Chinchilla fit takes a number for --delta ('auto' is for power laws)", field="--delta")
+    kw = {"starts": args.starts, "n_starts": args.n_starts or None, **({} if args.delta is None else {"delta": args.delta})}
     try:
-        fit = fit_chinchilla(df, n=n, d=d, y=y, starts=args.starts, n_starts=args.n_starts or None,
-                             bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed)
+        fit = fit_chinchilla(df, n=n, d=d, y=y, bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed, **kw)
     except FitError as err:
         raise input_error(err, source) from None
     out = fit.to_dict()
     payload = {**fit.params, **{k: v for k, v in out.items() if k not in ("params",)}, "source": source}
+    if args.holdout_top:
+        from fits.chinchilla_backtest import chinchilla_holdout
+
+        try:
+            payload["backtest"] = chinchilla_holdout(df, n, d, y, holdout_top=args.holdout_top,
+                                                     bootstrap=max(args.bootstrap, 200), ci_level=args.ci_level,
+                                                     seed=args.seed, **kw)
+        except FitError as err:  # the law is fitted; only the backtest cannot run: say why
+            payload["backtest"] = {"skipped": str(err)}
     finish(args, payload, source, df, {"chinchilla": fit.to_dict(include_draws=True)},
            {**fit.params, **out["compute_optimal"]})
     if args.json:
@@ -303,6 +320,16 @@ def run_chinchilla(args: argparse.Namespace) -> int:
     rows += [[f"compute-optimal {k}", v, "-"] for k, v in out["compute_optimal"].items()]
     stdout_console.print(make_table(f"{y} = E + A/{n}^α + B/{d}^β ({fit.n_points} points, objective "
                                     f"{fit.objective:.6g})", ["name", "value", "CI"], rows))
+    bt = payload.get("backtest")
+    if bt and "predictions" in bt:
+        top = max(bt["predictions"], key=lambda p: (p["N"], p["D"]))
+        stdout_console.print(f"held out the {bt['holdout_top']} largest {n}: {bt['share_inside']:.0%} of their runs inside "
+                             f"the {bt['ci_level']:.0%} interval, max |error| {bt['max_abs_rel_error']:.2%}; largest run "
+                             f"{top['actual']:.4g} vs {top['predicted']:.4g} [{top['lo']:.4g}, {top['hi']:.4g}]")
+    elif bt:
+        print(f"backtest skipped: {bt['skipped']}", file=sys.stderr)
+    for flag in out.get("flags") or []:
+        print(flag, file=sys.stderr)
     return 0
 
 

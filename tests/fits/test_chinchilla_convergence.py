@@ -78,3 +78,25 @@ def test_five_models_spanning_1_2x_in_n_are_refused_with_what_would_help():
     with pytest.raises(NotIdentifiedError, match=r"N spans 1\.2x.*needs ≥ 3x") as err:
         fit_chinchilla(pd.DataFrame({"params": N, "tokens": D, "loss": L}))
     assert isinstance(err.value, FitInputError) and err.value.column == "params"
+
+
+def test_cli_chinchilla_delta_bootstrap_and_holdout(tmp_path, capsys, epoch_240):
+    import json
+
+    from ladder.cli import main
+
+    csv = tmp_path / "chin.csv"
+    epoch_240.rename(columns={"Model Size": "N"})[["N", "tokens", "loss"]].to_csv(csv, index=False)
+    argv = ["fit", "chinchilla", "--csv", str(csv), "--n", "N", "--d", "tokens", "--y", "loss", "--n-starts", "16"]
+    assert main([*argv, "--delta", "0.01", "--bootstrap", "60", "--holdout-top", "3", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["options"]["delta"] == 0.01 and payload["n_bootstrap"] > 0 and set(payload["ci"]) >= {"alpha", "beta"}
+    bt = payload["backtest"]
+    sizes = sorted(epoch_240["Model Size"].unique())
+    assert bt["holdout_top"] == 3 and {p["N"] for p in bt["predictions"]} == set(sizes[-3:])
+    assert all(p["lo"] <= p["predicted"] <= p["hi"] for p in bt["predictions"])
+    assert bt["n_train"] == int((epoch_240["Model Size"] < sizes[-3]).sum())
+    assert payload["optimizer"]["converged"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--delta", "-1"])
+    assert exit_info.value.code == 2
