@@ -146,8 +146,8 @@ def default_lr_wd(recipe: Recipe, tpp: float, steps: int) -> tuple[float, float]
 
 def plan_rung(recipe: Recipe, L: int, tpp: float | None = None) -> RungSpec:
     tpp = recipe.tpp if tpp is None else tpp
-    if tpp <= 0:
-        raise LadderInputError(f"TPP must be positive, got {tpp:g}", field="--tpp")
+    if not (tpp > 0 and math.isfinite(tpp)):  # `not >` also catches nan
+        raise LadderInputError(f"TPP must be a positive, finite number, got {tpp:g}", field="--tpp")
     arch = architecture(recipe, L)
     params = count_parameters(arch)
     flops = count_flops_per_token(arch)

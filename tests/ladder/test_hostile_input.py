@@ -134,6 +134,11 @@ def test_bad_recipe_exits_2_with_one_line(tmp_path, monkeypatch, capsys, case, c
     (["plan", "cpu-demo", "--rungs", "0"], ["--rungs", "positive"]),
     (["plan", "cpu-demo", "--rungs=-3,4"], ["--rungs", "positive"]),
     (["plan", "cpu-demo", "--rungs", "three"], ["--rungs"]),
+    (["plan", "cpu-demo", "--tpp", "0"], ["--tpp", "positive"]),
+    (["plan", "cpu-demo", "--tpp=-5"], ["--tpp", "positive"]),
+    (["plan", "cpu-demo", "--tpp", "inf"], ["--tpp", "finite"]),
+    (["plan", "cpu-demo", "--tpp", "nan"], ["--tpp", "finite"]),
+    (["plan", "cpu-demo", "--gpus", "8", "--mfu", "nan"], ["--mfu"]),
     (["sweep", "run", "no-such-spec"], ["no-such-spec", "not found"]),
     (["sweep", "run", "smoke", "--max-concurrent", "0"], ["--max-concurrent"]),
 ])
