@@ -83,10 +83,15 @@ def newton_schulz(G: jax.Array, steps: int = 5, coefficients=SIMPLE_COEFFICIENTS
     def mm(p, q):  # (..., i, k) @ (..., k, j): operands exact in dt, accumulated in `wide`
         return jnp.matmul(p.astype(dt), q.astype(dt), preferred_element_type=wide)
 
-    for a, b, c in per_step:
+    def iteration(X, abc):
+        a, b, c = abc[0], abc[1], abc[2]
         A = rnd(mm(X, jnp.swapaxes(X, -1, -2)))
         B = rnd(b * A + c * mm(A, A))
-        X = rnd(a * X + mm(B, X))
+        return rnd(a * X + mm(B, X)), None
+
+    # A scan over the per-step coefficients, not an unrolled loop: the same arithmetic, and XLA
+    # compiles one iteration instead of five (the optimizer's compile time is most of a CPU step's).
+    X, _ = jax.lax.scan(iteration, X, jnp.asarray(per_step, wide))
     X = jnp.swapaxes(X, -1, -2) if transposed else X
     return X.astype(dt)
 
@@ -94,6 +99,27 @@ def newton_schulz(G: jax.Array, steps: int = 5, coefficients=SIMPLE_COEFFICIENTS
 def update_scale(shape: tuple[int, ...], mode: str = "match_rms_adamw") -> float:
     """The per-matrix update scale of `mode` (`rungs.muon.CONVENTIONS`) for (..., fan_out, fan_in)."""
     return _adjust_lr(1.0, tuple(shape), mode)
+
+
+def _orthogonalise(leaves: list[jax.Array], ns_steps: int, ns_coefficients, ns_dtype: Any,
+                   adjust_lr: str) -> list[jax.Array]:
+    """NS(u) * scale for each leaf. Matrices of the same (out, in) and dtype go through one batched
+    Newton-Schulz, as rungs.muon.Muon batches them: at cpu-demo L6 that is 6 calls instead of 66,
+    which cuts the optimizer's compile time and its share of a CPU step (see the README)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, u in enumerate(leaves):
+        groups.setdefault((tuple(u.shape[-2:]), u.dtype), []).append(i)
+    out: list[Any] = [None] * len(leaves)
+    for (shape, dtype), members in groups.items():
+        batch = jnp.concatenate([leaves[i].reshape(-1, *shape) for i in members])
+        ortho = newton_schulz(batch, ns_steps, ns_coefficients, dtype=ns_dtype).astype(dtype)
+        ortho = ortho * jnp.asarray(update_scale(shape, adjust_lr), dtype)
+        start = 0
+        for i in members:
+            n = leaves[i].size // (shape[0] * shape[1])
+            out[i] = ortho[start:start + n].reshape(leaves[i].shape)
+            start += n
+    return out
 
 
 def scale_by_muon(momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
@@ -120,11 +146,9 @@ def scale_by_muon(momentum: float = 0.95, nesterov: bool = True, ns_steps: int =
         buf = jax.tree.map(lambda b, g: _lerp(b, g, 1.0 - momentum), state.momentum, updates)
         direction = jax.tree.map(lambda g, b: _lerp(g, b, momentum), updates, buf) if nesterov else buf
 
-        def ortho(u):
-            o = newton_schulz(u, ns_steps, ns_coefficients, dtype=ns_dtype)
-            return (o.astype(u.dtype) * update_scale(u.shape, adjust_lr)).astype(u.dtype)
-
-        return jax.tree.map(ortho, direction), MuonState(buf)
+        leaves, treedef = jax.tree.flatten(direction)
+        return jax.tree.unflatten(treedef, _orthogonalise(leaves, ns_steps, ns_coefficients, ns_dtype,
+                                                          adjust_lr)), MuonState(buf)
 
     return optax.GradientTransformation(init, update)
 
