@@ -17,7 +17,10 @@ from rungs.muon import newton_schulz as torch_newton_schulz
 
 torch.set_num_threads(1)
 
-SHAPES = {"wide": (16, 32), "tall": (32, 16), "square": (24, 24), "stack": (4, 8, 24), "tall_stack": (3, 24, 8)}
+# Leaves sharing an (out, in) go through one batched Newton-Schulz: "wide", "wide_again" and
+# "wide_stack" exercise the grouping and the split back.
+SHAPES = {"wide": (16, 32), "tall": (32, 16), "square": (24, 24), "stack": (4, 8, 24), "tall_stack": (3, 24, 8),
+          "wide_again": (16, 32), "wide_stack": (2, 16, 32)}
 
 
 def _run_both(shapes, torch_opt_factory, jax_tx, steps=10, seed=0):
