@@ -169,7 +169,9 @@ def route(weight: jax.Array, bias: jax.Array | None, x: jax.Array, cfg: Any) -> 
     return Routing(expert_idx.astype(jnp.int32), gate, probs, logits, counts, jnp.zeros((), jnp.int32))
 
 
-def latent_moe(p: Params, prefix: str, bias, x: jax.Array, cfg: Any, backend: str | None = None) -> tuple[jax.Array, Routing]:
+def latent_moe(p: Params, prefix: str, bias, x: jax.Array, cfg: Any,
+               backend: str | None = None) -> tuple[jax.Array, Routing]:
+    """`rungs.model.LatentMoE`: x (B, T, d) → (B, T, d) and the layer's routing."""
     B, T, d = x.shape
     flat = x.reshape(B * T, d)                                                # (N, d)
     r = route(p[prefix + "router.weight"], bias, flat, cfg)

@@ -136,7 +136,8 @@ def test_latent_moe_block_with_router_equals_torch(score, bias, top_k, capacity)
     def f(p, x):
         out, r = M.latent_moe(p, "layers.0.moe.", bias_vec, x, cfg)
         return (out * jnp.asarray(upstream.numpy())).sum(), (out, r)
-    (_, (out, r)), (gp, gx) = jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))(params, jnp.asarray(x.detach().numpy()))
+    step = jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))
+    (_, (out, r)), (gp, gx) = step(params, jnp.asarray(x.detach().numpy()))
     assert np.asarray(r.expert_idx).tolist() == route.expert_idx.tolist()
     assert np.asarray(r.tokens_per_expert).tolist() == route.tokens_per_expert.tolist()
     assert int(r.rounds) == block.experts.last_stats["rounds"]
