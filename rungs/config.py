@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 # Fields added after runs existed, at the value those runs had: left out of a config's identity (its
 # key() and its sweep trial key), so a config that sets one that way keeps the key, and the finished
 # trial, it had before the field existed.
-LEGACY_VALUES: dict[str, Any] = {"subset": "prefix", "peak_flops_per_device": None}
+LEGACY_VALUES: dict[str, Any] = {"subset": "prefix", "peak_flops_per_device": None, "backend": "torch"}
 
 
 def at_legacy_value(key: str, value: Any) -> bool:
@@ -128,6 +128,9 @@ class TrainConfig(BaseModel):
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     seed: int = 0
     deterministic: bool = False
+    # Which job runs the rung: the PyTorch engine or the JAX one (rungs.jaxjob, #19). The default is
+    # a legacy value: "torch" leaves every existing key as it was; "jax" is a different trial.
+    backend: Literal["torch", "jax"] = "torch"
     threads: int | None = Field(default=None, gt=0, description="torch intra-op threads (default: the idle cores)")
     # The MFU denominator (rungs.metrics.device_peak): None takes the device's dense bf16 spec peak
     # from the table, or the nominal CPU peak. Reporting only: not part of the config key.

@@ -1,0 +1,263 @@
+"""The JAX engine (`rungs.engine.Engine`, #19): the rung in JAX + optax under the one training loop.
+
+Everything except the arithmetic is shared with the PyTorch engine: the prepared corpus, the
+source-scaled sampler (the same token stream, batch for batch), `rungs.data.bpb.evaluate_bpb`,
+the unigram baseline, the clip-event records. The arithmetic is `rungs.jaxjob`'s: the model
+(`model.loss`), Muon + AdamW by role (`optim.build_optimizer`), activation gradient clipping
+(`agc.AGC` + `agc.ClipRecorder`), global grad-norm clipping (`optim.clip_by_global_norm`).
+
+One step, as `rungs.torch_engine._train_step`: per micro-batch one compiled forward+backward
+(gradients of (ce + aux) / n_micro summed over micro-batches), then one compiled update: clip
+the global norm, Muon/AdamW at the loop's LR multiplier. The LR and WD are traced optimizer
+hyperparameters (`optim.with_hyperparams`), set each step to multiplier x the configured rates,
+so the schedule is the loop's and nothing recompiles. Both functions are compiled ahead of time
+in `build()` and the seconds that took are reported apart (tag `jax_compile_seconds`), so the
+first step's tokens/s is not a compile time. With a `mesh` (`rungs.jaxjob.sharding`) parameters,
+optimizer state and batches are sharded over its (data, expert) axes.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import torch
+
+from rungs.agc import event_record
+from rungs.config import TrainConfig
+from rungs.data.bpb import evaluate_bpb
+from rungs.data.corpus import PreparedCorpus
+from rungs.data.prepare import ensure_prepared
+from rungs.data.sampler import SourceScaledSampler
+from rungs.evaluation import eval_docs, unigram_bpb
+from rungs.jaxjob import checkpoint as jax_ckpt
+from rungs.jaxjob import model as jmodel
+from rungs.jaxjob import sharding
+from rungs.jaxjob.agc import AGC, ClipRecorder
+from rungs.jaxjob.optim import Schedule, build_optimizer, clip_by_global_norm, global_norm, with_hyperparams
+from rungs.jaxjob.params import init_buffers, init_params
+from rungs.metrics import DevicePeak, device_peak
+from rungs.torch_engine import _pick_threads, muon_update_scale
+
+log = logging.getLogger(__name__)
+
+# The loop hands the engine the schedule's multiplier each step; the optimizer's own schedule is
+# flat at 1 (cosine with min_lr_ratio 1) and the multiplier enters through the traced LR.
+_FLAT = Schedule(total_steps=1, warmup_steps=0, schedule="cosine", min_lr_ratio=1.0)
+
+
+class JaxEngine:
+    """The JAX job on this process's devices (`rungs.engine.Engine`).
+
+    `mesh`: a (data, expert) `jax.sharding.Mesh` (None: one device). `ns_dtype`: Muon's
+    Newton-Schulz dtype (bf16 as rungs.muon; fp32 for parity tests against a fp32 torch Muon).
+    `initial_params`: (params, buffers) to start from instead of a fresh init (e.g. a torch state
+    dict converted with `rungs.jaxjob.params.from_torch_state_dict`).
+    """
+
+    rank = 0
+
+    def __init__(self, cfg: TrainConfig, *, mesh: Any = None, ns_dtype: Any = jnp.bfloat16,
+                 initial_params: tuple[dict, dict] | None = None) -> None:
+        self.cfg = cfg
+        self.mesh = mesh
+        self.world = 1 if mesh is None else int(mesh.devices.size)
+        self.ns_dtype = ns_dtype
+        self.threads = _pick_threads(cfg)
+        self.initial_params = initial_params
+        self.compile_seconds = 0.0
+        self.recorder: ClipRecorder | None = None
+
+    # --- set-up -----------------------------------------------------------------------------
+    def tags(self) -> dict[str, str]:
+        return {"backend": "jax", "jax_version": jax.__version__, "jax_platform": jax.default_backend(),
+                "jax_compile_seconds": f"{self.compile_seconds:.2f}",
+                "muon_update_scale": muon_update_scale(self.cfg, None)} | sharding.describe(self.mesh)
+
+    def discard_checkpoint(self, run_dir: Path) -> None:
+        jax_ckpt.remove(run_dir)
+
+    def build(self) -> None:
+        cfg = self.cfg
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.arch = cfg.architecture()
+        self.corpus = PreparedCorpus.open(ensure_prepared(cfg.data_manifest, vocab_size=cfg.vocab_size,
+                                                          cache_root=Path(cfg.data_cache_root)))
+        self.sampler = SourceScaledSampler(self.corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
+                                           batch_sequences=cfg.batch_sequences, seed=cfg.seed, subset=cfg.subset)
+        if self.initial_params is not None:
+            params, buffers = self.initial_params
+        else:
+            params, buffers = init_params(self.arch, jax.random.PRNGKey(cfg.seed)), init_buffers(self.arch)
+        params = {n: jnp.asarray(p, jnp.float32) for n, p in params.items()}
+        buffers = {n: jnp.asarray(b, jnp.float32) for n, b in buffers.items()}
+        if self.mesh is not None:
+            params = sharding.shard_params(params, self.mesh)
+            buffers = jax.device_put(buffers, sharding.replicated(self.mesh))
+        self.tx = build_optimizer(params, lr=cfg.lr, weight_decay=cfg.weight_decay, schedule=_FLAT,
+                                  adam_lr=cfg.adam_lr, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                  muon_momentum=cfg.muon_momentum, adjust_lr=cfg.adjust_lr, ns_dtype=self.ns_dtype)
+        self.params, self.buffers = params, buffers
+        self.opt_state = jax.jit(self.tx.init)(params)
+        settings = cfg.agc_settings()
+        self.agc = AGC(settings) if settings else None
+        self.recorder = ClipRecorder(settings) if settings else None
+        self.compute_dtype = jnp.bfloat16 if cfg.autocast_bf16 else jnp.float32
+        t0 = time.perf_counter()
+        self._compile()
+        self.compile_seconds = time.perf_counter() - t0
+        log.info("JAX step compiled in %.1fs (%s, %d device(s))", self.compile_seconds, jax.default_backend(), self.world)
+
+    def _batch_put(self, array: np.ndarray) -> jax.Array:
+        if self.mesh is None:
+            return jnp.asarray(array)
+        return jax.device_put(array, sharding.batch_sharding(self.mesh, array.shape[0]))
+
+    def _compile(self) -> None:
+        cfg, arch, agc, dtype = self.cfg, self.arch, self.agc, self.compute_dtype
+        micro = cfg.micro_batch_sequences or cfg.batch_sequences
+        scale = 1.0 / cfg.accumulation_steps
+
+        def objective(params, probes, buffers, thresholds, inputs, targets):
+            if dtype != jnp.float32:
+                params = jax.tree.map(lambda p: p.astype(dtype), params)
+            clip = agc.bind(probes, thresholds) if agc is not None else None
+            total, stats = jmodel.loss(params, buffers, inputs, targets, arch, cfg.lb_loss_coef, cfg.z_loss_coef,
+                                       clip=clip)
+            return total * scale, stats
+
+        def grads(params, probes, buffers, thresholds, inputs, targets):
+            (_, stats), (g, readout) = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)(
+                params, probes, buffers, thresholds, inputs, targets)
+            return g, readout, stats
+
+        def update(params, opt_state, g):
+            if cfg.grad_clip is not None:
+                g, norm = clip_by_global_norm(g, cfg.grad_clip)
+            else:
+                norm = global_norm(g)
+            updates, opt_state = self.tx.update(g, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, norm
+
+        L = arch.n_layers
+        probes = agc.probes(L, micro, cfg.seq_len) if agc is not None else None
+        thresholds = jnp.zeros((L, len(agc.points)), jnp.float32) if agc is not None else None
+        tokens = self._batch_put(np.zeros((micro, cfg.seq_len), np.int32))
+        self._probes = probes
+        self._grads = jax.jit(grads).lower(self.params, probes, self.buffers, thresholds, tokens, tokens).compile()
+        self._update = jax.jit(update, donate_argnums=(0, 1)).lower(self.params, self.opt_state, self.params).compile()
+        self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
+        self._logits = jax.jit(lambda params, buffers, x: jmodel.forward(
+            jax.tree.map(lambda p: p.astype(dtype), params), buffers, x, arch)[0].astype(jnp.float32))
+        self._bias_rate = float(cfg.bias_update_rate)
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        return {"params": self.params, "buffers": self.buffers, "opt_state": self.opt_state}
+
+    def load(self, run_dir: Path) -> dict[str, Any] | None:
+        got = jax_ckpt.load(run_dir, template=self._state(), config_key=self.cfg.key())
+        if got is None:
+            return None
+        state, meta = got
+        self.params, self.buffers, self.opt_state = state["params"], state["buffers"], state["opt_state"]
+        self.sampler.load_state_dict(meta["sampler"])
+        if self.recorder is not None and meta.get("agc") is not None:
+            self.recorder.load_state_dict(meta["agc"])
+        return meta["loop"]
+
+    def save(self, run_dir: Path, loop_state: dict[str, Any]) -> None:
+        meta = {"step": loop_state["step"], "loop": loop_state, "sampler": self.sampler.state_dict(),
+                "agc": self.recorder.state_dict() if self.recorder is not None else None}
+        jax_ckpt.save(run_dir, state=self._state(), config_key=self.cfg.key(), meta=meta)
+
+    # --- one step ---------------------------------------------------------------------------
+    def train_step(self, step: int, lr_multiplier: float) -> dict[str, float]:
+        cfg = self.cfg
+        self.opt_state = with_hyperparams(
+            self.opt_state, lr=cfg.lr * lr_multiplier,
+            adam_lr=(cfg.lr if cfg.adam_lr is None else cfg.adam_lr) * lr_multiplier)
+        batch = self.sampler.next_batch()
+        inputs_all, targets_all = batch.inputs.numpy().astype(np.int32), batch.targets.numpy().astype(np.int32)
+        micro = cfg.micro_batch_sequences or cfg.batch_sequences
+        if self.recorder is not None:
+            self.recorder.begin_step(step)
+        total_grads = None
+        ce_sum = aux_sum = 0.0
+        rounds: list[int] = []
+        overload: list[float] = []
+        counts_sum = None
+        decode = self.corpus.tokenizer.decode
+        for m in range(cfg.accumulation_steps):
+            rows = slice(m * micro, (m + 1) * micro)
+            inputs, targets = inputs_all[rows], targets_all[rows]
+            thresholds = None
+            if self.recorder is not None:
+                thresholds = jnp.asarray(self.recorder.thresholds(self.arch.n_layers))
+            g, readout, stats = self._grads(self.params, self._probes, self.buffers, thresholds,
+                                            self._batch_put(inputs), self._batch_put(targets))
+            total_grads = g if total_grads is None else self._add(total_grads, g)
+            if self.recorder is not None:
+                offset = m * micro
+                self.recorder.record(readout, inputs, locate=lambda r, p, o=offset: batch.locate(r + o, p),
+                                     decode=decode)
+            ce_sum += float(stats["ce"])
+            aux_sum += float(stats["aux_loss"])
+            counts = np.asarray(stats["tokens_per_expert"])                      # (L, E)
+            counts_sum = counts if counts_sum is None else counts_sum + counts
+            rounds += [int(r) for r in np.asarray(stats["rounds"])]
+            overload += [float(c.max()) / max(float(c.astype(np.float64).mean()), 1e-9) for c in counts]
+        self.params, self.opt_state, norm = self._update(self.params, self.opt_state, total_grads)
+        self._counts = counts_sum
+        n = cfg.accumulation_steps
+        return {"loss": ce_sum / n, "aux_loss": aux_sum / n, "grad_norm": float(norm),
+                "moe_rounds_mean": sum(rounds) / len(rounds), "moe_rounds_max": float(max(rounds)),
+                "moe_overload_max": max(overload),
+                "agc_clip_rate": self.recorder.end_step() if self.recorder is not None else 0.0}
+
+    def update_router_bias(self) -> None:
+        if getattr(self, "_counts", None) is None:
+            return
+        self.buffers = jmodel.update_expert_bias(self.buffers, jnp.asarray(self._counts), self._bias_rate)
+        self._counts = None
+
+    def drain_clip_events(self) -> list[dict[str, Any]]:
+        return [event_record(ev) for ev in self.recorder.drain_events()] if self.recorder is not None else []
+
+    # --- evaluation and reports -------------------------------------------------------------
+    def evaluate(self, *, final: bool) -> dict[str, float]:
+        cfg = self.cfg
+
+        def logits_fn(inputs: torch.Tensor) -> torch.Tensor:
+            x = inputs.numpy().astype(np.int32)
+            return torch.from_numpy(np.array(self._logits(self.params, self.buffers, jnp.asarray(x))))
+
+        results = evaluate_bpb(logits_fn, self.corpus, seq_len=cfg.seq_len, batch_size=cfg.eval_batch_size,
+                               max_docs_per_domain=eval_docs(cfg, final), stride=cfg.eval_stride or cfg.seq_len)
+        return {domain: r.bpb for domain, r in results.items()}
+
+    def unigram_bpb(self) -> dict[str, float]:
+        return unigram_bpb(self.corpus, self.cfg)
+
+    def data_report(self) -> dict[str, Any]:
+        return self.sampler.report()
+
+    def device_peak(self) -> DevicePeak:
+        kind = "cuda" if jax.default_backend() in ("gpu", "cuda") else "cpu"
+        return device_peak(kind, override=self.cfg.peak_flops_per_device, cores=self.threads)
+
+    def barrier(self) -> None:
+        pass
+
+    # --- for tests and conversions ----------------------------------------------------------
+    def host_params(self) -> dict[str, np.ndarray]:
+        return {n: np.asarray(p) for n, p in self.params.items()}

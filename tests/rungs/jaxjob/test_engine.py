@@ -1,0 +1,71 @@
+"""The JAX engine under the one loop against the PyTorch engine (#19 test 5), and the backend field."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from rungs.config import parse_config
+from rungs.engine import Engine
+from rungs.jaxjob.engine import JaxEngine
+from rungs.jaxjob.params import from_torch_state_dict
+from rungs.torch_engine import TorchEngine, lr_schedule
+from sweeps.keys import trial_key
+from tests.rungs.train_helpers import tiny_config
+
+STEPS = 20
+
+
+def _pair(**overrides):
+    cfg = parse_config(tiny_config(deterministic=True, precision="fp32", device="cpu", **overrides))
+    torch_engine = TorchEngine(cfg)
+    torch_engine.build()
+    torch_engine.optimizer.muon.ns_dtype = torch.float32  # both sides fp32 Newton-Schulz for a 1e-5 comparison
+    params = from_torch_state_dict(torch_engine.model.state_dict(), cfg.architecture())
+    jax_engine = JaxEngine(cfg, ns_dtype=jnp.float32, initial_params=params)
+    jax_engine.build()
+    return cfg, torch_engine, jax_engine
+
+
+def _run(cfg, engine, steps):
+    schedule = lr_schedule(cfg)
+    out = []
+    for step in range(steps):
+        out.append(engine.train_step(step, schedule(step)))
+        if cfg.expert_bias:
+            engine.update_router_bias()
+        engine.drain_clip_events()
+    return out
+
+
+@pytest.mark.parametrize("agc", [False, True], ids=["agc-off", "agc-on"])
+def test_twenty_steps_match_the_pytorch_job_loss_for_loss_and_bpb_per_domain(agc):
+    cfg, torch_engine, jax_engine = _pair(agc=agc, agc_threshold=2.0, expert_bias=True, z_loss_coef=1e-3)
+    want, got = _run(cfg, torch_engine, STEPS), _run(cfg, jax_engine, STEPS)
+    np.testing.assert_allclose([s["loss"] for s in got], [s["loss"] for s in want], rtol=1e-5)
+    np.testing.assert_allclose([s["grad_norm"] for s in got], [s["grad_norm"] for s in want], rtol=1e-4)
+    assert [s["moe_rounds_max"] for s in got] == [s["moe_rounds_max"] for s in want]
+    if agc:
+        assert max(s["agc_clip_rate"] for s in want) > 0  # the threshold is low enough to clip
+        np.testing.assert_allclose([s["agc_clip_rate"] for s in got], [s["agc_clip_rate"] for s in want])
+    bpb_torch, bpb_jax = torch_engine.evaluate(final=True), jax_engine.evaluate(final=True)
+    assert bpb_jax.keys() == bpb_torch.keys() and bpb_jax
+    for domain in bpb_torch:
+        assert abs(bpb_jax[domain] - bpb_torch[domain]) < 1e-3, domain
+
+
+def test_the_jax_engine_implements_the_engine_protocol():
+    assert isinstance(JaxEngine(parse_config(tiny_config())), Engine)
+
+
+def test_backend_torch_keeps_every_key_and_backend_jax_is_another_trial():
+    base = tiny_config()
+    legacy = dict(base)
+    legacy.pop("backend", None)
+    torch_cfg, jax_cfg = parse_config(base | {"backend": "torch"}), parse_config(base | {"backend": "jax"})
+    assert torch_cfg.key() == parse_config(legacy).key()
+    assert jax_cfg.key() != torch_cfg.key()
+    assert trial_key(torch_cfg.to_dict()) == trial_key({k: v for k, v in torch_cfg.to_dict().items() if k != "backend"})
+    assert trial_key(jax_cfg.to_dict()) != trial_key(torch_cfg.to_dict())
