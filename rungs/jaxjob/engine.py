@@ -115,7 +115,8 @@ class JaxEngine:
         t0 = time.perf_counter()
         self._compile()
         self.compile_seconds = time.perf_counter() - t0
-        log.info("JAX step compiled in %.1fs (%s, %d device(s))", self.compile_seconds, jax.default_backend(), self.world)
+        log.info("JAX step compiled in %.1fs (%s, %d device(s))", self.compile_seconds, jax.default_backend(),
+                 self.world)
 
     def _batch_put(self, array: np.ndarray) -> jax.Array:
         if self.mesh is None:
