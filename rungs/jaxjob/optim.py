@@ -26,8 +26,8 @@ import optax
 from rungs.jaxjob.muon import SIMPLE_COEFFICIENTS, muon
 from rungs.optim import ADAMW_ROLES, DEFAULT_NO_DECAY_ROLES, MUON_ROLES, OptimConfigError, lr_at, param_role
 
-__all__ = ["Schedule", "build_optimizer", "clip_by_global_norm", "decay_mask", "global_norm", "hyperparams",
-           "lr_multiplier", "param_roles", "with_hyperparams"]
+__all__ = ["OptimConfigError", "Schedule", "build_optimizer", "clip_by_global_norm", "decay_mask", "global_norm",
+           "hyperparams", "lr_multiplier", "param_roles", "with_hyperparams"]
 
 HYPERPARAMS = ("lr", "adam_lr", "weight_decay")
 
