@@ -13,7 +13,6 @@ token offset it came from, plus the decoded text around it.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -28,6 +27,7 @@ log = logging.getLogger(__name__)
 
 # The settings live apart from the clipper so that config validation imports no torch.
 from rungs.agc_settings import GRANULARITIES, MODES, POINTS, AGCConfigError, AGCSettings  # noqa: E402,F401
+from rungs.run_files import append_jsonl, drop_jsonl_after  # noqa: E402
 
 
 @dataclass
@@ -193,16 +193,13 @@ class ActivationGradClipper:
 
 def write_events(events: list[ClipEvent], path: Path) -> None:
     """Append clip events as JSON lines (one event per line)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        for ev in events:
-            f.write(json.dumps(asdict(ev) | {"ratio": ev.ratio}, default=str) + "\n")
+    append_jsonl([event_record(ev) for ev in events], path)
 
 
-def drop_events_after(path: Path, completed_steps: int) -> None:
-    """Keep only events of steps a checkpoint covers (0-based step < completed_steps)."""
-    if not path.is_file():
-        return
-    kept = [line for line in path.read_text().splitlines(keepends=True)
-            if line.strip() and json.loads(line)["step"] < completed_steps]
-    path.write_text("".join(kept))
+def event_record(ev: ClipEvent) -> dict[str, Any]:
+    """One clip event as the JSON-able record of clip_events.jsonl."""
+    return asdict(ev) | {"ratio": ev.ratio}
+
+
+# Keep only events of steps a checkpoint covers (0-based step < completed_steps).
+drop_events_after = drop_jsonl_after

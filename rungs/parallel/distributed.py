@@ -196,6 +196,8 @@ def train_step(model: nn.Module, optimizer: MuonAdamW, par: Parallel, inputs: Te
         raise DistributedError(f"{inputs.shape[0]} sequences per rank do not split into {micro_batches} micro-batches")
     ce_sum = aux_sum = torch.zeros((), dtype=torch.float64)
     micro = inputs.shape[0] // micro_batches
+    rounds: list[float] = []
+    overload: list[float] = []  # per layer and micro-batch: busiest expert's assignments / the mean, this rank
     for m, (inp, tgt) in enumerate(zip(inputs.chunk(micro_batches), targets.chunk(micro_batches))):
         if clipper is not None:
             where = None if locate is None else (lambda r, p, o=row_offset + m * micro: locate(r + o, p))
@@ -211,14 +213,22 @@ def train_step(model: nn.Module, optimizer: MuonAdamW, par: Parallel, inputs: Te
         ((ce + aux) / micro_batches).backward()
         ce_sum = ce_sum + ce.detach().double().cpu() / micro_batches
         aux_sum = aux_sum + aux.detach().double().cpu() / micro_batches
+        rounds += [float(block.moe.experts.last_stats.get("rounds", 1)) for block in model.layers]
+        overload += [float(r.tokens_per_expert.max()) / max(float(r.tokens_per_expert.float().mean()), 1e-9)
+                     for r in routes]
     reduce_expert_grads(par)
     grad_norm = clip_grad_norm(model, par, grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    losses = torch.stack([ce_sum, aux_sum]).to(par.device_type)
-    dist.all_reduce(losses)
-    losses /= par.world
-    rounds = [float(block.moe.experts.last_stats.get("rounds", 1)) for block in model.layers]
-    return {"loss": float(losses[0]), "aux_loss": float(losses[1]), "grad_norm": grad_norm,
-            "moe_rounds_max": max(rounds, default=1.0)}
+    means = torch.stack([ce_sum, aux_sum, torch.tensor(sum(rounds) / len(rounds), dtype=torch.float64)])
+    means = means.to(par.device_type)
+    dist.all_reduce(means)
+    means /= par.world
+    peaks = torch.tensor([max(rounds), max(overload)], dtype=torch.float64, device=par.device_type)
+    dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+    # The same names as the one-process step (rungs.torch_engine._train_step); the overload is the
+    # largest over the ranks of each rank's own routing.
+    return {"loss": float(means[0]), "aux_loss": float(means[1]), "grad_norm": grad_norm,
+            "moe_rounds_mean": float(means[2]), "moe_rounds_max": float(peaks[0]),
+            "moe_overload_max": float(peaks[1])}
 

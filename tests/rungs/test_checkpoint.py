@@ -206,7 +206,7 @@ def test_a_second_job_on_a_run_directory_in_use_is_refused_or_waits(tmp_path, ca
                     waiting.set()
 
         handler = _Seen()
-        logging.getLogger("rungs.checkpoint").addHandler(handler)
+        logging.getLogger("rungs.run_files").addHandler(handler)
         try:
             results = []
             second = threading.Thread(target=lambda: results.append(train(cfg, run_dir=tmp_path, progress=False)))
@@ -214,7 +214,7 @@ def test_a_second_job_on_a_run_directory_in_use_is_refused_or_waits(tmp_path, ca
             assert waiting.wait(timeout=3600)
             assert not (tmp_path / "checkpoint.pt").exists()  # it waits; it has not started
         finally:
-            logging.getLogger("rungs.checkpoint").removeHandler(handler)
+            logging.getLogger("rungs.run_files").removeHandler(handler)
     second.join(timeout=3600)
     assert results and results[0].steps == 2
 

@@ -1,0 +1,180 @@
+"""The sharded PyTorch engine (`rungs.engine.Engine`) of a torch.distributed process group.
+
+It composes the one-process engine's parts (corpus, source-scaled sampler, model, BPB evaluation)
+with `rungs.parallel.distributed` (DP x EP, FSDP2, distributed Muon) and
+`rungs.parallel.dist_checkpoint` (sharded checkpoints, resumable onto another number of workers).
+Every rank draws the same global batch and trains on its contiguous share of the sequences; the
+loss is all-reduced over the ranks, so every rank sees the same metrics and the loop's divergence
+rule stops every rank at the same step. Evaluation is a collective (every rank runs the sharded
+forward).
+
+Activation gradient clipping runs on each rank's rows with job-wide statistics: the per-point
+medians of every rank are gathered before they enter the running history (so every rank clips
+against the same threshold), the clip rate counts the whole job, and rank 0 receives every rank's
+clip events. A rank's loss is the mean over its own tokens, so its activation gradients are
+`world` times the single-process ones: a fixed threshold is scaled by the worker count (a median
+threshold is scale-free).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rungs.agc import ActivationGradClipper, event_record
+from rungs.config import TrainConfig
+from rungs.data.corpus import PreparedCorpus
+from rungs.data.prepare import ensure_prepared
+from rungs.data.sampler import SourceScaledSampler
+from rungs.evaluation import evaluate_model, unigram_bpb
+from rungs.metrics import DevicePeak, device_peak
+from rungs.model import Transformer
+from rungs.parallel import dist_checkpoint
+from rungs.parallel.distributed import DistributedError, Parallel, build_optimizer, parallelize, train_step
+from rungs.torch_engine import muon_update_scale
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "dist_checkpoint"
+
+
+class ShardedTorchEngine:
+    """FSDP2 x expert parallelism over the initialised process group (`rungs.engine.Engine`)."""
+
+    def __init__(self, cfg: TrainConfig, par: Parallel, *, comm_dtype: torch.dtype = torch.bfloat16) -> None:
+        self.cfg, self.par, self.comm_dtype = cfg, par, comm_dtype
+        self.rank, self.world = par.rank, par.world
+        self.clipper: ActivationGradClipper | None = None
+        self._events: list[dict[str, Any]] = []
+
+    def tags(self) -> dict[str, str]:
+        return {"workers": str(self.par.world), "dp": str(self.par.dp), "ep": str(self.par.ep),
+                "muon_update_scale": muon_update_scale(self.cfg, getattr(self, "optimizer", None))}
+
+    def discard_checkpoint(self, run_dir: Path) -> None:
+        shutil.rmtree(run_dir / CHECKPOINT_DIR, ignore_errors=True)
+
+    def build(self) -> None:
+        cfg, par = self.cfg, self.par
+        if cfg.batch_sequences % par.world:
+            raise DistributedError(f"batch_sequences={cfg.batch_sequences} must be divisible by the "
+                                   f"{par.world} workers")
+        if (cfg.batch_sequences // par.world) % cfg.accumulation_steps:
+            raise DistributedError(f"{cfg.batch_sequences // par.world} sequences per worker do not split into "
+                                   f"{cfg.accumulation_steps} micro-batches")
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)  # the same initial model on every rank, then each keeps its shards
+        self.corpus = self._open_corpus()
+        self.sampler = SourceScaledSampler(self.corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
+                                           batch_sequences=cfg.batch_sequences, seed=cfg.seed, subset=cfg.subset)
+        self.device = torch.device(par.device_type)
+        self.model = parallelize(Transformer(cfg.architecture()).to(self.device), par,
+                                 capacity_per_expert=cfg.capacity_per_expert)
+        self.optimizer = build_optimizer(self.model, par, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,
+                                         muon_momentum=cfg.muon_momentum, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                         adjust_lr=cfg.adjust_lr, comm_dtype=self.comm_dtype)
+        settings = cfg.agc_settings()
+        if settings:
+            if settings.mode == "fixed":  # per-rank mean loss: activation gradients are `world` x single-process
+                settings = dataclasses.replace(settings, threshold=settings.threshold * par.world)
+            self.clipper = ActivationGradClipper(settings)
+            self.model.activation_clip = self.clipper
+        share = cfg.batch_sequences // par.world
+        self.rows = slice(par.rank * share, (par.rank + 1) * share)
+        self.model.train()
+
+    def _open_corpus(self) -> PreparedCorpus:
+        """Prepare the corpus once (rank 0), then every rank opens the cached shards."""
+        cfg = self.cfg
+
+        def prepare():
+            return ensure_prepared(cfg.data_manifest, vocab_size=cfg.vocab_size, cache_root=Path(cfg.data_cache_root))
+        path = prepare() if self.par.is_main else None
+        dist.barrier()
+        return PreparedCorpus.open(path if path is not None else prepare())
+
+    def load(self, run_dir: Path) -> dict[str, Any] | None:
+        ckpt = run_dir / CHECKPOINT_DIR
+        if not (ckpt / dist_checkpoint.EXTRA_FILE).is_file():
+            return None
+        extra = dist_checkpoint.load(ckpt, self.model, self.optimizer, self.par)
+        if extra.get("config_key") != self.cfg.key():
+            raise DistributedError(f"{ckpt} was written for another config ({extra.get('config_key')}, "
+                                   f"now {self.cfg.key()})")
+        self.sampler.load_state_dict(extra["sampler"])
+        state = dict(extra["state"])
+        agc = state.pop("agc", None)
+        if self.clipper is not None and agc:
+            self.clipper.load_state_dict(agc)
+        return state
+
+    def save(self, run_dir: Path, loop_state: dict[str, Any]) -> None:
+        state = loop_state | {"agc": self.clipper.state_dict() if self.clipper is not None else None}
+        dist_checkpoint.save(run_dir / CHECKPOINT_DIR, self.model, self.optimizer, self.par,
+                             extra={"config_key": self.cfg.key(), "sampler": self.sampler.state_dict(), "state": state})
+
+    def train_step(self, step: int, lr_multiplier: float) -> dict[str, float]:
+        cfg, rows = self.cfg, self.rows
+        self.optimizer.set_lr_multiplier(lr_multiplier)
+        batch = self.sampler.next_batch()  # the same global batch on every rank; this rank trains on its rows
+        if self.clipper is not None:
+            self.clipper.begin_step(step)
+        stats = train_step(self.model, self.optimizer, self.par, batch.inputs[rows].to(self.device),
+                           batch.targets[rows].to(self.device), n_experts=cfg.n_experts, top_k=cfg.top_k,
+                           lb_loss_coef=cfg.lb_loss_coef, z_loss_coef=cfg.z_loss_coef, grad_clip=cfg.grad_clip,
+                           autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None,
+                           micro_batches=cfg.accumulation_steps, clipper=self.clipper, locate=batch.locate,
+                           row_offset=rows.start, decode=self.corpus.tokenizer.decode)
+        rate = self._end_agc_step() if self.clipper is not None else 0.0
+        return stats | {"agc_clip_rate": rate, "workers": float(self.par.world)}
+
+    def _end_agc_step(self) -> float:
+        """Job-wide AGC statistics for this step; rank 0 keeps every rank's clip events. The clip rate."""
+        def all_gather(obj: Any) -> list[Any]:
+            out: list[Any] = [None] * self.par.world
+            dist.all_gather_object(out, obj)
+            return out
+
+        self.clipper.synchronise(all_gather)
+        rate = self.clipper.end_step()
+        parts = all_gather([event_record(ev) for ev in self.clipper.drain_events()])
+        if self.par.is_main:
+            self._events += [ev for part in parts for ev in part]
+        return rate
+
+    @torch.no_grad()
+    def update_router_bias(self) -> None:
+        """Aux-loss-free bias step from the world's counts (all layers in one all-reduce)."""
+        routers = [block.moe.router for block in self.model.layers]
+        counts = torch.stack([r.pending_counts for r in routers]).clone()
+        dist.all_reduce(counts)
+        for router, c in zip(routers, counts):
+            router.update_bias(c)
+
+    def drain_clip_events(self) -> list[dict[str, Any]]:
+        events, self._events = self._events, []
+        return events
+
+    def evaluate(self, *, final: bool) -> dict[str, float]:
+        return evaluate_model(self.model, self.corpus, self.cfg, final=final)  # collective: the sharded forward
+
+    def unigram_bpb(self) -> dict[str, float]:
+        return unigram_bpb(self.corpus, self.cfg)
+
+    def data_report(self) -> dict[str, Any]:
+        return self.sampler.report()
+
+    def device_peak(self) -> DevicePeak:
+        # the workers' devices' spec peak (rungs.metrics), the same on every rank
+        return device_peak(self.par.device_type, override=self.cfg.peak_flops_per_device,
+                           cores=torch.get_num_threads())
+
+    def barrier(self) -> None:
+        dist.barrier()

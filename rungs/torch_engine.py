@@ -1,0 +1,200 @@
+"""The PyTorch engine of one process (`rungs.engine.Engine`): the model, Muon+AdamW, the
+source-scaled data stream and activation gradient clipping, with bf16 autocast, gradient
+accumulation and global grad-norm clipping; checkpoints are `rungs.checkpoint`'s verified,
+tensor-only files. The loop around it is `rungs.loop`; `rungs.train.train` wires the two.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rungs.agc import ActivationGradClipper, event_record
+from rungs.checkpoint import load_checkpoint, remove_checkpoint, restore, save_checkpoint
+from rungs.config import TrainConfig, TrainConfigError
+from rungs.data.corpus import PreparedCorpus
+from rungs.data.prepare import ensure_prepared
+from rungs.data.sampler import SourceScaledSampler
+from rungs.evaluation import evaluate_model, unigram_bpb
+from rungs.metrics import DevicePeak, device_peak
+from rungs.model import Transformer
+from rungs.optim import build_optimizer, clip_grad_norm_, lr_at
+from rungs.router import load_balancing_loss, z_loss
+
+log = logging.getLogger(__name__)
+
+
+def lr_schedule(cfg: TrainConfig) -> Callable[[int], float]:
+    """The config's LR multiplier per 0-based step (what `rungs.loop.run_job` takes)."""
+    return functools.partial(lr_at, total_steps=cfg.schedule_steps, warmup_steps=cfg.warmup, schedule=cfg.schedule,
+                             min_lr_ratio=cfg.min_lr_ratio, decay_fraction=cfg.decay_fraction)
+
+
+def muon_update_scale(cfg: TrainConfig, optimizer: Any) -> str:
+    """The Muon update-scale convention in use (an MLflow tag): the optimizer's, else the config's."""
+    return str(getattr(optimizer, "convention", cfg.adjust_lr))
+
+
+def _seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:  # cuBLAS needs a fixed workspace to be deterministic (ignored on CPU)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(deterministic)
+
+
+def _autocast(cfg: TrainConfig):
+    return torch.autocast(cfg.device_type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
+
+
+def _pick_threads(cfg: TrainConfig) -> int:
+    """The configured thread count, else the cores idle at start-up (at least 1).
+
+    Oversubscribed OpenMP threads wait at every parallel region for a descheduled sibling: on 2
+    shared cores with other jobs running, a step took 2-9 s with 2 threads and 0.5 s with 1.
+    Deterministic runs use 1 unless told otherwise, so a rerun does not depend on the load.
+    """
+    if cfg.threads:
+        return cfg.threads
+    if cfg.deterministic:
+        return 1
+    cores = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:
+        busy = 0.0
+    return max(1, min(cores, int(cores - busy + 0.5)))
+
+
+def _train_step(cfg: TrainConfig, model: Transformer, optimizer, batch, clipper, decode) -> dict[str, float]:
+    """Forward/backward over the micro-batches of one batch, then one optimizer step (the router-bias
+    step is `TorchEngine.update_router_bias`, which the loop calls after it)."""
+    micro = cfg.micro_batch_sequences or cfg.batch_sequences
+    n_micro = cfg.accumulation_steps
+    ce_sum = aux_sum = 0.0
+    rounds: list[int] = []
+    overload: list[float] = []  # per layer: busiest expert's assignments / the mean (1.0 = balanced)
+    for m in range(n_micro):
+        rows = slice(m * micro, (m + 1) * micro)
+        inputs = batch.inputs[rows].to(cfg.device_type, non_blocking=True)
+        targets = batch.targets[rows].to(cfg.device_type, non_blocking=True)
+        if clipper is not None:
+            offset = m * micro
+            clipper.begin_micro_batch(inputs, locate=lambda r, p, o=offset: batch.locate(r + o, p), decode=decode)
+        with _autocast(cfg):
+            logits, routes = model(inputs)  # (b, T, V), one RouterOutput per layer
+        ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        # Balancing statistics of all layers are combined in one reduction, as the report does.
+        aux = cfg.lb_loss_coef * load_balancing_loss(routes, cfg.n_experts, cfg.top_k) if cfg.lb_loss_coef else ce.new_zeros(())
+        if cfg.z_loss_coef:
+            aux = aux + cfg.z_loss_coef * z_loss(routes)
+        ((ce + aux) / n_micro).backward()
+        ce_sum += ce.item()
+        aux_sum += float(aux.detach())
+        rounds += [block.moe.experts.last_stats["rounds"] for block in model.layers]
+        overload += [float(r.tokens_per_expert.max()) / max(float(r.tokens_per_expert.float().mean()), 1e-9)
+                     for r in routes]
+    params = [p for p in model.parameters() if p.grad is not None]
+    if cfg.grad_clip is not None:
+        grad_norm = float(clip_grad_norm_(params, cfg.grad_clip))
+    else:
+        grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in params])))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"loss": ce_sum / n_micro, "aux_loss": aux_sum / n_micro, "grad_norm": grad_norm,
+            "moe_rounds_mean": sum(rounds) / len(rounds), "moe_rounds_max": float(max(rounds)),
+            "moe_overload_max": max(overload)}
+
+
+class TorchEngine:
+    """One process, one device (`rungs.engine.Engine`)."""
+
+    rank = 0
+    world = 1
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.threads = _pick_threads(cfg)
+        self.clipper: ActivationGradClipper | None = None
+
+    def tags(self) -> dict[str, str]:
+        return {"muon_update_scale": muon_update_scale(self.cfg, getattr(self, "optimizer", None))}
+
+    def discard_checkpoint(self, run_dir: Path) -> None:
+        remove_checkpoint(run_dir)
+
+    def build(self) -> None:
+        cfg = self.cfg
+        torch.set_num_threads(self.threads)
+        log.info("torch threads: %d", self.threads)
+        _seed_everything(cfg.seed, cfg.deterministic)
+        self.corpus = PreparedCorpus.open(ensure_prepared(cfg.data_manifest, vocab_size=cfg.vocab_size,
+                                                          cache_root=Path(cfg.data_cache_root)))
+        self.sampler = SourceScaledSampler(self.corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
+                                           batch_sequences=cfg.batch_sequences, seed=cfg.seed, subset=cfg.subset)
+        if cfg.device_type == "cuda" and not torch.cuda.is_available():
+            raise TrainConfigError("device is cuda but torch sees no GPU; use device=cpu or auto", key="device")
+        self.model = Transformer(cfg.architecture()).to(cfg.device_type)
+        self.optimizer = build_optimizer(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,
+                                         muon_momentum=cfg.muon_momentum, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                         adjust_lr=cfg.adjust_lr)
+        settings = cfg.agc_settings()
+        self.clipper = ActivationGradClipper(settings) if settings else None
+        if self.clipper is not None:
+            self.model.activation_clip = self.clipper
+        self.model.train()
+
+    def load(self, run_dir: Path) -> dict[str, Any] | None:
+        payload = load_checkpoint(run_dir, config_key=self.cfg.key())
+        if payload is None:
+            return None
+        restore(payload, model=self.model, optimizer=self.optimizer, sampler=self.sampler)
+        extra = dict(payload["extra"])
+        agc = extra.pop("agc", None)
+        if self.clipper is not None and agc is not None:
+            self.clipper.load_state_dict(agc)
+        return extra
+
+    def save(self, run_dir: Path, loop_state: dict[str, Any]) -> None:
+        extra = loop_state | {"agc": self.clipper.state_dict() if self.clipper is not None else None}
+        save_checkpoint(run_dir, step=loop_state["step"], config_key=self.cfg.key(), model=self.model,
+                        optimizer=self.optimizer, sampler=self.sampler, extra=extra)
+
+    def train_step(self, step: int, lr_multiplier: float) -> dict[str, float]:
+        self.optimizer.set_lr_multiplier(lr_multiplier)
+        batch = self.sampler.next_batch()
+        if self.clipper is not None:
+            self.clipper.begin_step(step)
+        stats = _train_step(self.cfg, self.model, self.optimizer, batch, self.clipper, self.corpus.tokenizer.decode)
+        return stats | {"agc_clip_rate": self.clipper.end_step() if self.clipper is not None else 0.0}
+
+    def update_router_bias(self) -> None:
+        for block in self.model.layers:  # counts accumulated by each router over this step's micro-batches
+            block.moe.router.update_bias()
+
+    def drain_clip_events(self) -> list[dict[str, Any]]:
+        return [event_record(ev) for ev in self.clipper.drain_events()] if self.clipper is not None else []
+
+    def evaluate(self, *, final: bool) -> dict[str, float]:
+        return evaluate_model(self.model, self.corpus, self.cfg, final=final)
+
+    def unigram_bpb(self) -> dict[str, float]:
+        return unigram_bpb(self.corpus, self.cfg)
+
+    def data_report(self) -> dict[str, Any]:
+        return self.sampler.report()
+
+    def device_peak(self) -> DevicePeak:
+        return device_peak(self.cfg.device_type, override=self.cfg.peak_flops_per_device, cores=self.threads)
+
+    def barrier(self) -> None:
+        pass

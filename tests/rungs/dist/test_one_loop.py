@@ -1,0 +1,92 @@
+"""The sharded job runs the one training loop (#18): it writes what the single-process job writes
+(eval.json at every eval, data_report.json), sums its wall clock over restarts, marks a crashed
+MLflow run FAILED, and logs the same metric names as the single-process job."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rungs.launch import train_sharded
+from rungs.train import train
+from tests.rungs.dist.spawn import run_ranks
+from tests.rungs.train_helpers import tiny_config
+
+
+def _runs(uri: str, experiment: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    return client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+
+
+def _preempted_then_resumed(rank, world, cfg, run_dir, out):
+    first = train_sharded(cfg, run_dir=run_dir, stop_after=1)
+    saved = json.loads((run_dir / "dist_checkpoint" / "extra.json").read_text())["state"]
+    res = train_sharded(cfg, run_dir=run_dir)
+    if rank == 0:
+        out.write_text(json.dumps({"first": first.to_json(), "saved_wall_seconds": saved["wall_seconds"],
+                                   "final": res.to_json()}))
+
+
+def test_two_workers_write_evals_data_report_and_sum_wall_seconds_over_a_restart(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = tiny_config(max_steps=3, eval_interval=1, tracking_uri=uri, experiment_name="sharded")
+    run_dir = tmp_path / "run"
+    run_ranks(_preempted_then_resumed, 2, cfg, run_dir, tmp_path / "out.json")
+    out = json.loads((tmp_path / "out.json").read_text())
+    first, final = out["first"], out["final"]
+    # the first invocation's clock up to its checkpoint travels in the checkpoint, and the resumed job
+    # adds its own to it (what ran after the checkpoint is rerun, as the single-process job counts it)
+    assert first["steps"] == 1 and 0 < out["saved_wall_seconds"] <= first["wall_seconds"]
+    assert final["wall_seconds"] > out["saved_wall_seconds"]
+    evals = json.loads((run_dir / "eval.json").read_text())
+    assert [e["step"] for e in evals["evals"]] == [1, 2, 3] and evals["unigram_bpb"]
+    assert evals["evals"][-1]["bpb"] == final["bpb"]
+    report = json.loads((run_dir / "data_report.json").read_text())
+    assert set(report) and final["devices"] == 2 and final["unigram_bpb"] == evals["unigram_bpb"]
+    (run,) = _runs(uri, "sharded")
+    assert run.info.status == "FINISHED" and run.data.metrics["wall_seconds"] == final["wall_seconds"]
+
+
+def _crashing_job(rank, world, cfg, run_dir, out):
+    from rungs.parallel.engine import ShardedTorchEngine
+
+    real_step = ShardedTorchEngine.train_step
+
+    def train_step(self, step, lr_multiplier):  # fault injection: every rank fails at its second step
+        if step == 1:
+            raise RuntimeError("injected failure in the second step")
+        return real_step(self, step, lr_multiplier)
+
+    ShardedTorchEngine.train_step = train_step
+    with pytest.raises(RuntimeError, match="injected"):
+        train_sharded(cfg, run_dir=run_dir)
+
+
+def test_a_crashed_sharded_job_leaves_its_mlflow_run_failed(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = tiny_config(max_steps=3, tracking_uri=uri, experiment_name="crash")
+    run_ranks(_crashing_job, 2, cfg, tmp_path / "run", tmp_path / "out.json")
+    (run,) = _runs(uri, "crash")
+    assert run.info.status == "FAILED"
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+def _sharded_job(rank, world, cfg, run_dir, out):
+    train_sharded(cfg, run_dir=run_dir)
+
+
+def test_one_process_and_two_workers_log_the_same_metric_names(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = dict(max_steps=2, eval_interval=1, tracking_uri=uri, agc=True, expert_bias=True)
+    train(tiny_config(**cfg, experiment_name="one"), run_dir=tmp_path / "one", progress=False)
+    run_ranks(_sharded_job, 2, tiny_config(**cfg, experiment_name="two"), tmp_path / "two", None)
+    (one,), (two,) = _runs(uri, "one"), _runs(uri, "two")
+    names_one, names_two = set(one.data.metrics), set(two.data.metrics)
+    assert {n for n in names_one if n.startswith(("final_", "unigram_bpb/", "total_"))} >= {
+        "final_mfu", "final_loss", "final_tokens_per_second", "final_achieved_tflops_per_device"}
+    # the sharded run also logs its worker count per step (a metric before #18; its tag says it too)
+    assert names_two - names_one == {"workers"} and names_one <= names_two
+    assert two.data.tags["workers"] == "2" and one.data.tags.keys() <= two.data.tags.keys()
