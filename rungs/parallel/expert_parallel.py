@@ -257,8 +257,7 @@ class ExpertParallelExperts(nn.Module):
         out = torch.bmm(gate.to(dtype).unsqueeze(1), y_pairs.view(n_tokens, k, self.latent_dim)).squeeze(1)
         self.last_stats = {"rounds": len(rounds), "tokens_per_expert": counts.sum(0),
                            "capacity_per_expert": capacity, "group_size": self.group_size,
-                           "buffer_rows": buffer_rows, "received_rows_max": max((r.recv_rows for r in rounds), default=0),
-                           "dropped_tokens": 0}
+                           "buffer_rows": buffer_rows, "received_rows_max": max((r.recv_rows for r in rounds), default=0)}
         return out
 
 

@@ -79,7 +79,6 @@ def test_output_and_all_gradients_equal_float64_loop(kind, capacity, group_size,
     got, want = run_both(module, idx)
     assert_close(got, want, rtol=1e-4, atol=1e-5)
     stats = module.last_stats
-    assert stats["dropped_tokens"] == 0
     assert int(stats["tokens_per_expert"].sum()) == T * K
     assert torch.equal(stats["tokens_per_expert"], torch.bincount(idx.reshape(-1), minlength=E))
 
