@@ -183,3 +183,47 @@ def test_recorder_state_dict_round_trips_with_rungs_agc():
     assert thresholds[0, 0] == np.float32(clipper.threshold(0, "residual", 99.0)) == 6.0   # median of 1, 3: 2
     assert thresholds[1, 1] == np.float32(clipper.threshold(1, "moe_input", 99.0))
     assert np.isnan(thresholds[0, 1]) and np.isnan(thresholds[1, 0])                      # no history yet
+
+
+def test_the_jax_model_with_agc_clips_where_the_torch_model_does():
+    """The rung model itself (rungs.jaxjob.model loaded from a torch state dict): the same units clip
+    at the same (layer, point, row, position), and the weight gradients agree."""
+    import torch.nn.functional as F
+
+    from rungs.jaxjob import model as jax_model
+    from rungs.jaxjob.params import from_torch_state_dict
+    from rungs.model import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=2, head_dim=16, n_kv_heads_global=1, n_kv_heads_local=2,
+                      global_every=2, window_tokens=8, seq_len=16, n_experts=4, top_k=2, n_shared_experts=1,
+                      latent_dim=16, expert_hidden=32, shared_hidden=32, vocab_size=64)
+    model = Transformer(cfg)
+    seq = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(1))
+    settings = AGCSettings(mode="median", threshold=1.5, max_logged_events_per_step=1000)
+
+    clipper = ActivationGradClipper(settings)
+    model.activation_clip = clipper
+    clipper.begin_step(0)
+    clipper.begin_micro_batch(seq[:, :-1])
+    logits, _ = model(seq[:, :-1])
+    F.cross_entropy(logits.reshape(-1, 64), seq[:, 1:].reshape(-1)).backward()
+
+    params, buffers = from_torch_state_dict(model.state_dict(), cfg)
+    agc, recorder = AGC(settings), ClipRecorder(settings)
+    recorder.begin_step(0)
+    thresholds = jnp.asarray(recorder.thresholds(cfg.n_layers))
+
+    def loss(params, probes):
+        return jax_model.loss(params, buffers, jnp.asarray(seq[:, :-1].numpy()), jnp.asarray(seq[:, 1:].numpy()),
+                              cfg, clip=agc.bind(probes, thresholds))[0]
+
+    grads, readout = jax.jit(jax.grad(loss, argnums=(0, 1)))(params, agc.probes(cfg.n_layers, 4, 16))
+    recorder.record(readout)
+    key = [(e.layer, e.point, e.row, e.position) for e in clipper.events]
+    assert len(key) >= 5 and [(e.layer, e.point, e.row, e.position) for e in recorder.events] == key
+    assert recorder.clipped_units == clipper.clipped_units
+    for name, p in model.named_parameters():
+        want = p.grad.numpy()
+        np.testing.assert_allclose(np.asarray(grads[name]), want, rtol=1e-4, atol=1e-5 * np.abs(want).max(),
+                                   err_msg=name)
