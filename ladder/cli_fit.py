@@ -71,6 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="Huber threshold on log residuals (default 1e-3, Hoffmann et al.)")
     q.add_argument("--holdout-top", type=int, default=0,
                    help="also fit without the K largest model sizes and predict their runs, with intervals (default 0)")
+    q.add_argument("--shared-exponent", action="store_true",
+                   help="one exponent for N and D, L = E + A/N^η + B/D^η (joint fits over several token multipliers)")
     q.add_argument("--starts", choices=["hoffmann", "varpro"], default="hoffmann")
     q.add_argument("--n-starts", type=int, default=64, help="grid starts refined by L-BFGS-B (0: all 4,500)")
     q.add_argument("--ci-level", type=float, default=0.95)
@@ -296,8 +298,17 @@ def run_chinchilla(args: argparse.Namespace) -> int:
     if args.delta == "auto":
         raise LadderInputError("the Chinchilla fit takes a number for --delta ('auto' is for power laws)", field="--delta")
     kw = {"starts": args.starts, "n_starts": args.n_starts or None, **({} if args.delta is None else {"delta": args.delta})}
+    if args.shared_exponent and (args.bootstrap or args.holdout_top):
+        raise LadderInputError("--shared-exponent has no --bootstrap or --holdout-top yet", field="--shared-exponent")
     try:
-        fit = fit_chinchilla(df, n=n, d=d, y=y, bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed, **kw)
+        if args.shared_exponent:
+            from fits.shared_exponent import fit_shared_exponent
+
+            fit = fit_shared_exponent(df, n=n, d=d, y=y, n_starts=args.n_starts or 64,
+                                      **({} if args.delta is None else {"delta": args.delta}))
+        else:
+            fit = fit_chinchilla(df, n=n, d=d, y=y, bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed,
+                                 **kw)
     except FitError as err:
         raise input_error(err, source) from None
     out = fit.to_dict()
