@@ -289,7 +289,7 @@ def sampler_setup(root: Path, n: int) -> tuple[float, float]:
 
 
 def cache_key_seconds(root: Path, files: int, size: int) -> float:
-    """Seconds of `content_hash` over `files` sparse files of `size` bytes (the key reads 128 KiB of each)."""
+    """Seconds of `content_hash` over `files` sparse files of `size` bytes (the key reads 16 KiB of each)."""
     from rungs.data.manifest import load_manifest
 
     root.mkdir(parents=True)

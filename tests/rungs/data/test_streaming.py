@@ -93,7 +93,7 @@ def test_a_damaged_zstd_file_is_named(tmp_path):
 
 
 def test_the_cache_key_reads_names_sizes_mtimes_and_the_ends_of_each_file(tmp_path):
-    """Not every byte: a 3 MB file's key depends on its size, mtime, first and last 64 KiB only."""
+    """Not every byte: a 3 MB file's key depends on its size, mtime, first and last 8 KiB only."""
     write_jsonl(tmp_path / "a.jsonl", make_docs("a", 40, seed=1))
     (tmp_path / "big.txt").write_bytes(b"x" * 3_000_000)
     (tmp_path / "m.yaml").write_text("sources:\n  - {name: a, share: 0.5, files: [a.jsonl]}\n"
