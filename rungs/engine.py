@@ -18,13 +18,17 @@ Lifecycle, as the loop calls it:
     engine.discard_checkpoint(run_dir)          # resume=False only, rank 0: forget an old checkpoint
     engine.build()                              # collective: corpus, model, optimizer, data stream
     state = engine.load(run_dir)                # None, or the loop state saved with the checkpoint
+    engine.device_peak(); engine.unigram_bpb()  # once per invocation
     for step in ...:
         metrics = engine.train_step(step, lr_multiplier)   # collective
         engine.update_router_bias()             # collective; only when the config asks for it
         events = engine.drain_clip_events()     # rank 0: every rank's events of that step
         engine.evaluate(final=...)              # collective, at the eval cadence and the last step
         engine.save(run_dir, state)             # collective, at the checkpoint cadence
-    engine.data_report(); engine.unigram_bpb(); engine.barrier()
+    engine.data_report(); engine.barrier()      # after the last step (result.json, data_report.json)
+
+The LR schedule is not the engine's: `run_job` takes `lr_multiplier(step)` (`rungs.optim.lr_at` with
+the config's schedule fields, e.g. `rungs.torch_engine.lr_schedule(cfg)`) and passes the value in.
 
 Contracts:
 - `train_step` draws the step's global batch (the same on every rank), runs forward/backward over
