@@ -25,9 +25,9 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from ladder.cli import main
-from ladder.orchestrate import STALE_AFTER_SECONDS, _progress
+from ladder.run.orchestrate import STALE_AFTER_SECONDS, _progress
 from ladder.sweep_runs import find_runs, trial_state
-from ladder.tracking_server import free_port
+from ladder.run.tracking_server import free_port
 from sweeps.spec import SWEEPS_DIR
 
 RAY = str(Path(sys.executable).parent / "ray")
@@ -125,10 +125,25 @@ def _sweep(args: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run([*LADDER, "sweep", *args], capture_output=True, text=True, timeout=GUARD_SECONDS, **kw)
 
 
+# The smoke sweep, one trial at a time and long enough that the third trial spends many polls between
+# its first checkpoint and its end: the kill below waits for that state, whatever the machine's speed
+# (with two trials at once and 20 steps the window was a few seconds and a loaded machine missed it).
+KILL_STEPS = 60
+
+
+def _kill_spec(tmp_path: Path) -> str:
+    spec = yaml.safe_load((SWEEPS_DIR / "smoke.yaml").read_text())
+    spec.update(max_steps=KILL_STEPS, max_concurrent=1)
+    path = tmp_path / "smoke.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
 @pytest.mark.slow
 def test_killed_driver_rerun_finishes_every_trial_exactly_once(ray_cluster, tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cmd = [*LADDER, "sweep", "run", "smoke", "--address", ray_cluster, "--tracking-uri", store, "--new-store", "--json"]
+    smoke = _kill_spec(tmp_path)
+    cmd = [*LADDER, "sweep", "run", smoke, "--address", ray_cluster, "--tracking-uri", store, "--new-store", "--json"]
     driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # Kill once two trials are finished and the third has a checkpoint (every 5 steps) to resume from.
     deadline = time.monotonic() + GUARD_SECONDS
@@ -147,12 +162,12 @@ def test_killed_driver_rerun_finishes_every_trial_exactly_once(ray_cluster, tmp_
     finished_before = {k for k, s in states.items() if s == "finished"}
     interrupted = {k for k, s in states.items() if s == "running"}
     assert len(finished_before) == 2 and len(interrupted) == 1, states
-    status = json.loads(_sweep(["status", "smoke", "--tracking-uri", store, "--json"]).stdout)
+    status = json.loads(_sweep(["status", smoke, "--tracking-uri", store, "--json"]).stdout)
     (running,) = [t for t in status["trials"] if t["state"] == "running"]
     step, total = re.match(r"step (\d+)/(\d+), \d+ s ago$", running["progress"]).groups()
     assert int(step) < int(total)  # the steps up to its checkpoint are in MLflow; the rest were not run
 
-    rerun = _sweep(["run", "smoke", "--address", ray_cluster, "--tracking-uri", store, "--json"])
+    rerun = _sweep(["run", smoke, "--address", ray_cluster, "--tracking-uri", store, "--json"])
     assert rerun.returncode == 0, rerun.stderr
     summary = json.loads(rerun.stdout)
     assert summary["trials"] == 3
@@ -178,11 +193,11 @@ def test_killed_driver_rerun_finishes_every_trial_exactly_once(ray_cluster, tmp_
             # The job buffers per-step metrics and the kill dropped the unflushed ones; every step
             # after the checkpoint it resumed from is in the store, once.
             resumed_from = min(steps) - 1  # a checkpoint step (every 5), or 0 once the job flushes at checkpoints
-            assert resumed_from % 5 == 0 and steps == set(range(resumed_from + 1, 21))
+            assert resumed_from % 5 == 0 and steps == set(range(resumed_from + 1, KILL_STEPS + 1))
         else:
-            assert steps == set(range(1, 21))
+            assert steps == set(range(1, KILL_STEPS + 1))
 
-    again = _sweep(["run", "smoke", "--address", ray_cluster, "--tracking-uri", store, "--json"])
+    again = _sweep(["run", smoke, "--address", ray_cluster, "--tracking-uri", store, "--json"])
     assert again.returncode == 0
     counts = {k: v for k, v in json.loads(again.stdout).items() if k in ("trials", "completed", "skipped", "failed",
                                                                          "diverged")}
@@ -279,7 +294,7 @@ def test_resources_larger_than_the_cluster_exit_2_before_any_trial(ray_cluster, 
 def test_planned_configs_equal_resolving_each_trial_alone(name):
     """plan_sweep resolves once per rung and sets the grid knobs; that must equal resolve() per trial."""
     from ladder.resolve import resolve_train_config
-    from ladder.sweep_plan import plan_sweep
+    from sweeps.plan import plan_sweep
     from sweeps.keys import trial_key
     from sweeps.spec import load_spec
 
