@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import torch
+from jax.sharding import NamedSharding
 
 from rungs.agc import event_record
 from rungs.config import TrainConfig
@@ -136,9 +137,13 @@ class JaxEngine:
                                        clip=clip)
             return total * scale, stats
 
+        p_shardings = None if self.mesh is None else sharding.param_shardings(self.params, self.mesh)
+
         def grads(params, probes, buffers, thresholds, inputs, targets):
             (_, stats), (g, readout) = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)(
                 params, probes, buffers, thresholds, inputs, targets)
+            if p_shardings is not None:  # gradients laid out as their parameters (reduce-scattered)
+                g = jax.lax.with_sharding_constraint(g, p_shardings)
             return g, readout, stats
 
         def update(params, opt_state, g):
@@ -155,7 +160,16 @@ class JaxEngine:
         tokens = self._batch_put(np.zeros((micro, cfg.seq_len), np.int32))
         self._probes = probes
         self._grads = jax.jit(grads).lower(self.params, probes, self.buffers, thresholds, tokens, tokens).compile()
-        self._update = jax.jit(update, donate_argnums=(0, 1)).lower(self.params, self.opt_state, self.params).compile()
+        out_shardings = None
+        if self.mesh is not None:  # the state keeps its layout from step to step (the compiled step expects it)
+            # leaves made from constants (step counts, LR) come out on one device: replicate them
+            self._opt_shardings = jax.tree.map(
+                lambda a: a.sharding if isinstance(a.sharding, NamedSharding) else sharding.replicated(self.mesh),
+                self.opt_state)
+            self.opt_state = jax.device_put(self.opt_state, self._opt_shardings)
+            out_shardings = (p_shardings, self._opt_shardings, sharding.replicated(self.mesh))
+        self._update = jax.jit(update, donate_argnums=(0, 1), out_shardings=out_shardings).lower(
+            self.params, self.opt_state, self.params).compile()
         self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
         self._logits = jax.jit(lambda params, buffers, x: jmodel.forward(
             jax.tree.map(lambda p: p.astype(dtype), params), buffers, x, arch)[0].astype(jnp.float32))
@@ -187,6 +201,8 @@ class JaxEngine:
         self.opt_state = with_hyperparams(
             self.opt_state, lr=cfg.lr * lr_multiplier,
             adam_lr=(cfg.lr if cfg.adam_lr is None else cfg.adam_lr) * lr_multiplier)
+        if self.mesh is not None:
+            self.opt_state = jax.device_put(self.opt_state, self._opt_shardings)
         batch = self.sampler.next_batch()
         inputs_all, targets_all = batch.inputs.numpy().astype(np.int32), batch.targets.numpy().astype(np.int32)
         micro = cfg.micro_batch_sequences or cfg.batch_sequences
