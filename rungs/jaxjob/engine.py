@@ -95,10 +95,17 @@ class JaxEngine:
                                                           cache_root=Path(cfg.data_cache_root)))
         self.sampler = SourceScaledSampler(self.corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
                                            batch_sequences=cfg.batch_sequences, seed=cfg.seed, subset=cfg.subset)
+        self.decode = self.corpus.tokenizer.decode
         if self.initial_params is not None:
             params, buffers = self.initial_params
         else:
             params, buffers = init_params(self.arch, jax.random.PRNGKey(cfg.seed)), init_buffers(self.arch)
+        self.init_state(params, buffers)
+
+    def init_state(self, params: dict, buffers: dict) -> None:
+        """Place (params, buffers), build the optimizer and the clipper, compile the step (no data)."""
+        cfg = self.cfg
+        self.arch = cfg.architecture()
         params = {n: jnp.asarray(p, jnp.float32) for n, p in params.items()}
         buffers = {n: jnp.asarray(b, jnp.float32) for n, b in buffers.items()}
         if self.mesh is not None:
@@ -204,7 +211,12 @@ class JaxEngine:
         if self.mesh is not None:
             self.opt_state = jax.device_put(self.opt_state, self._opt_shardings)
         batch = self.sampler.next_batch()
-        inputs_all, targets_all = batch.inputs.numpy().astype(np.int32), batch.targets.numpy().astype(np.int32)
+        return self.step_on(step, batch.inputs.numpy().astype(np.int32), batch.targets.numpy().astype(np.int32),
+                            locate=batch.locate)
+
+    def step_on(self, step: int, inputs_all: np.ndarray, targets_all: np.ndarray, locate=None) -> dict[str, float]:
+        """`train_step` on a given batch (int32 arrays (batch_sequences, seq_len)); the LR is already set."""
+        cfg = self.cfg
         micro = cfg.micro_batch_sequences or cfg.batch_sequences
         if self.recorder is not None:
             self.recorder.begin_step(step)
@@ -213,7 +225,7 @@ class JaxEngine:
         rounds: list[int] = []
         overload: list[float] = []
         counts_sum = None
-        decode = self.corpus.tokenizer.decode
+        decode = getattr(self, "decode", None)
         for m in range(cfg.accumulation_steps):
             rows = slice(m * micro, (m + 1) * micro)
             inputs, targets = inputs_all[rows], targets_all[rows]
@@ -225,8 +237,8 @@ class JaxEngine:
             total_grads = g if total_grads is None else self._add(total_grads, g)
             if self.recorder is not None:
                 offset = m * micro
-                self.recorder.record(readout, inputs, locate=lambda r, p, o=offset: batch.locate(r + o, p),
-                                     decode=decode)
+                self.recorder.record(readout, inputs, decode=decode,
+                                     locate=None if locate is None else lambda r, p, o=offset: locate(r + o, p))
             ce_sum += float(stats["ce"])
             aux_sum += float(stats["aux_loss"])
             counts = np.asarray(stats["tokens_per_expert"])                      # (L, E)

@@ -1,0 +1,152 @@
+"""The JAX training step against the PyTorch one at the largest cpu-demo rung (#19), one thread.
+
+Both steps are the engines' own: `rungs.torch_engine._train_step` (Transformer, multi-round MoE,
+activation gradient clipping, Muon+AdamW, grad clipping) and `rungs.jaxjob.engine.JaxEngine.step_on`
+(the same, compiled), from the same weights (torch state dict -> JAX params) on the same random
+batch, interleaved, timed in process CPU seconds (one thread each: XLA:CPU's Eigen pool off and
+torch.set_num_threads(1)), medians. Also: the optimizer's share of the JAX step (the compiled
+update alone), and the seconds to compile the step cold (empty persistent cache) and warm (a fresh
+process reading the cache the cold one wrote).
+Targets (#19): JAX / PyTorch step time <= 1.0; optimizer <= 5% of the step; cold compile <= 30 s;
+warm compile <= 5 s.
+
+The measurement runs in child processes (`--child`), because XLA's thread flags and the cache
+directory must be set before jax is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import Report, main_for
+
+ONE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+def _child(rung: int, repeats: int, cache: str, time_steps: bool) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+
+    from ladder.resolve import resolve_train_config
+    from rungs.agc import ActivationGradClipper
+    from rungs.config import parse_config
+    from rungs.jaxjob.engine import JaxEngine
+    from rungs.jaxjob.params import from_torch_state_dict
+    from rungs.jaxjob.train import enable_compilation_cache
+    from rungs.model import Transformer
+    from rungs.optim import build_optimizer
+    from rungs.torch_engine import _train_step
+
+    enable_compilation_cache(Path(cache))
+    torch.set_num_threads(1)
+    cfg = parse_config(resolve_train_config("cpu-demo", rung, {"tracking_uri": None, "threads": 1}))
+    torch.manual_seed(0)
+    model = Transformer(cfg.architecture())
+    optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,
+                                muon_momentum=cfg.muon_momentum, adjust_lr=cfg.adjust_lr)
+    clipper = ActivationGradClipper(cfg.agc_settings())
+    model.activation_clip = clipper
+    engine = JaxEngine(cfg)
+    engine.init_state(*from_torch_state_dict(model.state_dict(), cfg.architecture()))
+    out = {"rung": rung, "compile_seconds": engine.compile_seconds, "jax_version": jax.__version__,
+           "batch_tokens": cfg.batch_tokens}
+    if not time_steps:
+        return out
+    tokens = torch.randint(0, cfg.vocab_size, (cfg.batch_sequences, cfg.seq_len + 1))
+
+    class Batch:
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+
+        @staticmethod
+        def locate(r, p):
+            return None
+
+    inputs, targets = (t.numpy().astype(np.int32) for t in (Batch.inputs, Batch.targets))
+
+    def torch_step():
+        clipper.begin_step(0)
+        _train_step(cfg, model, optimizer, Batch, clipper, None)
+        clipper.end_step()
+        clipper.drain_events()
+
+    def jax_step():
+        engine.step_on(0, inputs, targets)
+        engine.drain_clip_events()
+
+    grads = jax.tree.map(jnp.zeros_like, engine.params)
+
+    def jax_update():
+        engine.params, engine.opt_state, norm = engine._update(engine.params, engine.opt_state, grads)
+        norm.block_until_ready()
+
+    def timed(fn):
+        t0 = time.process_time()
+        fn()
+        return time.process_time() - t0
+
+    torch_step(), jax_step(), jax_update()
+    samples: dict[str, list[float]] = {"torch": [], "jax": [], "update": []}
+    for _ in range(repeats):
+        samples["torch"].append(timed(torch_step))
+        samples["jax"].append(timed(jax_step))
+        samples["update"].append(timed(jax_update))
+    med = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
+    return out | {"torch_step_seconds": med["torch"], "jax_step_seconds": med["jax"],
+                  "jax_update_seconds": med["update"]}
+
+
+def _spawn(rung: int, repeats: int, cache: str, time_steps: bool) -> dict:
+    env = dict(os.environ, XLA_FLAGS=ONE_THREAD_XLA, JAX_PLATFORMS="cpu", OMP_NUM_THREADS="1")
+    args = [sys.executable, "-m", "benchmarks.jax_step", "--child", str(rung), str(repeats), cache]
+    if time_steps:
+        args.append("--time-steps")
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmarks.jax_step child failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run(quick: bool) -> Report:
+    from ladder.recipe import load_recipe
+
+    report = Report("jax_step")
+    rung = max(load_recipe("cpu-demo").ladder_rungs)
+    with tempfile.TemporaryDirectory(prefix="jax-cache-") as cache:
+        cold = _spawn(rung, 3 if quick else 10, cache, time_steps=True)
+        warm = _spawn(rung, 0, cache, time_steps=False)
+    ratio = cold["jax_step_seconds"] / cold["torch_step_seconds"]
+    share = cold["jax_update_seconds"] / cold["jax_step_seconds"]
+    report.results = {
+        "rung": rung, "threads": 1, "clock": "process_time", "jax_version": cold["jax_version"],
+        "batch_tokens": cold["batch_tokens"], "torch_step_seconds": cold["torch_step_seconds"],
+        "jax_step_seconds": cold["jax_step_seconds"], "jax_update_seconds": cold["jax_update_seconds"],
+        "jax_over_torch_step_time": ratio, "optimizer_share_of_jax_step": share,
+        "cold_compile_seconds": cold["compile_seconds"], "warm_compile_seconds": warm["compile_seconds"],
+    }
+    report.check("jax_over_torch_step_time", ratio, "<=", 1.0)
+    report.check("optimizer_share_of_jax_step", share, "<=", 0.05)
+    report.check("cold_compile_seconds", cold["compile_seconds"], "<=", 30.0)
+    report.check("warm_compile_seconds", warm["compile_seconds"], "<=", 5.0)
+    return report
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        p = argparse.ArgumentParser()
+        p.add_argument("--child", type=int)
+        p.add_argument("repeats", type=int)
+        p.add_argument("cache")
+        p.add_argument("--time-steps", action="store_true")
+        a = p.parse_args()
+        sys.stdout.write(json.dumps(_child(a.child, a.repeats, a.cache, a.time_steps)) + "\n")
+        sys.exit(0)
+    sys.exit(main_for("jax_step", run))
