@@ -69,3 +69,23 @@ def test_backend_torch_keeps_every_key_and_backend_jax_is_another_trial():
     assert jax_cfg.key() != torch_cfg.key()
     assert trial_key(torch_cfg.to_dict()) == trial_key({k: v for k, v in torch_cfg.to_dict().items() if k != "backend"})
     assert trial_key(jax_cfg.to_dict()) != trial_key(torch_cfg.to_dict())
+
+
+def test_a_jax_run_logs_the_pytorch_runs_metric_names_tagged_backend_jax_with_compile_time_apart(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from rungs.jaxjob.train import train_jax
+    from rungs.train import train
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = tiny_config(max_steps=2, tracking_uri=uri, experiment_name="backends", eval_interval=1)
+    torch_res = train(cfg, run_dir=tmp_path / "torch", progress=False)
+    jax_res = train_jax(cfg | {"backend": "jax"}, tmp_path / "jax", progress=False, cache_dir=tmp_path / "cache")
+    client = MlflowClient(uri)
+    torch_run, jax_run = client.get_run(torch_res.run_id), client.get_run(jax_res.run_id)
+    assert set(jax_run.data.metrics) == set(torch_run.data.metrics)
+    assert set(jax_run.data.params) == set(torch_run.data.params)
+    assert jax_run.data.tags["backend"] == "jax" and jax_run.data.tags["jax_version"]
+    assert float(jax_run.data.tags["jax_compile_seconds"]) > 0  # compiled in build(), outside the timed steps
+    assert jax_res.to_json().keys() == torch_res.to_json().keys()
+    assert jax_res.steps == 2 and set(jax_res.bpb) == set(torch_res.bpb)
