@@ -15,6 +15,8 @@ demo: $(STAMP)
 	$(VENV)/bin/ladder demo
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q
 
 bench: $(STAMP)

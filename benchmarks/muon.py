@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 
 import torch
 import torch.nn.functional as F

@@ -34,9 +34,9 @@ def _overhead_spec(trials: int) -> dict:
 
 
 def run(quick: bool) -> Report:
-    from ladder.orchestrate import connect_ray, run_sweep
-    from ladder.sweep_plan import plan_sweep
-    from ladder.tracking_server import TrackingServer
+    from ladder.run.orchestrate import connect_ray, run_sweep
+    from sweeps.plan import plan_sweep
+    from ladder.run.tracking_server import TrackingServer
     from sweeps.spec import parse_spec
 
     report = Report("orchestration")

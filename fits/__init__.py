@@ -5,21 +5,28 @@ DataFrame (or arrays) and returns a result object that carries its parameters, i
 residuals, the rows it used, the options and the code version, and serialises to JSON.
 """
 
-from fits.backtest import holdout_backtest, progressive_backtest
-from fits.chinchilla import fit_chinchilla
-from fits.chinchilla_backtest import chinchilla_holdout
-from fits.data_constrained import fit_data_constrained
-from fits.dropout import fit_dropout_law
-from fits.efficiency import efficiency_gains, iso_bpb_multipliers, load_references
-from fits.errors import FitBoundaryError, FitConvergenceError, FitError, FitInputError, FlatSurfaceError
-from fits.hparam_laws import fit_hparam_laws
-from fits.identify import NotIdentifiedError
-from fits.power_law import fit_power_law
-from fits.surfaces import fit_surface
+from __future__ import annotations
 
-__all__ = [
-    "FitBoundaryError", "FitConvergenceError", "FitError", "FitInputError", "FlatSurfaceError", "NotIdentifiedError",
-    "chinchilla_holdout", "efficiency_gains",
-    "fit_chinchilla", "fit_data_constrained", "fit_dropout_law", "fit_hparam_laws", "fit_power_law", "fit_surface",
-    "holdout_backtest", "iso_bpb_multipliers", "load_references", "progressive_backtest",
-]
+import importlib
+from typing import Any
+
+# Each public name and the module it lives in, loaded on first use: importing one light module
+# (fits.results, fits.errors) does not load scipy and every law.
+_EXPORTS = {
+    "holdout_backtest": "fits.backtest", "progressive_backtest": "fits.backtest",
+    "fit_chinchilla": "fits.chinchilla", "chinchilla_holdout": "fits.chinchilla_backtest",
+    "fit_data_constrained": "fits.data_constrained", "fit_dropout_law": "fits.dropout",
+    "efficiency_gains": "fits.efficiency", "iso_bpb_multipliers": "fits.efficiency", "load_references": "fits.efficiency",
+    "FitBoundaryError": "fits.errors", "FitConvergenceError": "fits.errors", "FitError": "fits.errors",
+    "FitInputError": "fits.errors", "FlatSurfaceError": "fits.errors", "fit_hparam_laws": "fits.hparam_laws",
+    "NotIdentifiedError": "fits.identify", "fit_power_law": "fits.power_law", "fit_surface": "fits.surfaces",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'fits' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

@@ -45,10 +45,10 @@ def _predict_rows(fit: PowerLawResult, test: pd.DataFrame, x: str, y: str, ci_le
     lo, hi = prediction_interval(fit, xs, ci_level, seed)
     interval = fit.extra.get("interval") or {}
     available = bool(interval.get("available", True))
-    return [{"x": float(xv), "actual": float(a), "predicted": float(p), "lo": float(l), "hi": float(h),
-             "rel_error": float((p - a) / a), "inside": bool(l <= a <= h), "interval_available": available,
+    return [{"x": float(xv), "actual": float(a), "predicted": float(p), "lo": float(low), "hi": float(high),
+             "rel_error": float((p - a) / a), "inside": bool(low <= a <= high), "interval_available": available,
              **({} if available else {"interval_reason": interval.get("reason")})}
-            for xv, a, p, l, h in zip(xs, actual.to_numpy(), pred, lo, hi)]
+            for xv, a, p, low, high in zip(xs, actual.to_numpy(), pred, lo, hi)]
 
 
 def holdout_backtest(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, holdout_top: int = 1,

@@ -10,10 +10,13 @@ out, never silently patched.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from fits.batched import batched_huber_lm, resample_weights
 from fits.errors import FitError
+from fits.identify import wide_interval_flags
 from fits.results import FitResult
 
 
@@ -65,18 +68,19 @@ def chinchilla_residuals(log_n: np.ndarray, log_d: np.ndarray, log_l: np.ndarray
 
 
 def bootstrap_power_law(result: FitResult, raw, xs: np.ndarray, ys: np.ndarray, *, n: int, seed: int,
-                        ci_level: float, delta: float, reduction: str, clusters: np.ndarray | None = None) -> None:
+                        ci_level: float, delta: float, reduction: str, bounds: list[tuple[float, float]],
+                        min_distinct_x: int, clusters: np.ndarray | None = None) -> None:
     """All resamples at once (batched IRLS Levenberg–Marquardt), each warm-started at the full fit.
-    The reduction does not move a minimum, so resamples always use the summed objective."""
-    from fits.power_law import MIN_DISTINCT_X, _bounds
-
+    The reduction does not move a minimum, so resamples always use the summed objective. The law
+    passes its own bounds on (a, α, e) and the fewest distinct x a resample may keep: this engine
+    imports no law."""
     rng = np.random.default_rng(seed)
     W = resample_weights(rng, len(xs), n, clusters)
     _, x_group = np.unique(xs, return_inverse=True)
     distinct = np.stack([np.bincount(x_group, weights=w) > 0 for w in W]).sum(axis=1)
-    ok = distinct >= MIN_DISTINCT_X
+    ok = distinct >= min_distinct_x
     z, log_y = np.log(xs) - raw.log_x0, np.log(ys)
-    bounds = np.array(_bounds(log_y))
+    bounds = np.array(bounds)
     theta, _ = batched_huber_lm(power_law_residuals(z, log_y), np.repeat(raw.theta[None, :], ok.sum(), axis=0), W[ok],
                                 delta=delta, lower=bounds[:, 0], upper=bounds[:, 1])
     a, alpha, e = theta.T
@@ -84,7 +88,7 @@ def bootstrap_power_law(result: FitResult, raw, xs: np.ndarray, ys: np.ndarray, 
     finite = np.all(np.isfinite(draws), axis=1)
     failed = int((~ok).sum() + (~finite).sum())
     if finite.sum() < max(10, n // 2):
-        raise FitError(f"bootstrap: only {int(finite.sum())} of {n} resamples had ≥ {MIN_DISTINCT_X} distinct x values "
+        raise FitError(f"bootstrap: only {int(finite.sum())} of {n} resamples had ≥ {min_distinct_x} distinct x values "
                        f"and a finite fit; with {len(np.unique(xs))} rungs the law is barely determined — add rungs "
                        "or repeat runs per rung before asking for intervals")
     attach_bootstrap(result, draws[finite], failed, ci_level)
@@ -101,8 +105,6 @@ MIN_DISTINCT_FOR_INTERVAL = 5
 def judge_power_law_interval(result: FitResult, n_distinct: int, alpha_bounds: tuple[float, float]) -> None:
     """Keep the bootstrap interval only where it can be trusted; otherwise move it to
     `extra["interval"]["unreliable_ci"]` with the reason and leave `ci`/`se` empty."""
-    from fits.identify import wide_interval_flags
-
     reasons = []
     if n_distinct < MIN_DISTINCT_FOR_INTERVAL:
         reasons.append(f"{n_distinct} distinct x: below {MIN_DISTINCT_FOR_INTERVAL} a bootstrap over rows mostly "
@@ -127,12 +129,14 @@ def judge_power_law_interval(result: FitResult, n_distinct: int, alpha_bounds: t
 
 
 def bootstrap_chinchilla(result: FitResult, raw, N: np.ndarray, D: np.ndarray, L: np.ndarray, *, n: int, seed: int,
-                         ci_level: float, delta: float, clusters: np.ndarray | None = None) -> None:
-    from fits.chinchilla import BOUNDS, natural_params
-
+                         ci_level: float, delta: float, bounds: list[tuple[float, float]],
+                         natural_params: Callable[[np.ndarray], dict[str, float]],
+                         clusters: np.ndarray | None = None) -> None:
+    """Resample the rows, refit every resample at once from the full fit; the law passes its bounds
+    on theta (a, b, e, α, β) and the map from theta to its natural parameters."""
     rng = np.random.default_rng(seed)
     W = resample_weights(rng, len(L), n, clusters)
-    bounds = np.array(BOUNDS)
+    bounds = np.array(bounds)
     theta, _ = batched_huber_lm(chinchilla_residuals(np.log(N), np.log(D), np.log(L)),
                                 np.repeat(raw.theta[None, :], n, axis=0), W, delta=delta,
                                 lower=bounds[:, 0], upper=bounds[:, 1])

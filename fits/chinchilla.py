@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
+from fits.bootstrap import bootstrap_chinchilla, percentile_interval
 from fits.convergence import PG_TOL, polish, projected_gradient
 from fits.errors import FitBoundaryError, FitConvergenceError
 from fits.identify import require_span, wide_interval_flags
@@ -250,9 +251,8 @@ def fit_chinchilla(df: pd.DataFrame, n: str = "params", d: str = "tokens", y: st
                              "polished": raw.polished, "pg_tol": PG_TOL}},
     )
     if bootstrap > 0:
-        from fits.bootstrap import bootstrap_chinchilla, percentile_interval
-
-        bootstrap_chinchilla(result, raw, N, D, L, n=bootstrap, seed=seed, ci_level=ci_level, delta=delta)
+        bootstrap_chinchilla(result, raw, N, D, L, n=bootstrap, seed=seed, ci_level=ci_level, delta=delta,
+                             bounds=BOUNDS, natural_params=natural_params)
         draws = result.bootstrap_params
         al, be = draws[:, 3], draws[:, 4]
         lo, hi = percentile_interval(be / (al + be), ci_level)

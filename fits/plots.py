@@ -21,14 +21,16 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 
-def _figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (5.0, 4.0)) -> tuple[Figure, np.ndarray]:
+def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (5.0, 4.0)) -> tuple[Figure, np.ndarray]:
+    """A headless (Agg) figure of nrows × ncols panels, each `size` inches, and its axes as a flat array."""
     fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
     FigureCanvasAgg(fig)
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
     return fig, axes
 
 
-def _save(fig: Figure, path: str | Path | None) -> Figure:
+def save_figure(fig: Figure, path: str | Path | None) -> Figure:
+    """Write the figure as a PNG at `path` (its folder made), unless path is None; return it."""
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, format="png", dpi=110)
@@ -43,7 +45,7 @@ def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_f
     None (its law was not identified) gets its data and its backtest without a law line, so it is
     seen rather than left out."""
     names = list(laws)
-    fig, axes = _figure(ncols=min(len(names), 4), nrows=int(np.ceil(len(names) / 4)))
+    fig, axes = new_figure(ncols=min(len(names), 4), nrows=int(np.ceil(len(names) / 4)))
     for ax, name in zip(axes, names):
         law = laws[name]
         part = df if group is None or group not in df.columns else df[df[group].astype(str) == name]
@@ -73,12 +75,12 @@ def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_f
         ax.legend(fontsize=7)
     for ax in axes[len(names):]:
         ax.set_visible(False)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_surface(surface, ax=None, path: str | Path | None = None) -> Figure:
     """Contours of the fitted quadratic in its (log) coordinates, the runs, and the optimum."""
-    fig, axes = (ax.figure, [ax]) if ax is not None else _figure()
+    fig, axes = (ax.figure, [ax]) if ax is not None else new_figure()
     ax = axes[0]
     s = surface.samples
     u = np.linspace(s[:, 0].min() - 0.3, s[:, 0].max() + 0.3, 80)
@@ -98,7 +100,7 @@ def plot_surface(surface, ax=None, path: str | Path | None = None) -> Figure:
     ax.set_title(", ".join(f"{k}={v:.3g}" for k, v in surface.key.items()), fontsize=8)
     if surface.flags:
         ax.legend(fontsize=6)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_hparams(fit, out: str | Path) -> list[Path]:
@@ -108,14 +110,14 @@ def plot_hparams(fit, out: str | Path) -> list[Path]:
     stem = out.with_suffix("") if out.suffix == ".png" else out
     n = len(fit.slices)
     cols = min(n, 5)
-    fig, axes = _figure(ncols=cols, nrows=int(np.ceil(n / cols)), size=(3.6, 3.2))
+    fig, axes = new_figure(ncols=cols, nrows=int(np.ceil(n / cols)), size=(3.6, 3.2))
     for ax, s in zip(axes, fit.slices):
         plot_surface(s, ax=ax)
     for ax in axes[n:]:
         ax.set_visible(False)
     paths = [Path(f"{stem}_surfaces.png")]
-    _save(fig, paths[0])
-    fig, (a1, a2) = _figure(ncols=2)
+    save_figure(fig, paths[0])
+    fig, (a1, a2) = new_figure(ncols=2)
     good = [s for s in fit.slices if s.ok]
     steps = np.array([s.key["steps"] for s in good])
     tpps = np.array([s.key["tpp"] for s in good])
@@ -141,7 +143,7 @@ def plot_hparams(fit, out: str | Path) -> list[Path]:
     a1.set_title(f"log LR* ~ {' + '.join(fit.log_lr.terms)}", fontsize=9)
     a2.set_title(f"log LR*·WD* ~ {' + '.join(fit.lr_wd.terms)}", fontsize=9)
     paths.append(Path(f"{stem}_laws.png"))
-    _save(fig, paths[-1])
+    save_figure(fig, paths[-1])
     if fit.dropout is not None:
         paths.append(Path(f"{stem}_dropout.png"))
         plot_dropout(fit.dropout, paths[-1])
@@ -150,7 +152,7 @@ def plot_hparams(fit, out: str | Path) -> list[Path]:
 
 def plot_efficiency(eg: dict[str, Any], path: str | Path | None = None) -> Figure:
     """EG − 1 against compute for each arm, EG_FLOPs and (when measured) EG_time, with intervals."""
-    fig, axes = _figure()
+    fig, axes = new_figure()
     ax = axes[0]
     for i, (arm, rows) in enumerate(eg["arms"].items()):
         C = np.array([r["train_flops"] for r in rows])
@@ -167,13 +169,13 @@ def plot_efficiency(eg: dict[str, Any], path: str | Path | None = None) -> Figur
     ax.set_ylabel("efficiency gain (%)")
     ax.set_title(f"against {eg['baseline']}")
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_dropout(law, path: str | Path | None = None) -> Figure:
     from fits.dropout import sigmoid
 
-    fig, axes = _figure()
+    fig, axes = new_figure()
     ax = axes[0]
     for s in law.surfaces:
         n = s.key[law.options["size"]]
@@ -187,4 +189,4 @@ def plot_dropout(law, path: str | Path | None = None) -> Figure:
     ax.set_xlabel("active parameters")
     ax.set_ylabel("dropout*")
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)

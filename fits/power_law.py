@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
+from fits.bootstrap import bootstrap_power_law, judge_power_law_interval
 from fits.errors import FitBoundaryError, FitConvergenceError, FitInputError
 from fits.identify import require_span
 from fits.results import FitResult
@@ -255,11 +256,8 @@ def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, d
                "floor_at_zero": at_zero},
     )
     if bootstrap > 0:
-        from fits.bootstrap import bootstrap_power_law
-
-        from fits.bootstrap import judge_power_law_interval
-
         bootstrap_power_law(result, raw, xs, ys, n=bootstrap, seed=seed, ci_level=ci_level, delta=delta,
-                            reduction=reduction, clusters=df[cluster].to_numpy() if cluster else None)
+                            reduction=reduction, bounds=_bounds(np.log(ys)), min_distinct_x=MIN_DISTINCT_X,
+                            clusters=df[cluster].to_numpy() if cluster else None)
         judge_power_law_interval(result, len(np.unique(xs)), ALPHA_BOUNDS)
     return result

@@ -37,7 +37,8 @@ def code_version() -> str:
 
 
 def jsonable(obj: Any) -> Any:
-    """numpy scalars/arrays → Python; non-finite floats → None (JSON has no inf/NaN)."""
+    """numpy scalars/arrays and other array scalars (torch) → Python; non-finite floats → None (JSON has
+    no inf/NaN). The one JSON normaliser: fit results and the CLI's --json both use it."""
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -51,6 +52,8 @@ def jsonable(obj: Any) -> Any:
         return int(obj)
     if isinstance(obj, np.bool_):
         return bool(obj)
+    if not isinstance(obj, (str, bytes)) and callable(getattr(obj, "item", None)):  # torch and other scalars
+        return jsonable(obj.item())
     return obj
 
 

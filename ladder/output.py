@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from fits.results import jsonable
+
 
 class _StreamConsole:
     """A rich Console bound to the *current* sys.stdout/stderr at each use (tests swap them)."""
@@ -26,20 +28,8 @@ stdout_console = _StreamConsole("stdout", soft_wrap=False, width=200)
 stderr_console = _StreamConsole("stderr")
 
 
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
-        return _jsonable(obj.item())
-    return obj
-
-
 def print_json(payload: dict) -> None:
-    sys.stdout.write(json.dumps(_jsonable(payload), indent=2, sort_keys=False) + "\n")
+    sys.stdout.write(json.dumps(jsonable(payload), indent=2, sort_keys=False) + "\n")
     sys.stdout.flush()
 
 

@@ -85,6 +85,15 @@ class HparamLaws(_Strict):
     log_lr_log_steps: float = Field(default=-0.573)
     source: str = "MAI-Base-2 report"
 
+    def lr_wd_text(self) -> str:
+        return f"{self.lr_wd_product_coef:g} · steps^{self.lr_wd_product_steps_exponent:g}"
+
+    def log_lr_text(self) -> str:
+        def term(coef: float, name: str) -> str:
+            return f"{'-' if coef < 0 else '+'} {abs(coef):g}·{name}"
+
+        return f"{self.log_lr_intercept:g} {term(self.log_lr_log_tpp, 'log TPP')} {term(self.log_lr_log_steps, 'log steps')}"
+
 
 class Source(_Strict):
     """One data source: its share of training tokens and its unique tokens at full scale."""

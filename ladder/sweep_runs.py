@@ -21,7 +21,6 @@ TAG_SWEEP = "sweep"
 TAG_ATTEMPT = "attempt"
 TAG_OUTCOME = "outcome"
 TAG_LABEL = "trial"
-STATES = ("pending", "running", "finished", "failed", "diverged")
 
 
 @dataclass(frozen=True)

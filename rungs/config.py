@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 # key() and its sweep trial key), so a config that sets one that way keeps the key, and the finished
 # trial, it had before the field existed.
 LEGACY_VALUES: dict[str, Any] = {"subset": "prefix", "peak_flops_per_device": None, "backend": "torch"}
+# Fields that no longer exist (nothing read them): an old config that sets one still loads, and its key
+# is what it was (neither key ever included them).
+REMOVED_FIELDS = frozenset({"log_interval"})
 
 
 def at_legacy_value(key: str, value: Any) -> bool:
@@ -157,7 +160,6 @@ class TrainConfig(BaseModel):
     final_eval_max_docs_per_domain: int | None = Field(default=None, gt=0, description="docs per domain of the final eval (None: all)")
     eval_stride: int | None = Field(default=None, gt=0, description="sliding-window stride (default: seq_len)")
     checkpoint_interval: int = Field(default=100, gt=0)
-    log_interval: int = Field(default=10, gt=0)
 
     # --- tracking ---
     tracking_uri: str | None = DEFAULT_TRACKING_URI  # None or "": no tracking
@@ -248,7 +250,7 @@ class TrainConfig(BaseModel):
     def key(self) -> str:
         """Stable hash of everything that changes the trained model (not where it is tracked)."""
         payload = {k: v for k, v in self.to_dict().items()
-                   if k not in ("tracking_uri", "experiment_name", "log_interval", "trial_key", "data_cache_root",
+                   if k not in ("tracking_uri", "experiment_name", "trial_key", "data_cache_root",
                                 "checkpoint_interval", "peak_flops_per_device") and not at_legacy_value(k, v)}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -267,7 +269,7 @@ def parse_config(data: TrainConfig | dict) -> TrainConfig:
     known = set(TrainConfig.model_fields)
     plan_only = {"params_embedding", "params_nonembedding_total", "params_active_with_embeddings", "tokens",
                  "batch_tokens", "flops_per_token_forward", "train_flops"}
-    data = {k: v for k, v in data.items() if k in known or k not in plan_only}
+    data = {k: v for k, v in data.items() if (k in known or k not in plan_only) and k not in REMOVED_FIELDS}
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as err:

@@ -124,7 +124,7 @@ def _aligned(t: Tensor) -> bool:
 _GROUPED_MM_UNSUPPORTED: set[tuple[str, torch.dtype]] = set()
 
 
-def _gmm(a: Tensor, b: Tensor, offs: Tensor, ends: list[int], backend: str) -> Tensor:
+def grouped_mm(a: Tensor, b: Tensor, offs: Tensor, ends: list[int], backend: str) -> Tensor:
     """Grouped matmul. a (rows, K) with b (E, K, N) -> (rows, N), group e = rows ends[e-1]:ends[e];
     or a (K, rows) with b (rows, N) -> (E, K, N) (weight gradients). Falls back to one mm per group
     when the backend is "loop", the operands break grouped_mm's 16-byte alignment rule, or
@@ -149,6 +149,9 @@ def _gmm(a: Tensor, b: Tensor, offs: Tensor, ends: list[int], backend: str) -> T
         if t > s:
             torch.mm(a[:, s:t], b[s:t], out=out[e])
     return out
+
+
+_gmm = grouped_mm  # the old private name, until rungs/parallel/expert_parallel.py imports grouped_mm
 
 
 class _RoundIndex:
@@ -183,9 +186,9 @@ def _round_forward(x, gate_pairs, w_gate, w_up, w_down, k, xin, y_pairs, pairs, 
     n = ends[-1]
     xin = xin[:_used_rows(n, xin)]
     torch.index_select(x, 0, pairs // k, out=xin[:n])
-    hg = _gmm(xin, w_gate.mT, offs, ends, backend)                           # (rows, hidden)
-    hu = _gmm(xin, w_up.mT, offs, ends, backend)
-    y = _gmm(F.silu(hg) * hu, w_down.mT, offs, ends, backend)                # (rows, latent)
+    hg = grouped_mm(xin, w_gate.mT, offs, ends, backend)                           # (rows, hidden)
+    hu = grouped_mm(xin, w_up.mT, offs, ends, backend)
+    y = grouped_mm(F.silu(hg) * hu, w_down.mT, offs, ends, backend)                # (rows, latent)
     y[:n] *= gate_pairs[pairs].unsqueeze(1)
     y_pairs.index_copy_(0, pairs, y[:n])
     return xin, hg, hu
@@ -202,29 +205,29 @@ def _round_backward(x, gate_pairs, w_gate, w_up, w_down, k, xin, dy, dout, dx_pa
     if kept is None:
         xin = xin[:_used_rows(n, xin)]
         torch.index_select(x, 0, pairs // k, out=xin[:n])
-        hg = _gmm(xin, w_gate.mT, offs, ends, backend)
-        hu = _gmm(xin, w_up.mT, offs, ends, backend)
+        hg = grouped_mm(xin, w_gate.mT, offs, ends, backend)
+        hu = grouped_mm(xin, w_up.mT, offs, ends, backend)
     else:
         xin, hg, hu = kept
     torch.index_select(dout, 0, pairs // k, out=dy[:n])
     g = gate_pairs[pairs].unsqueeze(1)                                        # (n, 1)
     silu = F.silu(hg)
     h = silu * hu                                                             # ungated hidden rows
-    dh = _gmm(dy, w_down, offs, ends, backend)                                # (rows, hidden) = w_down^T dy
+    dh = grouped_mm(dy, w_down, offs, ends, backend)                                # (rows, hidden) = w_down^T dy
     if dgate_pairs is not None:
         dgate_pairs.index_copy_(0, pairs, torch.linalg.vecdot(dh[:n], h[:n]).to(dgate_pairs.dtype))
     dy[:n] *= g
-    grads[2] += _gmm(dy.mT, h, offs, ends, backend)                           # (E, latent, hidden)
+    grads[2] += grouped_mm(dy.mT, h, offs, ends, backend)                           # (E, latent, hidden)
     del h
     dh[:n] *= g                                                               # d(ungated hidden)
     dhu = dh * silu
     del silu
     dhg = torch.ops.aten.silu_backward(dh.mul_(hu), hg)
     del dh, hg, hu
-    grads[0] += _gmm(dhg.mT, xin, offs, ends, backend)
-    grads[1] += _gmm(dhu.mT, xin, offs, ends, backend)
-    dxin = _gmm(dhg, w_gate, offs, ends, backend)
-    dxin += _gmm(dhu, w_up, offs, ends, backend)
+    grads[0] += grouped_mm(dhg.mT, xin, offs, ends, backend)
+    grads[1] += grouped_mm(dhu.mT, xin, offs, ends, backend)
+    dxin = grouped_mm(dhg, w_gate, offs, ends, backend)
+    dxin += grouped_mm(dhu, w_up, offs, ends, backend)
     dx_pairs.index_copy_(0, pairs, dxin[:n])
 
 
@@ -294,7 +297,7 @@ class RoutedExperts(nn.Module):
     16-byte alignment rule fails) or "loop". recompute: "multi_round" (keep a one-round step's
     activations, recompute when there are several rounds) or "always".
     After each forward, `last_stats` = {rounds, tokens_per_expert, capacity_per_expert, group_size,
-    slab_rows, buffer_rows, max_group_load, dropped_tokens}.
+    slab_rows, buffer_rows, max_group_load} (dropless: no token is ever dropped).
     """
 
     def __init__(self, n_experts: int, latent_dim: int, hidden: int, *, capacity_per_expert: int | None = None,
@@ -365,6 +368,5 @@ class RoutedExperts(nn.Module):
             "slab_rows": slab_rows,
             "buffer_rows": buffer_rows,
             "max_group_load": max_group_load,
-            "dropped_tokens": 0,
         }
         return out

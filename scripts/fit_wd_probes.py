@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from fits.hparam_laws import fit_regression  # noqa: E402
 from fits.results import jsonable  # noqa: E402
 from fits.surfaces import fit_surface  # noqa: E402
-from ladder.mlflow_runs import DEFAULT_TRACKING_URI, fit_table, read_runs  # noqa: E402
+from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, fit_table, read_runs  # noqa: E402
 
 VARIANT = re.compile(r"^L(\d+) WD x([0-9.]+) at the law's LR")
 

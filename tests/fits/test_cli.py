@@ -192,7 +192,7 @@ def test_fit_from_an_mlflow_experiment_and_logged_back(tmp_path, capsys):
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
-    from ladder.mlflow_runs import fit_table, read_runs
+    from ladder.run.mlflow_runs import fit_table, read_runs
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
@@ -224,7 +224,8 @@ def test_fit_from_an_mlflow_experiment_and_logged_back(tmp_path, capsys):
 
 
 def test_efficiency_and_iso_bpb_commands(tmp_path, capsys):
-    law = lambda C: 0.45 + 30.0 * C ** (-0.07)
+    def law(C):
+        return 0.45 + 30.0 * C ** (-0.07)
     rows = []
     for L, k in {18: 1.02, 24: 1.07, 30: 1.10, 36: 1.16, 42: 1.28}.items():
         C = 1e18 * (L / 18) ** 6
@@ -250,7 +251,7 @@ def test_efficiency_and_iso_bpb_commands(tmp_path, capsys):
 
 
 def test_fit_table_maps_the_training_jobs_names_and_blanks_diverged_runs():
-    from ladder.mlflow_runs import fit_table, long_by_domain
+    from ladder.run.mlflow_runs import fit_table, long_by_domain
 
     runs = pd.DataFrame({
         "run_id": ["a", "b"], "params.lr": [0.01, 0.02], "params.weight_decay": [0.1, 0.1], "params.steps": [100, 100],

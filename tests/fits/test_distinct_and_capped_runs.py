@@ -8,7 +8,7 @@ import pytest
 from fits.errors import FlatSurfaceError
 from fits.surfaces import fit_surface
 from fits.validate import n_distinct
-from ladder.mlflow_runs import fit_table
+from ladder.run.mlflow_runs import fit_table
 
 
 def constant_product_sweep():

@@ -53,7 +53,8 @@ def test_card_from_laws_survives_a_json_round_trip():
 
 
 def test_card_with_only_a_dropout_law_keeps_the_report_lr_and_says_which_is_which():
-    truth = lambda n: 0.2 / (1 + np.exp(-1.0 * (np.log(n) - np.log(1e8))))
+    def truth(n):
+        return 0.2 / (1 + np.exp(-1.0 * (np.log(n) - np.log(1e8))))
     df = sweep(seed=6, sizes=(1e7, 1e8, 1e9), tpps=(5.0, 20.0), dropout_law=truth)
     df = df[np.isclose(df["lr"], df.groupby(["params_active", "tpp"])["lr"].transform("first"))]
     hp = json.loads(json.dumps(fit_hparam_laws(df).to_dict()))

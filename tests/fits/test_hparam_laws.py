@@ -69,7 +69,8 @@ def test_two_slices_give_an_exactly_determined_law_without_intervals():
 
 
 def test_dropout_law_recovers_a_sigmoid_in_log_size():
-    truth = lambda n: 0.2 / (1 + np.exp(-1.0 * (np.log(n) - np.log(1e8))))
+    def truth(n):
+        return 0.2 / (1 + np.exp(-1.0 * (np.log(n) - np.log(1e8))))
     sizes = (1e6, 1e7, 3e7, 1e8, 3e8, 1e9, 1e10)
     df = sweep(seed=4, sizes=sizes, tpps=(20.0,), dropout_law=truth)
     law = fit_dropout_law(df)
@@ -93,7 +94,8 @@ def test_dropout_law_needs_enough_sizes():
 
 def test_a_dropout_only_sweep_gives_the_dropout_law_and_no_lr_laws():
     """Like sweeps/dropout.yaml: LR/WD at the law's values, dropout × size × TPP."""
-    truth = lambda n: 0.2 / (1 + np.exp(-1.0 * (np.log(n) - np.log(1e8))))
+    def truth(n):
+        return 0.2 / (1 + np.exp(-1.0 * (np.log(n) - np.log(1e8))))
     df = sweep(seed=6, sizes=(1e7, 1e8, 1e9), tpps=(5.0, 20.0), dropout_law=truth)
     first = df.groupby(["params_active", "tpp"])["lr"].transform("first")
     df = df[np.isclose(df["lr"], first)]  # one LR/WD point per slice

@@ -23,7 +23,8 @@ def test_power_law_figure(tmp_path):
 
 
 def test_hparam_dropout_and_efficiency_figures(tmp_path):
-    truth = lambda n: 0.2 / (1 + np.exp(-(np.log(n) - np.log(1e8))))
+    def truth(n):
+        return 0.2 / (1 + np.exp(-(np.log(n) - np.log(1e8))))
     fit = fit_hparam_laws(sweep(seed=4, sizes=(1e6, 1e7, 1e8, 1e9, 1e10), tpps=(20.0,), dropout_law=truth))
     from fits.plots import plot_hparams
 

@@ -18,7 +18,8 @@ def grid_table(f, u_center=(0.0, 0.0), span=1.0, n=5):
 
 def test_exact_quadratic_gives_the_analytic_optimum():
     # y = 2 + (u−0.3)² + 0.5(v+0.2)² + 0.4(u−0.3)(v+0.2): minimum at (0.3, −0.2), value 2.
-    f = lambda u, v: 2 + (u - 0.3) ** 2 + 0.5 * (v + 0.2) ** 2 + 0.4 * (u - 0.3) * (v + 0.2)
+    def f(u, v):
+        return 2 + (u - 0.3) ** 2 + 0.5 * (v + 0.2) ** 2 + 0.4 * (u - 0.3) * (v + 0.2)
     s = fit_surface(grid_table(f), ["lr", "lr_wd"], "loss")
     np.testing.assert_allclose(s.optimum, [0.3, -0.2], atol=1e-8)
     assert s.optimum_natural()["lr"] == pytest.approx(np.exp(0.3))
@@ -27,7 +28,8 @@ def test_exact_quadratic_gives_the_analytic_optimum():
 
 def test_weights_follow_the_documented_form():
     rng = np.random.default_rng(0)
-    f = lambda u, v: 1 + 0.05 * u**2 + 0.05 * v**2 + 0.02 * u**4
+    def f(u, v):
+        return 1 + 0.05 * u**2 + 0.05 * v**2 + 0.02 * u**4
     df = grid_table(f, span=2.0)
     df["loss"] += rng.normal(0, 1e-3, len(df))
     s = fit_surface(df, ["lr", "lr_wd"], "loss")
@@ -41,7 +43,8 @@ def test_weights_follow_the_documented_form():
 
 def test_cross_layout_fits_the_separable_quadratic_and_says_so():
     """The demo sweep's 5-point cross cannot see the u·v term; 3 points per arm give the optimum."""
-    f = lambda u, v: 2 + (u - 0.2) ** 2 + 0.5 * (v + 0.1) ** 2
+    def f(u, v):
+        return 2 + (u - 0.2) ** 2 + 0.5 * (v + 0.1) ** 2
     pts = [(0, 0), (-0.7, 0), (0.7, 0), (0, -1.0), (0, 1.0)]
     df = pd.DataFrame({"lr": [np.exp(u) for u, _ in pts], "lr_wd": [np.exp(v) for _, v in pts],
                        "loss": [f(u, v) for u, v in pts]})
@@ -55,13 +58,15 @@ def test_cross_layout_fits_the_separable_quadratic_and_says_so():
 
 
 def test_optimum_outside_the_sampled_region_is_flagged():
-    f = lambda u, v: 1 + 0.1 * (u - 3.0) ** 2 + 0.1 * v**2  # optimum at u = 3, grid spans ±1
+    def f(u, v):
+        return 1 + 0.1 * (u - 3.0) ** 2 + 0.1 * v**2  # optimum at u = 3, grid spans ±1
     s = fit_surface(grid_table(f), ["lr", "lr_wd"], "loss")
     assert "optimum_outside_sampled_region" in s.flags and not s.ok
 
 
 def test_saddle_is_flagged_not_positive_definite():
-    f = lambda u, v: 1 + 0.1 * u**2 - 0.1 * v**2 + 0.001 * u
+    def f(u, v):
+        return 1 + 0.1 * u**2 - 0.1 * v**2 + 0.001 * u
     s = fit_surface(grid_table(f), ["lr", "lr_wd"], "loss")
     assert "hessian_not_positive_definite" in s.flags
 

@@ -93,10 +93,10 @@ def test_sweep_status_on_a_store_imports_neither_torch_nor_ray(tmp_path):
 
 
 def test_trial_keying_imports_neither_torch_nor_ray(tmp_path):
-    from ladder.sweep_plan import plan_sweep
+    from sweeps.plan import plan_sweep
     from sweeps.spec import load_spec
 
     expected = [p.key for p in plan_sweep(load_spec("smoke"))]
-    code = ("from ladder.sweep_plan import plan_sweep\nfrom sweeps.spec import load_spec\n"
+    code = ("from sweeps.plan import plan_sweep\nfrom sweeps.spec import load_spec\n"
             "print(' '.join(p.key for p in plan_sweep(load_spec('smoke'))))")
     assert _run(tmp_path, "code", code).stdout.split() == expected

@@ -19,7 +19,7 @@ GUARD_SECONDS = 1800  # ends a hung start; never a judgement of speed
 
 PROBE = textwrap.dedent("""
     import json, os, psutil
-    from ladder.orchestrate import connect_ray
+    from ladder.run.orchestrate import connect_ray
     assert connect_ray(None)
     me = psutil.Process()
     listening = []

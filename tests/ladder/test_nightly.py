@@ -14,9 +14,9 @@ import yaml
 from ladder.cli import main
 from ladder.errors import LadderInputError
 from ladder.machine import cpu_model, machine_class, machine_info
-from ladder.nightly import (FLOOR_BPB_ABS, FLOOR_TOKENS_PER_SECOND_LOG_RATIO, NOT_COMPARABLE, SAFETY_FACTOR,
+from ladder.run.nightly import (FLOOR_BPB_ABS, FLOOR_TOKENS_PER_SECOND_LOG_RATIO, NOT_COMPARABLE, SAFETY_FACTOR,
                             GOLDENS_DIR, TrialMeasurement, build_golden, compare, load_golden)
-from ladder.nightly_report import write_report
+from ladder.run.nightly_report import write_report
 from sweeps.spec import load_spec
 
 
@@ -117,7 +117,7 @@ def test_the_nightly_imports_no_benchmark_code():
 
     import ladder
 
-    for name in ("nightly", "nightly_report", "cli_nightly", "machine"):
+    for name in ("run/nightly", "run/nightly_report", "cli/nightly", "machine"):
         tree = ast.parse((Path(ladder.__file__).parent / f"{name}.py").read_text())
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from ladder.errors import LadderInputError
-from ladder.notebook_data import FIXTURES, export_fixture, load_runs
-from ladder.sweep_plan import plan_sweep
+from ladder.analysis.notebook_data import FIXTURES, export_fixture, load_runs
+from sweeps.plan import plan_sweep
 from sweeps.spec import load_spec
 
 

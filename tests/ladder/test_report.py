@@ -5,8 +5,9 @@ import json
 import numpy as np
 import pandas as pd
 
-from ladder.demo import DemoResult, fit_compute_laws, summary
-from ladder.report import write_figures, write_report
+from ladder.analysis.demo import fit_compute_laws, summary
+from ladder.analysis.demo_result import DemoResult
+from ladder.analysis.report import write_figures, write_report
 
 
 def two_domain_ladder() -> pd.DataFrame:
@@ -34,3 +35,11 @@ def test_report_backtests_a_domain_whose_floor_is_not_identified(tmp_path):
     assert all(p.stat().st_size > 0 for p in result.figures.values())
     out = json.loads(json.dumps(summary(result), default=str))
     assert out["backtest"]["math"]["floor_at_zero"] and "math" not in out["laws"]
+
+
+def test_the_reports_laws_are_written_once_from_the_recipe_defaults():
+    from ladder.recipe import HparamLaws
+
+    assert HparamLaws().lr_wd_text() == "17.04 · steps^-1"
+    assert HparamLaws().log_lr_text() == "-1.51 + 0.175·log TPP - 0.573·log steps"
+    assert HparamLaws(log_lr_log_tpp=-0.2).log_lr_text() == "-1.51 - 0.2·log TPP - 0.573·log steps"

@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 
 import ladder.sweep_runs as sweep_runs
 from ladder.cli import main
-from ladder.sweep_plan import plan_sweep
+from sweeps.plan import plan_sweep
 from ladder.sweep_runs import find_runs, trial_state
 from sweeps.spec import load_spec
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ladder.tracking_server import TrackingServer, healthy
+from ladder.run.tracking_server import TrackingServer, healthy
 
 GUARD_SECONDS = 1800  # ends a hung test; far above any plausible run, never a judgement of speed
 WRITERS = 4
@@ -64,7 +63,7 @@ def test_concurrent_writers_through_the_server_lose_no_point(tmp_path):
 
 DRIVER = textwrap.dedent("""
     import sys, time
-    from ladder.tracking_server import TrackingServer
+    from ladder.run.tracking_server import TrackingServer
     server = TrackingServer(sys.argv[1])
     print(server.start(), flush=True)
     time.sleep(600)

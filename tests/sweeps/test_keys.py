@@ -61,3 +61,16 @@ def test_a_field_at_the_value_runs_had_before_it_existed_keeps_their_key():
     assert trial_key({**CONFIG, "subset": "prefix"}) == trial_key(CONFIG)
     assert trial_key({**CONFIG, "subset": "stratified"}) != trial_key(CONFIG)
 
+
+
+def test_an_old_config_that_sets_the_removed_log_interval_loads_with_the_same_keys():
+    from ladder.plan import plan_rung
+    from ladder.recipe import load_recipe
+    from rungs.config import TrainConfig, parse_config
+
+    config = {**plan_rung(load_recipe("cpu-demo"), 3).to_dict(), "tracking_uri": None}
+    old = {**config, "log_interval": 10}
+    assert "log_interval" not in TrainConfig.model_fields  # nothing read it
+    assert parse_config(old) == parse_config(config)
+    assert parse_config(old).key() == parse_config(config).key()
+    assert trial_key(old) == trial_key(config)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ladder.sweep_plan import plan_sweep
+from sweeps.plan import plan_sweep
 from sweeps.spec import available_specs, load_spec
 
 KEYS_FILE = Path(__file__).with_name("shipped_trial_keys.json")

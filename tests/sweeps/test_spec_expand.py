@@ -117,7 +117,7 @@ def test_missing_spec_file_lists_the_shipped_ones(tmp_path):
 
 
 def test_the_science_check_ladder_has_five_rungs_over_30x_compute_at_one_tpp():
-    from ladder.sweep_plan import plan_sweep
+    from sweeps.plan import plan_sweep
 
     planned = plan_sweep(load_spec("backtest"))
     rungs = {p.config["L"] for p in planned}

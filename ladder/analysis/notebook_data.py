@@ -16,9 +16,9 @@ from pathlib import Path
 import pandas as pd
 
 from ladder.errors import LadderInputError
-from ladder.mlflow_runs import DEFAULT_TRACKING_URI, fit_table, read_runs
+from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, fit_table, read_runs
 
-FIXTURES = Path(__file__).resolve().parent.parent / "notebooks" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "notebooks" / "fixtures"
 KEEP = ["run_id", "rung", "block", "arm", "seed", "lr", "wd", "dropout", "steps", "tpp", "params_active", "train_flops",
         "wall_seconds", "tokens", "final_loss", "diverged", "bpb"]
 
@@ -48,7 +48,7 @@ def load_runs(experiment: str, fixture: str, *, spec: str | None = None,
 
 def current_plan_runs(table: pd.DataFrame, spec: str, experiment: str) -> pd.DataFrame:
     """The rows of `table` whose trial key is in sweep `spec`'s current plan; an error when none are."""
-    from ladder.sweep_plan import plan_sweep
+    from sweeps.plan import plan_sweep
     from sweeps.spec import load_spec
 
     keys = {p.key for p in plan_sweep(load_spec(spec))}

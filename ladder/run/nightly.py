@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ladder.errors import LadderInputError
 from ladder.machine import machine_info
-from ladder.orchestrate import SweepOutcome, connect_ray, run_sweep
+from ladder.run.orchestrate import SweepOutcome, connect_ray, run_sweep
 from sweeps.spec import SWEEPS_DIR, SweepSpec
 
 GOLDENS_DIR = SWEEPS_DIR / "goldens"
@@ -136,7 +136,7 @@ def measure(outcome: SweepOutcome, spec_trials: dict[str, dict]) -> dict[str, Tr
 
 
 def run_once(spec: SweepSpec, *, where: str, out_dir: Path, address: str | None, progress) -> dict[str, TrialMeasurement]:
-    from ladder.sweep_plan import plan_sweep
+    from sweeps.plan import plan_sweep
 
     store = f"sqlite:///{(out_dir / 'mlflow.db').resolve()}"
     outcome = run_sweep(spec, where=where, address=address, tracking_uri=store, progress=progress)

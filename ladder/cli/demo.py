@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ladder.cli_plan import plan_payload, render_plan
+from ladder.cli.plan import plan_payload, render_plan
 from ladder.output import print_json, stderr_console
 from ladder.plan import plan_ladder
 from ladder.recipe import load_recipe
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
             recipe = load_recipe(name)
             render_plan(plan_payload(recipe, plan_ladder(recipe, rungs), argparse.Namespace(gpus=gpus, mfu=None, goodput=None)))
         return 0
-    from ladder.demo import run_demo, summary
+    from ladder.analysis.demo import run_demo, summary
 
     result = run_demo(out_dir=args.out, tracking_uri=args.tracking_uri, spec_name=args.spec, bootstrap=args.bootstrap,
                       progress=lambda msg: stderr_console.print(f"[bold cyan]demo[/] {msg}"))
@@ -39,11 +39,11 @@ def run(args: argparse.Namespace) -> int:
         print_json(summary(result))
         return 0
     for name, card in result.cards.items():
-        from ladder.cli_extrapolate import render
+        from ladder.cli.extrapolate import render
 
         render(card)
     backtest = {d: b["predictions"][0]["rel_error"] for d, b in result.backtests.items() if "error" not in b}
-    print(f"\nbacktest of the top rung (relative BPB error per domain): "
+    print("\nbacktest of the top rung (relative BPB error per domain): "
           + ", ".join(f"{d} {100 * e:+.2f}%" for d, e in sorted(backtest.items())))
     print(f"\nreport: {result.report_path.resolve()}  (open it in a browser)")
     store = result.tracking_uri

@@ -1,6 +1,6 @@
 """`ladder nightly SPEC [--baseline FILE] [--update-baseline] [--json]`: exit 1 on a regression.
 
-Throughput from a golden of another machine class is "not comparable", never a regression (ladder.nightly)."""
+Throughput from a golden of another machine class is "not comparable", never a regression (ladder.run.nightly)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from ladder.errors import LadderInputError
-from ladder.nightly import GOLDENS_DIR, build_golden, compare, load_golden, run_repeats
-from ladder.nightly_report import write_report
+from ladder.run.nightly import GOLDENS_DIR, build_golden, compare, load_golden, run_repeats
+from ladder.run.nightly_report import write_report
 from ladder.output import make_table, print_json, stdout_console
 from sweeps.spec import load_spec, resolve_spec_path
 

@@ -16,12 +16,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ladder.compute import plan_compute
 from ladder.errors import LadderInputError
-from ladder.mlflow_runs import DEFAULT_TRACKING_URI, domains_of, fit_table, long_by_domain, read_runs
+from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, domains_of, fit_table, long_by_domain, read_runs
 from ladder.output import human_count, make_table, print_json, stdout_console
-from ladder.plan import plan_rung
-from ladder.recipe import load_recipe
+from ladder.analysis.recipe_card import build_card
 
 log = logging.getLogger(__name__)
 
@@ -131,35 +129,6 @@ def laws_from_experiment(args: argparse.Namespace, laws: dict[str, Any]) -> dict
             info["hparams_error"] = str(err)
     laws["experiment"] = info
     return laws
-
-
-def build_card(recipe_name: str, rung: int, laws: dict[str, Any], tpp: float | None = None) -> dict[str, Any]:
-    """The recipe card of one target rung: the plan's numbers plus what the given laws predict."""
-    from fits.extrapolate import recipe_card
-
-    recipe = load_recipe(recipe_name)
-    spec = plan_rung(recipe, rung, tpp)
-    pool = recipe.gpu_pool
-    compute = plan_compute(spec.train_flops, gpus=pool.default_gpus, peak_flops_per_gpu=pool.peak_bf16_flops_per_gpu,
-                           mfu=pool.default_mfu, goodput=pool.default_goodput)
-    plan = spec.to_dict()
-    target = {k: plan[k] for k in ("recipe", "L", "n_layers", "d_model", "n_heads", "head_dim", "n_kv_heads_global",
-                                   "n_kv_heads_local", "n_experts", "top_k", "n_shared_experts", "latent_dim",
-                                   "expert_hidden", "vocab_size", "params_total", "params_active", "tokens", "tpp",
-                                   "batch_tokens", "steps", "flops_per_token", "train_flops") if k in plan}
-    target["compute"] = {"pool": pool.name, "gpus": pool.default_gpus, "mfu": pool.default_mfu,
-                         "goodput": pool.default_goodput, "wall_clock_days": compute.wall_clock_days,
-                         "gpu_hours": compute.gpu_hours}
-    provenance = {"laws_files": laws.get("files", []), "experiment": laws.get("experiment"),
-                  "hparam_laws": "fitted" if (laws.get("hparams") or {}).get("selected")
-                  else f"recipe fallback: {recipe.hparam_laws.source}",
-                  "dropout_law": "fitted" if (laws.get("hparams") or {}).get("dropout") else "recipe's fixed dropout",
-                  "power_laws": {d: {"n_points": f.n_points, "rows_used": f.rows_used, "code_version": f.code_version}
-                                 for d, f in laws.get("power_law", {}).items()}}
-    return recipe_card(target, power_laws=laws.get("power_law", {}), hparams=laws.get("hparams"),
-                       dropout=(laws.get("hparams") or {}).get("dropout"),
-                       report_laws=recipe.hparam_laws.model_dump(exclude={"source"}), report_source=recipe.hparam_laws.source,
-                       recipe_dropout=recipe.dropout, provenance=provenance)
 
 
 def run(args: argparse.Namespace) -> int:

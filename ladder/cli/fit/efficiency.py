@@ -15,7 +15,7 @@ from pathlib import Path
 from ladder.errors import LadderInputError
 from ladder.output import make_table, print_json, stdout_console
 
-REFERENCES_EXAMPLE = Path(__file__).resolve().parents[1] / "fits" / "references" / "mai_base_2_references.yaml"
+REFERENCES_EXAMPLE = Path(__file__).resolve().parents[3] / "fits" / "references" / "mai_base_2_references.yaml"
 
 
 def register(fit_sub: argparse._SubParsersAction, common) -> None:
@@ -42,7 +42,7 @@ def run_efficiency(args: argparse.Namespace) -> int:
     from fits.efficiency import efficiency_gains
     from fits.errors import FitError
 
-    from ladder.cli_fit import finish, input_error, load_input
+    from ladder.cli.fit.inputs import finish, input_error, load_input
 
     df, source = load_input(args)
     try:
@@ -77,7 +77,7 @@ def run_iso_bpb(args: argparse.Namespace) -> int:
     from fits.efficiency import iso_bpb_multipliers, load_references
     from fits.errors import FitInputError
 
-    from ladder.cli_extrapolate import load_laws
+    from ladder.cli.extrapolate import load_laws
 
     laws = load_laws([args.laws])["power_law"]
     if not laws:

@@ -52,7 +52,7 @@ def _load(name: str):
 def run(args: argparse.Namespace) -> int:
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise LadderInputError(f"must be at least 1, got {args.max_concurrent}", field="--max-concurrent")
-    from ladder.orchestrate import run_sweep
+    from ladder.run.orchestrate import run_sweep
 
     spec, where = _load(args.spec)
     outcome = run_sweep(spec, where=where, address=args.address, tracking_uri=args.tracking_uri,
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    from ladder.orchestrate import sweep_status
+    from ladder.run.orchestrate import sweep_status
 
     spec, where = _load(args.spec)
     outcome = sweep_status(spec, where=where, tracking_uri=args.tracking_uri)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ladder.nightly import NightlyReport
+from ladder.run.nightly import NightlyReport
 
 
 def write_report(report: NightlyReport, golden: dict, out_dir: Path) -> Path:

@@ -9,7 +9,7 @@ Tune trial (`ladder.sweep_trial`, via `rungs.launch.launch_ray`).
 
 Tracking: a local store (the embedded `sqlite:///runs/mlflow.db`) is fronted by a tracking server
 on loopback for the length of the sweep, because SQLite takes one writer at a time
-(`ladder.tracking_server`); a server URI is used as given. MLflow, not Ray, is the record of what
+(`ladder.run.tracking_server`); a server URI is used as given. MLflow, not Ray, is the record of what
 is done, so a killed driver loses nothing: the rerun skips finished keys and resumes the rest.
 """
 
@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ladder.errors import StoreError
-from ladder.sweep_plan import PlannedTrial, check_fits_cluster, plan_sweep, runs_root_for
+from sweeps.plan import PlannedTrial, check_fits_cluster, plan_sweep, runs_root_for
 from ladder.sweep_runs import (TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, check_store, find_runs,
                                stored_result_run_id, trial_state)
 from ladder.sweep_runs import reregister as register_result
-from ladder.tracking_server import TrackingServer, is_local_store
+from ladder.run.tracking_server import TrackingServer, is_local_store
 from rungs.tracking import DEFAULT_TRACKING_URI, _store_lock, sqlite_path
 from sweeps.spec import SweepSpec
 

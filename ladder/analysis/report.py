@@ -5,17 +5,17 @@ from __future__ import annotations
 import base64
 import html
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-if TYPE_CHECKING:
-    from ladder.demo import DemoResult
+from ladder.analysis.demo_result import DemoResult
+from ladder.recipe import HparamLaws
 
 
 def write_figures(result: DemoResult, best: pd.DataFrame, runs: pd.DataFrame) -> dict[str, Path]:
-    from fits.plots import _figure, _save, plot_power_laws, plot_surface
+    from fits.plots import new_figure, save_figure, plot_power_laws, plot_surface
 
     out = result.out_dir
     figures = {"bpb_vs_flops": out / "bpb_vs_flops.png"}
@@ -24,23 +24,23 @@ def write_figures(result: DemoResult, best: pd.DataFrame, runs: pd.DataFrame) ->
         plot_power_laws(panels, best, path=figures["bpb_vs_flops"], holdout_top=1,
                         backtests={d: b for d, b in result.backtests.items() if "error" not in b})
     else:
-        _save(_data_only_figure(best), figures["bpb_vs_flops"])
+        save_figure(_data_only_figure(best), figures["bpb_vs_flops"])
     if result.surfaces:
-        fig, axes = _figure(ncols=len(result.surfaces), size=(4.2, 3.6))
+        fig, axes = new_figure(ncols=len(result.surfaces), size=(4.2, 3.6))
         for ax, surface in zip(axes, result.surfaces):
             plot_surface(surface, ax=ax)
         figures["lr_wd_surfaces"] = out / "lr_wd_surfaces.png"
-        _save(fig, figures["lr_wd_surfaces"])
+        save_figure(fig, figures["lr_wd_surfaces"])
     figures["backtest"] = out / "backtest.png"
-    _save(_backtest_figure(result), figures["backtest"])
+    save_figure(_backtest_figure(result), figures["backtest"])
     return figures
 
 
 def _data_only_figure(best: pd.DataFrame):
     """The ladder's BPB against FLOPs per domain when no law could be fitted: the data still show."""
-    from fits.plots import _figure
+    from fits.plots import new_figure
 
-    fig, axes = _figure(size=(6.0, 4.0))
+    fig, axes = new_figure(size=(6.0, 4.0))
     ax = axes[0]
     for domain, part in best.groupby("domain"):
         part = part.sort_values("train_flops")
@@ -52,9 +52,9 @@ def _data_only_figure(best: pd.DataFrame):
 
 
 def _backtest_figure(result: DemoResult):
-    from fits.plots import _figure
+    from fits.plots import new_figure
 
-    fig, axes = _figure(size=(6.0, 3.2))
+    fig, axes = new_figure(size=(6.0, 3.2))
     ax = axes[0]
     rows = [(d, b["predictions"][0]) for d, b in sorted(result.backtests.items()) if "error" not in b]
     if not rows:
@@ -160,8 +160,9 @@ def write_report(result: DemoResult, best: pd.DataFrame) -> Path:
     for name, card in result.cards.items():
         parts.append(f"<h3>{html.escape(name)}</h3>")
         parts.append(_table(["", "value", "95% interval"], _card_rows(card)))
+    laws = HparamLaws()  # the report's laws, written once (ladder/recipe.py)
     parts.append("<p class='note'>The mai-base-2 L102 card uses the MAI-Base-2 report's published laws "
-                 "(LR*·WD* = 17.04/steps, log LR* = −1.51 + 0.175 log TPP − 0.573 log steps): a CPU ladder cannot "
+                 f"(LR*·WD* = {laws.lr_wd_text()}, log LR* = {laws.log_lr_text()}): a CPU ladder cannot "
                  "fit a 2.8T model's laws. Its BPB is not predicted (different data and tokenizer).</p>")
     parts.append("</body></html>")
     result.report_path.write_text("\n".join(parts))

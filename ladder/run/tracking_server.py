@@ -6,7 +6,7 @@ the driver starts one `mlflow server` (one worker process: the file's only write
 and trials log over HTTP through it; the server serialises the writes and the MLflow client
 retries transient HTTP errors.
 
-Lifecycle: the server runs under a small watchdog (`python -m ladder.tracking_server --watch-pid`)
+Lifecycle: the server runs under a small watchdog (`python -m ladder.run.tracking_server --watch-pid`)
 in a session of its own. The watchdog kills the whole session when the driver process disappears,
 so a driver killed with SIGKILL does not leave a server holding the port and the database.
 """
@@ -81,7 +81,7 @@ class TrackingServer:
         server = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.store_uri,
                   "--host", self.host, "--port", str(self.port), "--workers", "1",
                   "--serve-artifacts", "--artifacts-destination", str(self.artifacts_dir.resolve())]
-        cmd = [sys.executable, "-m", "ladder.tracking_server", "--watch-pid", str(os.getpid()), "--", *server]
+        cmd = [sys.executable, "-m", "ladder.run.tracking_server", "--watch-pid", str(os.getpid()), "--", *server]
         log_file = open(self._log_path, "ab")  # noqa: SIM115 (the child owns it for its lifetime)
         t0 = time.monotonic()
         # The server's job runner (GenAI evaluation jobs) is a second heavy process we never use.
@@ -131,7 +131,7 @@ def _pid_alive(pid: int) -> bool:
 
 def _watchdog(argv: list[str] | None = None) -> int:
     """Run the server as a child; end the whole session when the driver or the server goes away."""
-    parser = argparse.ArgumentParser(prog="python -m ladder.tracking_server")
+    parser = argparse.ArgumentParser(prog="python -m ladder.run.tracking_server")
     parser.add_argument("--watch-pid", type=int, required=True)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)

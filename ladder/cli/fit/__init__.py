@@ -13,16 +13,17 @@ form `ladder extrapolate --laws` reads.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from ladder.cli.fit import efficiency
+from ladder.cli.fit.inputs import delta_arg, column_arg, finish, input_error, load_input
 from ladder.errors import LadderInputError
-from ladder.mlflow_runs import DEFAULT_TRACKING_URI, fit_table, log_fit_run, long_by_domain, read_runs
+from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, long_by_domain
+from ladder.recipe import HparamLaws
 from ladder.output import make_table, print_json, stdout_console
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--all-runs", action="store_true", help="with --experiment: fit every run, not only the best run "
                    "at each compute (sweeps put off-optimum runs at the same FLOPs)")
     q.add_argument("--cluster", help="bootstrap whole clusters of rows (e.g. a run id repeated over checkpoints)")
-    q.add_argument("--delta", type=_delta_arg, default=None,
+    q.add_argument("--delta", type=delta_arg, default=None,
                    help="Huber threshold on log residuals: a number (default 1e-3, Hoffmann et al.) or 'auto' "
                         "(1.345 × the seed-to-seed noise of log BPB, for ladders with repeated seeds)")
     q.add_argument("--ci-level", type=float, default=0.95)
@@ -67,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--d", help="tokens column (default with --experiment: tokens)")
     q.add_argument("--y", help="loss column (default with --experiment: bpb)")
     q.add_argument("--bootstrap", type=int, default=0, help="bootstrap resamples for intervals (default 0: none)")
-    q.add_argument("--delta", type=_delta_arg, default=None,
+    q.add_argument("--delta", type=delta_arg, default=None,
                    help="Huber threshold on log residuals (default 1e-3, Hoffmann et al.)")
     q.add_argument("--holdout-top", type=int, default=0,
                    help="also fit without the K largest model sizes and predict their runs, with intervals (default 0)")
@@ -85,71 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--criterion", choices=["aic", "bic"], default="aic")
     q.set_defaults(handler=run_hparams)
 
-    from ladder import cli_fit_efficiency
-
-    cli_fit_efficiency.register(fit_sub, common)
-
-
-# ---------------------------------------------------------------- input and errors
-
-def _delta_arg(text: str) -> float | str:
-    if text == "auto":
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a positive number or 'auto', got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"a positive number or 'auto', got {text!r}")
-    return value
-
-
-def load_input(args: argparse.Namespace) -> tuple[pd.DataFrame, dict[str, Any]]:
-    if bool(args.csv) == bool(args.experiment):
-        raise LadderInputError("give exactly one of --csv FILE or --experiment NAME", field="--csv/--experiment")
-    if args.csv:
-        path = Path(args.csv)
-        if not path.is_file():
-            raise LadderInputError("file not found; give a CSV with a header row", where=str(path))
-        try:
-            df = pd.read_csv(path)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-            raise LadderInputError(f"not a readable CSV: {err}", where=str(path)) from None
-        return df, {"csv": str(path), "n_rows": len(df)}
-    runs = fit_table(read_runs(args.experiment, args.tracking_uri))
-    return runs, {"experiment": args.experiment, "tracking_uri": args.tracking_uri, "n_runs": len(runs)}
-
-
-def input_error(err: Exception, source: dict[str, Any]) -> LadderInputError:
-    """A fits error as the CLI's one-paragraph message: where (file or experiment), field, what."""
-    from fits.errors import FitInputError
-
-    where = source.get("csv") or f"experiment {source.get('experiment')}"
-    if isinstance(err, FitInputError):
-        return LadderInputError(err.detail, where=where, field=err.column)
-    return LadderInputError(f"{err} (the fit was refused rather than reported)", where=where)
-
-
-def finish(args: argparse.Namespace, payload: dict[str, Any], source: dict[str, Any], runs: pd.DataFrame,
-           saved: dict[str, Any] | None, metrics: dict[str, Any]) -> None:
-    if args.save and saved is not None:
-        Path(args.save).write_text(json.dumps(saved, indent=2) + "\n")
-        payload["saved"] = args.save
-    if args.experiment and not args.no_log:
-        options = {k: v for k, v in vars(args).items() if k not in ("handler", "json") and not callable(v)}
-        payload["mlflow_fit_run_id"] = log_fit_run(
-            args.tracking_uri, args.experiment, command=args.fit_command, payload=payload,
-            source_run_ids=list(dict.fromkeys(runs["run_id"].astype(str))) if "run_id" in runs else [], options=options,
-            metrics=metrics)
-
-
-def column_arg(args: argparse.Namespace, name: str, default: str) -> str:
-    value = getattr(args, name)
-    if value:
-        return value
-    if args.experiment:
-        return default
-    raise LadderInputError(f"required with --csv: name the column, e.g. --{name} {default}", field=f"--{name}")
+    efficiency.register(fit_sub, common)
 
 
 # ---------------------------------------------------------------- power law
@@ -375,10 +312,11 @@ def run_hparams(args: argparse.Namespace) -> int:
     if payload["selected"] is None:
         stdout_console.print("LR/WD were not swept: no LR*/WD* laws")
         return 0
-    stdout_console.print(f"LR*·WD* = {p['coef']:.4g} · steps^{p['steps_exponent']:.3f}   (report: 17.04 · steps^-1)")
+    report = HparamLaws()  # the report's laws, written once (ladder/recipe.py)
+    stdout_console.print(f"LR*·WD* = {p['coef']:.4g} · steps^{p['steps_exponent']:.3f}   (report: {report.lr_wd_text()})")
     tpp_term = f" + {lr['log_tpp']:.3f}·log TPP" if lr["log_tpp"] is not None else " (TPP constant: no TPP term)"
     stdout_console.print(f"log LR* = {lr['intercept']:.3f}{tpp_term} + {lr['log_steps']:.3f}·log steps   "
-                         "(report: -1.51 + 0.175·log TPP - 0.573·log steps)")
+                         f"(report: {report.log_lr_text()})")
     if payload["selected"]["log_lr"].get("exactly_determined"):
         stdout_console.print(f"[yellow]exactly determined from {payload['selected']['log_lr']['n']} slice optima: "
                              "no intervals; add slices for uncertainty[/yellow]")

@@ -1,4 +1,5 @@
-"""The `ladder` command line. Subcommands live in `ladder/cli_*.py`, each with a `register`.
+"""The `ladder` command line. Each subcommand is one module with a `register`:
+`ladder/cli/<name>.py` (fit, train and extrapolate are still `ladder/cli_*.py` while their owners finish).
 
 Contract (DESIGN.md): a readable table by default, one JSON object with --json, logs on stderr,
 exit 0 on success, exit 2 with one clear paragraph (no traceback) on bad input.
@@ -13,16 +14,16 @@ import sys
 
 from ladder.errors import LadderInputError
 
-# Each module registers its own subcommands; a module that is not there yet is simply absent.
+# Each module registers its own subcommands.
 SUBCOMMAND_MODULES = [
-    "ladder.cli_plan",
-    "ladder.cli_data",
+    "ladder.cli.plan",
+    "ladder.cli.data",
     "ladder.cli_train",
-    "ladder.cli_sweep",
-    "ladder.cli_fit",
-    "ladder.cli_extrapolate",
-    "ladder.cli_nightly",
-    "ladder.cli_demo",
+    "ladder.cli.sweep",
+    "ladder.cli.fit",
+    "ladder.cli.extrapolate",
+    "ladder.cli.nightly",
+    "ladder.cli.demo",
 ]
 
 
@@ -38,13 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            if err.name == name:
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

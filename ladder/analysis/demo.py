@@ -12,39 +12,21 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from ladder.analysis.demo_result import DemoResult
+from ladder.analysis.recipe_card import build_card
 from ladder.errors import LadderInputError
-from ladder.mlflow_runs import fit_table, long_by_domain, read_runs
+from ladder.run.mlflow_runs import fit_table, long_by_domain, read_runs
 from ladder.recipe import load_recipe
 
 log = logging.getLogger(__name__)
 
 DEMO_SPEC = "demo"
 STEPS_ABOVE_LADDER = 2
-
-
-@dataclass
-class DemoResult:
-    out_dir: Path
-    tracking_uri: str
-    experiment: str
-    sweep: dict[str, Any]
-    power_laws: dict[str, Any] = field(default_factory=dict)
-    backtests: dict[str, Any] = field(default_factory=dict)
-    surfaces: list[Any] = field(default_factory=list)
-    surface_errors: list[dict[str, Any]] = field(default_factory=list)
-    cards: dict[str, Any] = field(default_factory=dict)
-    figures: dict[str, Path] = field(default_factory=dict)
-    wall_seconds: float = 0.0
-
-    @property
-    def report_path(self) -> Path:
-        return self.out_dir / "report.html"
 
 
 LADDER_BLOCK = "ladder"
@@ -54,7 +36,7 @@ def ladder_runs(runs: pd.DataFrame, spec) -> pd.DataFrame:
     """The runs of the spec's ladder block: one per rung, each at the law's LR/WD. The compute law is
     fitted on these, not on the best run per rung: only the small rungs sweep LR/WD, and a best-of-9
     at the bottom against single runs at the top would bias the slope."""
-    from ladder.sweep_plan import plan_sweep
+    from sweeps.plan import plan_sweep
 
     keys = {p.key for p in plan_sweep(spec) if p.trial.block == LADDER_BLOCK}
     chosen = runs[runs["trial_key"].isin(keys)]
@@ -107,8 +89,7 @@ def fit_lr_wd_surfaces(runs: pd.DataFrame) -> tuple[list[Any], list[dict[str, An
 
 def run_demo(*, out_dir: Path = Path("runs/demo"), tracking_uri: str | None = None, spec_name: str = DEMO_SPEC,
              bootstrap: int = 1000, progress: Callable[[str], None] = log.info) -> DemoResult:
-    from ladder.cli_extrapolate import build_card
-    from ladder.orchestrate import run_sweep
+    from ladder.run.orchestrate import run_sweep
     from rungs.tracking import DEFAULT_TRACKING_URI
     from rungs.data.prepare import ensure_prepared
     from sweeps.spec import load_spec
@@ -146,7 +127,7 @@ def run_demo(*, out_dir: Path = Path("runs/demo"), tracking_uri: str | None = No
     result.cards["mai-base-2 L102"] = build_card("mai-base-2", 102, {"power_law": {}, "hparams": None, "files": []})
 
     progress("[5/5] figures and report")
-    from ladder.report import write_figures, write_report
+    from ladder.analysis.report import write_figures, write_report
 
     result.figures = write_figures(result, best, runs)
     result.wall_seconds = time.perf_counter() - t0

@@ -1,0 +1,1 @@
+"""Execution: the Ray sweep orchestrator, the tracking server, the nightly regression run."""
