@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rungs.moe import RoutedExperts, _gmm, plan_rounds
+from rungs.moe import RoutedExperts, grouped_mm, plan_rounds
 
 
 class ExpertParallelError(ValueError):
@@ -144,8 +144,8 @@ class _EPExperts(torch.autograd.Function):
                 xin = recv[rnd.recv_perm]
                 ends = rnd.expert_ends
                 offs = torch.tensor(ends, dtype=torch.int32, device=x.device)
-                h = F.silu(_gmm(xin, w_gate.mT, offs, ends, backend)) * _gmm(xin, w_up.mT, offs, ends, backend)
-                out_buf[:n][rnd.recv_perm] = _gmm(h, w_down.mT, offs, ends, backend)
+                h = F.silu(grouped_mm(xin, w_gate.mT, offs, ends, backend)) * grouped_mm(xin, w_up.mT, offs, ends, backend)
+                out_buf[:n][rnd.recv_perm] = grouped_mm(h, w_down.mT, offs, ends, backend)
             back = _exchange(out_buf[:n], rnd.recv_splits, rnd.send_splits, back_buf, group)
             y_pairs.index_copy_(0, rnd.send_pairs, back)
             pending = upcoming
@@ -186,17 +186,17 @@ class _EPExperts(torch.autograd.Function):
                 xin, dy = both[:, :latent].contiguous(), both[:, latent:].contiguous()
                 ends = rnd.expert_ends
                 offs = torch.tensor(ends, dtype=torch.int32, device=x.device)
-                hg = _gmm(xin, w_gate.mT, offs, ends, backend)
-                hu = _gmm(xin, w_up.mT, offs, ends, backend)
+                hg = grouped_mm(xin, w_gate.mT, offs, ends, backend)
+                hu = grouped_mm(xin, w_up.mT, offs, ends, backend)
                 sig = torch.sigmoid(hg)
                 silu = hg * sig
-                grads[2] += _gmm(dy.mT.contiguous(), silu * hu, offs, ends, backend)
-                dh = _gmm(dy, w_down, offs, ends, backend)
+                grads[2] += grouped_mm(dy.mT.contiguous(), silu * hu, offs, ends, backend)
+                dh = grouped_mm(dy, w_down, offs, ends, backend)
                 dhu = dh * silu
                 dhg = dh * hu * sig * (1 + hg * (1 - sig))
-                grads[0] += _gmm(dhg.mT.contiguous(), xin, offs, ends, backend)
-                grads[1] += _gmm(dhu.mT.contiguous(), xin, offs, ends, backend)
-                dxin = _gmm(dhg, w_gate, offs, ends, backend) + _gmm(dhu, w_up, offs, ends, backend)
+                grads[0] += grouped_mm(dhg.mT.contiguous(), xin, offs, ends, backend)
+                grads[1] += grouped_mm(dhu.mT.contiguous(), xin, offs, ends, backend)
+                dxin = grouped_mm(dhg, w_gate, offs, ends, backend) + grouped_mm(dhu, w_up, offs, ends, backend)
                 dxin_buf[:n][rnd.recv_perm] = dxin
             back = _exchange(dxin_buf[:n], rnd.recv_splits, rnd.send_splits, back_buf, group)
             dx_pairs.index_copy_(0, rnd.send_pairs, back)
