@@ -267,8 +267,13 @@ class JaxEngine:
         cfg = self.cfg
 
         def logits_fn(inputs: torch.Tensor) -> torch.Tensor:
-            x = inputs.numpy().astype(np.int32)
-            return torch.from_numpy(np.array(self._logits(self.params, self.buffers, jnp.asarray(x))))
+            # Padded to one (eval_batch_size, seq_len) shape, so the eval compiles once: the model is
+            # causal, so positions after a window's end change none of its logits.
+            B, T = inputs.shape
+            x = np.zeros((max(B, cfg.eval_batch_size), cfg.seq_len), np.int32)
+            x[:B, :T] = inputs.numpy()
+            logits = self._logits(self.params, self.buffers, jnp.asarray(x))
+            return torch.from_numpy(np.array(logits[:B, :T]))
 
         results = evaluate_bpb(logits_fn, self.corpus, seq_len=cfg.seq_len, batch_size=cfg.eval_batch_size,
                                max_docs_per_domain=eval_docs(cfg, final), stride=cfg.eval_stride or cfg.seq_len)

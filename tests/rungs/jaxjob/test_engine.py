@@ -54,6 +54,7 @@ def test_twenty_steps_match_the_pytorch_job_loss_for_loss_and_bpb_per_domain(agc
     assert bpb_jax.keys() == bpb_torch.keys() and bpb_jax
     for domain in bpb_torch:
         assert abs(bpb_jax[domain] - bpb_torch[domain]) < 1e-3, domain
+    assert jax_engine._logits._cache_size() == 1  # windows of every width share one compiled eval
 
 
 def test_the_jax_engine_implements_the_engine_protocol():
