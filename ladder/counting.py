@@ -12,40 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+from rungs.architecture import Architecture
 
-@dataclass(frozen=True)
-class Architecture:
-    """Every field a model builder needs; plain data, no rules."""
-
-    n_layers: int
-    d_model: int
-    n_heads: int
-    head_dim: int
-    n_kv_heads_global: int
-    n_kv_heads_local: int
-    global_every: int
-    window_tokens: int
-    seq_len: int
-    n_experts: int
-    top_k: int
-    n_shared_experts: int
-    latent_dim: int
-    expert_hidden: int
-    shared_hidden: int
-    vocab_size: int
-    tied_embeddings: bool = False
-
-    def is_global_layer(self, layer: int) -> bool:
-        """Layer i (0-based) is global when (i + 1) % global_every == 0: MAI's every 6th layer."""
-        return (layer + 1) % self.global_every == 0
-
-    @property
-    def n_global_layers(self) -> int:
-        return sum(self.is_global_layer(i) for i in range(self.n_layers))
-
-    @property
-    def has_latent_projection(self) -> bool:
-        return self.latent_dim != self.d_model
+__all__ = ["Architecture", "count_flops_per_token", "count_parameters", "layer_shapes", "parameter_shapes"]
 
 
 def layer_shapes(arch: Architecture, layer: int) -> dict[str, tuple[int, ...]]:

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rungs.agc_settings import AGCSettings
+from rungs.architecture import ModelConfig
 from rungs.tracking import DEFAULT_TRACKING_URI
 
-if TYPE_CHECKING:
-    from rungs.model import ModelConfig
 
 # Fields added after runs existed, at the value those runs had: left out of a config's identity (its
 # key() and its sweep trial key), so a config that sets one that way keeps the key, and the finished
@@ -222,8 +221,6 @@ class TrainConfig(BaseModel):
         return self.batch_sequences * self.seq_len
 
     def architecture(self) -> ModelConfig:
-        from rungs.model import ModelConfig  # torch: only a job that builds the model needs it
-
         return ModelConfig(
             n_layers=self.n_layers, d_model=self.d_model, n_heads=self.n_heads, head_dim=self.head_dim,
             n_kv_heads_global=self.n_kv_heads_global, n_kv_heads_local=self.n_kv_heads_local,

@@ -14,50 +14,17 @@ installs a clipper), at the points named in `rungs.agc.POINTS`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rungs.architecture import ModelConfig
 from rungs.moe import RoutedExperts
 from rungs.router import Router, RouterOutput
 
 # (x, layer, point) -> x; the identity unless activation gradient clipping is on.
 ActivationClip = Callable[[torch.Tensor, int, str], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    n_layers: int
-    d_model: int
-    n_heads: int
-    head_dim: int
-    n_kv_heads_global: int
-    n_kv_heads_local: int
-    global_every: int
-    window_tokens: int
-    seq_len: int
-    n_experts: int
-    top_k: int
-    n_shared_experts: int
-    latent_dim: int
-    expert_hidden: int
-    shared_hidden: int
-    vocab_size: int
-    tied_embeddings: bool = False
-    dropout: float = 0.0
-    router_score: str = "softmax"  # "softmax" | "sigmoid"
-    expert_bias: bool = False  # aux-loss-free balancing (DeepSeek-V3): a bias used only for top-k selection
-    bias_update_rate: float = 1e-3
-    capacity_per_expert: int | None = None  # multi-round MoE: per-expert slots per round (None: one round)
-    group_size: int | None = None  # experts that lend each other unused slots
-    rope_theta: float = 10_000.0
-    init_std: float = 0.02
-
-    def is_global_layer(self, layer: int) -> bool:
-        """Same rule as ladder.counting.Architecture: layer i (0-based) is global when (i+1) % global_every == 0."""
-        return (layer + 1) % self.global_every == 0
 
 
 def _no_clip(x: torch.Tensor, layer: int, point: str) -> torch.Tensor:

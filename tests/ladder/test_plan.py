@@ -137,3 +137,22 @@ def test_kv_heads_always_divide_query_heads():
     for r in plan_ladder(demo, [2, 3, 4, 5, 6, 7, 8]):
         assert r.arch.n_heads == r.L  # cpu-demo: heads = L, query width = d_model
         assert r.arch.n_heads % r.arch.n_kv_heads_global == 0 and r.arch.n_heads % r.arch.n_kv_heads_local == 0
+
+
+def test_the_plan_the_config_and_the_model_share_one_torch_free_architecture():
+    import dataclasses
+    import subprocess
+    import sys
+
+    from ladder.counting import Architecture as PlanArchitecture
+    from ladder.plan import plan_rung
+    from rungs.architecture import Architecture, ModelConfig
+    from rungs.config import parse_config
+
+    assert PlanArchitecture is Architecture and issubclass(ModelConfig, Architecture)
+    spec = plan_rung(load_recipe("cpu-demo"), 3)
+    built = parse_config({**spec.to_dict(), "tracking_uri": None}).architecture()
+    assert isinstance(built, ModelConfig)
+    assert {f.name: getattr(built, f.name) for f in dataclasses.fields(Architecture)} == dataclasses.asdict(spec.arch)
+    code = "import sys, rungs.architecture, rungs.config; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
