@@ -30,6 +30,11 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
     """
     cfg = parse_config(config)
     run_dir = Path(run_dir)
+    if cfg.backend == "jax":  # the JAX engine (#19) under the same loop; jax is imported only for it
+        from rungs.jaxjob.train import train_jax
+
+        return train_jax(cfg, run_dir, resume=resume, progress=progress, stop_after=stop_after,
+                         wait_for_run_dir=wait_for_run_dir)
     with exclusive_run_dir(run_dir, wait=wait_for_run_dir):
         return run_job(cfg, TorchEngine(cfg), run_dir=run_dir, lr_multiplier=lr_schedule(cfg), resume=resume,
                        progress=progress, stop_after=stop_after)

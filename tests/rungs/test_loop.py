@@ -36,3 +36,16 @@ def test_both_pytorch_engines_implement_the_engine_protocol():
     from tests.rungs.train_helpers import tiny_config
 
     assert isinstance(TorchEngine(parse_config(tiny_config())), Engine)
+
+
+def test_train_runs_a_jax_backend_config_on_the_jax_engine_under_the_same_loop(tmp_path):
+    import json
+
+    from rungs.train import train
+    from tests.rungs.train_helpers import tiny_config
+
+    res = train(tiny_config(max_steps=2, backend="jax", precision="fp32"), run_dir=tmp_path, progress=False)
+    assert res.steps == 2 and set(res.bpb) and res.unigram_bpb
+    stored = json.loads((tmp_path / "result.json").read_text())
+    assert stored["losses"] == res.losses and (tmp_path / "data_report.json").is_file()
+    assert not (tmp_path / "checkpoint.pt").exists()  # the JAX engine's checkpoint, not the torch one
