@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from rungs.config import TrainConfig, parse_config
 from rungs.loop import RESULT_FILE, TrainResult, finished_result, run_job
-from rungs.parallel.distributed import setup
+from rungs.parallel.distributed import DistributedError, setup
 from rungs.parallel.engine import CHECKPOINT_DIR, ShardedTorchEngine  # noqa: F401
 from rungs.run_files import exclusive_run_dir
 from rungs.torch_engine import lr_schedule
@@ -44,6 +44,9 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
     `ep`: the expert-parallel size (divides the world; None or 1: pure data parallel).
     """
     cfg = parse_config(config)
+    if cfg.backend != "torch":  # not silently the PyTorch job: the JAX job shards over its own device mesh
+        raise DistributedError(f"backend={cfg.backend}: the sharded PyTorch job runs backend=torch only; run a "
+                               "JAX trial as one worker (rungs.train.train), which shards over its devices")
     ep = 1 if ep is None else ep
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -90,3 +90,11 @@ def test_one_process_and_two_workers_log_the_same_metric_names(tmp_path):
     # the sharded run also logs its worker count per step (a metric before #18; its tag says it too)
     assert names_two - names_one == {"workers"} and names_one <= names_two
     assert two.data.tags["workers"] == "2" and one.data.tags.keys() <= two.data.tags.keys()
+
+
+def test_the_sharded_pytorch_job_refuses_a_jax_config_instead_of_training_it_in_torch(tmp_path):
+    from rungs.parallel.distributed import DistributedError
+
+    with pytest.raises(DistributedError, match="backend=jax"):
+        train_sharded(tiny_config(backend="jax"), run_dir=tmp_path)
+    assert not list(tmp_path.iterdir())
