@@ -28,6 +28,12 @@ stdout_console = _StreamConsole("stdout", soft_wrap=False, width=200)
 stderr_console = _StreamConsole("stderr")
 
 
+def progress_line(message: str) -> None:
+    """One progress line on stderr, flushed at once (the CLI's progress callback for long commands)."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
 def print_json(payload: dict) -> None:
     sys.stdout.write(json.dumps(jsonable(payload), indent=2, sort_keys=False) + "\n")
     sys.stdout.flush()

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 from ladder.errors import LadderInputError
 from ladder.run.nightly import GOLDENS_DIR, build_golden, compare, load_golden, run_repeats
 from ladder.run.nightly_report import write_report
-from ladder.output import make_table, print_json, stdout_console
+from ladder.output import make_table, print_json, progress_line, stdout_console
 from sweeps.spec import load_spec, resolve_spec_path
 
 
@@ -30,11 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def _progress(message: str) -> None:
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
-
-
 def run(args: argparse.Namespace) -> int:
     path = resolve_spec_path(args.spec)
     spec = load_spec(path)
@@ -44,23 +38,23 @@ def run(args: argparse.Namespace) -> int:
         if args.repeats < 2:
             raise LadderInputError("tolerances come from the spread of repeats; use at least 2", field="--repeats")
         runs, machine = run_repeats(spec, where=str(path), root=root, repeats=args.repeats, address=args.address,
-                                    progress=_progress)
+                                    progress=progress_line)
         from rungs.tracking import code_version
 
         golden = build_golden(spec, runs, machine)
         golden["code_version"] = code_version()  # the golden is only as current as the code it measured
         baseline.parent.mkdir(parents=True, exist_ok=True)
         baseline.write_text(json.dumps(golden, indent=2, sort_keys=True) + "\n")
-        _progress(f"nightly: wrote {baseline} (tolerances {golden['tolerances']})")
+        progress_line(f"nightly: wrote {baseline} (tolerances {golden['tolerances']})")
         if args.json:
             print_json({"baseline": str(baseline), **golden})
         return 0
     golden = load_golden(baseline)  # a missing golden file is bad input: fail before running anything
     runs, machine = run_repeats(spec, where=str(path), root=root, repeats=1, address=args.address,
-                                progress=_progress)
+                                progress=progress_line)
     report = compare(golden, runs[0], spec.name, machine)
     report_path = write_report(report, golden, root / f"report-{time.strftime('%Y%m%d-%H%M%S')}")
-    _progress(f"nightly: report at {report_path}")
+    progress_line(f"nightly: report at {report_path}")
     if args.json:
         print_json({**report.to_json(), "report": str(report_path), "baseline": str(baseline)})
     else:

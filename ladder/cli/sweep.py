@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ladder.errors import LadderInputError
-from ladder.output import make_table, print_json, stdout_console
+from ladder.output import make_table, print_json, progress_line, stdout_console
 from sweeps.spec import load_spec, resolve_spec_path
 
 # Exit codes of `ladder sweep run`: 0 every trial finished or diverged (a divergence is a result),
@@ -39,11 +39,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(handler=status)
 
 
-def _progress(message: str) -> None:
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
-
-
 def _load(name: str):
     path = resolve_spec_path(name)
     return load_spec(path), str(path)
@@ -56,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     spec, where = _load(args.spec)
     outcome = run_sweep(spec, where=where, address=args.address, tracking_uri=args.tracking_uri,
-                        max_concurrent=args.max_concurrent, progress=_progress,
+                        max_concurrent=args.max_concurrent, progress=progress_line,
                         create_store=args.new_store or args.tracking_uri is None, reregister=args.reregister)
     counts = outcome.counts()
     if args.json:

@@ -15,3 +15,12 @@ def test_print_json_writes_arrays_scalars_and_non_finite_values_as_plain_json(ca
                 "bad": float("inf"), "nested": [np.float32(0.5), {"x": np.nan}]})
     assert json.loads(capsys.readouterr().out) == {"draws": [1.5, 2.5], "n": 3, "ok": True, "loss": 0.25,
                                                    "bad": None, "nested": [0.5, {"x": None}]}
+
+
+def test_progress_goes_to_stderr_one_line_each(capsys):
+    from ladder.output import progress_line
+
+    progress_line("[1/2] planning")
+    progress_line("[2/2] running")
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == "[1/2] planning\n[2/2] running\n"
