@@ -8,7 +8,6 @@ the held-out set, now clean because its training counterparts are gone).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 from collections import defaultdict

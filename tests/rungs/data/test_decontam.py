@@ -91,7 +91,7 @@ def test_hashed_ngrams_find_planted_contamination_on_the_demo_corpus_exactly_as_
     lines = ["name: planted", "sources:"]
     lines += [f"  - {{name: {s.name}, share: {0.5 if s.name == 'qa' else 0.1}, files: ['{s.files[0]}']}}"
               for s in demo.sources if s.name in ("qa", "math", "books", "stem", "web", "code")]
-    lines[2:] = [l.replace("share: 0.1", "share: 0.08") for l in lines[2:]]
+    lines[2:] = [line.replace("share: 0.1", "share: 0.08") for line in lines[2:]]
     lines.append("  - {name: planted, share: 0.1, files: [planted.jsonl]}")
     lines.append("eval:")
     lines += [f"  - {{domain: {e.name}, files: ['{corpus / e.files[0].name}']}}" for e in demo.eval_sets]

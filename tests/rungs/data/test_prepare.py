@@ -8,7 +8,6 @@ import threading
 import numpy as np
 import pytest
 
-from rungs.data import prepare as prepare_mod
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.errors import DataInputError
 from rungs.data.manifest import load_manifest
