@@ -151,9 +151,6 @@ def grouped_mm(a: Tensor, b: Tensor, offs: Tensor, ends: list[int], backend: str
     return out
 
 
-_gmm = grouped_mm  # the old private name, until rungs/parallel/expert_parallel.py imports grouped_mm
-
-
 class _RoundIndex:
     """Pair ids of each round, in slab order, rebuilt from (order, counts) in forward and backward."""
 
