@@ -14,6 +14,7 @@ resumes on 2 (or 1): orbax reshards on read.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from rungs.run_files import CheckpointError
+
+# orbax logs every metadata-store open and close at INFO through absl (134 lines for one cpu-demo L3
+# job): the job's own log says when it checkpoints.
+logging.getLogger("absl").setLevel(logging.WARNING)
 
 __all__ = ["CHECKPOINT_DIR", "save", "load", "remove", "exists"]
 
