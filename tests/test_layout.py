@@ -16,7 +16,7 @@ PACKAGES = ("ladder", "sweeps", "fits", "rungs", "benchmarks")
 # Known, each with its follow-up (#18): the tracking store lock and the benchmarks' hooks into the training step get public names with the one loop.
 KNOWN = {
     ("ladder/run/orchestrate.py", "rungs.tracking", "_store_lock"),
-    ("ladder/sweep_runs.py", "rungs.tracking", "_store_lock"),
+    ("ladder/run/sweep_runs.py", "rungs.tracking", "_store_lock"),
     ("benchmarks/dist_muon.py", "rungs.parallel.dist_muon", "_local"),
     ("benchmarks/train_step.py", "rungs.train", "_pick_threads"),
     ("benchmarks/train_step.py", "rungs.train", "_train_step"),
@@ -57,10 +57,10 @@ def test_every_subcommand_is_registered():
 
 
 def test_the_cli_output_module_loads_no_fitting_stack():
-    """ladder.output takes its JSON normaliser from fits.results: that must not load scipy and every law
+    """ladder.cli.output takes its JSON normaliser from fits.results: that must not load scipy and every law
     (fits/__init__ loads its exports on first use), or every `ladder` command would pay for them."""
     import subprocess
     import sys
 
-    code = "import sys, ladder.output; heavy = {'scipy', 'fits.power_law'} & set(sys.modules); assert not heavy, heavy"
+    code = "import sys, ladder.cli.output; heavy = {'scipy', 'fits.power_law'} & set(sys.modules); assert not heavy, heavy"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

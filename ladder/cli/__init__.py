@@ -1,5 +1,5 @@
 """The `ladder` command line. Each subcommand is one module with a `register`:
-`ladder/cli/<name>.py` (fit, train and extrapolate are still `ladder/cli_*.py` while their owners finish).
+`ladder/cli/<name>.py` (`ladder/cli/fit/` for the fit family).
 
 Contract (DESIGN.md): a readable table by default, one JSON object with --json, logs on stderr,
 exit 0 on success, exit 2 with one clear paragraph (no traceback) on bad input.
@@ -18,7 +18,7 @@ from ladder.errors import LadderInputError
 SUBCOMMAND_MODULES = [
     "ladder.cli.plan",
     "ladder.cli.data",
-    "ladder.cli_train",
+    "ladder.cli.train",
     "ladder.cli.sweep",
     "ladder.cli.fit",
     "ladder.cli.extrapolate",

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from ladder.errors import LadderInputError
-from ladder.output import make_table, print_json, stdout_console
+from ladder.cli.output import make_table, print_json, stdout_console
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.errors import DataDiskFullError, DataInputError
 from rungs.data.manifest import DEMO_MANIFEST

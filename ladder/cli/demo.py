@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from ladder.cli.plan import plan_payload, render_plan
-from ladder.output import print_json, stderr_console
+from ladder.cli.output import print_json, stderr_console
 from ladder.plan import plan_ladder
 from ladder.recipe import load_recipe
 

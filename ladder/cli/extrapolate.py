@@ -18,7 +18,7 @@ from typing import Any
 
 from ladder.errors import LadderInputError
 from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, domains_of, fit_table, long_by_domain, read_runs
-from ladder.output import human_count, make_table, print_json, stdout_console
+from ladder.cli.output import human_count, make_table, print_json, stdout_console
 from ladder.analysis.recipe_card import build_card
 
 log = logging.getLogger(__name__)

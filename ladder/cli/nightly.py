@@ -12,7 +12,7 @@ from pathlib import Path
 from ladder.errors import LadderInputError
 from ladder.run.nightly import GOLDENS_DIR, build_golden, compare, load_golden, run_repeats
 from ladder.run.nightly_report import write_report
-from ladder.output import make_table, print_json, progress_line, stdout_console
+from ladder.cli.output import make_table, print_json, progress_line, stdout_console
 from sweeps.spec import load_spec, resolve_spec_path
 
 

@@ -6,7 +6,7 @@ import argparse
 
 from ladder.compute import plan_compute
 from ladder.errors import LadderInputError
-from ladder.output import human_count, make_table, print_json, stdout_console
+from ladder.cli.output import human_count, make_table, print_json, stdout_console
 from ladder.plan import RungSpec, plan_ladder
 from ladder.recipe import Recipe, load_recipe
 

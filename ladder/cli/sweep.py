@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ladder.errors import LadderInputError
-from ladder.output import make_table, print_json, progress_line, stdout_console
+from ladder.cli.output import make_table, print_json, progress_line, stdout_console
 from sweeps.spec import load_spec, resolve_spec_path
 
 # Exit codes of `ladder sweep run`: 0 every trial finished or diverged (a divergence is a result),

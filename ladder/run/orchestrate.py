@@ -5,7 +5,7 @@ Tune's `Tuner` runs one trial per resolved config with `tune.with_resources` dec
 and GPU it uses, `max_concurrent_trials` bounding concurrency, and `FailureConfig(max_failures)`
 retrying a trial that raises (a dead worker counts too). A diverged trial returns normally and is
 not retried. Trials with more than one worker launch a Ray Train `TorchTrainer` from inside their
-Tune trial (`ladder.sweep_trial`, via `rungs.launch.launch_ray`).
+Tune trial (`ladder.run.trial`, via `rungs.launch.launch_ray`).
 
 Tracking: a local store (the embedded `sqlite:///runs/mlflow.db`) is fronted by a tracking server
 on loopback for the length of the sweep, because SQLite takes one writer at a time
@@ -24,9 +24,9 @@ from pathlib import Path
 
 from ladder.errors import StoreError
 from sweeps.plan import PlannedTrial, check_fits_cluster, plan_sweep, runs_root_for
-from ladder.sweep_runs import (TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, check_store, find_runs,
+from ladder.run.sweep_runs import (TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, check_store, find_runs,
                                stored_result_run_id, trial_state)
-from ladder.sweep_runs import reregister as register_result
+from ladder.run.sweep_runs import reregister as register_result
 from ladder.run.tracking_server import TrackingServer, is_local_store
 from rungs.tracking import DEFAULT_TRACKING_URI, _store_lock, sqlite_path
 from sweeps.spec import SweepSpec
@@ -139,7 +139,7 @@ def cluster_nodes() -> list[dict[str, float]]:
 def _tune_trainable(config: dict, payloads: list[dict]) -> None:
     from ray import tune
 
-    from ladder.sweep_trial import run_trial
+    from ladder.run.trial import run_trial
 
     tune.report(run_trial(payloads[config["index"]]))
 
@@ -304,7 +304,7 @@ def _orphaned_results(planned: list[PlannedTrial], rows: dict[str, TrialRow], re
 
 
 def _trial_tags(planned: PlannedTrial, spec: SweepSpec, run_dir: Path) -> dict:
-    """The tags the trial wrapper (ladder.sweep_trial) puts on a finished trial's run."""
+    """The tags the trial wrapper (ladder.run.trial) puts on a finished trial's run."""
     import json
     import math
 

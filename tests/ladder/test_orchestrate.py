@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 
 from ladder.cli import main
 from ladder.run.orchestrate import STALE_AFTER_SECONDS, _progress
-from ladder.sweep_runs import find_runs, trial_state
+from ladder.run.sweep_runs import find_runs, trial_state
 from ladder.run.tracking_server import free_port
 from sweeps.spec import SWEEPS_DIR
 

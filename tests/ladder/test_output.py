@@ -7,7 +7,7 @@ import json
 import numpy as np
 import torch
 
-from ladder.output import print_json
+from ladder.cli.output import print_json
 
 
 def test_print_json_writes_arrays_scalars_and_non_finite_values_as_plain_json(capsys):
@@ -18,7 +18,7 @@ def test_print_json_writes_arrays_scalars_and_non_finite_values_as_plain_json(ca
 
 
 def test_progress_goes_to_stderr_one_line_each(capsys):
-    from ladder.output import progress_line
+    from ladder.cli.output import progress_line
 
     progress_line("[1/2] planning")
     progress_line("[2/2] running")

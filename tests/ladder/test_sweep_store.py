@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-import ladder.sweep_runs as sweep_runs
+import ladder.run.sweep_runs as sweep_runs
 from ladder.cli import main
 from sweeps.plan import plan_sweep
-from ladder.sweep_runs import find_runs, trial_state
+from ladder.run.sweep_runs import find_runs, trial_state
 from sweeps.spec import load_spec
 
 
@@ -185,7 +185,7 @@ RACER = """
 import os, sys, time
 import mlflow.store.tracking.sqlalchemy_store  # the heavy imports before the start line, so all four race
 from mlflow.tracking import MlflowClient
-from ladder.sweep_runs import find_runs
+from ladder.run.sweep_runs import find_runs
 uri, ready, go = sys.argv[1:4]
 open(ready, "w").close()
 while not os.path.exists(go):

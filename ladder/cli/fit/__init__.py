@@ -24,7 +24,7 @@ from ladder.cli.fit.inputs import delta_arg, column_arg, finish, input_error, lo
 from ladder.errors import LadderInputError
 from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, long_by_domain
 from ladder.recipe import HparamLaws
-from ladder.output import make_table, print_json, stdout_console
+from ladder.cli.output import make_table, print_json, stdout_console
 
 log = logging.getLogger(__name__)
 

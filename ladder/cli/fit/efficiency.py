@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from ladder.errors import LadderInputError
-from ladder.output import make_table, print_json, stdout_console
+from ladder.cli.output import make_table, print_json, stdout_console
 
 REFERENCES_EXAMPLE = Path(__file__).resolve().parents[3] / "fits" / "references" / "mai_base_2_references.yaml"
 

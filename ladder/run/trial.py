@@ -15,7 +15,7 @@ import math
 import time
 from pathlib import Path
 
-from ladder.sweep_runs import TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, tag_run
+from ladder.run.sweep_runs import TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, tag_run
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def run_trial(payload: dict) -> dict:
         summary = {"bpb_mean": f"{sum(bpb) / len(bpb):.6f}"} if bpb else {}
         # With a status: a job that returned its stored result after a kill between result.json and
         # closing its run must not leave the trial RUNNING. A diverged run is FINISHED and tagged
-        # diverged (ladder.sweep_runs: recorded, not retried), as the training job itself marks it.
+        # diverged (ladder.run.sweep_runs: recorded, not retried), as the training job itself marks it.
         tag_run(payload["config"]["tracking_uri"], result.run_id,
                 {**tags, TAG_OUTCOME: outcome, "diverged": str(result.diverged).lower(), **summary}, status="FINISHED")
     train_loop_seconds = result.tokens / result.tokens_per_second if result.tokens_per_second else 0.0

@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from ladder.errors import LadderInputError
-from ladder.output import make_table, print_json, stdout_console
+from ladder.cli.output import make_table, print_json, stdout_console
 from ladder.resolve import resolve_train_config
 
 DEFAULT_RUNS_ROOT = Path("runs") / "train"
