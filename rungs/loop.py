@@ -288,6 +288,6 @@ def log_final(tracker: Tracker, res: TrainResult, run_dir: Path) -> None:
         tracker.set_tag("diverged_reason", res.diverged_reason[:5000])
     for name in (CONFIG_FILE, EVAL_FILE, CLIP_LOG_FILE, RESULT_FILE, DATA_REPORT_FILE):
         tracker.log_artifact(run_dir / name)
-    # A diverged run is FINISHED too, tagged diverged=true: its outcome is a result (ladder.sweep_runs
+    # A diverged run is FINISHED too, tagged diverged=true: its outcome is a result (ladder.run.sweep_runs
     # counts it "diverged", not "failed", and does not retry it).
     tracker.finish(status="FINISHED")

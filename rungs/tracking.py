@@ -71,7 +71,7 @@ def sqlite_path(tracking_uri: str) -> Path | None:
 
 def local_artifacts_dir(tracking_uri: str) -> Path | None:
     """Where a SQLite store's artifacts live: `mlartifacts/` next to the database file (both for runs
-    logged directly and for the tracking server fronting the file, ladder.tracking_server)."""
+    logged directly and for the tracking server fronting the file, ladder.run.tracking_server)."""
     db = sqlite_path(tracking_uri)
     return db.resolve().parent / "mlartifacts" if db is not None else None
 
@@ -107,7 +107,7 @@ def log_artifact(client: Any, tracking_uri: str, run_id: str, path: Path) -> Non
 
     Such runs store artifacts under `mlflow-artifacts:/…`, which only the server can resolve; a client
     on the server's SQLite file (`ladder fit --experiment` after `ladder sweep run`) writes the file
-    where the server keeps it instead: `<store dir>/mlartifacts/…` (ladder.tracking_server's default).
+    where the server keeps it instead: `<store dir>/mlartifacts/…` (ladder.run.tracking_server's default).
     """
     uri = client.get_run(run_id).info.artifact_uri
     root = local_artifacts_dir(tracking_uri)

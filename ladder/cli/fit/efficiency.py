@@ -4,7 +4,7 @@
   bootstrap intervals (columns: arm, rung, train_flops, wall_seconds, and the metric);
 - iso-bpb: the iso-BPB compute multiplier of fitted laws (a `ladder fit power-law --save` file)
   over reference models (a references YAML, e.g. fits/references/mai_base_2_references.yaml).
-Registered under `ladder fit` by `ladder/cli_fit.py`.
+Registered under `ladder fit` by `ladder/cli/fit/__init__.py`.
 """
 
 from __future__ import annotations
