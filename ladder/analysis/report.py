@@ -62,10 +62,18 @@ def _backtest_figure(result: DemoResult):
         return fig
     names = [d for d, _ in rows]
     errs = np.array([100 * p["rel_error"] for _, p in rows])
-    lo = np.array([100 * (p["lo"] - p["actual"]) / p["actual"] for _, p in rows])
-    hi = np.array([100 * (p["hi"] - p["actual"]) / p["actual"] for _, p in rows])
+    # A held-out prediction from too few rungs has no valid interval (fits.backtest): no error bar for it.
+    has = np.array([p.get("interval_available", True) for _, p in rows])
+    lo = np.array([100 * (p["lo"] - p["actual"]) / p["actual"] if p.get("interval_available", True) else 0.0
+                   for _, p in rows])
+    hi = np.array([100 * (p["hi"] - p["actual"]) / p["actual"] if p.get("interval_available", True) else 0.0
+                   for _, p in rows])
     y = np.arange(len(rows))
-    ax.errorbar(errs, y, xerr=[errs - lo, hi - errs], fmt="o", color="C0", capsize=3, label="prediction, 95% interval")
+    if has.any():
+        ax.errorbar(errs[has], y[has], xerr=[errs[has] - lo[has], hi[has] - errs[has]], fmt="o", color="C0",
+                    capsize=3, label="prediction, 95% interval")
+    if (~has).any():
+        ax.plot(errs[~has], y[~has], "o", color="C1", label="prediction (interval n/a: too few rungs)")
     ax.axvline(0, color="k", lw=0.8)
     ax.axvspan(-3, 3, color="C2", alpha=0.12, label="±3%")
     ax.set_yticks(y, names)
@@ -144,9 +152,12 @@ def write_report(result: DemoResult, best: pd.DataFrame) -> Path:
             bt_rows.append([d, "", "", "", "", b["error"]])
             continue
         p = b["predictions"][0]
-        bt_rows.append([d, p["actual"], p["predicted"], [p["lo"], p["hi"]], f"{100 * p['rel_error']:+.2f}%"
+        available = p.get("interval_available", True)
+        bt_rows.append([d, p["actual"], p["predicted"], [p["lo"], p["hi"]] if available else "n/a",
+                        f"{100 * p['rel_error']:+.2f}%"
                         + (" (E = 0: no floor below the top)" if b.get("floor_at_zero") else ""),
-                        "inside" if p["inside"] else "outside"])
+                        ("inside" if p["inside"] else "outside") if available
+                        else f"n/a: {p.get('interval_reason', 'too few rungs')}"])
     parts.append(_table(["domain", "actual BPB", "predicted", "95% interval", "error", "interval"], bt_rows))
     if result.surfaces:
         parts.append("<h2>LR/WD surfaces in (log LR, log LR·WD)</h2>")

@@ -43,3 +43,18 @@ def test_the_reports_laws_are_written_once_from_the_recipe_defaults():
     assert HparamLaws().lr_wd_text() == "17.04 · steps^-1"
     assert HparamLaws().log_lr_text() == "-1.51 + 0.175·log TPP - 0.573·log steps"
     assert HparamLaws(log_lr_log_tpp=-0.2).log_lr_text() == "-1.51 - 0.2·log TPP - 0.573·log steps"
+
+
+def test_a_held_out_rung_without_a_valid_interval_is_shown_as_n_a(tmp_path):
+    # Five rungs: the top one is predicted from four, below the number of distinct x an interval needs
+    # (fits.backtest), so the report must not print the bootstrap's lo/hi as a 95% interval.
+    best = two_domain_ladder()
+    laws, backtests = fit_compute_laws(best, bootstrap=100)
+    prediction = backtests["code"]["predictions"][0]
+    assert prediction["interval_available"] is False
+    result = DemoResult(out_dir=tmp_path, tracking_uri="sqlite:///x.db", experiment="e", sweep={},
+                        power_laws=laws, backtests=backtests)
+    result.figures = write_figures(result, best, best)
+    html = write_report(result, best).read_text()
+    row = html[html.rindex("<td>code</td>"):].split("</tr>")[0]  # the backtest table comes after the laws
+    assert "n/a" in row and "inside" not in row and f"{prediction['lo']:.4g}" not in row
