@@ -14,11 +14,9 @@ token offset it came from, plus the decoded text around it.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from statistics import median
 from typing import Any
 
 import torch
@@ -27,6 +25,7 @@ log = logging.getLogger(__name__)
 
 # The settings live apart from the clipper so that config validation imports no torch.
 from rungs.agc_settings import GRANULARITIES, MODES, POINTS, AGCConfigError, AGCSettings  # noqa: E402,F401
+from rungs.agc_history import ClipHistory  # noqa: E402
 from rungs.run_files import append_jsonl, drop_jsonl_after  # noqa: E402
 
 
@@ -75,18 +74,10 @@ class _ClipGrad(torch.autograd.Function):
 
 
 @dataclass
-class ActivationGradClipper:
+class ActivationGradClipper(ClipHistory):
     """Installed on a model as `model.activation_clip`; call `begin_micro_batch` before each backward."""
 
-    settings: AGCSettings
-    events: list[ClipEvent] = field(default_factory=list)
-    _history: dict[tuple[int, str], deque] = field(default_factory=dict)
-    _step_medians: dict[tuple[int, str], list[float]] = field(default_factory=dict)
     _current: _MicroBatch = field(default_factory=lambda: _MicroBatch(0, None, None, None))
-    _logged_this_step: int = 0
-    clipped_units: int = 0  # tokens (or sequences) clipped in the current step, over all points
-    total_units: int = 0  # tokens (or sequences) measured in the current step, over all points
-    total_clips: int = 0  # since the start of the run (events may be capped; this is not)
 
     def __call__(self, x: torch.Tensor, layer: int, point: str) -> torch.Tensor:
         if point not in self.settings.points or not torch.is_grad_enabled() or not x.requires_grad:
@@ -95,44 +86,15 @@ class ActivationGradClipper:
 
     def begin_step(self, step: int) -> None:
         self._current = _MicroBatch(step, None, None, None)
-        self._logged_this_step = 0
-        self.clipped_units = 0
-        self.total_units = 0
+        self._reset_step()
 
     def begin_micro_batch(self, inputs: torch.Tensor | None = None, locate: Locate | None = None,
                           decode: Decode | None = None) -> None:
         self._current = _MicroBatch(self._current.step, inputs, locate, decode)
 
-    def synchronise(self, all_gather: Callable[[Any], list[Any]]) -> None:
-        """Make this step's statistics the whole job's before `end_step` (sharded jobs): every rank's
-        per-point medians (so every rank folds the same values into the same history, and later
-        thresholds agree) and clipped/measured unit counts (so the clip rate is the job's).
-        `all_gather(obj)` returns the list of every rank's obj, in rank order."""
-        gathered = all_gather({"medians": self._step_medians, "clipped": self.clipped_units, "total": self.total_units})
-        merged: dict[tuple[int, str], list[float]] = {}
-        for part in gathered:
-            for key, values in part["medians"].items():
-                merged.setdefault(key, []).extend(values)
-        self._step_medians = merged
-        self.clipped_units = sum(part["clipped"] for part in gathered)
-        self.total_units = sum(part["total"] for part in gathered)
-
-    def end_step(self) -> float:
-        """Fold this step's per-point median norms into the running history; returns the clip rate."""
-        for key, medians in self._step_medians.items():
-            hist = self._history.setdefault(key, deque(maxlen=self.settings.median_window_steps))
-            hist.append(median(medians))
-        self._step_medians.clear()
-        return self.clipped_units / self.total_units if self.total_units else 0.0
-
     def threshold(self, layer: int, point: str, current_median: float) -> float:
-        if self.settings.mode == "fixed":
-            return self.settings.threshold
-        hist = self._history.get((layer, point))
-        # Before any history exists the current batch's median stands in: one corrupt row out of
-        # many cannot move a median.
-        ref = median(hist) if hist else current_median
-        return self.settings.threshold * max(ref, 1e-30)
+        from_history = self.history_threshold(layer, point)
+        return from_history if from_history is not None else self.settings.threshold * max(current_median, 1e-30)
 
     def _clip(self, grad: torch.Tensor, layer: int, point: str) -> torch.Tensor:
         if self.settings.granularity == "token":
@@ -174,21 +136,6 @@ class ActivationGradClipper:
                 ev.text = cur.decode(ids)
             self.events.append(ev)
             self._logged_this_step += 1
-
-    def state_dict(self) -> dict:
-        return {"history": {f"{k[0]}:{k[1]}": list(v) for k, v in self._history.items()},
-                "total_clips": self.total_clips}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._history = {}
-        for key, values in state["history"].items():
-            layer, point = key.split(":", 1)
-            self._history[(int(layer), point)] = deque(values, maxlen=self.settings.median_window_steps)
-        self.total_clips = state["total_clips"]
-
-    def drain_events(self) -> list[ClipEvent]:
-        out, self.events = self.events, []
-        return out
 
 
 def write_events(events: list[ClipEvent], path: Path) -> None:

@@ -20,11 +20,9 @@ for source, document, offset and text, clip rates, `synchronise`, and the same s
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from statistics import median
 from typing import Any, NamedTuple
 
 import jax
@@ -32,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rungs.agc import ClipEvent, Decode, Locate, write_events
+from rungs.agc_history import ClipHistory
 from rungs.agc_settings import POINTS, AGCSettings
 
 __all__ = ["AGC", "ClipEvent", "ClipRecorder", "ClipRule", "Probe", "clip_activation_grad", "write_events"]
@@ -129,42 +128,27 @@ class _MicroBatch:
 
 
 @dataclass
-class ClipRecorder:
+class ClipRecorder(ClipHistory):
     """Host bookkeeping of one job (see the module docstring). Per step: `begin_step(step)`,
     `thresholds(n_layers)` into the jitted step, `record(readout, ...)` for each micro-batch's
     probe cotangents, `end_step()` for the clip rate, `drain_events()` for the log."""
 
-    settings: AGCSettings
-    events: list[ClipEvent] = field(default_factory=list)
-    _history: dict[tuple[int, str], deque] = field(default_factory=dict)
-    _step_medians: dict[tuple[int, str], list[float]] = field(default_factory=dict)
     _step: int = 0
-    _logged_this_step: int = 0
-    clipped_units: int = 0
-    total_units: int = 0
-    total_clips: int = 0
 
     @property
     def points(self) -> tuple[str, ...]:
         return AGC(self.settings).points
 
     def begin_step(self, step: int) -> None:
-        self._step, self._logged_this_step = step, 0
-        self.clipped_units = self.total_units = 0
-
-    def _threshold(self, layer: int, point: str) -> float | None:
-        """The threshold torch would use (float64), or None: the batch's own median decides."""
-        if self.settings.mode == "fixed":
-            return float(self.settings.threshold)
-        hist = self._history.get((layer, point))
-        return self.settings.threshold * max(median(hist), 1e-30) if hist else None
+        self._step = step
+        self._reset_step()
 
     def thresholds(self, n_layers: int) -> np.ndarray:
         """(n_layers, len(points)) float32: this step's thresholds, NaN where the batch's median decides."""
         out = np.full((n_layers, len(self.points)), np.nan, np.float32)
         for layer in range(n_layers):
             for i, point in enumerate(self.points):
-                thr = self._threshold(layer, point)
+                thr = self.history_threshold(layer, point)
                 if thr is not None:
                     out[layer, i] = thr
         return out
@@ -181,7 +165,7 @@ class ClipRecorder:
     def _record_point(self, layer: int, point: str, norms: np.ndarray, stats: np.ndarray, cur: _MicroBatch) -> None:
         current, thr_applied = float(stats[0]), np.float32(stats[1])
         self._step_medians.setdefault((layer, point), []).append(current)
-        thr = self._threshold(layer, point)
+        thr = self.history_threshold(layer, point)
         thr = self.settings.threshold * max(current, 1e-30) if thr is None else thr
         over = norms > thr_applied                              # the device's decision, bit for bit
         self.total_units += norms.size
@@ -207,37 +191,3 @@ class ClipRecorder:
                 ev.text = cur.decode(cur.inputs[row, max(0, position - c): position + c + 1].tolist())
             self.events.append(ev)
             self._logged_this_step += 1
-
-    def synchronise(self, all_gather: Callable[[Any], list[Any]]) -> None:
-        """As `rungs.agc.ActivationGradClipper.synchronise`: every rank's medians and counts."""
-        gathered = all_gather({"medians": self._step_medians, "clipped": self.clipped_units, "total": self.total_units})
-        merged: dict[tuple[int, str], list[float]] = {}
-        for part in gathered:
-            for key, values in part["medians"].items():
-                merged.setdefault(key, []).extend(values)
-        self._step_medians = merged
-        self.clipped_units = sum(part["clipped"] for part in gathered)
-        self.total_units = sum(part["total"] for part in gathered)
-
-    def end_step(self) -> float:
-        """Fold this step's per-point medians into the running history; returns the clip rate."""
-        for key, medians in self._step_medians.items():
-            hist = self._history.setdefault(key, deque(maxlen=self.settings.median_window_steps))
-            hist.append(median(medians))
-        self._step_medians.clear()
-        return self.clipped_units / self.total_units if self.total_units else 0.0
-
-    def state_dict(self) -> dict:
-        return {"history": {f"{k[0]}:{k[1]}": list(v) for k, v in self._history.items()},
-                "total_clips": self.total_clips}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._history = {}
-        for key, values in state["history"].items():
-            layer, point = key.split(":", 1)
-            self._history[(int(layer), point)] = deque(values, maxlen=self.settings.median_window_steps)
-        self.total_clips = state["total_clips"]
-
-    def drain_events(self) -> list[ClipEvent]:
-        out, self.events = self.events, []
-        return out
