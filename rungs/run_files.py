@@ -21,6 +21,17 @@ log = logging.getLogger(__name__)
 LOCK_FILE = "job.lock"
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host (it may belong to another user)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used to resume this job (damaged, unsafe, or another config's)."""
 

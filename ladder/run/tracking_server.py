@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 
 from ladder.errors import LadderInputError
+from rungs.run_files import process_alive
 from rungs.tracking import DEFAULT_TRACKING_URI, sqlite_path
 
 log = logging.getLogger(__name__)
@@ -119,16 +120,6 @@ class TrackingServer:
         self.stop()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _watchdog(argv: list[str] | None = None) -> int:
     """Run the server as a child; end the whole session when the driver or the server goes away."""
     parser = argparse.ArgumentParser(prog="python -m ladder.run.tracking_server")
@@ -145,7 +136,7 @@ def _watchdog(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, end_session)
     # Reparenting (getppid changes) catches a SIGKILLed driver even before anyone reaps it.
-    while child.poll() is None and os.getppid() == args.watch_pid and _pid_alive(args.watch_pid):
+    while child.poll() is None and os.getppid() == args.watch_pid and process_alive(args.watch_pid):
         time.sleep(WATCH_INTERVAL_SECONDS)
     end_session()
     return 0

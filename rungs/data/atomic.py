@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from rungs.data.errors import DataDiskFullError
+from rungs.run_files import process_alive
 
 log = logging.getLogger("rungs.data.prepare")
 _TMP_MARK = ".tmp"
@@ -46,19 +47,9 @@ def remove_stale_temporaries(out: Path) -> None:
     """Temporaries of a prepare that was killed mid-write (its process is gone): never trusted, removed."""
     for tmp in out.glob(f"**/.*{_TMP_MARK}*"):
         pid = tmp.name.rpartition(_TMP_MARK)[2]
-        if pid.isdigit() and not _process_alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             log.info("prepare: removing %s, left by a prepare that was killed mid-write", tmp)
             tmp.unlink(missing_ok=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def npy_bytes(array: np.ndarray) -> bytes:
