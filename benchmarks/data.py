@@ -90,8 +90,8 @@ def train_seconds_per_million_tokens(vocab: int, d_model: int, n_layers: int, n_
 
 
 def run(quick: bool) -> Report:
-    from ladder.plan import plan_rung
-    from ladder.recipe import load_recipe
+    from ladder.plan.generator import plan_rung
+    from ladder.plan.recipe import load_recipe
     from rungs.data.corpus import PreparedCorpus
     from rungs.data.prepare import ensure_prepared, tokenize_documents
     from rungs.data.sampler import SourceScaledSampler

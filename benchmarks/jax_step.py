@@ -37,7 +37,7 @@ def _child(rung: int, repeats: int, cache: str, time_steps: bool) -> dict:
     import numpy as np
     import torch
 
-    from ladder.resolve import resolve_train_config
+    from ladder.plan.resolve import resolve_train_config
     from rungs.agc import ActivationGradClipper
     from rungs.config import parse_config
     from rungs.jaxjob.engine import JaxEngine
@@ -117,7 +117,7 @@ def _spawn(rung: int, repeats: int, cache: str, time_steps: bool) -> dict:
 
 
 def run(quick: bool) -> Report:
-    from ladder.recipe import load_recipe
+    from ladder.plan.recipe import load_recipe
 
     report = Report("jax_step")
     rung = max(load_recipe("cpu-demo").ladder_rungs)

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from benchmarks.common import Report, main_for
 from benchmarks.moe import interleaved_cpu_seconds, tune_glibc_malloc
-from ladder.plan import plan_rung
-from ladder.recipe import load_recipe
+from ladder.plan.generator import plan_rung
+from ladder.plan.recipe import load_recipe
 from rungs.model import ModelConfig, Transformer
 from rungs.muon import Muon
 from rungs.optim import MUON_ROLES, build_optimizer, param_role

@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.common import Report, main_for
-from ladder.counting import count_flops_per_token
-from ladder.plan import plan_rung
-from ladder.recipe import load_recipe
-from ladder.resolve import resolve_train_config
+from ladder.plan.counting import count_flops_per_token
+from ladder.plan.generator import plan_rung
+from ladder.plan.recipe import load_recipe
+from ladder.plan.resolve import resolve_train_config
 from rungs.agc import ActivationGradClipper
 from rungs.config import parse_config
 from rungs.model import RMSNorm, Transformer, apply_rope, rope_tables

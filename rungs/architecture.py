@@ -1,5 +1,5 @@
 """The one definition of a rung's architecture: plain, torch-free data. The plan counts it
-(`ladder.counting`), the config resolves it (`rungs.config.TrainConfig.architecture()`), the torch
+(`ladder.plan.counting`), the config resolves it (`rungs.config.TrainConfig.architecture()`), the torch
 and JAX models build it; nothing here imports a framework, so a dry run can use it."""
 
 from __future__ import annotations
@@ -54,3 +54,45 @@ class ModelConfig(Architecture):
     group_size: int | None = None  # experts that lend each other unused slots
     rope_theta: float = 10_000.0
     init_std: float = 0.02
+
+
+def layer_shapes(arch: Architecture, layer: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of one transformer block's parameters, (out, in) like torch.nn.Linear."""
+    d, hd = arch.d_model, arch.head_dim
+    q = arch.n_heads * hd
+    kv = (arch.n_kv_heads_global if arch.is_global_layer(layer) else arch.n_kv_heads_local) * hd
+    e, h, lat = arch.n_experts, arch.expert_hidden, arch.latent_dim
+    p = f"layers.{layer}."
+    shapes: dict[str, tuple[int, ...]] = {
+        p + "attn_norm.weight": (d,),
+        p + "attn.wq.weight": (q, d),
+        p + "attn.wk.weight": (kv, d),
+        p + "attn.wv.weight": (kv, d),
+        p + "attn.wo.weight": (d, q),
+        p + "moe_norm.weight": (d,),
+        p + "moe.router.weight": (e, d),
+        p + "moe.experts.w_gate": (e, h, lat),
+        p + "moe.experts.w_up": (e, h, lat),
+        p + "moe.experts.w_down": (e, lat, h),
+    }
+    if arch.n_shared_experts:
+        sh = arch.shared_hidden * arch.n_shared_experts
+        shapes |= {
+            p + "moe.shared.w_gate.weight": (sh, d),
+            p + "moe.shared.w_up.weight": (sh, d),
+            p + "moe.shared.w_down.weight": (d, sh),
+        }
+    if arch.has_latent_projection:
+        shapes |= {p + "moe.latent_down.weight": (lat, d), p + "moe.latent_up.weight": (d, lat)}
+    return shapes
+
+
+def parameter_shapes(arch: Architecture) -> dict[str, tuple[int, ...]]:
+    """Every trainable tensor of the model, by its state_dict name."""
+    shapes: dict[str, tuple[int, ...]] = {"embed.weight": (arch.vocab_size, arch.d_model)}
+    for layer in range(arch.n_layers):
+        shapes |= layer_shapes(arch, layer)
+    shapes["final_norm.weight"] = (arch.d_model,)
+    if not arch.tied_embeddings:
+        shapes["lm_head.weight"] = (arch.vocab_size, arch.d_model)
+    return shapes

@@ -1,6 +1,6 @@
 """TrainConfig: one training job's resolved configuration, validated once at the edge.
 
-Built from the flat dict `ladder.resolve.resolve_train_config` produces (a RungSpec's `to_dict()`
+Built from the flat dict `ladder.plan.resolve.resolve_train_config` produces (a RungSpec's `to_dict()`
 plus training defaults plus overrides). Unknown keys and wrong types raise `TrainConfigError`
 naming the key and what is valid; code below this trusts the config.
 """

@@ -6,7 +6,7 @@ residual, RMSNorm → MoE (router on d_model, one shared SwiGLU expert in d_mode
 experts in the latent space) → residual] → RMSNorm → untied LM head.
 
 No parallelism lives here (torchtitan's rule): sharding is applied from outside. State-dict names
-and shapes are the contract with `ladder.counting.parameter_shapes`, tested tensor by tensor.
+and shapes are the contract with `ladder.plan.counting.parameter_shapes`, tested tensor by tensor.
 Activation gradient clipping hooks in through `activation_clip` (identity unless the trainer
 installs a clipper), at the points named in `rungs.agc.POINTS`.
 """
@@ -65,7 +65,7 @@ def attention_mask(seq_len: int, window_tokens: int | None) -> torch.Tensor:
     """Boolean (T, T) mask, True where query i may attend key j: causal, and within the window.
 
     A local query sees itself and the window_tokens - 1 keys before it, the convention
-    `ladder.counting.attention_context_mean` counts FLOPs with.
+    `ladder.plan.counting.attention_context_mean` counts FLOPs with.
     """
     i = torch.arange(seq_len)[:, None]
     j = torch.arange(seq_len)[None, :]

@@ -1,6 +1,6 @@
 """Muon + AdamW chosen by parameter role (by name, never by shape), LR schedules, grad clipping.
 
-Roles (names per the state-dict contract shared with `ladder/counting.py`):
+Roles (names per the state-dict contract shared with `ladder/plan/counting.py`):
     matrix        attn.w{q,k,v,o}, moe.shared.w_*, moe.latent_{down,up}   -> Muon
     expert_stack  moe.experts.w_{gate,up,down} (E, out, in)               -> Muon, one matrix per expert
     embedding     embed.weight                                            -> AdamW

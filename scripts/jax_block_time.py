@@ -30,8 +30,8 @@ import jax.numpy as jnp  # noqa: E402
 import torch  # noqa: E402
 from dataclasses import asdict  # noqa: E402
 
-from ladder.plan import plan_rung  # noqa: E402
-from ladder.recipe import load_recipe  # noqa: E402
+from ladder.plan.generator import plan_rung  # noqa: E402
+from ladder.plan.recipe import load_recipe  # noqa: E402
 from rungs.jaxjob import model as M  # noqa: E402
 from rungs.model import Block, ModelConfig, Transformer  # noqa: E402
 

@@ -53,7 +53,7 @@ def _worker(recipe: str, L: int, tpp: float, device: str, work: Path, extra: lis
 
     if not hasattr(F, "grouped_mm") and hasattr(torch, "_grouped_mm"):  # torch < 2.10
         F.grouped_mm = torch._grouped_mm
-    from ladder.resolve import resolve_train_config
+    from ladder.plan.resolve import resolve_train_config
     from rungs.train import train
 
     overrides = [f"tpp={tpp}", f"device={device}", f"data_cache_root={work / 'data'}", *extra]
@@ -74,7 +74,7 @@ def _worker(recipe: str, L: int, tpp: float, device: str, work: Path, extra: lis
 def first_job_config(recipe: str, rungs: list[int], tpps: list[float], work: Path) -> dict:
     """The resolved config of the first job, to prepare the corpus with. At the job's own TPP: the
     recipe's default TPP can put a big rung over the full-scale token budget."""
-    from ladder.resolve import resolve_train_config
+    from ladder.plan.resolve import resolve_train_config
 
     return resolve_train_config(recipe, rungs[0], [f"tpp={tpps[0]}", f"data_cache_root={work / 'data'}"])
 

@@ -18,8 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from ladder.plan import plan_rung
-from ladder.recipe import load_recipe
+from ladder.plan.generator import plan_rung
+from ladder.plan.recipe import load_recipe
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.prepare import ensure_prepared
 from rungs.data.sampler import collection_tokens, select_subset

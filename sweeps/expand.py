@@ -3,7 +3,7 @@
 A trial here is (recipe, rung L, overrides, max_steps, resources) plus the coordinates it came from
 (block, grid offsets, arm, seed) for display and analysis. The trial *key* is a hash of the resolved
 config (`sweeps.keys`); resolving a trial into a config is the training job's business
-(`ladder.resolve`), so the orchestrator does that step and deduplicates by key.
+(`ladder.plan.resolve`), so the orchestrator does that step and deduplicates by key.
 
 Override precedence, lowest first: spec.overrides, block.overrides, the grid point (lr,
 weight_decay, dropout, seed, tpp), the arm. An arm may therefore pin any knob, the learning rate
@@ -16,11 +16,11 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ladder.plan import RungSpec, plan_rung
-from ladder.recipe import Recipe, load_recipe
+from ladder.plan.generator import RungSpec, plan_rung
+from ladder.plan.recipe import Recipe, load_recipe
 from sweeps.spec import Block, Centre, Resources, SweepSpec
 
-# Names of the resolved-config knobs the grid sets (the override keys `ladder.resolve` accepts).
+# Names of the resolved-config knobs the grid sets (the override keys `ladder.plan.resolve` accepts).
 LR_KEY = "lr"
 WD_KEY = "weight_decay"
 DROPOUT_KEY = "dropout"

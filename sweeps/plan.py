@@ -1,7 +1,7 @@
 """From a sweep spec to keyed, resolved trials, and the checks that must pass before launch.
 
 Expansion (`sweeps.expand`) says which points the spec asks for; resolution
-(`ladder.resolve.resolve_train_config`) turns each point into the exact config a training job
+(`ladder.plan.resolve.resolve_train_config`) turns each point into the exact config a training job
 runs; the trial key is the hash of that config (`sweeps.keys`). Everything here is pure and fast,
 so a bad spec is refused before Ray or the tracking server starts.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ladder.errors import LadderInputError
-from ladder.recipe import Recipe, load_recipe
+from ladder.plan.recipe import Recipe, load_recipe
 from rungs.tracking import sqlite_path
 from sweeps.expand import DROPOUT_KEY, LR_KEY, SEED_KEY, WD_KEY, Trial, expand
 from sweeps.keys import trial_key
@@ -34,7 +34,7 @@ class PlannedTrial:
 
 
 def default_resolver() -> Resolver:
-    from ladder.resolve import resolve_train_config
+    from ladder.plan.resolve import resolve_train_config
 
     return resolve_train_config
 

@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ladder.errors import LadderInputError
-from ladder.yaml_input import read_yaml, validate_mapping
+from ladder.plan.yaml_input import read_yaml, validate_mapping
 
 SWEEPS_DIR = Path(__file__).parent
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

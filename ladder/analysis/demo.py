@@ -21,7 +21,7 @@ from ladder.analysis.demo_result import DemoResult
 from ladder.analysis.recipe_card import build_card
 from ladder.errors import LadderInputError
 from ladder.run.mlflow_runs import fit_table, long_by_domain, read_runs
-from ladder.recipe import load_recipe
+from ladder.plan.recipe import load_recipe
 
 log = logging.getLogger(__name__)
 

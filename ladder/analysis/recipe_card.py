@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ladder.compute import plan_compute
-from ladder.plan import plan_rung
-from ladder.recipe import load_recipe
+from ladder.plan.compute import plan_compute
+from ladder.plan.generator import plan_rung
+from ladder.plan.recipe import load_recipe
 
 
 def build_card(recipe_name: str, rung: int, laws: dict[str, Any], tpp: float | None = None) -> dict[str, Any]:

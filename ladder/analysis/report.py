@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ladder.analysis.demo_result import DemoResult
-from ladder.recipe import HparamLaws
+from ladder.plan.recipe import HparamLaws
 
 
 def write_figures(result: DemoResult, best: pd.DataFrame, runs: pd.DataFrame) -> dict[str, Path]:
@@ -171,7 +171,7 @@ def write_report(result: DemoResult, best: pd.DataFrame) -> Path:
     for name, card in result.cards.items():
         parts.append(f"<h3>{html.escape(name)}</h3>")
         parts.append(_table(["", "value", "95% interval"], _card_rows(card)))
-    laws = HparamLaws()  # the report's laws, written once (ladder/recipe.py)
+    laws = HparamLaws()  # the report's laws, written once (ladder/plan/recipe.py)
     parts.append("<p class='note'>The mai-base-2 L102 card uses the MAI-Base-2 report's published laws "
                  f"(LR*·WD* = {laws.lr_wd_text()}, log LR* = {laws.log_lr_text()}): a CPU ladder cannot "
                  "fit a 2.8T model's laws. Its BPB is not predicted (different data and tokenizer).</p>")

@@ -84,7 +84,7 @@ def _input_error_text(err: BaseException) -> str | None:
     if isinstance(err, yaml.YAMLError):
         return "not valid YAML: " + " ".join(str(err).split())
     if isinstance(err, ValidationError):
-        from ladder.yaml_input import describe_validation_error
+        from ladder.plan.yaml_input import describe_validation_error
 
         field, msg = describe_validation_error(err, schema=err.title)
         return f"{err.title}: {field}: {msg}"

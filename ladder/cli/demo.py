@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ladder.cli.plan import plan_payload, render_plan
 from ladder.cli.output import print_json, stderr_console
-from ladder.plan import plan_ladder
-from ladder.recipe import load_recipe
+from ladder.plan.generator import plan_ladder
+from ladder.plan.recipe import load_recipe
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,7 +1,7 @@
 """`ladder extrapolate RECIPE --rung L`: the full-scale recipe card.
 
 Architecture, tokens, steps, batch and compute come from the plan (`ladder.plan.plan_rung`,
-`ladder.compute.plan_compute` on the recipe's GPU pool). LR*, WD*, dropout* and the predicted
+`ladder.plan.compute.plan_compute` on the recipe's GPU pool). LR*, WD*, dropout* and the predicted
 BPB per domain come from fitted laws: a laws file (`ladder fit ... --save`, `--laws`, repeatable)
 and/or fits made here from an MLflow experiment (`--experiment`). With no fitted hyperparameter
 laws, the card falls back to the recipe's `hparam_laws` (the report's published laws) and says

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from ladder.compute import plan_compute
+from ladder.plan.compute import plan_compute
 from ladder.errors import LadderInputError
 from ladder.cli.output import human_count, make_table, print_json, stdout_console
-from ladder.plan import RungSpec, plan_ladder
-from ladder.recipe import Recipe, load_recipe
+from ladder.plan.generator import RungSpec, plan_ladder
+from ladder.plan.recipe import Recipe, load_recipe
 
 
 def parse_rungs(text: str | None) -> list[int] | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ladder.errors import LadderInputError
 from ladder.cli.output import make_table, print_json, stdout_console
-from ladder.resolve import resolve_train_config
+from ladder.plan.resolve import resolve_train_config
 
 DEFAULT_RUNS_ROOT = Path("runs") / "train"
 CONTRACT_KEYS = ("run_id", "final_loss", "bpb", "tokens", "train_flops", "wall_seconds", "tokens_per_second", "mfu")

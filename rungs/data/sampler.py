@@ -1,7 +1,7 @@
 """The source-scaled sampler: each source's capped unique subset, cycled its planned epochs.
 
 For every source the plan gives a unique-token cap U and an epoch count e (the same e at every
-rung; `ladder.sources`). The subset is the prefix of the source's documents ordered by a hash of
+rung; `ladder.plan.sources`). The subset is the prefix of the source's documents ordered by a hash of
 their ids, cut at exactly U tokens (the last document truncated): a smaller rung's prefix is
 contained in a larger one's, so subsets nest across rungs.
 

@@ -2,7 +2,7 @@
 
 Names, shapes and layouts are those of `rungs.model.Transformer` (Linear weights are (out, in),
 expert stacks (E, hidden, latent) and (E, latent, hidden)), so the shapes come straight from
-`ladder.counting.parameter_shapes` and a torch state dict converts by identity. The routers'
+`ladder.plan.counting.parameter_shapes` and a torch state dict converts by identity. The routers'
 aux-loss-free expert biases are buffers, not parameters: they live in a second dict under their
 state-dict names (`layers.{i}.moe.router.expert_bias`), which no optimizer sees.
 
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ladder.counting import Architecture, parameter_shapes
+from rungs.architecture import Architecture, parameter_shapes
 
 __all__ = ["Params", "Buffers", "shapes", "init_std", "init_params", "init_buffers",
            "from_torch_state_dict", "to_torch_state_dict"]
@@ -36,7 +36,7 @@ def architecture(cfg: Any) -> Architecture:
 
 
 def shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
-    """Every trainable tensor by state-dict name: `ladder.counting.parameter_shapes` by identity."""
+    """Every trainable tensor by state-dict name: `ladder.plan.counting.parameter_shapes` by identity."""
     return parameter_shapes(architecture(cfg))
 
 

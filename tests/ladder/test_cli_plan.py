@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from ladder.cli import main
-from ladder.recipe import RECIPES_DIR
+from ladder.plan.recipe import RECIPES_DIR
 
 CONTRACT_FIELDS = {
     "L", "n_layers", "d_model", "n_heads", "head_dim", "n_kv_heads_global", "n_kv_heads_local", "n_experts",

@@ -10,9 +10,9 @@ import pytest
 
 from ladder.cli import main
 from ladder.errors import LadderInputError
-from ladder.plan import plan_rung
-from ladder.recipe import load_recipe
-from ladder.resolve import parse_value, resolve_train_config
+from ladder.plan.generator import plan_rung
+from ladder.plan.recipe import load_recipe
+from ladder.plan.resolve import parse_value, resolve_train_config
 from tests.rungs.train_helpers import DATA_CACHE, REPO
 
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from ladder.cli import main
-from ladder.recipe import RECIPES_DIR
+from ladder.plan.recipe import RECIPES_DIR
 from sweeps.spec import SWEEPS_DIR
 
 SMOKE = yaml.safe_load((SWEEPS_DIR / "smoke.yaml").read_text())

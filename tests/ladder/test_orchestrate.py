@@ -293,7 +293,7 @@ def test_resources_larger_than_the_cluster_exit_2_before_any_trial(ray_cluster, 
 @pytest.mark.parametrize("name", ["smoke", "demo", "dropout", "agc_ablation", "nightly"])
 def test_planned_configs_equal_resolving_each_trial_alone(name):
     """plan_sweep resolves once per rung and sets the grid knobs; that must equal resolve() per trial."""
-    from ladder.resolve import resolve_train_config
+    from ladder.plan.resolve import resolve_train_config
     from sweeps.plan import plan_sweep
     from sweeps.keys import trial_key
     from sweeps.spec import load_spec

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from ladder.compute import plan_compute
-from ladder.plan import plan_ladder, plan_rung
-from ladder.recipe import load_recipe
+from ladder.plan.compute import plan_compute
+from ladder.plan.generator import plan_ladder, plan_rung
+from ladder.plan.recipe import load_recipe
 
 MAI = load_recipe("mai-base-2")
 
@@ -34,7 +34,7 @@ def test_l102_parameter_counts_match_report_within_few_percent(l102):
 
 
 def hand_count_l102(vocab: int) -> tuple[int, int]:
-    """Independent count from the report's description (not via ladder.counting)."""
+    """Independent count from the report's description (not via ladder.plan.counting)."""
     d, q, hd = 8704, 96 * 128, 128
     attn_local = d * q + 2 * d * 16 * hd + q * d
     attn_global = d * q + 2 * d * 2 * hd + q * d
@@ -129,7 +129,7 @@ def test_cpu_demo_ladder_is_small_and_uses_the_same_rules():
 
 
 def test_kv_heads_always_divide_query_heads():
-    from ladder.plan import kv_heads_for
+    from ladder.plan.generator import kv_heads_for
 
     assert kv_heads_for(96, 16) == 16 and kv_heads_for(96, 2) == 2  # MAI unchanged
     assert kv_heads_for(3, 2) == 1 and kv_heads_for(6, 4) == 3 and kv_heads_for(2, 8) == 2
@@ -144,8 +144,8 @@ def test_the_plan_the_config_and_the_model_share_one_torch_free_architecture():
     import subprocess
     import sys
 
-    from ladder.counting import Architecture as PlanArchitecture
-    from ladder.plan import plan_rung
+    from ladder.plan.counting import Architecture as PlanArchitecture
+    from ladder.plan.generator import plan_rung
     from rungs.architecture import Architecture, ModelConfig
     from rungs.config import parse_config
 

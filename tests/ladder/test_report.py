@@ -38,7 +38,7 @@ def test_report_backtests_a_domain_whose_floor_is_not_identified(tmp_path):
 
 
 def test_the_reports_laws_are_written_once_from_the_recipe_defaults():
-    from ladder.recipe import HparamLaws
+    from ladder.plan.recipe import HparamLaws
 
     assert HparamLaws().lr_wd_text() == "17.04 · steps^-1"
     assert HparamLaws().log_lr_text() == "-1.51 + 0.175·log TPP - 0.573·log steps"

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ladder.errors import LadderInputError
-from ladder.plan import plan_ladder
-from ladder.recipe import Source, load_recipe
-from ladder.sources import plan_sources
+from ladder.plan.generator import plan_ladder
+from ladder.plan.recipe import Source, load_recipe
+from ladder.plan.sources import plan_sources
 
 
 def test_reports_example_8x_at_50T_cut_to_a_tenth_at_5T():

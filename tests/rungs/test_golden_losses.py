@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from ladder.resolve import resolve_train_config
+from ladder.plan.resolve import resolve_train_config
 from tests.rungs.train_helpers import DATA_CACHE
 
 GOLDEN = Path(__file__).parent / "goldens" / "cpu_demo_L3_losses.json"

@@ -1,4 +1,4 @@
-"""The rung model: state-dict contract with ladder.counting, plan counts, attention and RoPE
+"""The rung model: state-dict contract with ladder.plan.counting, plan counts, attention and RoPE
 against float64 references, GQA layer pattern, gradients, dropout."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from dataclasses import asdict, replace
 import pytest
 import torch
 
-from ladder.counting import Architecture, count_parameters, parameter_shapes
-from ladder.plan import plan_rung
-from ladder.recipe import load_recipe
+from ladder.plan.counting import Architecture, count_parameters, parameter_shapes
+from ladder.plan.generator import plan_rung
+from ladder.plan.recipe import load_recipe
 from rungs.model import Attention, ModelConfig, Transformer, apply_rope, attention_mask, rope_tables
 
 torch.set_num_threads(1)
@@ -156,7 +156,7 @@ def test_rope_scores_depend_only_on_relative_position():
 
 
 def test_sliding_window_mask_counts_match_the_flop_convention():
-    from ladder.counting import attention_context_mean
+    from ladder.plan.counting import attention_context_mean
 
     for T, w in ((16, 4), (128, 32), (10, 64)):
         mask = attention_mask(T, w)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ladder.resolve import resolve_train_config
+from ladder.plan.resolve import resolve_train_config
 
 REPO = Path(__file__).resolve().parents[2]
 DATA_CACHE = REPO / "runs" / "data"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ladder.resolve import resolve_train_config
+from ladder.plan.resolve import resolve_train_config
 from tests.scripts.helpers import load_script
 
 

@@ -64,8 +64,8 @@ def test_a_field_at_the_value_runs_had_before_it_existed_keeps_their_key():
 
 
 def test_an_old_config_that_sets_the_removed_log_interval_loads_with_the_same_keys():
-    from ladder.plan import plan_rung
-    from ladder.recipe import load_recipe
+    from ladder.plan.generator import plan_rung
+    from ladder.plan.recipe import load_recipe
     from rungs.config import TrainConfig, parse_config
 
     config = {**plan_rung(load_recipe("cpu-demo"), 3).to_dict(), "tracking_uri": None}

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from ladder.errors import LadderInputError
-from ladder.plan import plan_rung
-from ladder.recipe import load_recipe
+from ladder.plan.generator import plan_rung
+from ladder.plan.recipe import load_recipe
 from sweeps.expand import expand
 from sweeps.spec import available_specs, load_spec, parse_spec
 

@@ -23,7 +23,7 @@ from ladder.cli.fit import efficiency
 from ladder.cli.fit.inputs import delta_arg, column_arg, finish, input_error, load_input
 from ladder.errors import LadderInputError
 from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, long_by_domain
-from ladder.recipe import HparamLaws
+from ladder.plan.recipe import HparamLaws
 from ladder.cli.output import make_table, print_json, stdout_console
 
 log = logging.getLogger(__name__)
@@ -312,7 +312,7 @@ def run_hparams(args: argparse.Namespace) -> int:
     if payload["selected"] is None:
         stdout_console.print("LR/WD were not swept: no LR*/WD* laws")
         return 0
-    report = HparamLaws()  # the report's laws, written once (ladder/recipe.py)
+    report = HparamLaws()  # the report's laws, written once (ladder/plan/recipe.py)
     stdout_console.print(f"LR*·WD* = {p['coef']:.4g} · steps^{p['steps_exponent']:.3f}   (report: {report.lr_wd_text()})")
     tpp_term = f" + {lr['log_tpp']:.3f}·log TPP" if lr["log_tpp"] is not None else " (TPP constant: no TPP term)"
     stdout_console.print(f"log LR* = {lr['intercept']:.3f}{tpp_term} + {lr['log_steps']:.3f}·log steps   "

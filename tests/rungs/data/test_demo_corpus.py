@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from ladder.plan import plan_rung
-from ladder.recipe import load_recipe
+from ladder.plan.generator import plan_rung
+from ladder.plan.recipe import load_recipe
 from rungs.data.bpb import evaluate_bpb
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.prepare import ensure_prepared

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ladder.plan import plan_rung
-from ladder.recipe import load_recipe
+from ladder.plan.generator import plan_rung
+from ladder.plan.recipe import load_recipe
 from rungs.jaxjob import model as M
 from rungs.jaxjob import params as P
 from rungs.model import ModelConfig, Transformer, attention_mask

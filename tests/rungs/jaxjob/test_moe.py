@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from ladder.plan import plan_rung
-from ladder.recipe import load_recipe
+from ladder.plan.generator import plan_rung
+from ladder.plan.recipe import load_recipe
 from rungs.jaxjob import model as M
 from rungs.jaxjob import params as P
 from rungs.jaxjob.moe import default_backend, dispatch_for, plan_rounds, routed_experts

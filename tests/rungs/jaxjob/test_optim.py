@@ -12,9 +12,9 @@ import optax
 import pytest
 import torch
 
-from ladder.counting import parameter_shapes
-from ladder.plan import plan_rung
-from ladder.recipe import load_recipe
+from rungs.architecture import parameter_shapes
+from ladder.plan.generator import plan_rung
+from ladder.plan.recipe import load_recipe
 from rungs.jaxjob.optim import (OptimConfigError, Schedule, build_optimizer, clip_by_global_norm, decay_mask,
                                 hyperparams, lr_multiplier, param_roles, with_hyperparams)
 from rungs.model import ModelConfig, Transformer

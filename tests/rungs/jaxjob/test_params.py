@@ -1,4 +1,4 @@
-"""JAX parameters: the state-dict contract with ladder.counting, the torch init rules, conversion."""
+"""JAX parameters: the state-dict contract with ladder.plan.counting, the torch init rules, conversion."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from ladder.counting import parameter_shapes
-from ladder.plan import plan_rung
-from ladder.recipe import load_recipe
+from rungs.architecture import parameter_shapes
+from ladder.plan.generator import plan_rung
+from ladder.plan.recipe import load_recipe
 from rungs.jaxjob import params as P
 from rungs.model import ModelConfig, Transformer
 

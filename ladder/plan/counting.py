@@ -1,7 +1,7 @@
 """Exact parameter and FLOP counts of one rung's architecture, from the tensor shapes it builds.
 
-`parameter_shapes` lists every trainable tensor under the name the torch model
-(`rungs/model.py`) gives it, so the plan's counts can be checked tensor by tensor against a
+`parameter_shapes` (in `rungs.architecture`, beside the architecture it reads) lists every
+trainable tensor under the name the torch and JAX models give it, so the plan's counts can be checked tensor by tensor against a
 built model. FLOPs count every matmul a token passes through (2 FLOPs per multiply-add) plus
 attention scores and values over the real causal/sliding-window context; elementwise work
 (norms, activations, softmax) is left out, as in every MFU convention we know of.
@@ -12,51 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from rungs.architecture import Architecture
+from rungs.architecture import Architecture, layer_shapes, parameter_shapes
 
 __all__ = ["Architecture", "count_flops_per_token", "count_parameters", "layer_shapes", "parameter_shapes"]
-
-
-def layer_shapes(arch: Architecture, layer: int) -> dict[str, tuple[int, ...]]:
-    """Shapes of one transformer block's parameters, (out, in) like torch.nn.Linear."""
-    d, hd = arch.d_model, arch.head_dim
-    q = arch.n_heads * hd
-    kv = (arch.n_kv_heads_global if arch.is_global_layer(layer) else arch.n_kv_heads_local) * hd
-    e, h, lat = arch.n_experts, arch.expert_hidden, arch.latent_dim
-    p = f"layers.{layer}."
-    shapes: dict[str, tuple[int, ...]] = {
-        p + "attn_norm.weight": (d,),
-        p + "attn.wq.weight": (q, d),
-        p + "attn.wk.weight": (kv, d),
-        p + "attn.wv.weight": (kv, d),
-        p + "attn.wo.weight": (d, q),
-        p + "moe_norm.weight": (d,),
-        p + "moe.router.weight": (e, d),
-        p + "moe.experts.w_gate": (e, h, lat),
-        p + "moe.experts.w_up": (e, h, lat),
-        p + "moe.experts.w_down": (e, lat, h),
-    }
-    if arch.n_shared_experts:
-        sh = arch.shared_hidden * arch.n_shared_experts
-        shapes |= {
-            p + "moe.shared.w_gate.weight": (sh, d),
-            p + "moe.shared.w_up.weight": (sh, d),
-            p + "moe.shared.w_down.weight": (d, sh),
-        }
-    if arch.has_latent_projection:
-        shapes |= {p + "moe.latent_down.weight": (lat, d), p + "moe.latent_up.weight": (d, lat)}
-    return shapes
-
-
-def parameter_shapes(arch: Architecture) -> dict[str, tuple[int, ...]]:
-    """Every trainable tensor of the model, by its state_dict name."""
-    shapes: dict[str, tuple[int, ...]] = {"embed.weight": (arch.vocab_size, arch.d_model)}
-    for layer in range(arch.n_layers):
-        shapes |= layer_shapes(arch, layer)
-    shapes["final_norm.weight"] = (arch.d_model,)
-    if not arch.tied_embeddings:
-        shapes["lm_head.weight"] = (arch.vocab_size, arch.d_model)
-    return shapes
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from ladder.counting import Architecture, count_flops_per_token, count_parameters
+from ladder.plan.counting import Architecture, count_flops_per_token, count_parameters
 from ladder.errors import LadderInputError
-from ladder.plan import plan_rung
-from ladder.recipe import load_recipe
+from ladder.plan.generator import plan_rung
+from ladder.plan.recipe import load_recipe
 from rungs.config import TrainConfigError, field_names, parse_config
 
 ARCH_FIELDS = tuple(f.name for f in fields(Architecture))

@@ -12,9 +12,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ladder.errors import LadderInputError
-from ladder.yaml_input import read_yaml, validate_mapping
+from ladder.plan.yaml_input import read_yaml, validate_mapping
 
-RECIPES_DIR = Path(__file__).parent / "recipes"
+RECIPES_DIR = Path(__file__).parent.parent / "recipes"
 SHARE_TOLERANCE = 1e-6
 
 
@@ -186,7 +186,7 @@ def resolve_recipe_path(name_or_path: str | Path) -> Path:
 
 
 def parse_recipe(data: object, where: str) -> Recipe:
-    return validate_mapping(Recipe, data, where=where, what="a recipe", schema="ladder/recipe.py")
+    return validate_mapping(Recipe, data, where=where, what="a recipe", schema="ladder/plan/recipe.py")
 
 
 def load_recipe(name_or_path: str | Path) -> Recipe:

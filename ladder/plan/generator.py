@@ -1,8 +1,8 @@
 """The rung generator: one layer count L → a complete, frozen RungSpec.
 
 Pure arithmetic (no torch): architecture from the recipe's rules, exact parameter and FLOP counts
-from the tensor shapes (`ladder.counting`), tokens = TPP × active parameters, batch and steps,
-default LR/WD from the hyperparameter laws, and the per-source data plan (`ladder.sources`).
+from the tensor shapes (`ladder.plan.counting`), tokens = TPP × active parameters, batch and steps,
+default LR/WD from the hyperparameter laws, and the per-source data plan (`ladder.plan.sources`).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from ladder.counting import Architecture, count_flops_per_token, count_parameters
+from ladder.plan.counting import Architecture, count_flops_per_token, count_parameters
 from ladder.errors import LadderInputError
-from ladder.recipe import Recipe
-from ladder.sources import SourceAllocation, plan_sources
+from ladder.plan.recipe import Recipe
+from ladder.plan.sources import SourceAllocation, plan_sources
 
 
 def round_half_up(x: float) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ladder.errors import LadderInputError
-from ladder.recipe import SHARE_TOLERANCE, Source
+from ladder.plan.recipe import SHARE_TOLERANCE, Source
 
 
 @dataclass(frozen=True)

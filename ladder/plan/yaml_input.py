@@ -1,6 +1,6 @@
 """Reading a user's YAML file into a validated pydantic model, with one clear error on bad input.
 
-Recipes (`ladder.recipe`) and sweep specs (`sweeps.spec`) share this: a file that is not YAML, not
+Recipes (`ladder.plan.recipe`) and sweep specs (`sweeps.spec`) share this: a file that is not YAML, not
 a mapping, or fails validation raises `LadderInputError` naming the file, the first bad key and
 what is wrong with it, which the CLI prints as one line with exit code 2.
 """
