@@ -369,3 +369,43 @@ def test_two_drivers_of_one_spec_on_one_fresh_store_train_each_trial_once(ray_cl
         assert runs[0].status == "FINISHED" and runs[0].tags["outcome"] == "finished"
         history = [m.step for m in client.get_metric_history(runs[0].run_id, "loss")]
         assert sorted(history) == list(range(1, TWIN["max_steps"] + 1)), f"trial {key} logged steps {history}"
+
+
+@pytest.mark.slow
+def test_data_prepare_on_the_cluster_writes_the_same_bytes_as_one_process(ray_cluster, tmp_path):
+    """`ladder data prepare --address`: the per-file work runs as tasks on the two-node cluster (the
+    sweep's cluster) and the shards, indices and manifest are the bytes a single process writes."""
+    from rungs.data.prepare import prepare
+
+    words = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8").split()
+    words = (words * (1 + 8_000 // len(words)))[:8_000]
+    corpus = tmp_path / "corpus"
+    for k in range(3):  # source a: 3 files, source b: 2; each file is one unit of work
+        lines = [json.dumps({"id": f"a{k}-{i}", "text": " ".join(words[(k * 40 + i) * 25:(k * 40 + i + 1) * 25])})
+                 for i in range(40)]
+        (corpus / "a").mkdir(parents=True, exist_ok=True)
+        (corpus / "a" / f"part-{k}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for k in range(2):
+        (corpus / "b").mkdir(parents=True, exist_ok=True)
+        (corpus / "b" / f"doc-{k}.txt").write_text(" ".join(words[6_000 + k * 900:6_000 + (k + 1) * 900]),
+                                                   encoding="utf-8")
+    (corpus / "held.jsonl").write_text(json.dumps({"id": "h", "text": " ".join(words[-400:])}) + "\n",
+                                       encoding="utf-8")
+    manifest = corpus / "manifest.yaml"
+    manifest.write_text("name: cluster\nsources:\n"
+                        "  - {name: a, share: 0.6, files: ['a/*.jsonl']}\n"
+                        "  - {name: b, share: 0.4, files: ['b/*.txt']}\n"
+                        "eval:\n  - {domain: x, files: [held.jsonl]}\n")
+    local = prepare(manifest, tmp_path / "local", vocab_size=300)
+    out = subprocess.run([*LADDER, "data", "prepare", str(manifest), "--out", str(tmp_path / "cluster"),
+                          "--vocab-size", "300", "--address", ray_cluster, "--json"],
+                         capture_output=True, text=True, timeout=GUARD_SECONDS,
+                         env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert out.returncode == 0, out.stderr
+    remote = tmp_path / "cluster"
+
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+    assert files(remote) == files(local)
+    assert len(json.loads((local / "meta.json").read_text())["sources"][0]["shards"]) >= 3
