@@ -1,26 +1,38 @@
-"""Routed SwiGLU experts, computed dropless in rounds of fixed size (multi-round dropless MoE).
+"""Routed SwiGLU experts, dropless, computed in rounds over a fixed buffer with no host synchronisation.
 
-Experts sit in groups of `group_size` (on one device a group is a bookkeeping unit; under expert
-parallelism it is one rank's experts). Each round, every group owns a fixed slab of
-S = group_size * capacity rows. An expert is guaranteed min(remaining, capacity) rows of it; slots
-its group mates leave unused go to the group's overloaded experts (capped cumulative sum, the
-priority rotating by one expert per round so no expert is always served last). Whatever still does
-not fit waits for the next round, so nothing is ever dropped and
+The (token, slot) pairs are sorted by expert on the device; the sorted list is cut into consecutive
+rounds of `buffer_rows` rows, a number fixed by the static sizes (T*k, the capacity, the group
+size, the widths), never by the routing:
 
-    rounds = max over groups of ceil(group load / S).
+    buffer_rows = min(n_groups * group_size * capacity, T*k)  (rounded up to _ROW_ALIGN)
+    rounds      = ceil(T*k / buffer_rows)
 
-Each round's expert compute is one grouped matmul per projection over a buffer of fixed size (all
-groups' slabs, packed in expert order, allocated once per forward and once per backward); a round
-that fills only part of it computes on that prefix. When a step needs more than one round,
-backward recomputes each round's activations instead of saving them; a one-round step keeps its
-single slab (`recompute="always"` recomputes that too). Either way the bytes saved for backward and the live buffers are bounded by
-the one-round step's, set by T*k, the capacity and the widths, never by how skewed the routing is:
-skew costs time (more rounds), not memory.
+Round r computes sorted pairs [r*buffer_rows, (r+1)*buffer_rows) with one grouped matmul per
+projection; the per-expert offsets of the round are clamp(cumsum(counts) - r*buffer_rows, 0, rows),
+computed on the device. Nothing in the forward or the backward reads a device value on the host
+(no `.item()`, `int()`, `.tolist()`, and no op whose output size depends on the data), so a GPU
+step never waits for the host, and the memory is one round's whatever the skew: skew moves rows
+between experts inside the fixed buffer, it costs neither memory nor extra rounds. Before this
+design the rounds followed `plan_rounds` (each group of experts a fixed slab per round, the
+overflow waiting for the next round): its number of rounds depends on the routing, which a
+host-free path cannot know in advance. `plan_rounds` stays: it is the plan expert parallelism
+runs (`rungs.parallel.expert_parallel`, a group being one rank's experts), and the round count it
+would need, ceil(max group load / slab), is still reported as `last_stats["rounds"]` (the skew
+statistic the engines log); `last_stats["computed_rounds"]` is the static count this module ran.
+With capacity None (the default) or a calibrated capacity every step is one round.
+
+A one-round step keeps its slab of activations for backward (`recompute="always"` recomputes
+it); with several rounds backward recomputes each round instead of saving it, so the bytes saved
+for backward and the live buffers are bounded by one round's.
 
 The combine is deterministic: each (token, slot) pair's gated output lands in its own row of a
 (T*k, latent) buffer and the k slots of a token are summed in slot order (no scatter-add, no
 atomics); backward accumulates input gradients the same way and weight gradients round by round
 in fp32.
+
+Host reads that remain, off the fast path: backend="loop", float64 (which grouped_mm does not
+take) and operands that break grouped_mm's 16-byte alignment read each round's offsets on the host
+(one mm per expert); reading `last_stats` reads the step's statistics once.
 """
 
 from __future__ import annotations
@@ -46,12 +58,14 @@ class MoEConfigError(ValueError):
 
 
 def count_per_expert(expert_idx: Tensor, n_experts: int) -> Tensor:
-    """(E,) long: how many (token, slot) pairs chose each expert. bincount, except on an accelerator
-    in deterministic mode, where bincount has no deterministic kernel: sort + searchsorted there."""
-    flat = expert_idx.reshape(-1)
-    if flat.device.type == "cpu" or not torch.are_deterministic_algorithms_enabled():
-        return torch.bincount(flat, minlength=n_experts)
-    return _count_sorted(flat, n_experts)
+    """(E,) long: how many (token, slot) pairs chose each expert, with no host read (bincount sizes
+    its output by the data's max, which CUDA reads on the host): a scatter-add of ones (integer
+    sums: exact in any order), or sort + searchsorted on an accelerator in deterministic mode."""
+    flat = expert_idx.reshape(-1).long()
+    if flat.device.type != "cpu" and torch.are_deterministic_algorithms_enabled():
+        return _count_sorted(flat, n_experts)
+    counts = torch.zeros(n_experts, dtype=torch.long, device=flat.device)
+    return counts.scatter_add_(0, flat, torch.ones_like(flat))
 
 
 def _count_sorted(flat: Tensor, n_experts: int) -> Tensor:
@@ -124,11 +138,18 @@ def _aligned(t: Tensor) -> bool:
 _GROUPED_MM_UNSUPPORTED: set[tuple[str, torch.dtype]] = set()
 
 
-def grouped_mm(a: Tensor, b: Tensor, offs: Tensor, ends: list[int], backend: str) -> Tensor:
-    """Grouped matmul. a (rows, K) with b (E, K, N) -> (rows, N), group e = rows ends[e-1]:ends[e];
-    or a (K, rows) with b (rows, N) -> (E, K, N) (weight gradients). Falls back to one mm per group
-    when the backend is "loop", the operands break grouped_mm's 16-byte alignment rule, or
-    grouped_mm does not support this device and dtype."""
+def _host_offsets(a: Tensor, backend: str) -> bool:
+    """Whether grouped matmuls on `a` will run one mm per expert (and so need the offsets on the host)."""
+    return backend == "loop" or a.dtype == torch.float64 or (a.device.type, a.dtype) in _GROUPED_MM_UNSUPPORTED
+
+
+def grouped_mm(a: Tensor, b: Tensor, offs: Tensor, ends: list[int] | None, backend: str) -> Tensor:
+    """Grouped matmul. a (rows, K) with b (E, K, N) -> (rows, N), group e = rows offs[e-1]:offs[e];
+    or a (K, rows) with b (rows, N) -> (E, K, N) (weight gradients). Rows past offs[-1] are not
+    computed (their output rows are unspecified). `offs` is (E,) int32 on a's device; `ends` the
+    same offsets on the host, or None to read them from `offs` only if needed. Falls back to one mm
+    per group when the backend is "loop", the operands break grouped_mm's 16-byte alignment rule,
+    or grouped_mm does not support this device and dtype."""
     key = (a.device.type, a.dtype)
     if (backend == "grouped_mm" and a.dtype != torch.float64 and key not in _GROUPED_MM_UNSUPPORTED
             and _aligned(a) and _aligned(b)):
@@ -137,6 +158,8 @@ def grouped_mm(a: Tensor, b: Tensor, offs: Tensor, ends: list[int], backend: str
         except (RuntimeError, NotImplementedError) as err:
             _GROUPED_MM_UNSUPPORTED.add(key)
             logger.warning("grouped_mm unavailable for %s %s (%s); computing one mm per expert", *key, err)
+    if ends is None:
+        ends = offs.tolist()                                                   # host read: fallback only
     starts = [0, *ends[:-1]]
     if b.ndim == 3:
         out = a.new_empty(a.shape[0], b.shape[-1])
@@ -151,25 +174,20 @@ def grouped_mm(a: Tensor, b: Tensor, offs: Tensor, ends: list[int], backend: str
     return out
 
 
-class _RoundIndex:
-    """Pair ids of each round, in slab order, rebuilt from (order, counts) in forward and backward."""
+class _Round:
+    """One round: sorted pairs [start, start + rows), their pair ids and per-expert offsets (device)."""
 
-    def __init__(self, order: Tensor, counts: Tensor, capacity: int, group_size: int):
-        self.order = order
-        self.takes = plan_rounds(counts.tolist(), capacity, group_size)
-        self.starts = [0, *torch.cumsum(counts, 0).tolist()[:-1]]
+    def __init__(self, order: Tensor, expert_ends: Tensor, start: int, rows: int, host_offsets: bool):
+        self.rows = rows
+        self.pairs = order[start:start + rows]                                  # a static slice
+        self.offs = (expert_ends - start).clamp_(0, rows).to(torch.int32)      # (E,) device
+        self.ends = self.offs.tolist() if host_offsets else None               # loop fallback only
 
-    def __iter__(self):
-        done = [0] * len(self.starts)
-        for take in self.takes:
-            ends = torch.tensor(take).cumsum(0)
-            n_rows = int(ends[-1])
-            first = torch.tensor([s + d for s, d in zip(self.starts, done)])
-            seg = ends - torch.tensor(take)
-            idx = torch.repeat_interleave(first - seg, torch.tensor(take), output_size=n_rows)
-            idx += torch.arange(n_rows)
-            done = [d + t for d, t in zip(done, take)]
-            yield self.order[idx.to(self.order.device)], ends.to(torch.int32).to(self.order.device), ends.tolist()
+
+def _rounds(order: Tensor, expert_ends: Tensor, buffer_rows: int, host_offsets: bool):
+    n_pairs = order.numel()
+    for start in range(0, n_pairs, buffer_rows):
+        yield _Round(order, expert_ends, start, min(buffer_rows, n_pairs - start), host_offsets)
 
 
 def _used_rows(n: int, buffer: Tensor) -> int:
@@ -178,9 +196,9 @@ def _used_rows(n: int, buffer: Tensor) -> int:
     return min(buffer.shape[0], -(-n // _ROW_ALIGN) * _ROW_ALIGN)
 
 
-def _round_forward(x, gate_pairs, w_gate, w_up, w_down, k, xin, y_pairs, pairs, offs, ends, backend):
+def _round_forward(x, gate_pairs, w_gate, w_up, w_down, k, xin, y_pairs, rnd: _Round, backend):
     # One round; a function so that its temporaries are freed before the next round starts.
-    n = ends[-1]
+    n, pairs, offs, ends = rnd.rows, rnd.pairs, rnd.offs, rnd.ends
     xin = xin[:_used_rows(n, xin)]
     torch.index_select(x, 0, pairs // k, out=xin[:n])
     hg = grouped_mm(xin, w_gate.mT, offs, ends, backend)                           # (rows, hidden)
@@ -192,12 +210,12 @@ def _round_forward(x, gate_pairs, w_gate, w_up, w_down, k, xin, y_pairs, pairs, 
 
 
 def _round_backward(x, gate_pairs, w_gate, w_up, w_down, k, xin, dy, dout, dx_pairs, dgate_pairs, grads,
-                    pairs, offs, ends, backend, kept=None) -> None:
+                    rnd: _Round, backend, kept=None) -> None:
     # Recompute the round's activations (unless `kept` from forward), then its share of every
     # gradient. y_p = g_p * w_down h_p, so d g_p = <w_down^T dy_p, h_p>, d w_down += (g_p dy_p) h_p^T
     # and d h_p = g_p * w_down^T dy_p. Eight elementwise passes over (rows, hidden), in place
     # where possible.
-    n = ends[-1]
+    n, pairs, offs, ends = rnd.rows, rnd.pairs, rnd.offs, rnd.ends
     dy = dy[:_used_rows(n, dy)]
     if kept is None:
         xin = xin[:_used_rows(n, xin)]
@@ -210,11 +228,11 @@ def _round_backward(x, gate_pairs, w_gate, w_up, w_down, k, xin, dy, dout, dx_pa
     g = gate_pairs[pairs].unsqueeze(1)                                        # (n, 1)
     silu = F.silu(hg)
     h = silu * hu                                                             # ungated hidden rows
-    dh = grouped_mm(dy, w_down, offs, ends, backend)                                # (rows, hidden) = w_down^T dy
+    dh = grouped_mm(dy, w_down, offs, ends, backend)                          # (rows, hidden) = w_down^T dy
     if dgate_pairs is not None:
         dgate_pairs.index_copy_(0, pairs, torch.linalg.vecdot(dh[:n], h[:n]).to(dgate_pairs.dtype))
     dy[:n] *= g
-    grads[2] += grouped_mm(dy.mT, h, offs, ends, backend)                           # (E, latent, hidden)
+    grads[2] += grouped_mm(dy.mT, h, offs, ends, backend)                     # (E, latent, hidden)
     del h
     dh[:n] *= g                                                               # d(ungated hidden)
     dhu = dh * silu
@@ -228,42 +246,40 @@ def _round_backward(x, gate_pairs, w_gate, w_up, w_down, k, xin, dy, dout, dx_pa
     dx_pairs.index_copy_(0, pairs, dxin[:n])
 
 
-class _MultiRoundExperts(torch.autograd.Function):
-    """out[t] = sum_j gate[t, j] * expert(idx[t, j])(x[t]), computed in rounds.
+class _RoundedExperts(torch.autograd.Function):
+    """out[t] = sum_j gate[t, j] * expert(idx[t, j])(x[t]), computed in rounds of fixed size.
 
     Memory policy: with more than one round nothing per round is saved and backward recomputes
     each round; a single round keeps its own (xin, hg, hu) slab (unless recompute="always"), the
-    same buffers a recomputed round allocates in backward, so the peak never exceeds the one-round
-    peak whatever the skew, and the common one-round step skips the recompute.
+    same buffers a recomputed round allocates in backward. The round count is static (T*k and the
+    buffer size), so whether a step keeps or recomputes never depends on the routing.
     The weights come in as the (fp32) parameters and are cast to x's dtype inside forward and again
     inside backward, so no low-precision weight copy is saved; weight gradients are accumulated
     over rounds in fp32 and returned in the parameters' dtype."""
 
     @staticmethod
-    def forward(ctx, x, gate, w_gate, w_up, w_down, order, counts, k, capacity, group_size, buffer_rows, backend,
-                recompute):
-        ctx.k, ctx.capacity, ctx.group_size = k, capacity, group_size
-        ctx.buffer_rows, ctx.backend = buffer_rows, backend
-        rounds = _RoundIndex(order, counts, capacity, group_size)
-        keep = recompute == "multi_round" and len(rounds.takes) == 1
+    def forward(ctx, x, gate, w_gate, w_up, w_down, order, expert_ends, k, buffer_rows, backend, recompute):
+        ctx.k, ctx.buffer_rows, ctx.backend = k, buffer_rows, backend
+        keep = recompute == "multi_round" and 0 < order.numel() <= buffer_rows
+        host = _host_offsets(x, backend)
         with torch.autocast(x.device.type, enabled=False):
             weights = [w.to(x.dtype) for w in (w_gate, w_up, w_down)]
             gate_pairs = gate.reshape(-1).to(x.dtype)
             y_pairs = x.new_empty(order.numel(), w_down.shape[1])
             xin = x.new_zeros(buffer_rows, x.shape[1])
             kept: tuple = ()
-            for pairs, offs, ends in rounds:
-                used = _round_forward(x, gate_pairs, *weights, k, xin, y_pairs, pairs, offs, ends, backend)
+            for rnd in _rounds(order, expert_ends, buffer_rows, host):
+                used = _round_forward(x, gate_pairs, *weights, k, xin, y_pairs, rnd, backend)
                 kept = used if keep else ()
                 del used
             out = y_pairs.view(-1, k, y_pairs.shape[1]).sum(1)                   # slot order: deterministic
-        ctx.save_for_backward(x, gate, w_gate, w_up, w_down, order, counts, *kept)
+        ctx.save_for_backward(x, gate, w_gate, w_up, w_down, order, expert_ends, *kept)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
-        x, gate, w_gate, w_up, w_down, order, counts, *kept = ctx.saved_tensors
+        x, gate, w_gate, w_up, w_down, order, expert_ends, *kept = ctx.saved_tensors
         acc = torch.promote_types(w_gate.dtype, torch.float32)
         grads = [torch.zeros(w.shape, dtype=acc, device=w.device) for w in (w_gate, w_up, w_down)]
         with torch.autocast(x.device.type, enabled=False):
@@ -275,13 +291,26 @@ class _MultiRoundExperts(torch.autograd.Function):
             xin = x.new_zeros(ctx.buffer_rows, x.shape[1]) if not kept else None
             dout = dout.to(x.dtype).contiguous()
             dy = dout.new_zeros(ctx.buffer_rows, dout.shape[1])
-            for pairs, offs, ends in _RoundIndex(order, counts, ctx.capacity, ctx.group_size):
+            for rnd in _rounds(order, expert_ends, ctx.buffer_rows, _host_offsets(x, ctx.backend)):
                 _round_backward(x, gate_pairs, *weights, ctx.k, xin, dy, dout, dx_pairs, dgate_pairs, grads,
-                                pairs, offs, ends, ctx.backend, kept=kept or None)
+                                rnd, ctx.backend, kept=kept or None)
         dx = dx_pairs.view(-1, ctx.k, x.shape[1]).sum(1)                          # slot order: deterministic
         dgate = dgate_pairs.view(gate.shape).to(gate.dtype) if dgate_pairs is not None else None
         dwg, dwu, dwd = (g.to(w.dtype) for g, w in zip(grads, (w_gate, w_up, w_down)))
-        return dx, dgate, dwg, dwu, dwd, None, None, None, None, None, None, None, None
+        return dx, dgate, dwg, dwu, dwd, None, None, None, None, None, None
+
+
+def _check_expert_idx(flat: Tensor, n_experts: int) -> None:
+    """Indices outside [0, n_experts): MoEConfigError on the CPU; on an accelerator a device-side
+    assert (`torch._assert_async`), so that checking never waits for the device."""
+    if not flat.numel():
+        return
+    try:
+        torch._assert_async(((flat >= 0) & (flat < n_experts)).all(),
+                            f"rungs.moe: expert_idx values must lie in [0, {n_experts})")
+    except RuntimeError as err:
+        raise MoEConfigError(f"expert_idx values must lie in [0, {n_experts}), got "
+                             f"[{int(flat.min())}, {int(flat.max())}]") from err
 
 
 class RoutedExperts(nn.Module):
@@ -289,12 +318,16 @@ class RoutedExperts(nn.Module):
 
     forward(x (T, latent), expert_idx (T, k) long, gate (T, k)) -> (T, latent) = sum_j gate_j y_{e_j}(x).
     capacity_per_expert=None: capacity is ceil(T*k / group_size) for each call, so one round always
-    fits (plain dropless). group_size=None: one group of all E experts. backend: "grouped_mm"
-    (one grouped matmul per round; falls back per call to one mm per expert where grouped_mm's
-    16-byte alignment rule fails) or "loop". recompute: "multi_round" (keep a one-round step's
-    activations, recompute when there are several rounds) or "always".
-    After each forward, `last_stats` = {rounds, tokens_per_expert, capacity_per_expert, group_size,
-    slab_rows, buffer_rows, max_group_load} (dropless: no token is ever dropped).
+    fits (plain dropless). group_size=None: one group of all E experts. The buffer a round computes
+    on has min(n_groups * group_size * capacity, T*k) rows (see the module docstring). backend:
+    "grouped_mm" (one grouped matmul per projection and round; falls back per call to one mm per
+    expert where grouped_mm's 16-byte alignment rule fails) or "loop". recompute: "multi_round" (keep
+    a one-round step's activations, recompute when there are several rounds) or "always".
+    `last_stats` (after a forward) = {rounds, computed_rounds, tokens_per_expert,
+    capacity_per_expert, group_size, slab_rows, buffer_rows, max_group_load}: `rounds` is what the
+    group plan (`plan_rounds`, expert parallelism) needs for this routing, ceil(max group load /
+    slab); `computed_rounds` the static count this module ran. Reading it reads the device once;
+    dropless: no token is ever dropped.
     """
 
     def __init__(self, n_experts: int, latent_dim: int, hidden: int, *, capacity_per_expert: int | None = None,
@@ -317,7 +350,8 @@ class RoutedExperts(nn.Module):
         self.w_gate = nn.Parameter(torch.empty(n_experts, hidden, latent_dim))
         self.w_up = nn.Parameter(torch.empty(n_experts, hidden, latent_dim))
         self.w_down = nn.Parameter(torch.empty(n_experts, latent_dim, hidden))
-        self.last_stats: dict = {}
+        self._stats: dict = {}            # the last forward's, device tensors included
+        self._stats_host: dict | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -327,6 +361,19 @@ class RoutedExperts(nn.Module):
     def extra_repr(self) -> str:
         return (f"n_experts={self.n_experts}, latent_dim={self.latent_dim}, hidden={self.hidden}, "
                 f"capacity_per_expert={self.capacity_per_expert}, group_size={self.group_size}")
+
+    @property
+    def last_stats(self) -> dict:
+        """The last forward's statistics (see the class docstring); the first read after a forward
+        reads its max group load from the device, the only host read the statistics need."""
+        if self._stats_host is None:
+            stats = dict(self._stats)
+            if stats:
+                max_group_load = int(stats["max_group_load"])
+                stats["max_group_load"] = max_group_load
+                stats["rounds"] = -(-max_group_load // stats["slab_rows"])
+            self._stats_host = stats
+        return self._stats_host
 
     def forward(self, x: Tensor, expert_idx: Tensor, gate: Tensor) -> Tensor:
         if x.ndim != 2 or x.shape[1] != self.latent_dim:
@@ -338,9 +385,7 @@ class RoutedExperts(nn.Module):
             raise MoEConfigError(f"expert_idx must be an integer tensor, got {expert_idx.dtype}")
         n_tokens, k = expert_idx.shape
         flat = expert_idx.reshape(-1).long()
-        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.n_experts):
-            raise MoEConfigError(f"expert_idx values must lie in [0, {self.n_experts}), got "
-                                 f"[{int(flat.min())}, {int(flat.max())}]")
+        _check_expert_idx(flat, self.n_experts)
         n_pairs = flat.numel()
         counts = count_per_expert(flat, self.n_experts)
         capacity = self.capacity_per_expert or max(1, math.ceil(n_pairs / self.group_size))
@@ -349,21 +394,21 @@ class RoutedExperts(nn.Module):
         # Never more than T*k rows can be in one round, so the buffer is capped there (still fixed).
         buffer_rows = min(n_groups * slab_rows, max(n_pairs, 1))
         buffer_rows = -(-buffer_rows // _ROW_ALIGN) * _ROW_ALIGN
-        group_loads = counts.view(n_groups, self.group_size).sum(-1)
-        max_group_load = int(group_loads.max())
 
         device_type = x.device.type
         dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
         order = torch.argsort(flat, stable=True)                                 # pairs sorted by expert
-        out = _MultiRoundExperts.apply(x.to(dtype), gate, self.w_gate, self.w_up, self.w_down, order, counts, k,
-                                       capacity, self.group_size, buffer_rows, self.backend, self.recompute)
-        self.last_stats = {
-            "rounds": -(-max_group_load // slab_rows),
+        expert_ends = torch.cumsum(counts, 0)                                    # sorted end of each expert
+        out = _RoundedExperts.apply(x.to(dtype), gate, self.w_gate, self.w_up, self.w_down, order, expert_ends, k,
+                                    buffer_rows, self.backend, self.recompute)
+        self._stats = {
+            "computed_rounds": -(-n_pairs // buffer_rows),
             "tokens_per_expert": counts,
             "capacity_per_expert": capacity,
             "group_size": self.group_size,
             "slab_rows": slab_rows,
             "buffer_rows": buffer_rows,
-            "max_group_load": max_group_load,
+            "max_group_load": counts.view(n_groups, self.group_size).sum(-1).max(),
         }
+        self._stats_host = None
         return out

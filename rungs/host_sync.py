@@ -1,0 +1,112 @@
+"""Count the places where a step makes the host wait for the device, on any device (CPU included).
+
+A CUDA step synchronises with the host when it reads a device value (`.item()`, `int(t)`,
+`float(t)`, `.tolist()`, `if t:`, all of which reach `aten._local_scalar_dense` or `aten.is_nonzero`),
+when an op's output size depends on the data (the host must learn the size before it can
+allocate: `nonzero`, `masked_select`, `unique`, boolean-mask indexing, `repeat_interleave`
+without `output_size`, `bincount`), or when it copies a device tensor to the host.
+`torch.cuda.set_sync_debug_mode` finds these on a GPU; `HostSyncCounter`, a `TorchDispatchMode`,
+finds them by op on any device, so a CPU test can assert that a training step has none.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import Counter
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["HostSyncCounter"]
+
+# Ops that read a device value on the host.
+_READS = {"aten::_local_scalar_dense", "aten::is_nonzero", "aten::equal", "aten::allclose"}
+# Ops whose output size depends on the values of their input.
+_DATA_SIZED = {"aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
+               "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::bincount",
+               "aten::argwhere", "aten::histogram"}
+
+
+def _device_to_host(func_name: str, args, kwargs) -> bool:
+    src = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    if func_name == "aten::_to_copy" and src is not None and src.device.type != "cpu":
+        device = kwargs.get("device")
+        return device is not None and torch.device(device).type == "cpu"
+    if func_name == "aten::copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor):
+        return args[0].device.type == "cpu" and args[1].device.type != "cpu"
+    return False
+
+
+def sync_reason(func, args, kwargs) -> str | None:
+    """Why this op call synchronises host and device ("read", "data-sized", "to-host"), or None."""
+    name = func._schema.name
+    if name in _READS:
+        return "read"
+    if name in _DATA_SIZED:
+        return "data-sized"
+    if name == "aten::repeat_interleave" and kwargs.get("output_size") is None and not (
+            len(args) > 1 and isinstance(args[1], int)):
+        return "data-sized"
+    if name in ("aten::index", "aten::index_put", "aten::index_put_") and len(args) > 1:
+        indices = args[1] or ()
+        if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices):
+            return "data-sized"                                       # a boolean mask: nonzero inside
+    if _device_to_host(name, args, kwargs):
+        return "to-host"
+    return None
+
+
+# Tensor methods that read values on the host without an aten op on a CPU tensor (on CUDA they copy
+# to the host first, which the dispatch mode also sees).
+_HOST_METHODS = {torch.Tensor.tolist: "Tensor.tolist", torch.Tensor.numpy: "Tensor.numpy",
+                 torch.Tensor.__array__: "Tensor.__array__"}
+
+
+class _MethodCounter(TorchFunctionMode):
+    def __init__(self, record) -> None:
+        super().__init__()
+        self.record = record
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _HOST_METHODS:
+            self.record(f"{_HOST_METHODS[func]} (read)")
+        return func(*args, **(kwargs or {}))
+
+
+class HostSyncCounter(TorchDispatchMode):
+    """`with HostSyncCounter() as c: step()`; then `c.total`, `c.counts` (op -> calls) and
+    `c.where` (op -> the innermost frame outside torch of its first call, to find it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+        self.where: dict[str, str] = {}
+        self._methods = _MethodCounter(self._record)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def _record(self, key: str) -> None:
+        self.counts[key] += 1
+        if key not in self.where:
+            frames = [f for f in traceback.extract_stack() if "/torch/" not in f.filename and f.filename != __file__]
+            self.where[key] = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+    def __enter__(self):
+        self._methods.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._methods.__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        reason = sync_reason(func, args, kwargs)
+        if reason is not None:
+            self._record(f"{func._schema.name} ({reason})")
+        return func(*args, **kwargs)

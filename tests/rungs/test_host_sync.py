@@ -1,0 +1,92 @@
+"""No host synchronisation in a MoE training step: counted by op on the CPU (rungs.host_sync)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rungs.host_sync import HostSyncCounter
+from rungs.moe import RoutedExperts
+
+torch.set_num_threads(1)
+
+SMALL = dict(n_layers=2, d_model=32, n_heads=2, head_dim=16, n_kv_heads_global=1, n_kv_heads_local=2,
+             global_every=2, window_tokens=8, seq_len=16, n_experts=4, top_k=2, n_shared_experts=1,
+             latent_dim=16, expert_hidden=16, shared_hidden=32, vocab_size=64)
+
+
+def test_counter_sees_every_kind_of_host_read():
+    x = torch.randn(5, 3)
+    with HostSyncCounter() as counter:
+        x.sum().item()
+        x.tolist()
+        int(x[0, 0])
+        bool(x[0, 0] > 0)
+        torch.nonzero(x)
+        x[x > 0]
+        torch.bincount(torch.tensor([1, 2]))
+        torch.repeat_interleave(torch.tensor([1, 2]))
+    keys = "".join(counter.counts)
+    for op in ("_local_scalar_dense", "tolist", "nonzero", "aten::index", "bincount", "repeat_interleave"):
+        assert op in keys, counter.counts
+    assert counter.total == 8, counter.counts                    # item, int, bool: three reads
+    assert all(path.rsplit(":", 1)[0] == __file__ for path in counter.where.values()), counter.where
+    with HostSyncCounter() as counter:     # static-size equivalents are not syncs
+        torch.repeat_interleave(torch.tensor([1, 2]), output_size=3)
+        torch.zeros(3, dtype=torch.long).scatter_add_(0, torch.tensor([1, 1]), torch.ones(2, dtype=torch.long))
+        x.sum()
+    assert counter.total == 0, counter.counts
+
+
+@pytest.mark.parametrize("capacity,group_size", [(None, None), (1, 2), (3, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_routed_experts_forward_and_backward_have_no_host_sync(capacity, group_size, dtype):
+    torch.manual_seed(0)
+    module = RoutedExperts(4, 8, 16, capacity_per_expert=capacity, group_size=group_size)
+    x = torch.randn(24, 8, requires_grad=True)
+    gate = torch.rand(24, 2, requires_grad=True)
+    idx = torch.full((24, 2), 3)                                   # worst skew: every pair on one expert
+    with HostSyncCounter() as counter:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            out = module(x, idx, gate)
+        out.float().square().sum().backward()
+    assert counter.total == 0, (counter.counts, counter.where)
+    assert module.last_stats["computed_rounds"] == (1 if capacity is None else -(-48 // module.last_stats["buffer_rows"]))
+
+
+def test_the_loop_backend_reads_offsets_on_the_host():
+    """The reference path (one mm per expert) needs host offsets: the counter must see them."""
+    module = RoutedExperts(4, 8, 16, backend="loop")
+    with HostSyncCounter() as counter:
+        module(torch.randn(6, 8), torch.randint(0, 4, (6, 2)), torch.rand(6, 2)).sum()
+    assert counter.total > 0
+
+
+@pytest.mark.parametrize("extra", [{}, {"capacity_per_expert": 1, "group_size": 2}])
+def test_model_training_step_has_no_host_sync(extra):
+    """Router, experts, losses, backward and an optimizer step of the whole model."""
+    from rungs.model import ModelConfig, Transformer
+    from rungs.muon import Muon
+    from rungs.router import load_balancing_loss, z_loss
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(**SMALL, **extra)
+    model = Transformer(cfg)
+    matrices = [p for p in model.parameters() if p.ndim in (2, 3)]
+    others = [p for p in model.parameters() if p.ndim not in (2, 3)]
+    muon = Muon(matrices, lr=0.01)
+    adam = torch.optim.AdamW(others, lr=1e-3, capturable=True)   # capturable: the step counter stays on device
+    tokens = torch.randint(0, 64, (2, 17))
+    for step in range(2):                                         # the first step creates optimizer state
+        counter = HostSyncCounter()
+        with counter:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits, routes = model(tokens[:, :-1])
+            ce = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+            loss = ce + 0.01 * load_balancing_loss(routes, cfg.n_experts, cfg.top_k) + 1e-3 * z_loss(routes)
+            loss.backward()
+            muon.step()
+            adam.step()
+            muon.zero_grad(set_to_none=True)
+            adam.zero_grad(set_to_none=True)
+        assert counter.total == 0, (step, counter.counts, counter.where)
