@@ -14,6 +14,14 @@ loop), because the same names mean different formulas across codebases:
     "match_rms_adamw": 0.2*sqrt(max(fan_out,fan_in))    (Moonlight; reuse AdamW lr and wd)
     "original":        sqrt(max(1,fan_out/fan_in))      (KellerJordan; lr in spectral units)
 
+Same-shape matrices are orthogonalised in batches (one batched Newton-Schulz call each) of at most
+`ns_chunk_bytes` of fp32 matrices (default NS_CHUNK_BYTES, 1 GiB): a stack of 512 experts or a
+model's 27,648 same-shape expert matrices is cut into slices of whole matrices, and momentum,
+Nesterov update, decay and apply run slice by slice, so the optimizer's working memory is one
+chunk (its fp32 update, the bf16 Newton-Schulz iterate and its Gram matrices), not a copy of every
+same-shape matrix. Each matrix's result does not depend on the chunking (batched matmuls compute
+each batch element on its own).
+
 Newton-Schulz is scale-invariant: X / ||X||_F with the norm clamped only at the smallest normal
 float (a divide-by-zero guard), unlike the 1e-7 eps clamp that silently shrinks tiny updates; an
 exact power-of-two prescale keeps ||X||_F representable for any finite input.
@@ -28,8 +36,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-__all__ = ["CONVENTIONS", "Muon", "MuonConfigError", "NS_PRESETS", "SIMPLE_COEFFICIENTS", "adjust_lr",
-           "newton_schulz"]
+__all__ = ["CONVENTIONS", "Muon", "MuonConfigError", "NS_CHUNK_BYTES", "NS_PRESETS", "SIMPLE_COEFFICIENTS",
+           "adjust_lr", "matrix_chunks", "newton_schulz"]
 
 # KellerJordan's quintic: maximal slope at 0; singular values land in about [0.5, 1.5], not 1.
 SIMPLE_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -48,6 +56,8 @@ CONVENTIONS = {
     "original": "sqrt(max(1,fan_out/fan_in))",
 }
 _TINY = torch.finfo(torch.float32).tiny
+# Fp32 bytes of matrices orthogonalised in one batched Newton-Schulz call (Muon and DistMuon).
+NS_CHUNK_BYTES = 1 << 30
 
 
 class MuonConfigError(ValueError):
@@ -114,27 +124,52 @@ def adjust_lr(lr: float, shape: tuple[int, ...], mode: str = "match_rms_adamw") 
     raise MuonConfigError(f"adjust_lr mode must be one of {sorted(CONVENTIONS)}, got {mode!r}")
 
 
+def matrix_chunks(counts: list[int], matrix_bytes: int, chunk_bytes: int) -> list[list[tuple[int, int, int]]]:
+    """Cut a sequence of parameters holding `counts` matrices each (1 for a matrix, E for a stack)
+    into chunks of at most max(1, chunk_bytes // matrix_bytes) matrices, in order: each chunk is a
+    list of (parameter position, first matrix, end matrix) slices of whole matrices."""
+    if chunk_bytes < 1 or matrix_bytes < 1:
+        raise MuonConfigError(f"chunk_bytes and matrix_bytes must be >= 1, got {chunk_bytes}, {matrix_bytes}")
+    per_chunk = max(1, chunk_bytes // matrix_bytes)
+    chunks: list[list[tuple[int, int, int]]] = [[]]
+    room = per_chunk
+    for position, count in enumerate(counts):
+        lo = 0
+        while lo < count:
+            if room == 0:
+                chunks.append([])
+                room = per_chunk
+            hi = min(count, lo + room)
+            chunks[-1].append((position, lo, hi))
+            room -= hi - lo
+            lo = hi
+    return [c for c in chunks if c]
+
+
 class Muon(torch.optim.Optimizer):
     """Muon for 2-D matrices and 3-D stacks of matrices (see the module docstring for the math).
 
-    Matrices of the same (out, in) shape within a param group are orthogonalised in one batched
-    Newton-Schulz call (a stack of experts is already such a batch).
+    Matrices of the same (out, in) shape within a param group are orthogonalised in batched
+    Newton-Schulz calls of at most `ns_chunk_bytes` fp32 bytes of matrices each (a stack of experts
+    is already such a batch, cut where it is larger).
     """
 
     def __init__(self, params: Iterable, lr: float, weight_decay: float = 0.0, momentum: float = 0.95,
                  nesterov: bool = True, ns_steps: int = 5, adjust_lr: str = "match_rms_adamw", *,
                  ns_coefficients=SIMPLE_COEFFICIENTS,
-                 ns_dtype: torch.dtype | None = torch.bfloat16):
+                 ns_dtype: torch.dtype | None = torch.bfloat16, ns_chunk_bytes: int = NS_CHUNK_BYTES):
         if lr < 0 or weight_decay < 0 or not 0 <= momentum < 1:
             raise MuonConfigError(f"need lr >= 0, weight_decay >= 0, 0 <= momentum < 1; "
                                   f"got {lr}, {weight_decay}, {momentum}")
         _schedule(ns_coefficients, ns_steps)                                # validates
         if adjust_lr not in CONVENTIONS:
             raise MuonConfigError(f"adjust_lr must be one of {sorted(CONVENTIONS)}, got {adjust_lr!r}")
+        if ns_chunk_bytes < 1:
+            raise MuonConfigError(f"ns_chunk_bytes must be >= 1, got {ns_chunk_bytes}")
         defaults = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
                     "ns_steps": ns_steps, "ns_coefficients": ns_coefficients}
         super().__init__(params, defaults)
-        self.adjust_lr, self.ns_dtype = adjust_lr, ns_dtype
+        self.adjust_lr, self.ns_dtype, self.ns_chunk_bytes = adjust_lr, ns_dtype, ns_chunk_bytes
         self.convention = CONVENTIONS[adjust_lr]
         for group in self.param_groups:
             for p in group["params"]:
@@ -151,35 +186,44 @@ class Muon(torch.optim.Optimizer):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
-            grads = [p.grad for p in params]
-            if any(g.is_sparse for g in grads):
+            if any(p.grad.is_sparse for p in params):
                 raise MuonConfigError("Muon does not support sparse gradients")
-            bufs = []
             for p in params:
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p)
-                bufs.append(state["momentum_buffer"])
-            torch._foreach_lerp_(bufs, grads, 1 - mu)
-            updates = torch._foreach_lerp(grads, bufs, mu) if group["nesterov"] else bufs
-            if wd:
-                torch._foreach_mul_(params, 1 - lr * wd)
-            by_shape: dict[tuple, list[int]] = defaultdict(list)
-            for i, p in enumerate(params):
-                by_shape[(tuple(p.shape[-2:]), p.dtype, p.device)].append(i)
+                if "momentum_buffer" not in self.state[p]:
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+            by_shape: dict[tuple, list[Tensor]] = defaultdict(list)
+            for p in params:
+                by_shape[(tuple(p.shape[-2:]), p.dtype, p.device)].append(p)
             for (shape, _, _), members in by_shape.items():
-                stack = [updates[i] for i in members]
-                if len(stack) == 1:
-                    ortho = [newton_schulz(stack[0], group["ns_steps"], group["ns_coefficients"], dtype=self.ns_dtype)]
-                else:
-                    sizes = [u.numel() // (shape[0] * shape[1]) for u in stack]
-                    batch = torch.cat([u.reshape(-1, *shape) for u in stack])
-                    out = newton_schulz(batch, group["ns_steps"], group["ns_coefficients"], dtype=self.ns_dtype)
-                    ortho = [o.reshape(params[i].shape) for o, i in zip(out.split(sizes), members)]
-                torch._foreach_add_([params[i] for i in members], ortho,
-                                    alpha=-adjust_lr(lr, shape, self.adjust_lr))
+                counts = [p.shape[0] if p.ndim == 3 else 1 for p in members]
+                for chunk in matrix_chunks(counts, shape[0] * shape[1] * 4, self.ns_chunk_bytes):
+                    self._step_chunk(group, shape, [(members[i], lo, hi) for i, lo, hi in chunk],
+                                     batched=len(members) > 1 or members[0].ndim == 3)
         return loss
+
+    def _step_chunk(self, group: dict, shape: tuple[int, int], slices: list[tuple[Tensor, int, int]],
+                    batched: bool) -> None:
+        """Momentum, Newton-Schulz and the update for whole matrices [lo, hi) of each parameter."""
+        lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
+
+        def part(t: Tensor, lo: int, hi: int) -> Tensor:
+            return t[lo:hi] if t.ndim == 3 else t
+
+        params = [part(p, lo, hi) for p, lo, hi in slices]
+        grads = [part(p.grad, lo, hi) for p, lo, hi in slices]
+        bufs = [part(self.state[p]["momentum_buffer"], lo, hi) for p, lo, hi in slices]
+        torch._foreach_lerp_(bufs, grads, 1 - mu)
+        updates = torch._foreach_lerp(grads, bufs, mu) if group["nesterov"] else bufs
+        if wd:
+            torch._foreach_mul_(params, 1 - lr * wd)
+        if len(updates) == 1 and (updates[0].ndim == 3 or not batched):
+            batch = updates[0]                      # a lone 2-D matrix: 2-D NS, as torch.optim.Muon
+        else:
+            batch = torch.cat([u.reshape(-1, *shape) for u in updates])
+        out = newton_schulz(batch, group["ns_steps"], group["ns_coefficients"], dtype=self.ns_dtype)
+        sizes = [u.numel() // (shape[0] * shape[1]) for u in updates]
+        ortho = [o.reshape(p.shape) for o, p in zip(out.split(sizes) if out.ndim == 3 else [out], params)]
+        torch._foreach_add_(params, ortho, alpha=-adjust_lr(lr, shape, self.adjust_lr))
 
     def state_dict(self):
         sd = super().state_dict()
