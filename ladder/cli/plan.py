@@ -1,4 +1,5 @@
-"""`ladder plan RECIPE`: the dry run of a ladder (architecture, counts, tokens, compute, data)."""
+"""`ladder plan RECIPE`: the dry run of a ladder (architecture, counts, tokens, compute, data), and with
+`--gpu-memory` the smallest GPU layout each rung fits in, with its per-rank memory (`ladder.plan.memory`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from ladder.plan.compute import plan_compute
 from ladder.errors import LadderInputError
 from ladder.cli.output import human_count, make_table, print_json, stdout_console
 from ladder.plan.generator import RungSpec, plan_ladder
+from ladder.plan.memory import CHECKPOINTING, DEFAULT_HEADROOM, DEFAULT_MAX_GPUS, PRECISIONS, choose_layout, \
+    format_bytes, parse_bytes
 from ladder.plan.recipe import Recipe, load_recipe
 
 
@@ -31,11 +34,48 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=int, help="pool size; adds wall_clock_days and gpu_hours")
     p.add_argument("--mfu", type=float, help="model FLOPs utilisation (default: the recipe pool's)")
     p.add_argument("--goodput", type=float, help="fraction of wall time making progress (default: the pool's)")
+    p.add_argument("--gpu-memory", help="memory of one GPU, e.g. 141GB or 80GiB; adds each rung's smallest layout "
+                   "that fits and its per-rank memory")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node for --gpu-memory (default 8)")
+    p.add_argument("--precision", choices=PRECISIONS, help="for --gpu-memory: bf16 compute over fp32 master "
+                   "weights (default) or fp32")
+    p.add_argument("--checkpointing", choices=CHECKPOINTING, help="for --gpu-memory: only this activation "
+                   "checkpointing (default: the least recompute that fits)")
+    p.add_argument("--headroom", type=float, help=f"for --gpu-memory: fraction of each GPU kept free for the CUDA "
+                   f"context, NCCL and fragmentation (default {DEFAULT_HEADROOM:g})")
+    p.add_argument("--max-gpus", type=int, help=f"for --gpu-memory: the largest layout tried (default {DEFAULT_MAX_GPUS})")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
 
+MEMORY_ONLY_FLAGS = ("gpus_per_node", "precision", "checkpointing", "headroom", "max_gpus")
+
+
+def _memory_settings(args: argparse.Namespace) -> dict | None:
+    """The --gpu-memory settings, validated; None without --gpu-memory (then its companions are errors)."""
+    given = [f for f in MEMORY_ONLY_FLAGS if getattr(args, f, None) is not None]
+    if getattr(args, "gpu_memory", None) is None:
+        if given:
+            raise LadderInputError("needs --gpu-memory (the memory of one GPU, e.g. 141GB)",
+                                   field="--" + given[0].replace("_", "-"))
+        return None
+    settings = {"gpu_memory_bytes": parse_bytes(args.gpu_memory),
+                "gpus_per_node": 8 if args.gpus_per_node is None else args.gpus_per_node,
+                "precision": args.precision or "bf16",
+                "headroom": DEFAULT_HEADROOM if args.headroom is None else args.headroom,
+                "max_gpus": DEFAULT_MAX_GPUS if args.max_gpus is None else args.max_gpus}
+    for flag in ("gpus_per_node", "max_gpus"):
+        if settings[flag] < 1:
+            raise LadderInputError(f"must be a positive integer, got {settings[flag]}", field="--" + flag.replace("_", "-"))
+    if not 0 <= settings["headroom"] < 1:
+        raise LadderInputError(f"must be a fraction in [0, 1), got {settings['headroom']:g}", field="--headroom")
+    if args.checkpointing is not None:
+        settings["checkpointing"] = (args.checkpointing,)
+    return settings
+
+
 def plan_payload(recipe: Recipe, rungs: list[RungSpec], args: argparse.Namespace) -> dict:
+    memory = _memory_settings(args)
     out = []
     for spec in rungs:
         row = spec.to_dict()
@@ -51,6 +91,13 @@ def plan_payload(recipe: Recipe, rungs: list[RungSpec], args: argparse.Namespace
             row["gpu_hours"] = compute.gpu_hours
             # The 6·N·D convention, for comparison with reports that use it.
             row["wall_clock_days_6nd"] = 6.0 * spec.params_active * spec.tokens / compute.effective_flops_per_second / 86_400
+        if memory is not None:
+            try:
+                choice = choose_layout(spec.arch, batch_sequences=spec.batch_sequences, **memory)
+            except LadderInputError as err:
+                raise LadderInputError(f"L{spec.L}: {err.detail}", field=err.field) from None
+            row["layout"] = choice.to_dict()
+            row["memory"] = choice.memory.to_dict()
         out.append(row)
     return {"recipe": recipe.name, "rungs": out}
 
@@ -82,6 +129,8 @@ def render_plan(payload: dict) -> None:
             row += [f"{r['wall_clock_days']:.2f}", human_count(r["gpu_hours"])]
         table_rows.append(row)
     stdout_console.print(make_table(f"ladder plan: {payload['recipe']} (TPP {rows[0]['tpp']:g})", columns, table_rows))
+    if any("layout" in r for r in rows):
+        render_memory(rows)
     sources = rows[-1]["sources"]
     src_rows = [[name, f"{s['share']:.0%}", human_count(s["tokens"]), human_count(s["unique_tokens"]), f"{s['epochs']:.2f}"]
                 for name, s in sources.items()]
@@ -89,3 +138,22 @@ def render_plan(payload: dict) -> None:
         f"source scaling at L{rows[-1]['L']} (epochs are the same at every rung; unique data shrinks "
         f"to {next(iter(sources.values()))['unique_fraction']:.3g} of full scale)",
         ["source", "share", "tokens", "unique", "epochs"], src_rows))
+
+
+def render_memory(rows: list[dict]) -> None:
+    """The chosen layout of each rung and its per-rank memory (decimal GB, as GPU specs state them)."""
+    first = rows[0]["layout"]
+    title = (f"memory plan: smallest layout per rung ({format_bytes(first['gpu_memory_bytes'])} per GPU, "
+             f"{first['headroom']:.0%} kept free, {first['gpus_per_node']} GPUs per node, {first['precision']}); "
+             f"per-rank bytes")
+    columns = ["L", "GPUs", "nodes", "dp", "ep", "micro", "accum", "AC", "params", "grads", "optim", "activ",
+               "buffers", "peak", "usable"]
+    table_rows = []
+    for r in rows:
+        lay, mem = r["layout"], r["memory"]
+        table_rows.append([r["L"], lay["gpus"], lay["nodes"], lay["dp"], lay["ep"], lay["micro_batch_sequences"],
+                           lay["accumulation_steps"], lay["checkpointing"],
+                           *(format_bytes(mem[k]) for k in ("params", "grads", "optimizer", "activations", "buffers",
+                                                            "total")),
+                           format_bytes(lay["usable_bytes"])])
+    stdout_console.print(make_table(title, columns, table_rows))

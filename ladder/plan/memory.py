@@ -1,0 +1,463 @@
+"""The memory planner: per-rank bytes of one rung under one layout, and the smallest layout that fits.
+
+Pure arithmetic over the rung's tensor shapes (`rungs.architecture.parameter_shapes`), no torch. A
+layout is dp × ep ranks (`rungs.parallel.distributed`: dense tensors FSDP2-sharded over all
+dp·ep ranks along dim 0; with ep > 1 each rank holds E/ep whole experts of every layer, replicated
+over the dp group, outside FSDP), a per-rank micro-batch of sequences, activation checkpointing
+and precision:
+
+- "fp32": everything fp32 (the CPU path);
+- "bf16": bf16 compute (torch.autocast) over fp32 master parameters, fp32 gradients and optimizer
+  states, FSDP2 all-gathers in bf16 and reductions in fp32 (its MixedPrecisionPolicy).
+
+What it counts, per rank (bytes):
+
+- params: fp32 master shards (ceil(rows / world) rows of each FSDP tensor; E/ep experts under ep);
+- grads: the same shapes in fp32 (present from the second micro-batch on, so counted in full);
+- optimizer: Muon's fp32 momentum for the matrix and expert-stack roles, AdamW's fp32 m and v for
+  the embedding, LM head, norms and router (the roles of `rungs.optim`);
+- activations: what autograd saves during one micro-batch's forward, layer by layer, as the
+  torch model (`rungs.model`, `rungs.moe`, `rungs.parallel.expert_parallel`) saves it: RMSNorm's
+  input and normalised rows, each linear's input, attention's q/k/v/output/log-sum-exp plus the
+  dense (T, T) mask SDPA converts to floats, RoPE's rotation tables, the router's probabilities,
+  indices and gates, the routed experts' dispatched rows and hidden pre-activations (one round,
+  the dropless default), the shared expert's hidden tensors, the load-balancing loss's stacked
+  probabilities, the final norm, and the (tokens, vocab) logits with cross-entropy's fp32
+  log-probabilities. Under bf16 it adds autocast's bf16 copies: each linear's input, and the
+  compute copies of the weights autograd keeps until backward (dense matrices; expert stacks
+  under ep, which `ExpertParallelExperts` casts before saving);
+- buffers: the transients on top of that at the worst moment: FSDP2's gathered (unsharded) root
+  (embedding, LM head) for the whole step, two blocks' gathered parameters (current + prefetch)
+  and one block's unsharded gradients before the reduce-scatter; one layer's expert backward
+  (fp32 weight-gradient accumulators, round buffers, and under ep the fixed all-to-all send and
+  receive buffers of `ExpertParallelExperts`); cross-entropy's backward over the logits; and with
+  checkpointing the one layer being recomputed. The largest of these phases is what counts.
+
+Left out: the CUDA context, NCCL's own buffers and allocator fragmentation (the `headroom`
+fraction of device memory is kept free for them), the one-off model build before sharding, the
+optimizer step's temporaries (distributed Muon's exchange buffers and Newton-Schulz workspace,
+bounded by one batch of same-shape matrices), evaluation, and skew beyond one MoE round (a
+skewed step costs rounds, not memory: `rungs.moe`). Checkpointing "selective" (keep matmul and
+attention outputs, recompute norms, RoPE and activations: torchtitan's op-level policy) and
+"full" (keep each block's input, recompute the block in backward) are the planner's estimates of
+those policies; the training job runs with none today, and `choose_layout` prefers none whenever
+it fits.
+
+Checked against measured peaks (torch's MemTracker, autograd's saved tensors) at small shapes on
+CPU: tests/ladder/plan/test_memory.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from math import prod
+from typing import Any
+
+from ladder.errors import LadderInputError
+from rungs.architecture import Architecture, layer_shapes, parameter_shapes
+
+__all__ = ["CHECKPOINTING", "PRECISIONS", "Layout", "LayoutChoice", "MemoryBreakdown", "choose_layout",
+           "format_bytes", "memory_breakdown", "parse_bytes", "planned_expert_parallel"]
+
+CHECKPOINTING = ("none", "selective", "full")
+PRECISIONS = ("fp32", "bf16")
+FP32_BYTES, BF16_BYTES, INT64_BYTES = 4, 2, 8
+DEFAULT_HEADROOM = 0.10  # of device memory, kept for the CUDA context, NCCL and fragmentation
+DEFAULT_MAX_GPUS = 4096
+LOSSES = ("chunked", "logits")
+# Logit elements per chunk of the chunked loss (rungs.loss.LOGITS_PER_CHUNK).
+LOGITS_PER_CHUNK = 1 << 25
+# grouped_mm pads the experts' row buffer to this many rows (rungs.moe._ROW_ALIGN).
+EXPERT_ROW_ALIGN = 8
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_bytes(text: str, *, field: str = "--gpu-memory") -> int:
+    """'141GB' → 141·10⁹, '80GiB' → 80·2³⁰, '2.5TB'; decimal (kB, MB, GB, TB) and binary (KiB...) units."""
+    match = _SIZE.match(str(text))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS or not unit:
+        raise LadderInputError(f"expected a memory size with a unit such as 141GB, 80GiB or 2.5TB, got {text!r} "
+                               f"(units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)", field=field)
+    value = float(match.group(1)) * _UNITS[unit]
+    if not math.isfinite(value) or value < 1:
+        raise LadderInputError(f"a memory size must be at least one byte, got {text!r}", field=field)
+    return int(value)
+
+
+def format_bytes(n: float) -> str:
+    """Decimal units, as device specs state them: 141e9 → '141.0 GB'."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """dp × ep ranks, the micro-batch each rank runs, activation checkpointing and precision."""
+
+    dp: int
+    ep: int
+    micro_batch_sequences: int  # per rank and micro-batch (TrainConfig's is this × world)
+    checkpointing: str = "none"
+    precision: str = "bf16"
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "ep", "micro_batch_sequences"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise LadderInputError(f"must be a positive integer, got {value!r}", field=name)
+        if self.checkpointing not in CHECKPOINTING:
+            raise LadderInputError(f"must be one of {list(CHECKPOINTING)}, got {self.checkpointing!r}",
+                                   field="checkpointing")
+        if self.precision not in PRECISIONS:
+            raise LadderInputError(f"must be one of {list(PRECISIONS)}, got {self.precision!r}", field="precision")
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.ep
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"world": self.world}
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Per-rank bytes of one layout; `details` splits activations and buffers into their parts."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    buffers: int
+    details: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def states(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> int:
+        return self.states + self.activations + self.buffers
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer,
+                "activations": self.activations, "buffers": self.buffers, "total": self.total,
+                "details": dict(self.details)}
+
+
+@functools.lru_cache(maxsize=64)
+def _shapes(arch: Architecture) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return tuple(parameter_shapes(arch).items())
+
+
+@functools.lru_cache(maxsize=256)
+def _biggest_block(arch: Architecture, experts_outside: bool) -> int:
+    """Elements FSDP2 all-gathers for the largest block (expert stacks are outside FSDP under ep > 1)."""
+    return max(sum(prod(s) for name, s in layer_shapes(arch, i).items()
+                   if not (experts_outside and _role(name) == "expert_stack")) for i in range(arch.n_layers))
+
+
+def _role(name: str) -> str:
+    """The optimizer role of a parameter name (`rungs.optim`'s rules, without torch)."""
+    if ".moe.experts.w_" in name:
+        return "expert_stack"
+    if name.endswith("norm.weight") or name in ("embed.weight", "lm_head.weight") or ".moe.router." in name:
+        return "adamw"
+    return "matrix"
+
+
+def _sharded(shape: tuple[int, ...], world: int) -> int:
+    """Elements one rank holds of an FSDP2 tensor sharded on dim 0 (ceil(rows / world) rows, padded)."""
+    return math.ceil(shape[0] / world) * prod(shape[1:])
+
+
+def state_bytes(arch: Architecture, layout: Layout) -> tuple[int, int, int]:
+    """(params, grads, optimizer) bytes of one rank: fp32 master, fp32 gradients, Muon/AdamW states."""
+    params = optimizer = 0
+    for name, shape in _shapes(arch):
+        role = _role(name)
+        if role == "expert_stack" and layout.ep > 1:
+            n = shape[0] // layout.ep * prod(shape[1:])  # whole experts, replicated over dp
+        else:
+            n = _sharded(shape, layout.world)
+        params += n * FP32_BYTES
+        optimizer += n * FP32_BYTES * (2 if role == "adamw" else 1)
+    return params, params, optimizer
+
+
+def _expert_rows(tokens: int, arch: Architecture) -> int:
+    """Rows of the one-round expert buffer: T·k pairs padded to the grouped_mm row alignment."""
+    return -(-tokens * arch.top_k // EXPERT_ROW_ALIGN) * EXPERT_ROW_ALIGN
+
+
+def _layer_activations(arch: Architecture, layer: int, tokens: int, layout: Layout, *, lb_loss: bool,
+                       z_loss: bool) -> dict[str, int]:
+    """Bytes autograd saves in one block for `tokens` rows, by part (no checkpointing)."""
+    bf16 = layout.precision == "bf16"
+    a = BF16_BYTES if bf16 else FP32_BYTES  # matmul outputs and (under autocast) their inputs
+    f = FP32_BYTES  # the residual stream, norms, softmax statistics and router scores stay fp32
+    n, d, seq = tokens, arch.d_model, arch.seq_len
+    kv = arch.n_kv_heads_global if arch.is_global_layer(layer) else arch.n_kv_heads_local
+    q_width, kv_width = arch.n_heads * arch.head_dim, kv * arch.head_dim
+    norm = 2 * n * d * f + n * f  # input rows, normalised rows, 1/rms
+    # the norm's output, saved by wq/wk/wv (one tensor in fp32; one bf16 copy each under autocast),
+    # RoPE's cos+i·sin tables for q and k, and flash attention's q, k, v, output and log-sum-exp
+    attn_inputs = 3 * n * d * a if bf16 else n * d * f
+    rope = 2 * seq * (arch.head_dim // 2) * 2 * f
+    sdpa = (2 * n * q_width + 2 * n * kv_width) * a + n * arch.n_heads * f
+    # router: its input (the norm's output in fp32, shared with the latent projection and the shared
+    # expert; under autocast a bf16 copy for each of the three), probabilities, top-k, gates
+    shared_inputs = 2 if arch.n_shared_experts else 0
+    moe_inputs = (2 + shared_inputs) * n * d * a if bf16 else n * d * f
+    router = n * arch.n_experts * f + n * arch.top_k * (INT64_BYTES + f) + 2 * n * f
+    if z_loss:
+        router += n * arch.n_experts * f + n * f
+    lbl = n * arch.n_experts * f + n * f if lb_loss else 0
+    lat = arch.latent_dim
+    experts_in = n * lat * a + n * arch.top_k * (f + INT64_BYTES) + arch.n_experts * INT64_BYTES
+    if layout.ep > 1:
+        # ExpertParallelExperts: x, the per-pair outputs the gate's bmm saves; rounds recomputed
+        experts = experts_in + n * arch.top_k * lat * a
+    else:
+        rows = _expert_rows(n, arch)
+        experts = experts_in + rows * (lat + 2 * arch.expert_hidden) * a  # the kept one-round slab
+    latent_up = n * lat * a if arch.has_latent_projection else 0
+    shared = 4 * n * arch.shared_hidden * arch.n_shared_experts * a
+    return {"attn_norm": norm, "attention": attn_inputs + rope + sdpa, "moe_norm": norm, "moe_inputs": moe_inputs,
+            "router": router, "lb_loss": lbl, "experts": experts, "latent_up": latent_up, "shared_expert": shared}
+
+
+def _checkpointed(parts: dict[str, int], tokens: int, arch: Architecture, checkpointing: str) -> int:
+    """What one block keeps under `rungs.model.Block`'s checkpointing: "selective" recomputes the
+    attention sub-layer (its input rows are kept), "full" the whole block (its input rows kept)."""
+    kept_input = tokens * arch.d_model * FP32_BYTES
+    if checkpointing == "full":
+        return kept_input
+    if checkpointing == "selective":
+        return sum(parts.values()) - parts["attn_norm"] - parts["attention"] + kept_input
+    return sum(parts.values())
+
+
+def _expert_backward(arch: Architecture, tokens: int, layout: Layout) -> int:
+    """One layer's expert backward on top of the saved tensors (rungs.moe / expert_parallel)."""
+    a = BF16_BYTES if layout.precision == "bf16" else FP32_BYTES
+    lat, hid, k = arch.latent_dim, arch.expert_hidden, arch.top_k
+    local = arch.n_experts // layout.ep
+    accumulators = 3 * local * hid * lat * FP32_BYTES  # fp32 weight-gradient sums over rounds
+    pairs = tokens * k
+    if layout.ep > 1:
+        fixed = local * math.ceil(pairs * layout.ep / local)  # receive buffer rows: every pair of the group
+        exchange = (2 * fixed * 2 * lat + fixed * lat + 3 * pairs * lat) * a  # pack ×2, dx, back, dx_pairs, rows
+        work = pairs * (6 * hid + 3 * lat) * a  # xin, dy, hg, hu, sig, silu, dh, dhu, dhg
+        return accumulators + exchange + work
+    rows = _expert_rows(tokens, arch)
+    return accumulators + (rows * lat + pairs * lat + rows * 4 * hid + rows * lat) * a + pairs * FP32_BYTES
+
+
+def _expert_forward_exchange(arch: Architecture, tokens: int, layout: Layout) -> int:
+    """ExpertParallelExperts' forward buffers: two receive buffers, the output buffer, the return
+    buffer and the rows sent, all sized for the group's pairs; plus the round's hidden rows."""
+    if layout.ep == 1:
+        return 0
+    a = BF16_BYTES if layout.precision == "bf16" else FP32_BYTES
+    lat, pairs = arch.latent_dim, tokens * arch.top_k
+    local = arch.n_experts // layout.ep
+    fixed = local * math.ceil(pairs * layout.ep / local)
+    return (3 * fixed * lat + 2 * pairs * lat + pairs * lat + 2 * pairs * arch.expert_hidden) * a
+
+
+def memory_breakdown(arch: Architecture, layout: Layout, *, lb_loss: bool = True, z_loss: bool = False,
+                     loss: str = "chunked") -> MemoryBreakdown:
+    """Per-rank bytes of `arch` trained under `layout` (see the module docstring for what counts).
+
+    `loss`: "chunked" (`rungs.loss.linear_cross_entropy`: the model takes the targets, no logits
+    tensor) or "logits" (the model returns (tokens, vocab) logits and the step takes their
+    cross-entropy)."""
+    if arch.n_experts % layout.ep:
+        raise LadderInputError(f"ep={layout.ep} must divide the {arch.n_experts} experts", field="ep")
+    if loss not in LOSSES:
+        raise LadderInputError(f"must be one of {list(LOSSES)}, got {loss!r}", field="loss")
+    params, grads, optimizer = state_bytes(arch, layout)
+    bf16 = layout.precision == "bf16"
+    a = BF16_BYTES if bf16 else FP32_BYTES
+    f = FP32_BYTES
+    tokens = layout.micro_batch_sequences * arch.seq_len
+    d, vocab = arch.d_model, arch.vocab_size
+    shapes = _shapes(arch)
+
+    layers = [_layer_activations(arch, i, tokens, layout, lb_loss=lb_loss, z_loss=z_loss) for i in range(arch.n_layers)]
+    per_layer = [_checkpointed(p, tokens, arch, layout.checkpointing) for p in layers]
+    head = tokens * INT64_BYTES + 2 * tokens * d * f + tokens * f  # token ids, the final norm
+    if loss == "chunked":
+        # the loss's gradients, made in forward and saved: d hidden (fp32 rows), d head weight (fp32)
+        head_loss = tokens * d * f + vocab * d * f
+        chunk = min(tokens, max(1, LOGITS_PER_CHUNK // vocab))
+        loss_transient = 2 * chunk * vocab * f + (chunk * vocab * a + vocab * d * a if bf16 else 0)
+    else:
+        # the LM head's input, the logits the step holds, cross-entropy's fp32 log-probabilities;
+        # backward: d log-probs and d logits in fp32 (and their cast under autocast)
+        head_loss = tokens * d * a + tokens * vocab * (a + f)
+        loss_transient = tokens * vocab * (2 * f + (a if bf16 else 0))
+    weights = 0
+    if bf16:  # autocast's weight copies, saved until backward: dense matrices; expert stacks under ep
+        for name, shape in shapes:
+            role = _role(name)
+            if role == "matrix" or ".moe.router." in name or (name == "lm_head.weight" and loss == "logits"):
+                weights += prod(shape) * BF16_BYTES
+            elif role == "expert_stack" and layout.ep > 1:
+                weights += prod(shape) // layout.ep * BF16_BYTES
+    activations = sum(per_layer) + head + head_loss + weights
+
+    gather = a  # FSDP2's all-gather dtype (its MixedPrecisionPolicy: bf16 parameters for compute)
+    world_one = layout.world == 1
+    root = 0 if world_one else sum(prod(s) for n, s in shapes if not n.startswith("layers.")) * gather
+    biggest = 0 if world_one else _biggest_block(arch, layout.ep > 1)
+    # forward: two blocks gathered (current + prefetch); backward: those, plus one block's unsharded
+    # gradients (compute dtype, and fp32 for the reduce-scatter under bf16)
+    fsdp_forward = 2 * biggest * gather
+    fsdp_backward = 2 * biggest * gather + biggest * (a + (f if bf16 else 0))
+    recompute = max(sum(p.values()) for p in layers) if layout.checkpointing != "none" else 0
+    phases = {
+        "forward": fsdp_forward + _expert_forward_exchange(arch, tokens, layout),
+        "backward": fsdp_backward + _expert_backward(arch, tokens, layout) + recompute,
+        "loss": loss_transient,
+    }
+    buffers = root + max(phases.values())
+    details = {"activations_layers": sum(per_layer), "activations_head": head + head_loss,
+               "activations_weight_copies": weights, "buffers_fsdp_root": root,
+               **{f"buffers_{k}": v for k, v in phases.items()}}
+    return MemoryBreakdown(params, grads, optimizer, activations, buffers, details)
+
+
+@dataclass(frozen=True)
+class LayoutChoice:
+    layout: Layout
+    memory: MemoryBreakdown
+    batch_sequences: int
+    gpus_per_node: int
+    device_bytes: int
+    headroom: float
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.layout.world / self.gpus_per_node)
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.device_bytes * (1 - self.headroom))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.layout.to_dict(), "gpus": self.layout.world, "nodes": self.nodes,
+                "gpus_per_node": self.gpus_per_node, "gpu_memory_bytes": self.device_bytes,
+                "usable_bytes": self.usable_bytes, "headroom": self.headroom,
+                "accumulation_steps": self.batch_sequences // self.layout.world // self.layout.micro_batch_sequences,
+                # the job's own knob (TrainConfig.micro_batch_sequences counts the whole job's sequences)
+                "config_micro_batch_sequences": self.layout.micro_batch_sequences * self.layout.world}
+
+
+def _divisors(n: int) -> list[int]:
+    return [i for i in range(1, n + 1) if n % i == 0]
+
+
+def candidate_worlds(batch_sequences: int, gpus_per_node: int, max_gpus: int) -> list[int]:
+    """Rank counts in increasing order: part of one node (divisors of gpus_per_node), then whole
+    nodes; each must split the batch evenly (`rungs.parallel.engine`)."""
+    partial = _divisors(gpus_per_node)
+    whole = list(range(2 * gpus_per_node, max_gpus + 1, gpus_per_node))
+    return [w for w in partial + whole if w <= max_gpus and batch_sequences % w == 0]
+
+
+def _valid_eps(arch: Architecture, world: int, group_size: int | None) -> list[int]:
+    out = []
+    for ep in _divisors(world):
+        if arch.n_experts % ep:
+            continue
+        local = arch.n_experts // ep
+        if ep > 1 and local % min(group_size or arch.n_experts, local):  # ExpertParallelExperts' group rule
+            continue
+        out.append(ep)
+    return out
+
+
+def choose_layout(arch: Architecture, *, batch_sequences: int, gpu_memory_bytes: int, gpus_per_node: int = 8,
+                  precision: str = "bf16", headroom: float = DEFAULT_HEADROOM, max_gpus: int = DEFAULT_MAX_GPUS,
+                  checkpointing: tuple[str, ...] = CHECKPOINTING, lb_loss: bool = True, z_loss: bool = False,
+                  loss: str = "chunked") -> LayoutChoice:
+    """The smallest layout whose per-rank peak fits `gpu_memory_bytes` × (1 − headroom).
+
+    Order: fewest GPUs; then the least recompute (checkpointing none, selective, full); then the
+    largest micro-batch (fewest accumulation steps); then ep within one node before ep across
+    nodes; then the least memory. Raises LadderInputError saying why when nothing fits.
+    """
+    for name, value in (("gpus_per_node", gpus_per_node), ("max_gpus", max_gpus), ("batch_sequences", batch_sequences)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise LadderInputError(f"must be a positive integer, got {value!r}", field=name)
+    if not 0 <= headroom < 1:
+        raise LadderInputError(f"must be a fraction in [0, 1), got {headroom!r}", field="headroom")
+    if precision not in PRECISIONS:
+        raise LadderInputError(f"must be one of {list(PRECISIONS)}, got {precision!r}", field="precision")
+    if not checkpointing or any(c not in CHECKPOINTING for c in checkpointing):
+        raise LadderInputError(f"must be some of {list(CHECKPOINTING)}, got {checkpointing!r}", field="checkpointing")
+    usable = gpu_memory_bytes * (1 - headroom)
+    best_miss: tuple[int, Layout, MemoryBreakdown] | None = None
+    for world in candidate_worlds(batch_sequences, gpus_per_node, max_gpus):
+        fits: list[tuple[tuple, Layout, MemoryBreakdown]] = []
+        per_rank = batch_sequences // world
+        for ckpt_rank, ckpt in enumerate(c for c in CHECKPOINTING if c in checkpointing):
+            for micro in sorted(_divisors(per_rank), reverse=True):
+                for ep in _valid_eps(arch, world, None):
+                    layout = Layout(dp=world // ep, ep=ep, micro_batch_sequences=micro, checkpointing=ckpt,
+                                    precision=precision)
+                    mem = memory_breakdown(arch, layout, lb_loss=lb_loss, z_loss=z_loss, loss=loss)
+                    if mem.total <= usable:
+                        fits.append(((ckpt_rank, -micro, ep > gpus_per_node, mem.total), layout, mem))
+                    elif best_miss is None or mem.total < best_miss[0]:
+                        best_miss = (mem.total, layout, mem)
+            if fits:
+                break
+        if fits:
+            _, layout, mem = min(fits, key=lambda item: item[0])
+            return LayoutChoice(layout, mem, batch_sequences, gpus_per_node, gpu_memory_bytes, headroom)
+    if best_miss is None:
+        raise LadderInputError(f"no layout: none of 1..{max_gpus} GPUs splits batch_sequences={batch_sequences} "
+                               f"evenly in steps of {gpus_per_node} per node", field="--gpus-per-node")
+    total, layout, mem = best_miss
+    raise LadderInputError(
+        f"no layout up to {max_gpus} GPUs fits {format_bytes(gpu_memory_bytes)} per GPU less {headroom:.0%} "
+        f"headroom ({format_bytes(usable)}): the smallest per-rank peak is {format_bytes(total)} "
+        f"(dp={layout.dp} ep={layout.ep}, micro-batch {layout.micro_batch_sequences}, checkpointing "
+        f"{layout.checkpointing}: params {format_bytes(mem.params)}, grads {format_bytes(mem.grads)}, optimizer "
+        f"{format_bytes(mem.optimizer)}, activations {format_bytes(mem.activations)}, buffers "
+        f"{format_bytes(mem.buffers)})", field="--gpu-memory")
+
+
+def planned_expert_parallel(config: dict[str, Any], *, workers: int, gpu: bool) -> int:
+    """The ep a multi-worker trial runs with when its spec does not set one: among the ep sizes the
+    trial's workers and experts allow, the one with the least per-rank peak for the trial's own
+    micro-batch (the config's `micro_batch_sequences`, whole batch when unset) and precision."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise LadderInputError(f"must be a positive integer, got {workers!r}", field="resources.workers")
+    if workers == 1:
+        return 1
+    arch = Architecture(**{k: config[k] for k in Architecture.__dataclass_fields__})
+    batch = int(config["batch_sequences"])
+    micro_global = int(config.get("micro_batch_sequences") or batch)
+    micro = max(1, micro_global // workers)
+    precision = config.get("precision", "auto")
+    precision = ("bf16" if gpu else "fp32") if precision == "auto" else precision
+    lb_loss = float(config.get("lb_loss_coef", 0.01)) > 0
+    z_loss = float(config.get("z_loss_coef", 0.0)) > 0
+    options = []
+    for ep in _valid_eps(arch, workers, config.get("group_size")):
+        layout = Layout(dp=workers // ep, ep=ep, micro_batch_sequences=micro, precision=precision)
+        options.append((memory_breakdown(arch, layout, lb_loss=lb_loss, z_loss=z_loss).total, -ep, ep))
+    return min(options)[2]
+

@@ -1,0 +1,237 @@
+"""The memory planner against measured memory at small shapes on CPU (one process, 2 gloo ranks
+dp=2, 2 gloo ranks ep=2), plus its search, its input checks and the sweep's ep resolution.
+
+Measured, not derived: parameter, gradient and optimizer bytes are the storages of the real
+tensors after a step; activation bytes are the storages autograd saves during one micro-batch
+(`saved_tensors_hooks`, each storage once, parameters and module buffers excluded) plus the logits
+the step holds; the peak is torch's MemTracker over a whole optimizer step of two micro-batches
+(so gradients exist while the second micro-batch's activations do, the steady state of
+accumulation). The planner must land within 15% of each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.tensor import DTensor
+
+from ladder.errors import LadderInputError
+from ladder.plan.memory import Layout, memory_breakdown
+from rungs.architecture import ModelConfig
+from rungs.model import Transformer
+from rungs.router import load_balancing_loss
+from tests.rungs.dist.spawn import run_ranks
+
+# window = seq_len: every layer takes the flash (is_causal) kernel the GPU path uses for all layers
+# (on CPU a narrower window runs a chunked SDPA that saves key/value copies a GPU does not make).
+ARCH = ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, n_kv_heads_global=1, n_kv_heads_local=2,
+                   global_every=2, window_tokens=64, seq_len=64, n_experts=8, top_k=2, n_shared_experts=1,
+                   latent_dim=32, expert_hidden=48, shared_hidden=40, vocab_size=2048)
+MICRO, N_MICRO = 2, 2  # per rank: two micro-batches of two sequences
+LB = 0.01
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def _storage_bytes(tensors) -> int:
+    seen = {}
+    for t in tensors:
+        s = _local(t).untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def _loss(model, inputs, targets, loss: str, lbl_reduce=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The micro-batch's loss, and the logits the step holds until backward (None when chunked)."""
+    logits = None
+    if loss == "chunked":
+        ce, routes = model(inputs, targets)
+    else:
+        logits, routes = model(inputs)
+        ce = F.cross_entropy(logits.float().view(-1, ARCH.vocab_size), targets.reshape(-1))
+    return ce + LB * load_balancing_loss(routes, ARCH.n_experts, ARCH.top_k, reduce_fn=lbl_reduce), logits
+
+
+def _measure(model, optimizer, step_fn, batches, loss: str, lbl_reduce=None) -> dict[str, int]:
+    """Step once (optimizer states exist), then measure the saved tensors of one micro-batch and the
+    MemTracker peak of a whole step."""
+    step_fn(batches, lambda: None)
+    skip = {_local(t).untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in skip and not isinstance(t, torch.nn.Parameter):
+            saved[s.data_ptr()] = s.nbytes()
+        return t
+
+    inputs, targets = batches[0]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        value, logits = _loss(model, inputs, targets, loss, lbl_reduce)
+    activations = sum(saved.values()) + (logits.untyped_storage().nbytes() if logits is not None else 0)
+    del value, logits
+    tracker = MemTracker()
+    tracker.track_external(model, *optimizer.optimizers)
+    with tracker:  # its module statistics are per forward: cleared before each micro-batch (the peak stays)
+        step_fn(batches, tracker.reset_mod_stats)
+    peak = tracker.get_tracker_snapshot("peak")
+    params = _storage_bytes(model.parameters())
+    states = [v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor) and v.ndim]
+    return {"params": params, "grads": params, "optimizer": _storage_bytes(states), "activations": activations,
+            "peak": sum(v["Total"] for v in peak.values())}
+
+
+def _batches(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(rank)
+    tokens = torch.randint(0, ARCH.vocab_size, (N_MICRO * MICRO, ARCH.seq_len + 1), generator=gen)
+    return [(tokens[m * MICRO:(m + 1) * MICRO, :-1], tokens[m * MICRO:(m + 1) * MICRO, 1:]) for m in range(N_MICRO)]
+
+
+def _single_process(loss: str, checkpointing: str = "none") -> dict[str, int]:
+    from rungs.optim import build_optimizer
+
+    torch.manual_seed(0)
+    model = Transformer(dataclasses.replace(ARCH, activation_checkpointing=checkpointing))
+    optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.1)
+
+    def step(batches, before_micro_batch):
+        for inputs, targets in batches:
+            before_micro_batch()
+            (_loss(model, inputs, targets, loss)[0] / len(batches)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return _measure(model, optimizer, step, _batches(0), loss)
+
+
+def _sharded(rank: int, world: int, ep: int, loss: str, out) -> None:
+    from rungs.parallel.distributed import (build_optimizer, clip_grad_norm, lbl_reduce, parallelize,
+                                            reduce_expert_grads, setup)
+
+    par = setup(ep=ep, device_type="cpu")
+    torch.manual_seed(0)
+    model = parallelize(Transformer(ARCH), par)
+    optimizer = build_optimizer(model, par, lr=1e-3, weight_decay=0.1)
+
+    def step(batches, before_micro_batch):  # rungs.parallel.distributed.train_step's collectives, loss path chosen here
+        for inputs, targets in batches:
+            before_micro_batch()
+            (_loss(model, inputs, targets, loss, lbl_reduce(par))[0] / len(batches)).backward()
+        reduce_expert_grads(par)
+        clip_grad_norm(model, par, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    out[rank] = _measure(model, optimizer, step, _batches(rank), loss, lbl_reduce(par))
+
+
+def _check(measured: dict[str, int], layout: Layout, loss: str) -> None:
+    planned = memory_breakdown(ARCH, layout, loss=loss).to_dict()
+    for key, value in measured.items():
+        plan = planned["total" if key == "peak" else key]
+        assert plan == pytest.approx(value, rel=0.15), f"{layout}: {key} planned {plan}, measured {value}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["chunked", "logits"])
+def test_single_process_within_15_percent(loss):
+    _check(_single_process(loss), Layout(dp=1, ep=1, micro_batch_sequences=MICRO, precision="fp32"), loss)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpointing", ["selective", "full"])
+def test_checkpointing_within_15_percent(checkpointing):
+    layout = Layout(dp=1, ep=1, micro_batch_sequences=MICRO, checkpointing=checkpointing, precision="fp32")
+    _check(_single_process("chunked", checkpointing), layout, "chunked")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ep", [1, 2])
+def test_two_ranks_within_15_percent(ep):
+    out = torch.multiprocessing.Manager().dict()
+    run_ranks(_sharded, 2, ep, "chunked", out)
+    layout = Layout(dp=2 // ep, ep=ep, micro_batch_sequences=MICRO, precision="fp32")
+    for rank in range(2):
+        _check(out[rank], layout, "chunked")
+
+
+# --- the planner's arithmetic, search and input checks (no measurement) ---
+
+def test_states_are_the_parameter_count_in_fp32_master_grads_and_optimizer():
+    from ladder.plan.counting import count_parameters
+
+    layout = Layout(dp=1, ep=1, micro_batch_sequences=1, precision="bf16")
+    mem = memory_breakdown(ARCH, layout)
+    total = count_parameters(ARCH).total
+    assert mem.params == mem.grads == 4 * total
+    # AdamW's two moments for embedding, head, norms and router; Muon's one for the rest
+    adamw = ARCH.vocab_size * ARCH.d_model * 2 + ARCH.n_layers * (2 * ARCH.d_model + ARCH.n_experts * ARCH.d_model) \
+        + ARCH.d_model
+    assert mem.optimizer == 4 * (total + adamw)
+    # sharding over 2 ranks halves every state (the test shapes have even rows everywhere)
+    half = memory_breakdown(ARCH, Layout(dp=2, ep=1, micro_batch_sequences=1, precision="bf16"))
+    assert (half.params, half.optimizer) == (mem.params // 2, mem.optimizer // 2)
+
+
+def test_activations_grow_with_the_micro_batch_and_shrink_with_checkpointing():
+    one, two = (memory_breakdown(ARCH, Layout(dp=1, ep=1, micro_batch_sequences=m)) for m in (1, 2))
+    assert 1.9 < (two.details["activations_layers"] / one.details["activations_layers"]) < 2.1
+    by_mode = [memory_breakdown(ARCH, Layout(dp=1, ep=1, micro_batch_sequences=2, checkpointing=c)).activations
+               for c in ("none", "selective", "full")]
+    assert by_mode[0] > by_mode[1] > by_mode[2]
+
+
+def test_choose_layout_picks_the_fewest_gpus_that_fit():
+    from ladder.plan.memory import candidate_worlds, choose_layout
+
+    mem_1 = memory_breakdown(ARCH, Layout(dp=1, ep=1, micro_batch_sequences=1, checkpointing="full")).total
+    budget = int(mem_1 * 0.9)  # one GPU cannot hold it even at its smallest
+    choice = choose_layout(ARCH, batch_sequences=16, gpu_memory_bytes=budget, gpus_per_node=8, headroom=0.0)
+    assert choice.memory.total <= budget
+    assert choice.layout.world > 1 and 16 % choice.layout.world == 0
+    smaller = [w for w in candidate_worlds(16, 8, 4096) if w < choice.layout.world]
+    for world in smaller:  # no layout on fewer GPUs fits
+        for ep in (e for e in (1, 2, 4, 8) if world % e == 0):
+            for micro in (m for m in (1, 2, 4, 8, 16) if (16 // world) % m == 0):
+                for ckpt in ("none", "selective", "full"):
+                    lay = Layout(dp=world // ep, ep=ep, micro_batch_sequences=micro, checkpointing=ckpt)
+                    assert memory_breakdown(ARCH, lay).total > budget
+    assert choose_layout(ARCH, batch_sequences=16, gpu_memory_bytes=10**12).layout == Layout(
+        dp=1, ep=1, micro_batch_sequences=16, checkpointing="none", precision="bf16")
+
+
+def test_choose_layout_says_why_nothing_fits():
+    from ladder.plan.memory import choose_layout
+
+    with pytest.raises(LadderInputError, match=r"no layout up to 8 GPUs fits .*params .*activations"):
+        choose_layout(ARCH, batch_sequences=16, gpu_memory_bytes=10**5, max_gpus=8)
+
+
+@pytest.mark.parametrize("text,expected", [("141GB", 141 * 10**9), ("80 GiB", 80 * 2**30), ("2.5TB", 2.5e12),
+                                           ("512MiB", 512 * 2**20)])
+def test_parse_bytes(text, expected):
+    from ladder.plan.memory import parse_bytes
+
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["141XB", "141", "", "GB", "-3GB", "1e3GB", "0.1B"])
+def test_parse_bytes_refuses_bad_sizes(text):
+    from ladder.plan.memory import parse_bytes
+
+    with pytest.raises(LadderInputError, match="--gpu-memory"):
+        parse_bytes(text)
+
+
+@pytest.mark.parametrize("kwargs,field", [({"dp": 0}, "dp"), ({"ep": 1.5}, "ep"), ({"checkpointing": "some"}, "checkpointing"),
+                                          ({"precision": "fp8"}, "precision"), ({"micro_batch_sequences": True}, "micro")])
+def test_layout_refuses_bad_values(kwargs, field):
+    base = {"dp": 1, "ep": 1, "micro_batch_sequences": 1}
+    with pytest.raises(LadderInputError, match=field):
+        Layout(**(base | kwargs))
