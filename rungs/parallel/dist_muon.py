@@ -21,6 +21,11 @@ depends only on global shapes and parameter order, uneven and empty shards are z
 ``ceil(rows / world)`` rows (zero rows never reach NS: full matrices are compacted first), and a
 missing gradient counts as zero. The plan is computed once and cached. The exchange of batch b+1 is
 issued asynchronously before NS of batch b runs, so communication overlaps compute.
+
+Batches hold at most ``ns_chunk_bytes`` of fp32 matrices (default ``rungs.muon.NS_CHUNK_BYTES``,
+1 GiB): same-shape matrices beyond that form further batches of the same layout, so neither the
+exchange buffers nor the Newton–Schulz working set of one batch grows with the number of experts.
+The cut depends only on shapes and counts, so it is the same on every rank.
 """
 
 from __future__ import annotations
@@ -132,12 +137,18 @@ class DistMuon(torch.optim.Optimizer):
                  adjust_lr: str | AdjustLR = "match_rms_adamw",
                  ns_coefficients: tuple[float, float, float] | None = None,
                  ns_dtype: torch.dtype | None = torch.bfloat16, comm_dtype: torch.dtype = torch.bfloat16,
-                 orthogonalize: Orthogonalize | None = None, replica_group: Any = None) -> None:
+                 orthogonalize: Orthogonalize | None = None, replica_group: Any = None,
+                 ns_chunk_bytes: int | None = None) -> None:
         if lr < 0 or weight_decay < 0 or not 0 <= momentum < 1:
             raise DistMuonError(f"need lr >= 0, weight_decay >= 0, 0 <= momentum < 1; got {lr}, {weight_decay}, {momentum}")
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         replica_group=replica_group)
         super().__init__(params, defaults)
+        from rungs.muon import NS_CHUNK_BYTES
+
+        self.ns_chunk_bytes = NS_CHUNK_BYTES if ns_chunk_bytes is None else ns_chunk_bytes
+        if self.ns_chunk_bytes < 1:
+            raise DistMuonError(f"ns_chunk_bytes must be >= 1, got {self.ns_chunk_bytes}")
         self.comm_dtype = comm_dtype
         self._orthogonalize = orthogonalize or _default_orthogonalize(ns_steps, ns_coefficients, ns_dtype)
         self._adjust_lr = adjust_lr if callable(adjust_lr) else _default_adjust_lr(adjust_lr)
@@ -183,11 +194,17 @@ class DistMuon(torch.optim.Optimizer):
             if key not in batches:  # first appearance order: identical on every rank
                 batches[key] = _Batch(kind, ranks, group, shape)
             batches[key].matrices += [_Matrix(index, b) for b in range(count)]
-        for batch in batches.values():
-            if batch.group is not None and len(batch.ranks) > 1:
-                batch.world, batch.rank = len(batch.ranks), dist.get_rank(batch.group)
-            batch.finalise()
-        self._plan = list(batches.values())
+        plan = []
+        for whole in batches.values():
+            m, n = whole.shape
+            per_chunk = max(1, self.ns_chunk_bytes // (m * n * 4))
+            for lo in range(0, len(whole.matrices), per_chunk):  # bounded batches, same cut on every rank
+                batch = _Batch(whole.kind, whole.ranks, whole.group, whole.shape, whole.matrices[lo:lo + per_chunk])
+                if batch.group is not None and len(batch.ranks) > 1:
+                    batch.world, batch.rank = len(batch.ranks), dist.get_rank(batch.group)
+                batch.finalise()
+                plan.append(batch)
+        self._plan = plan
         self._device = _local(self._entries[0][0]).device if self._entries else torch.device("cpu")
         self._plan_key = tuple(id(p) for p, _ in self._entries)
 

@@ -236,3 +236,45 @@ def test_step_memory_is_bounded_by_the_chunk_not_the_stack():
     unbounded, bounded = peak(1 << 40) - resident, peak(chunk_bytes) - resident
     assert unbounded > stack_bytes                      # the whole stack's update is live at once
     assert bounded < 4 * chunk_bytes < unbounded / 2, (bounded, unbounded)
+
+
+def _dist_chunk_worker(rank: int, world: int) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from rungs.parallel.dist_muon import DistMuon
+
+    mesh = init_device_mesh("cpu", (world,))
+    specs = [((5, 8, 6), Shard(1)), ((8, 6), Shard(0)), ((4, 8, 6), Shard(0)), ((3, 8, 6), None), ((8, 6), None)]
+    kw = dict(lr=0.02, weight_decay=0.1, momentum=0.9, adjust_lr="match_rms_adamw", comm_dtype=torch.float32,
+              ns_dtype=None)
+    results = []
+    for chunk_bytes in (None, 8 * 6 * 4, 3 * 8 * 6 * 4):               # one batch; 1 and 3 matrices a batch
+        torch.manual_seed(0)
+        fulls = [torch.randn(shape) for shape, _ in specs]
+        params = [torch.nn.Parameter(distribute_tensor(f.clone(), mesh, [pl]) if pl else f.clone())
+                  for f, (_, pl) in zip(fulls, specs)]
+        opt = DistMuon(params, ns_chunk_bytes=chunk_bytes, **kw)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(2):
+            for p, (shape, pl) in zip(params, specs):
+                g = torch.randn(shape, generator=gen)
+                p.grad = distribute_tensor(g, mesh, [pl]) if pl else g
+            opt.step()
+        results.append([p.full_tensor() if pl else p.detach() for p, (_, pl) in zip(params, specs)])
+        if chunk_bytes is not None:
+            assert all(len(b.matrices) <= max(1, chunk_bytes // (8 * 6 * 4)) for b in opt.plan())
+    assert len(opt.plan()) > 3                                           # the cut made more batches
+    for chunked in results[1:]:
+        for a, b in zip(results[0], chunked):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    dist.barrier()
+
+
+def test_dist_muon_in_bounded_batches_equals_one_batch():
+    """3 gloo ranks, row-sharded, expert-sharded and replicated stacks of one matrix shape: batches
+    of 1 and 3 matrices give the parameters of one batch."""
+    from tests.rungs.dist.spawn import run_ranks
+
+    run_ranks(_dist_chunk_worker, 3)
