@@ -7,14 +7,13 @@ naming the key and what is valid; code below this trusts the config.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rungs.agc_settings import AGCSettings
 from rungs.architecture import ModelConfig
+from rungs.identity import CHECKPOINT, identity_key
 from rungs.tracking import DEFAULT_TRACKING_URI
 
 
@@ -245,11 +244,9 @@ class TrainConfig(BaseModel):
         return self.model_dump(mode="json")
 
     def key(self) -> str:
-        """Stable hash of everything that changes the trained model (not where it is tracked)."""
-        payload = {k: v for k, v in self.to_dict().items()
-                   if k not in ("tracking_uri", "experiment_name", "trial_key", "data_cache_root",
-                                "checkpoint_interval", "peak_flops_per_device") and not at_legacy_value(k, v)}
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+        """The checkpoint identity (`rungs.identity.CHECKPOINT`): a stable hash of everything that
+        changes the trained model, not where it is tracked."""
+        return identity_key(self.to_dict(), CHECKPOINT, LEGACY_VALUES)
 
 
 def field_names() -> list[str]:
