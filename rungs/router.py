@@ -1,4 +1,8 @@
-"""Top-k token-choice router (fp32), load-balancing loss, z-loss, aux-loss-free expert bias.
+"""Top-k token-choice router, load-balancing loss, z-loss, aux-loss-free expert bias.
+
+The router's GEMM runs in the compute dtype (bf16 under autocast, as torchtitan's router does; the
+parameters' dtype otherwise, TF32 where the job enables it); its logits are cast to fp32 before the
+softmax or sigmoid, the top-k and the gates, which are all fp32.
 
 Load-balancing loss (Switch Transformer / Megatron `switch_load_balancing_loss_func`, coefficient-free):
 
@@ -20,7 +24,9 @@ b += rate * sign(mean(n) - n_i), then b -= mean(b update) so it stays mean-zero.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import NamedTuple
 
 import torch
@@ -29,7 +35,21 @@ from torch import Tensor, nn
 
 from rungs.moe import count_per_expert
 
-__all__ = ["RouterConfigError", "RouterOutput", "Router", "load_balancing_loss", "z_loss"]
+__all__ = ["RouterConfigError", "RouterOutput", "Router", "load_balancing_loss", "recomputing", "z_loss"]
+
+# True while activation checkpointing recomputes a forward in backward (rungs.model.Block): the
+# tokens were counted once already, in the forward that is being replayed.
+_RECOMPUTING: ContextVar[bool] = ContextVar("rungs_router_recomputing", default=False)
+
+
+@contextmanager
+def recomputing() -> Iterator[None]:
+    """Within it, routers add nothing to their pending counts (a checkpoint's recompute context)."""
+    token = _RECOMPUTING.set(True)
+    try:
+        yield
+    finally:
+        _RECOMPUTING.reset(token)
 
 
 class RouterConfigError(ValueError):
@@ -40,12 +60,12 @@ class RouterOutput(NamedTuple):
     expert_idx: Tensor          # (T, k) long: selected experts, in descending selection score
     gate: Tensor                # (T, k) fp32: combine weights (normalised top-k probabilities)
     probs: Tensor               # (T, E) fp32: softmax or sigmoid scores, no bias
-    logits: Tensor              # (T, E) fp32
+    logits: Tensor              # (T, E) fp32 (from a GEMM in the compute dtype)
     tokens_per_expert: Tensor   # (E,) long: assignments this call, before any capacity
 
 
 class Router(nn.Module):
-    """logits = x W^T in fp32 (autocast off); scores = softmax or sigmoid; top-k on scores + bias.
+    """logits = x W^T in the compute dtype, then fp32; scores = softmax or sigmoid; top-k on scores + bias.
 
     Gates are the selected unbiased scores, normalised to sum to 1 over the k slots
     (normalize_gates=True). With top_k=1 that makes every gate 1 and the router learns only from the
@@ -81,8 +101,10 @@ class Router(nn.Module):
     def forward(self, x: Tensor) -> RouterOutput:
         if x.ndim != 2 or x.shape[1] != self.d_model:
             raise RouterConfigError(f"router input must be (T, {self.d_model}), got {tuple(x.shape)}")
+        # Under autocast F.linear casts both to bf16; without it x takes the weight's dtype.
+        logits = F.linear(x.to(self.weight.dtype), self.weight)                # (T, E), compute dtype
         with torch.autocast(x.device.type, enabled=False):
-            logits = F.linear(x.float(), self.weight.float())                  # (T, E) fp32
+            logits = logits.float()                                              # (T, E) fp32
             probs = logits.softmax(-1) if self.score == "softmax" else logits.sigmoid()
             select = probs + self.expert_bias if self.use_expert_bias else probs
             expert_idx = select.topk(self.top_k, dim=-1).indices              # (T, k)
@@ -90,7 +112,7 @@ class Router(nn.Module):
             if self.normalize_gates:
                 gate = gate / gate.sum(-1, keepdim=True).clamp_min(torch.finfo(gate.dtype).tiny)
         counts = count_per_expert(expert_idx, self.n_experts)
-        if self.training and torch.is_grad_enabled():
+        if self.training and torch.is_grad_enabled() and not _RECOMPUTING.get():
             self.pending_counts += counts
         return RouterOutput(expert_idx, gate, probs, logits, counts)
 

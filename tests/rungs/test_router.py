@@ -12,20 +12,32 @@ from rungs.router import Router, RouterConfigError, RouterOutput, load_balancing
 torch.set_num_threads(1)
 
 
-def test_router_is_fp32_under_bf16_autocast_and_gates_are_normalised_topk():
+def test_router_gemm_is_bf16_under_autocast_scores_fp32_and_gates_are_normalised_topk():
     torch.manual_seed(0)
     router = Router(16, 8, 2)
     x = torch.randn(32, 16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = router(x.bfloat16())
+        out = router(x)
     assert out.logits.dtype == out.probs.dtype == out.gate.dtype == torch.float32
-    logits64 = x.bfloat16().double() @ router.weight.double().T
-    torch.testing.assert_close(out.logits.double(), logits64, rtol=1e-5, atol=1e-5)
-    probs = logits64.softmax(-1)
+    # The GEMM's inputs are rounded to bf16 (and its output, to bf16's 8 bits); everything after is fp32.
+    logits64 = x.bfloat16().double() @ router.weight.bfloat16().double().T
+    torch.testing.assert_close(out.logits.double(), logits64, rtol=2**-8, atol=1e-6)
+    assert not torch.equal(out.logits.double(), x.double() @ router.weight.double().T)
+    probs = out.logits.double().softmax(-1)
+    torch.testing.assert_close(out.probs.double(), probs, rtol=1e-6, atol=1e-7)
     top = probs.topk(2, -1)
     assert torch.equal(out.expert_idx, top.indices)
     torch.testing.assert_close(out.gate.double(), top.values / top.values.sum(-1, keepdim=True), rtol=1e-5, atol=1e-6)
     assert torch.equal(out.tokens_per_expert, torch.bincount(top.indices.reshape(-1), minlength=8))
+
+
+def test_router_is_fp32_without_autocast():
+    torch.manual_seed(0)
+    router = Router(16, 8, 2)
+    x = torch.randn(32, 16, dtype=torch.float64)  # cast to the weight's dtype
+    out = router(x)
+    assert out.logits.dtype == torch.float32
+    torch.testing.assert_close(out.logits.double(), x.float().double() @ router.weight.double().T, rtol=1e-6, atol=1e-6)
 
 
 def test_sigmoid_bias_changes_selection_but_not_gate_values():
