@@ -54,6 +54,7 @@ class ModelConfig(Architecture):
     group_size: int | None = None  # experts that lend each other unused slots
     rope_theta: float = 10_000.0
     init_std: float = 0.02
+    activation_checkpointing: str = "none"  # "none" | "selective" (attention) | "full" (block): recompute in backward
 
 
 def layer_shapes(arch: Architecture, layer: int) -> dict[str, tuple[int, ...]]:

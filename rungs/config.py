@@ -20,7 +20,8 @@ from rungs.tracking import DEFAULT_TRACKING_URI
 # Fields added after runs existed, at the value those runs had: left out of a config's identity (its
 # key() and its sweep trial key), so a config that sets one that way keeps the key, and the finished
 # trial, it had before the field existed.
-LEGACY_VALUES: dict[str, Any] = {"subset": "prefix", "peak_flops_per_device": None, "backend": "torch"}
+LEGACY_VALUES: dict[str, Any] = {"subset": "prefix", "peak_flops_per_device": None, "backend": "torch",
+                                 "activation_checkpointing": "none"}
 # Fields that no longer exist (nothing read them): an old config that sets one still loads, and its key
 # is what it was (neither key ever included them).
 REMOVED_FIELDS = frozenset({"log_interval"})
@@ -133,6 +134,9 @@ class TrainConfig(BaseModel):
     # a legacy value: "torch" leaves every existing key as it was; "jax" is a different trial.
     backend: Literal["torch", "jax"] = "torch"
     threads: int | None = Field(default=None, gt=0, description="torch intra-op threads (default: the idle cores)")
+    # Recompute in backward instead of keeping activations (rungs.model.Block): "selective" the
+    # attention sub-layer, "full" the whole block. Memory only: the gradients are the same.
+    activation_checkpointing: Literal["none", "selective", "full"] = "none"
     # The MFU denominator (rungs.metrics.device_peak): None takes the device's dense bf16 spec peak
     # from the table, or the nominal CPU peak. Reporting only: not part of the config key.
     peak_flops_per_device: float | None = Field(default=None, gt=0, description="spec peak FLOP/s of one device")
@@ -229,6 +233,7 @@ class TrainConfig(BaseModel):
             vocab_size=self.vocab_size, tied_embeddings=self.tied_embeddings, dropout=self.dropout,
             router_score=self.router_score, expert_bias=self.expert_bias, bias_update_rate=self.bias_update_rate,
             capacity_per_expert=self.capacity_per_expert, group_size=self.group_size,
+            activation_checkpointing=self.activation_checkpointing,
         )
 
     def agc_settings(self) -> AGCSettings | None:

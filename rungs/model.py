@@ -14,14 +14,19 @@ installs a clipper), at the points named in `rungs.agc.POINTS`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
+from rungs import init_stream
 from rungs.architecture import ModelConfig
+from rungs.attention import causal_attention
+from rungs.loss import linear_cross_entropy
 from rungs.moe import RoutedExperts
-from rungs.router import Router, RouterOutput
+from rungs.router import Router, RouterOutput, recomputing
 
 # (x, layer, point) -> x; the identity unless activation gradient clipping is on.
 ActivationClip = Callable[[torch.Tensor, int, str], torch.Tensor]
@@ -61,23 +66,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.view_as_real(pairs * rot).flatten(-2).to(x.dtype)  # (B, h, T, hd)
 
 
-def attention_mask(seq_len: int, window_tokens: int | None) -> torch.Tensor:
-    """Boolean (T, T) mask, True where query i may attend key j: causal, and within the window.
-
-    A local query sees itself and the window_tokens - 1 keys before it, the convention
-    `ladder.plan.counting.attention_context_mean` counts FLOPs with.
-    """
-    i = torch.arange(seq_len)[:, None]
-    j = torch.arange(seq_len)[None, :]
-    mask = j <= i
-    if window_tokens is not None:
-        mask &= (i - j) < window_tokens
-    return mask
-
-
 class Attention(nn.Module):
     """Grouped-query attention; global layers attend causally over the whole sequence, local ones
-    over a sliding window. K/V heads are shared by n_heads / n_kv_heads query heads."""
+    over a sliding window (no mask tensor: `rungs.attention.causal_attention` picks the kernel).
+    K/V heads are shared by n_heads / n_kv_heads query heads."""
 
     def __init__(self, cfg: ModelConfig, *, is_global: bool) -> None:
         super().__init__()
@@ -89,7 +81,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.d_model, self.n_kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.d_model, self.n_kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(self.n_heads * cfg.head_dim, cfg.d_model, bias=False)
-        self.register_buffer("mask", attention_mask(cfg.seq_len, None if is_global else cfg.window_tokens), persistent=False)
+        self.window_tokens: int | None = None if is_global else cfg.window_tokens
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -97,7 +89,7 @@ class Attention(nn.Module):
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, kv, T, hd)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, kv, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask[:T, :T], enable_gqa=True)  # (B, H, T, hd)
+        y = causal_attention(q, k, v, self.window_tokens)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
         return self.wo(y)
 
@@ -144,56 +136,157 @@ class LatentMoE(nn.Module):
         return y.view(B, T, d), route
 
 
+def _checkpoint_contexts():
+    # Recomputation in backward runs the forward again: the routers must not count its tokens twice.
+    return nullcontext(), recomputing()
+
+
 class Block(nn.Module):
+    """Attention and MoE sub-layers with their residuals. Activation checkpointing (a training-memory
+    option, the same numbers): "selective" recomputes the attention sub-layer in backward instead of
+    keeping its activations, "full" the whole block (only its input is kept)."""
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
+        self.activation_checkpointing = cfg.activation_checkpointing
         self.attn_norm = RMSNorm(cfg.d_model)
         self.attn = Attention(cfg, is_global=cfg.is_global_layer(layer))
         self.moe_norm = RMSNorm(cfg.d_model)
         self.moe = LatentMoE(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
+    def _attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.attn(self.attn_norm(x), cos, sin))
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 clip: ActivationClip) -> tuple[torch.Tensor, RouterOutput]:
         x = clip(x, self.layer, "residual")  # the residual stream entering the block
-        x = x + self.dropout(self.attn(self.attn_norm(x), cos, sin))
+        if self.activation_checkpointing == "full" and torch.is_grad_enabled():
+            return checkpoint(self._body, x, cos, sin, clip, use_reentrant=False, context_fn=_checkpoint_contexts)
+        return self._body(x, cos, sin, clip)
+
+    def _body(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              clip: ActivationClip) -> tuple[torch.Tensor, RouterOutput]:
+        if self.activation_checkpointing == "selective" and torch.is_grad_enabled():
+            x = x + checkpoint(self._attention, x, cos, sin, use_reentrant=False)
+        else:
+            x = x + self._attention(x, cos, sin)
         h = clip(self.moe_norm(x), self.layer, "moe_input")
         moe_out, route = self.moe(h)
         x = x + self.dropout(moe_out)
         return x, route
 
 
+# (name, parameter) -> (whole shape, first row of the local part, the local tensor to fill)
+LocalRows = Callable[[str, torch.Tensor], tuple[torch.Size, int, torch.Tensor]]
+
+_OUTPUT_PROJECTIONS = ("attn.wo.weight", "w_down.weight", "experts.w_down", "latent_up.weight")
+# What the constructors drew before `Transformer.init_weights` was the one initialisation (see there):
+# nn.Linear weights one uniform per element, the embedding, router and expert stacks a normal_ each.
+_LINEAR_WEIGHTS = ("attn.wq.weight", "attn.wk.weight", "attn.wv.weight", "attn.wo.weight", "shared.w_gate.weight",
+                   "shared.w_up.weight", "shared.w_down.weight", "latent_down.weight", "latent_up.weight",
+                   "lm_head.weight")
+_NORMAL_AT_CONSTRUCTION = ("embed.weight", "moe.router.weight", "experts.w_gate", "experts.w_up", "experts.w_down")
+
+
+def _construction_draws(name: str) -> str | None:
+    if name.endswith("norm.weight"):
+        return None
+    if name.endswith(_LINEAR_WEIGHTS):
+        return "uniform"
+    if name.endswith(_NORMAL_AT_CONSTRUCTION):
+        return "normal"
+    raise ValueError(f"init_weights has no rule for parameter {name!r}: add one")
+
+
+def _whole_tensor(name: str, p: torch.Tensor) -> tuple[torch.Size, int, torch.Tensor]:
+    return p.shape, 0, p
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
+        """Built on the meta device (no constructor allocates or draws), then, unless the caller builds
+        under `torch.device("meta")` itself (the sharded job, which shards first), materialised on the
+        default device and initialised by `init_weights`, the one place initialisation happens."""
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.final_norm = RMSNorm(cfg.d_model)
-        self.lm_head = None if cfg.tied_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        device = torch.get_default_device()
+        with torch.device("meta"):
+            self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+            self.drop = nn.Dropout(cfg.dropout)
+            self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+            self.final_norm = RMSNorm(cfg.d_model)
+            self.lm_head = None if cfg.tied_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+            cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
         self.activation_clip: ActivationClip = _no_clip
-        self.reset_parameters()
+        if device.type != "meta":
+            self.to_empty(device=device)
+            self.init_weights()
 
     @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """GPT-2 style: N(0, 0.02) everywhere, output projections scaled by 1/sqrt(2·n_layers)."""
+    def init_weights(self, generator: torch.Generator | None = None, local_rows: LocalRows | None = None) -> None:
+        """Initialise every parameter and buffer: the model's one init policy.
+
+        GPT-2 style: N(0, init_std) everywhere, output projections scaled by 1/sqrt(2·n_layers), norm
+        weights 1; RoPE tables computed, router bias and counts zero. Drawn from `generator` (default:
+        torch's global CPU generator), always on the CPU, so a model has the same values on any device.
+
+        The stream starts where it started before this function existed (#21), when each module
+        initialised itself in its constructor (nn.Linear's kaiming-uniform, the embedding's, router's
+        and experts' normals) and a later pass overwrote all of it: those draws are skipped
+        (`rungs.init_stream.skip`, a walk of the stream, no memory), so every seed gives the model it
+        gave before (golden losses, nightly, finished trials).
+
+        `local_rows(name, param)` -> (whole shape, first row, local tensor): where this process's
+        part of a sharded parameter sits in the whole tensor (`rungs.parallel.distributed.local_rows`).
+        Each part gets exactly the values the whole tensor would get (`rungs.init_stream.normal_part`),
+        one chunk of draws at a time: no process holds a whole parameter.
+        """
+        gen = torch.default_generator if generator is None else generator
+        where = local_rows or _whole_tensor
+        parts = [(name, *where(name, p)) for name, p in self.named_parameters()]
+        pending = 0  # construction-time draws not yet skipped
+        for name, shape, _, _ in parts:
+            n, kind = shape.numel(), _construction_draws(name)
+            if kind == "uniform":
+                pending += n
+            elif kind == "normal" and init_stream.normal_draws(n) is not None:
+                pending += init_stream.normal_draws(n)
+            elif kind == "normal":  # under one Box-Muller block: replay the op (it caches a sample)
+                init_stream.skip(gen, pending)
+                pending = 0
+                torch.empty(n).normal_(generator=gen)
+        init_stream.skip(gen, pending)
         std = self.cfg.init_std
         out_std = std / (2 * self.cfg.n_layers) ** 0.5
-        for name, p in self.named_parameters():
+        for name, shape, first_row, local in parts:
             if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif name.endswith(("attn.wo.weight", "w_down.weight", "experts.w_down", "latent_up.weight")):
-                nn.init.normal_(p, 0.0, out_std)
+                local.fill_(1.0)
+                continue
+            direct = local.device.type == "cpu" and local.dtype == torch.float32 and local.is_contiguous()
+            out = local if direct else torch.empty(local.shape)
+            init_stream.normal_part(gen, shape.numel(), first_row * shape[1:].numel(), out,
+                                    std=out_std if name.endswith(_OUTPUT_PROJECTIONS) else std)
+            if not direct:
+                local.copy_(out)
+        for name, buf in self.named_buffers():
+            if name in ("rope_cos", "rope_sin"):
+                cos, sin = rope_tables(self.cfg.seq_len, self.cfg.head_dim, self.cfg.rope_theta)
+                buf.copy_(cos if name == "rope_cos" else sin)
+            elif name.endswith(("router.expert_bias", "router.pending_counts")):
+                buf.zero_()
             else:
-                nn.init.normal_(p, 0.0, std)
+                raise ValueError(f"init_weights has no rule for buffer {name!r}: add one")
 
-    def forward(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[RouterOutput]]:
-        """idx (B, T) token ids → logits (B, T, V) and each layer's routing (for the balancing losses)."""
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> tuple[torch.Tensor, list[RouterOutput]]:
+        """idx (B, T) token ids → logits (B, T, V) and each layer's routing (for the balancing losses).
+
+        With targets (B, T), the first result is instead the mean cross-entropy (fp32 scalar), taken
+        over token chunks (`rungs.loss`) so the (B·T, V) logits never exist; it is computed here,
+        inside forward, so a sharded head is still gathered when it runs."""
         B, T = idx.shape
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence of {T} tokens exceeds the model's seq_len {self.cfg.seq_len}")
@@ -204,5 +297,7 @@ class Transformer(nn.Module):
             routes.append(route)
         x = self.final_norm(x)
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        if targets is not None:
+            return linear_cross_entropy(x.reshape(B * T, -1), head, targets.reshape(B * T)), routes
         logits = F.linear(x, head)  # (B, T, V)
         return logits, routes

@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from rungs.agc import ActivationGradClipper, event_record
 from rungs.checkpoint import load_checkpoint, remove_checkpoint, restore, save_checkpoint
@@ -91,8 +90,8 @@ def _train_step(cfg: TrainConfig, model: Transformer, optimizer, batch, clipper,
             offset = m * micro
             clipper.begin_micro_batch(inputs, locate=lambda r, p, o=offset: batch.locate(r + o, p), decode=decode)
         with _autocast(cfg):
-            logits, routes = model(inputs)  # (b, T, V), one RouterOutput per layer
-        ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+            # Mean CE over token chunks, never the whole (b·T, V) logits (rungs.loss); one RouterOutput per layer.
+            ce, routes = model(inputs, targets)
         # Balancing statistics of all layers are combined in one reduction, as the report does.
         aux = cfg.lb_loss_coef * load_balancing_loss(routes, cfg.n_experts, cfg.top_k) if cfg.lb_loss_coef else ce.new_zeros(())
         if cfg.z_loss_coef:

@@ -5,6 +5,15 @@ trainable tensor under the name the torch and JAX models give it, so the plan's 
 built model. FLOPs count every matmul a token passes through (2 FLOPs per multiply-add) plus
 attention scores and values over the real causal/sliding-window context; elementwise work
 (norms, activations, softmax) is left out, as in every MFU convention we know of.
+
+Attention is counted over the (query, key) pairs the causal and window rules allow
+(`attention_context_mean`), not over what a kernel executes: kernels work in tiles and compute a
+whole tile whenever the rule allows any pair in it. `attention_executed_context_mean` gives the
+executed count of each kernel `rungs.attention` runs; at mai-base-2's seq 4096 and window 1024 with
+128-token tiles the executed count is 1.125× the planned one on a window layer (FlexAttention on
+CUDA), 1.031× on a global one (causal FlashAttention), and 2.29× on a window layer on CPU
+(block-local chunks). The plan keeps the allowed-pair count: it is part of every trial's identity
+(`flops_per_token`) and is the convention MFU is reported in.
 """
 
 from __future__ import annotations
@@ -59,6 +68,38 @@ def attention_context_mean(seq_len: int, window: int | None) -> float:
     # Positions t < window see t+1 keys; the rest see `window` keys.
     total = window * (window + 1) / 2 + (seq_len - window) * window
     return total / seq_len
+
+
+def attention_executed_context_mean(seq_len: int, window: int | None, kernel: str, *, block_tokens: int = 128) -> float:
+    """Mean number of keys per query the attention kernel actually computes scores for.
+
+    kernel: "flex" (CUDA; FlexAttention on window layers, FlashAttention's causal kernel on global
+    ones, both modelled as skipping only the block_tokens × block_tokens tiles the rule leaves
+    wholly empty; FlashAttention's real tiles are 64–128 × 64–176 by version and head size, so its
+    count is approximate), "block_local" (CPU window layers: chunks of `window` queries against
+    their own and the previous chunk, 2·window keys per query, padded to whole chunks) or "dense"
+    (a full (T, T) mask: every key, the model before #21).
+    """
+    T = seq_len
+    windowed = window is not None and window < T
+    if kernel == "dense":
+        return float(T)
+    if kernel == "block_local":
+        if windowed:
+            n_chunks = -(-T // window)
+            return n_chunks * window * 2 * window / T
+        kernel = "flex"  # global layers: causal SDPA, tiled like the CUDA kernels
+    if kernel != "flex":
+        raise ValueError(f"kernel must be 'flex', 'block_local' or 'dense', got {kernel!r}")
+    b = block_tokens
+    n = -(-T // b)
+    reach = T if not windowed else window  # a query sees keys q - reach < k <= q
+    tiles = 0
+    for row in range(n):
+        # Key tiles holding any allowed pair for query rows [row·b, row·b + b - 1].
+        first = max(0, (row * b - reach + 1) // b)
+        tiles += row - first + 1
+    return tiles * b * b / T
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from ladder.plan.generator import plan_rung
 from ladder.plan.recipe import load_recipe
 from rungs.jaxjob import model as M
 from rungs.jaxjob import params as P
-from rungs.model import ModelConfig, Transformer, attention_mask
+from rungs.attention import attention_mask
+from rungs.model import ModelConfig, Transformer
 from rungs.router import Router, load_balancing_loss, z_loss
 
 torch.set_num_threads(1)
