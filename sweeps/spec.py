@@ -104,12 +104,17 @@ class Resources(_Strict):
     cpus: float = Field(default=1.0, gt=0)
     gpus: float = Field(default=0.0, ge=0)
     workers: int = Field(default=1, ge=1, description=">1 starts a Ray Train TorchTrainer with a process group")
+    # A launch detail, not part of the trial key: None lets the memory planner choose
+    # (ladder.plan.memory.planned_expert_parallel), so multi-worker trials get expert parallelism.
+    ep: int | None = Field(default=None, ge=1, description="expert-parallel size of a multi-worker trial")
 
     @model_validator(mode="after")
     def _one_gpu_per_worker(self) -> Resources:
         if self.workers > 1 and self.gpus not in (0, 1):
             raise ValueError(f"a multi-worker trial runs one worker per GPU; for {self.workers} workers × "
                              f"{self.gpus:g} GPUs write gpus: 1, workers: {int(self.workers * self.gpus)}")
+        if self.ep is not None and self.workers % self.ep:
+            raise ValueError(f"ep={self.ep} must divide workers={self.workers} (dp × ep = workers)")
         return self
 
     def total(self) -> dict[str, float]:

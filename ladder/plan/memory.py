@@ -18,14 +18,16 @@ What it counts, per rank (bytes):
   the embedding, LM head, norms and router (the roles of `rungs.optim`);
 - activations: what autograd saves during one micro-batch's forward, layer by layer, as the
   torch model (`rungs.model`, `rungs.moe`, `rungs.parallel.expert_parallel`) saves it: RMSNorm's
-  input and normalised rows, each linear's input, attention's q/k/v/output/log-sum-exp plus the
-  dense (T, T) mask SDPA converts to floats, RoPE's rotation tables, the router's probabilities,
-  indices and gates, the routed experts' dispatched rows and hidden pre-activations (one round,
-  the dropless default), the shared expert's hidden tensors, the load-balancing loss's stacked
-  probabilities, the final norm, and the (tokens, vocab) logits with cross-entropy's fp32
-  log-probabilities. Under bf16 it adds autocast's bf16 copies: each linear's input, and the
-  compute copies of the weights autograd keeps until backward (dense matrices; expert stacks
-  under ep, which `ExpertParallelExperts` casts before saving);
+  input and normalised rows, each linear's input, flash attention's q, k, v, output and
+  log-sum-exp (no mask tensor: `rungs.attention`), RoPE's rotation tables, the router's
+  probabilities, indices and gates, the routed experts' dispatched rows and hidden
+  pre-activations (one round, the dropless default), the shared expert's hidden tensors, the
+  load-balancing loss's stacked probabilities, the final norm, and the loss: chunked
+  (`rungs.loss`: its saved gradients of the hidden rows and head weight) or, when the micro-batch
+  fits one chunk or the step takes logits, the head's input and the fp32 log-probabilities (plus
+  the logits the step holds). Under bf16 it adds autocast's bf16 copies: each linear's input, and
+  the compute copies of the weights autograd keeps until backward (dense matrices and the router;
+  expert stacks under ep, which `ExpertParallelExperts` casts before saving);
 - buffers: the transients on top of that at the worst moment: FSDP2's gathered (unsharded) root
   (embedding, LM head) for the whole step, two blocks' gathered parameters (current + prefetch)
   and one block's unsharded gradients before the reduce-scatter; one layer's expert backward
@@ -36,15 +38,17 @@ What it counts, per rank (bytes):
 Left out: the CUDA context, NCCL's own buffers and allocator fragmentation (the `headroom`
 fraction of device memory is kept free for them), the one-off model build before sharding, the
 optimizer step's temporaries (distributed Muon's exchange buffers and Newton-Schulz workspace,
-bounded by one batch of same-shape matrices), evaluation, and skew beyond one MoE round (a
-skewed step costs rounds, not memory: `rungs.moe`). Checkpointing "selective" (keep matmul and
-attention outputs, recompute norms, RoPE and activations: torchtitan's op-level policy) and
-"full" (keep each block's input, recompute the block in backward) are the planner's estimates of
-those policies; the training job runs with none today, and `choose_layout` prefers none whenever
-it fits.
+bounded by `rungs.muon.NS_CHUNK_BYTES` of matrices per batch), evaluation, and skew beyond one MoE
+round (a skewed step costs rounds, not memory: `rungs.moe`). Checkpointing "selective" (recompute the attention
+sub-layer in backward, keep its input) and "full" (keep each block's input, recompute the block)
+are `rungs.model.Block`'s policies (config `activation_checkpointing`); `choose_layout` prefers none
+whenever it fits. Not modelled: the CPU sliding-window attention path (chunk copies a GPU kernel
+does not make).
 
-Checked against measured peaks (torch's MemTracker, autograd's saved tensors) at small shapes on
-CPU: tests/ladder/plan/test_memory.py.
+Checked against measurements at small shapes on CPU (tests/ladder/plan/test_memory.py: the real
+tensors' bytes, autograd's saved tensors, torch's MemTracker peak over a step), within 15%: one
+process (fp32 under each checkpointing, and bf16 autocast), 2 gloo ranks dp=2 and ep=2. Those
+shapes take the one-chunk loss; the many-chunk branch is counted from `rungs.loss`'s code.
 """
 
 from __future__ import annotations
@@ -296,21 +300,28 @@ def memory_breakdown(arch: Architecture, layout: Layout, *, lb_loss: bool = True
     layers = [_layer_activations(arch, i, tokens, layout, lb_loss=lb_loss, z_loss=z_loss) for i in range(arch.n_layers)]
     per_layer = [_checkpointed(p, tokens, arch, layout.checkpointing) for p in layers]
     head = tokens * INT64_BYTES + 2 * tokens * d * f + tokens * f  # token ids, the final norm
-    if loss == "chunked":
-        # the loss's gradients, made in forward and saved: d hidden (fp32 rows), d head weight (fp32)
+    chunk = max(1, LOGITS_PER_CHUNK // vocab)
+    if loss == "chunked" and tokens > chunk:
+        # the loss's gradients, made in forward and saved: d hidden (fp32 rows), d head weight (fp32);
+        # one chunk of logits and its gradient at a time
         head_loss = tokens * d * f + vocab * d * f
-        chunk = min(tokens, max(1, LOGITS_PER_CHUNK // vocab))
         loss_transient = 2 * chunk * vocab * f + (chunk * vocab * a + vocab * d * a if bf16 else 0)
+    elif loss == "chunked":
+        # a micro-batch within one chunk takes the plain loss inside forward (rungs.loss): the head's
+        # input and the fp32 log-probabilities are saved, the logits are not held
+        head_loss = tokens * d * a + tokens * vocab * f
+        loss_transient = tokens * vocab * (2 * f + (a if bf16 else 0))
     else:
         # the LM head's input, the logits the step holds, cross-entropy's fp32 log-probabilities;
         # backward: d log-probs and d logits in fp32 (and their cast under autocast)
         head_loss = tokens * d * a + tokens * vocab * (a + f)
         loss_transient = tokens * vocab * (2 * f + (a if bf16 else 0))
+    plain_loss = loss == "logits" or tokens <= chunk  # the head's weight goes through F.linear under autocast
     weights = 0
     if bf16:  # autocast's weight copies, saved until backward: dense matrices; expert stacks under ep
         for name, shape in shapes:
             role = _role(name)
-            if role == "matrix" or ".moe.router." in name or (name == "lm_head.weight" and loss == "logits"):
+            if role == "matrix" or ".moe.router." in name or (name == "lm_head.weight" and plain_loss):
                 weights += prod(shape) * BF16_BYTES
             elif role == "expert_stack" and layout.ep > 1:
                 weights += prod(shape) // layout.ep * BF16_BYTES

@@ -99,7 +99,7 @@ def _payload(planned: PlannedTrial, spec: SweepSpec, *, tracking_uri: str, runs_
         "coordinates": planned.trial.coordinates(),
         "config": launch_config(planned, tracking_uri=tracking_uri, experiment=spec.experiment_name),
         "run_dir": str(runs_root / "sweeps" / spec.name / planned.key),
-        "resources": {"cpus": res.cpus, "gpus": res.gpus, "workers": res.workers},
+        "resources": {"cpus": res.cpus, "gpus": res.gpus, "workers": res.workers, "ep": res.ep},
         "storage_path": str(runs_root / "ray_results"),
     }
 

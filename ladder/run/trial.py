@@ -15,6 +15,7 @@ import math
 import time
 from pathlib import Path
 
+from ladder.plan.memory import planned_expert_parallel
 from ladder.run.sweep_runs import TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, tag_run
 
 log = logging.getLogger(__name__)
@@ -58,15 +59,27 @@ def _record_failure(payload: dict, run_dir: Path, tags: dict, err: BaseException
         log.exception("could not record the failure of trial %s in MLflow", payload["key"])
 
 
+def expert_parallel_size(payload: dict) -> int:
+    """The ep a trial launches with: the spec's `resources.ep` when set, else the memory planner's
+    (`ladder.plan.memory.planned_expert_parallel`): a launch detail, not part of the trial key."""
+    res = payload["resources"]
+    if res.get("ep") is not None:
+        return int(res["ep"])
+    return planned_expert_parallel(payload["config"], workers=res["workers"], gpu=res["gpus"] > 0)
+
+
 def _train(payload: dict, run_dir: Path):
     """One process: `rungs.train.train`. Several workers: `rungs.launch.launch_ray` starts a Ray Train
     `TorchTrainer` (its process group, one worker per GPU, each declaring its CPUs/GPUs) from inside
-    this Tune trial; rank 0 alone tracks, so the trial is still one MLflow run."""
+    this Tune trial, with expert parallelism of `expert_parallel_size`; rank 0 alone tracks, so the
+    trial is still one MLflow run."""
     res = payload["resources"]
     if res["workers"] > 1:
         from rungs.launch import launch_ray
 
-        return launch_ray(payload["config"], run_dir=run_dir, num_workers=res["workers"], use_gpu=res["gpus"] > 0,
+        ep = expert_parallel_size(payload)
+        log.info("trial %s: %d workers as dp=%d x ep=%d", payload["key"], res["workers"], res["workers"] // ep, ep)
+        return launch_ray(payload["config"], run_dir=run_dir, num_workers=res["workers"], ep=ep, use_gpu=res["gpus"] > 0,
                           cpus_per_worker=res["cpus"], storage_path=Path(payload["storage_path"]))
     from rungs.train import train
 

@@ -326,6 +326,7 @@ def test_multi_worker_trial_runs_as_one_torchtrainer_job_and_one_mlflow_run(ray_
     (runs,) = find_runs(store, "sweep-two_workers").values()
     assert len(runs) == 1  # rank 0 alone tracks
     assert runs[0].tags["workers"] == "2" and runs[0].tags["outcome"] == "finished"
+    assert runs[0].tags["ep"] == "2"  # no ep in the spec: the memory planner's (ladder.run.trial.expert_parallel_size)
 
 
 def test_status_progress_marks_a_silent_running_run_as_stale(tmp_path):

@@ -3,8 +3,8 @@ dp=2, 2 gloo ranks ep=2), plus its search, its input checks and the sweep's ep r
 
 Measured, not derived: parameter, gradient and optimizer bytes are the storages of the real
 tensors after a step; activation bytes are the storages autograd saves during one micro-batch
-(`saved_tensors_hooks`, each storage once, parameters and module buffers excluded) plus the logits
-the step holds; the peak is torch's MemTracker over a whole optimizer step of two micro-batches
+(`saved_tensors_hooks`, each storage once; parameters, gathered parameters and module buffers
+excluded) plus the logits the step holds; the peak is torch's MemTracker over a whole optimizer step of two micro-batches
 (so gradients exist while the second micro-batch's activations do, the steady state of
 accumulation). The planner must land within 15% of each.
 """
@@ -33,6 +33,7 @@ ARCH = ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, n_kv_heads_gl
                    latent_dim=32, expert_hidden=48, shared_hidden=40, vocab_size=2048)
 MICRO, N_MICRO = 2, 2  # per rank: two micro-batches of two sequences
 LB = 0.01
+BF16 = [False]  # set by the bf16 test for the duration of its measurement
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -48,12 +49,15 @@ def _storage_bytes(tensors) -> int:
 
 
 def _loss(model, inputs, targets, loss: str, lbl_reduce=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The micro-batch's loss, and the logits the step holds until backward (None when chunked)."""
+    """The micro-batch's loss, and the logits the step holds until backward (None when chunked).
+    bf16: under CPU autocast, as the job runs precision=bf16."""
     logits = None
-    if loss == "chunked":
-        ce, routes = model(inputs, targets)
-    else:
-        logits, routes = model(inputs)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=BF16[0]):
+        if loss == "chunked":
+            ce, routes = model(inputs, targets)
+        else:
+            logits, routes = model(inputs)
+    if loss != "chunked":
         ce = F.cross_entropy(logits.float().view(-1, ARCH.vocab_size), targets.reshape(-1))
     return ce + LB * load_balancing_loss(routes, ARCH.n_experts, ARCH.top_k, reduce_fn=lbl_reduce), logits
 
@@ -66,8 +70,10 @@ def _measure(model, optimizer, step_fn, batches, loss: str, lbl_reduce=None) -> 
     saved: dict[int, int] = {}
 
     def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in skip and not isinstance(t, torch.nn.Parameter):
+        # parameters, module buffers and FSDP2's gathered (unsharded) parameters, leaves that require
+        # grad, are not activations: FSDP frees the gathered ones after forward (the planner's buffers)
+        s, base = t.untyped_storage(), t if t._base is None else t._base
+        if s.data_ptr() not in skip and not (base.is_leaf and base.requires_grad):
             saved[s.data_ptr()] = s.nbytes()
         return t
 
@@ -133,6 +139,7 @@ def _sharded(rank: int, world: int, ep: int, loss: str, out) -> None:
 
 def _check(measured: dict[str, int], layout: Layout, loss: str) -> None:
     planned = memory_breakdown(ARCH, layout, loss=loss).to_dict()
+    print(layout, {k: (planned["total" if k == "peak" else k], v) for k, v in measured.items()})
     for key, value in measured.items():
         plan = planned["total" if key == "peak" else key]
         assert plan == pytest.approx(value, rel=0.15), f"{layout}: {key} planned {plan}, measured {value}"
@@ -142,6 +149,16 @@ def _check(measured: dict[str, int], layout: Layout, loss: str) -> None:
 @pytest.mark.parametrize("loss", ["chunked", "logits"])
 def test_single_process_within_15_percent(loss):
     _check(_single_process(loss), Layout(dp=1, ep=1, micro_batch_sequences=MICRO, precision="fp32"), loss)
+
+
+@pytest.mark.slow
+def test_single_process_bf16_autocast_within_15_percent():
+    BF16[0] = True
+    try:
+        measured = _single_process("chunked")
+    finally:
+        BF16[0] = False
+    _check(measured, Layout(dp=1, ep=1, micro_batch_sequences=MICRO, precision="bf16"), "chunked")
 
 
 @pytest.mark.slow
