@@ -27,7 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.plan_only:
-        for name, rungs, gpus in (("cpu-demo", None, None), ("mai-base-2", [18, 24, 30, 36, 42, 102], 16000)):
+        from sweeps.spec import load_spec
+
+        demo_recipe = load_spec(args.spec).recipe  # the demo ladder's own recipe (cpu-demo-tpp1)
+        for name, rungs, gpus in ((demo_recipe, None, None), ("mai-base-2", [18, 24, 30, 36, 42, 102], 16000)):
             recipe = load_recipe(name)
             render_plan(plan_payload(recipe, plan_ladder(recipe, rungs), argparse.Namespace(gpus=gpus, mfu=None, goodput=None)))
         return 0
