@@ -14,6 +14,8 @@ What it counts, per rank (bytes):
 
 - params: fp32 master shards (ceil(rows / world) rows of each FSDP tensor; E/ep experts under ep);
 - grads: the same shapes in fp32 (present from the second micro-batch on, so counted in full);
+  when a rank accumulates several micro-batches with FSDP's sync deferred (the sharded job's
+  default), the whole unsharded fp32 gradients of every FSDP-sharded tensor;
 - optimizer: Muon's fp32 momentum for the matrix and expert-stack roles, AdamW's fp32 m and v for
   the embedding, LM head, norms and router (the roles of `rungs.optim`);
 - activations: what autograd saves during one micro-batch's forward, layer by layer, as the
@@ -26,9 +28,9 @@ What it counts, per rank (bytes):
   (`rungs.loss`: its saved gradients of the hidden rows and head weight) or, when the micro-batch
   fits one chunk or the step takes logits, the head's input and the fp32 log-probabilities (plus
   the logits the step holds). Under bf16 it adds autocast's bf16 copies: each linear's input, and
-  the compute copies of the weights autograd keeps until backward (dense matrices and the router;
-  expert stacks under ep, which `ExpertParallelExperts` casts before saving);
-- buffers: the transients on top of that at the worst moment: FSDP2's gathered (unsharded) root
+  the compute copies of the weights autograd keeps until backward (the head; on one process the
+  blocks' matrices and routers; expert stacks under ep, which `ExpertParallelExperts` casts);
+- buffers: the transients on top of that at the worst moment: FSDP2's gathered (unsharded) fp32 root
   (embedding, LM head) for the whole step, two blocks' gathered parameters (current + prefetch)
   and one block's unsharded gradients before the reduce-scatter; one layer's expert backward
   (fp32 weight-gradient accumulators, round buffers, and under ep the fixed all-to-all send and
@@ -183,18 +185,25 @@ def _sharded(shape: tuple[int, ...], world: int) -> int:
     return math.ceil(shape[0] / world) * prod(shape[1:])
 
 
-def state_bytes(arch: Architecture, layout: Layout) -> tuple[int, int, int]:
-    """(params, grads, optimizer) bytes of one rank: fp32 master, fp32 gradients, Muon/AdamW states."""
-    params = optimizer = 0
+def state_bytes(arch: Architecture, layout: Layout, *, deferred_grads: bool = False) -> tuple[int, int, int]:
+    """(params, grads, optimizer) bytes of one rank: fp32 master, fp32 gradients, Muon/AdamW states.
+
+    `deferred_grads`: FSDP's gradient sync is off between micro-batches (`rungs.parallel.distributed.
+    train_step`'s default when it accumulates), so each rank holds the unsharded fp32 gradients of
+    every FSDP-sharded tensor until the last micro-batch reduces them."""
+    params = grads = optimizer = 0
     for name, shape in _shapes(arch):
         role = _role(name)
         if role == "expert_stack" and layout.ep > 1:
             n = shape[0] // layout.ep * prod(shape[1:])  # whole experts, replicated over dp
+            g = n
         else:
             n = _sharded(shape, layout.world)
+            g = prod(shape) if deferred_grads and layout.world > 1 else n
         params += n * FP32_BYTES
+        grads += g * FP32_BYTES
         optimizer += n * FP32_BYTES * (2 if role == "adamw" else 1)
-    return params, params, optimizer
+    return params, grads, optimizer
 
 
 def _expert_rows(tokens: int, arch: Architecture) -> int:
@@ -278,18 +287,21 @@ def _expert_forward_exchange(arch: Architecture, tokens: int, layout: Layout) ->
     return (3 * fixed * lat + 2 * pairs * lat + pairs * lat + 2 * pairs * arch.expert_hidden) * a
 
 
-def memory_breakdown(arch: Architecture, layout: Layout, *, lb_loss: bool = True, z_loss: bool = False,
-                     loss: str = "chunked") -> MemoryBreakdown:
+def memory_breakdown(arch: Architecture, layout: Layout, *, accumulation_steps: int = 1, defer_grad_sync: bool = True,
+                     lb_loss: bool = True, z_loss: bool = False, loss: str = "chunked") -> MemoryBreakdown:
     """Per-rank bytes of `arch` trained under `layout` (see the module docstring for what counts).
 
-    `loss`: "chunked" (`rungs.loss.linear_cross_entropy`: the model takes the targets, no logits
-    tensor) or "logits" (the model returns (tokens, vocab) logits and the step takes their
-    cross-entropy)."""
+    `accumulation_steps` micro-batches per optimizer step; with more than one and `defer_grad_sync`
+    (the sharded job's default) the gradients are held unsharded between micro-batches.
+    `loss`: "chunked" (`rungs.loss.linear_cross_entropy`: the model takes the targets) or "logits"
+    (the model returns (tokens, vocab) logits and the step takes their cross-entropy)."""
     if arch.n_experts % layout.ep:
         raise LadderInputError(f"ep={layout.ep} must divide the {arch.n_experts} experts", field="ep")
     if loss not in LOSSES:
         raise LadderInputError(f"must be one of {list(LOSSES)}, got {loss!r}", field="loss")
-    params, grads, optimizer = state_bytes(arch, layout)
+    if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
+        raise LadderInputError(f"must be a positive integer, got {accumulation_steps!r}", field="accumulation_steps")
+    params, grads, optimizer = state_bytes(arch, layout, deferred_grads=defer_grad_sync and accumulation_steps > 1)
     bf16 = layout.precision == "bf16"
     a = BF16_BYTES if bf16 else FP32_BYTES
     f = FP32_BYTES
@@ -317,19 +329,24 @@ def memory_breakdown(arch: Architecture, layout: Layout, *, lb_loss: bool = True
         head_loss = tokens * d * a + tokens * vocab * (a + f)
         loss_transient = tokens * vocab * (2 * f + (a if bf16 else 0))
     plain_loss = loss == "logits" or tokens <= chunk  # the head's weight goes through F.linear under autocast
+    sharded = layout.world > 1
     weights = 0
-    if bf16:  # autocast's weight copies, saved until backward: dense matrices; expert stacks under ep
+    if bf16:  # autocast's weight copies, saved until backward: the head (fp32 under FSDP too); on one
+        # process the blocks' matrices and routers (FSDP's bf16 gathers are freed after forward instead);
+        # the expert stacks under ep
         for name, shape in shapes:
             role = _role(name)
-            if role == "matrix" or ".moe.router." in name or (name == "lm_head.weight" and plain_loss):
+            block_weight = role == "matrix" or ".moe.router." in name
+            if (block_weight and not sharded) or (name == "lm_head.weight" and plain_loss):
                 weights += prod(shape) * BF16_BYTES
             elif role == "expert_stack" and layout.ep > 1:
                 weights += prod(shape) // layout.ep * BF16_BYTES
     activations = sum(per_layer) + head + head_loss + weights
 
-    gather = a  # FSDP2's all-gather dtype (its MixedPrecisionPolicy: bf16 parameters for compute)
+    gather = a  # the blocks' all-gather dtype (FSDP2's MixedPrecisionPolicy: bf16 parameters for compute)
     world_one = layout.world == 1
-    root = 0 if world_one else sum(prod(s) for n, s in shapes if not n.startswith("layers.")) * gather
+    # the root unit (embedding, final norm, head) stays fp32 and is gathered for the whole step
+    root = 0 if world_one else sum(prod(s) for n, s in shapes if not n.startswith("layers.")) * FP32_BYTES
     biggest = 0 if world_one else _biggest_block(arch, layout.ep > 1)
     # forward: two blocks gathered (current + prefetch); backward: those, plus one block's unsharded
     # gradients (compute dtype, and fp32 for the reduce-scatter under bf16)
@@ -370,8 +387,12 @@ class LayoutChoice:
                 "gpus_per_node": self.gpus_per_node, "gpu_memory_bytes": self.device_bytes,
                 "usable_bytes": self.usable_bytes, "headroom": self.headroom,
                 "accumulation_steps": self.batch_sequences // self.layout.world // self.layout.micro_batch_sequences,
-                # the job's own knob (TrainConfig.micro_batch_sequences counts the whole job's sequences)
-                "config_micro_batch_sequences": self.layout.micro_batch_sequences * self.layout.world}
+                # what to set: the training config's keys (its micro-batch counts the whole job's
+                # sequences) and the launch's workers and ep
+                "train_config": {"micro_batch_sequences": self.layout.micro_batch_sequences * self.layout.world,
+                                 "activation_checkpointing": self.layout.checkpointing,
+                                 "precision": self.layout.precision},
+                "resources": {"workers": self.layout.world, "ep": self.layout.ep}}
 
 
 def _divisors(n: int) -> list[int]:
@@ -427,7 +448,8 @@ def choose_layout(arch: Architecture, *, batch_sequences: int, gpu_memory_bytes:
                 for ep in _valid_eps(arch, world, None):
                     layout = Layout(dp=world // ep, ep=ep, micro_batch_sequences=micro, checkpointing=ckpt,
                                     precision=precision)
-                    mem = memory_breakdown(arch, layout, lb_loss=lb_loss, z_loss=z_loss, loss=loss)
+                    mem = memory_breakdown(arch, layout, accumulation_steps=per_rank // micro, lb_loss=lb_loss,
+                                           z_loss=z_loss, loss=loss)
                     if mem.total <= usable:
                         fits.append(((ckpt_rank, -micro, ep > gpus_per_node, mem.total), layout, mem))
                     elif best_miss is None or mem.total < best_miss[0]:
@@ -466,9 +488,13 @@ def planned_expert_parallel(config: dict[str, Any], *, workers: int, gpu: bool) 
     precision = ("bf16" if gpu else "fp32") if precision == "auto" else precision
     lb_loss = float(config.get("lb_loss_coef", 0.01)) > 0
     z_loss = float(config.get("z_loss_coef", 0.0)) > 0
+    accumulation = max(1, batch // micro_global)
+    checkpointing = config.get("activation_checkpointing", "none")
     options = []
     for ep in _valid_eps(arch, workers, config.get("group_size")):
-        layout = Layout(dp=workers // ep, ep=ep, micro_batch_sequences=micro, precision=precision)
-        options.append((memory_breakdown(arch, layout, lb_loss=lb_loss, z_loss=z_loss).total, -ep, ep))
+        layout = Layout(dp=workers // ep, ep=ep, micro_batch_sequences=micro, checkpointing=checkpointing,
+                        precision=precision)
+        mem = memory_breakdown(arch, layout, accumulation_steps=accumulation, lb_loss=lb_loss, z_loss=z_loss)
+        options.append((mem.total, -ep, ep))
     return min(options)[2]
 
