@@ -186,8 +186,9 @@ def run(quick: bool) -> Report:
             clear()
             entry["saved_bytes"] = saved_bytes(step)
             clear()
-            if name.startswith("multi_round"):
+            if name.startswith("multi_round"):   # the group plan's count (EP's) and the rounds computed
                 entry["rounds"] = module.last_stats["rounds"]
+                entry["computed_rounds"] = module.last_stats["computed_rounds"]
             results[f"{name}/{route_name}"] = entry
     # Timings: first with the default allocator, then with glibc malloc tuned for CPU training.
     for allocator in ("default_malloc", "tuned_malloc"):

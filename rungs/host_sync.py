@@ -64,25 +64,36 @@ _HOST_METHODS = {torch.Tensor.tolist: "Tensor.tolist", torch.Tensor.numpy: "Tens
 
 
 class _MethodCounter(TorchFunctionMode):
-    def __init__(self, record) -> None:
+    def __init__(self, record, accelerator_only: bool) -> None:
         super().__init__()
-        self.record = record
+        self.record, self.accelerator_only = record, accelerator_only
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in _HOST_METHODS:
+        if func in _HOST_METHODS and not self.accelerator_only:   # on an accelerator: a to-host copy op
             self.record(f"{_HOST_METHODS[func]} (read)")
         return func(*args, **(kwargs or {}))
 
 
+def _on_accelerator(args, kwargs) -> bool:
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
+    return any(t.device.type != "cpu" for t in tensors)
+
+
 class HostSyncCounter(TorchDispatchMode):
     """`with HostSyncCounter() as c: step()`; then `c.total`, `c.counts` (op -> calls) and
-    `c.where` (op -> the innermost frame outside torch of its first call, to find it)."""
+    `c.where` (op -> the innermost frame outside torch of its first call, to find it).
 
-    def __init__(self) -> None:
+    accelerator_only=False (the CPU tests): every read counts, since on the CPU the tensors that
+    would live on the GPU cannot be told apart. accelerator_only=True (a GPU run): only ops on a
+    non-CPU tensor count, so reading a CPU-resident scalar (AdamW's step counter) is not a sync."""
+
+    def __init__(self, accelerator_only: bool = False) -> None:
         super().__init__()
+        self.accelerator_only = accelerator_only
         self.counts: Counter[str] = Counter()
         self.where: dict[str, str] = {}
-        self._methods = _MethodCounter(self._record)
+        self._methods = _MethodCounter(self._record, accelerator_only)
 
     @property
     def total(self) -> int:
@@ -107,6 +118,6 @@ class HostSyncCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         reason = sync_reason(func, args, kwargs)
-        if reason is not None:
+        if reason is not None and (not self.accelerator_only or _on_accelerator(args, kwargs)):
             self._record(f"{func._schema.name} ({reason})")
         return func(*args, **kwargs)

@@ -1,0 +1,39 @@
+"""benchmarks/gpu_rung.py end to end in --quick mode (reduced widths, CPU), and its layer fitting."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from benchmarks import gpu_rung
+
+
+def test_quick_mode_prints_the_contract_json_with_no_host_sync_in_forward_backward(capsys):
+    assert gpu_rung.main(["--quick", "--json", "--batch-sequences", "1"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert set(payload) == {"benchmark", "machine", "results", "checks"} and payload["benchmark"] == "gpu_rung"
+    results = payload["results"]
+    assert results["ran"] and results["n_layers"] == 6 and results["top_k"] == 7
+    for key in ("tokens_per_second", "seconds_per_step", "mfu", "achieved_tflops", "peak_memory_bytes"):
+        assert results[key] > 0, key
+    assert 0 < results["mfu"] < 1 and results["peak_source"].startswith("cpu nominal")
+    assert torch.isfinite(torch.tensor(results["final_loss"]))
+    # the MoE model's forward and backward read nothing on the host
+    assert results["host_syncs_forward_backward"] == 0, results["host_sync_ops_forward_backward"]
+    assert [c["name"] for c in payload["checks"]] == ["host_syncs_forward_backward"] and payload["checks"][0]["ok"]
+
+
+def test_full_mode_without_a_gpu_reports_that_it_did_not_run():
+    if torch.cuda.is_available():
+        return
+    report = gpu_rung.run(False)
+    assert report.results["ran"] is False and not report.checks
+
+
+def test_fitted_layers_grow_with_device_memory_and_stay_within_l18():
+    small, large = gpu_rung.fit_layers(80 * 2**30, 8), gpu_rung.fit_layers(141 * 2**30, 8)
+    assert 1 <= small < large <= 18
+    cfg = gpu_rung.rung_config(False, large)
+    assert (cfg.d_model, cfg.n_experts, cfg.top_k, cfg.seq_len, cfg.vocab_size) == (1536, 512, 7, 4096, 131072)
+    assert gpu_rung.estimate_bytes(cfg, 8 * 4096)["total"] <= 0.85 * 141 * 2**30
