@@ -74,12 +74,12 @@ FP32_BYTES, BF16_BYTES, INT64_BYTES = 4, 2, 8
 DEFAULT_HEADROOM = 0.10  # of device memory, kept for the CUDA context, NCCL and fragmentation
 DEFAULT_MAX_GPUS = 4096
 LOSSES = ("chunked", "logits")
-# Logit elements per chunk of the chunked loss (rungs.loss.LOGITS_PER_CHUNK).
+# Logit elements per chunk of the chunked loss (rungs.loss.LOGITS_PER_CHUNK; a test holds them equal).
 LOGITS_PER_CHUNK = 1 << 25
 # grouped_mm pads the experts' row buffer to this many rows (rungs.moe._ROW_ALIGN).
 EXPERT_ROW_ALIGN = 8
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
@@ -88,7 +88,7 @@ def parse_bytes(text: str, *, field: str = "--gpu-memory") -> int:
     """'141GB' → 141·10⁹, '80GiB' → 80·2³⁰, '2.5TB'; decimal (kB, MB, GB, TB) and binary (KiB...) units."""
     match = _SIZE.match(str(text))
     unit = match.group(2).lower() if match else ""
-    if not match or unit not in _UNITS or not unit:
+    if not match or unit not in _UNITS:
         raise LadderInputError(f"expected a memory size with a unit such as 141GB, 80GiB or 2.5TB, got {text!r} "
                                f"(units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)", field=field)
     value = float(match.group(1)) * _UNITS[unit]

@@ -116,10 +116,11 @@ def _single_process(loss: str, checkpointing: str = "none") -> dict[str, int]:
     return _measure(model, optimizer, step, _batches(0), loss)
 
 
-def _sharded(rank: int, world: int, ep: int, loss: str, out) -> None:
+def _sharded(rank: int, world: int, ep: int, loss: str, precision: str, out) -> None:
     from rungs.parallel.distributed import (build_optimizer, clip_grad_norm, lbl_reduce, parallelize,
                                             reduce_expert_grads, setup)
 
+    BF16[0] = precision == "bf16"
     par = setup(ep=ep, device_type="cpu")
     torch.manual_seed(0)
     model = parallelize(Transformer(ARCH), par)
@@ -172,11 +173,11 @@ def test_checkpointing_within_15_percent(checkpointing):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ep", [1, 2])
-def test_two_ranks_within_15_percent(ep):
+@pytest.mark.parametrize("ep,precision", [(1, "fp32"), (2, "fp32")])
+def test_two_ranks_within_15_percent(ep, precision):
     out = torch.multiprocessing.Manager().dict()
-    run_ranks(_sharded, 2, ep, "chunked", out)
-    layout = Layout(dp=2 // ep, ep=ep, micro_batch_sequences=MICRO, precision="fp32")
+    run_ranks(_sharded, 2, ep, "chunked", precision, out)
+    layout = Layout(dp=2 // ep, ep=ep, micro_batch_sequences=MICRO, precision=precision)
     for rank in range(2):
         _check(out[rank], layout, "chunked")
 
@@ -255,3 +256,13 @@ def test_layout_refuses_bad_values(kwargs, field):
     base = {"dp": 1, "ep": 1, "micro_batch_sequences": 1}
     with pytest.raises(LadderInputError, match=field):
         Layout(**(base | kwargs))
+
+
+def test_mirrored_constants_match_the_job():
+    """The planner cannot import torch code; the two sizes it copies must stay the job's."""
+    import rungs.loss
+    import rungs.moe
+    from ladder.plan import memory
+
+    assert memory.LOGITS_PER_CHUNK == rungs.loss.LOGITS_PER_CHUNK
+    assert memory.EXPERT_ROW_ALIGN == rungs.moe._ROW_ALIGN
