@@ -6,34 +6,26 @@ Each resample is warm-started from the full-data solution and all resamples are 
 of rows (a run's repeated rows) can be drawn instead of rows. A resample whose fit is non-finite,
 or that has too few distinct x values for the form, is counted in `bootstrap_failed` and left
 out, never silently patched.
+
+The engine returns the draws (`fits.results.BootstrapDraws`); the law builds its result once from
+them (`fits.results.bootstrap_fields`). It imports no law: each law passes its bounds, its map
+to natural parameters and the fewest distinct x a resample may keep.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from fits.batched import batched_huber_lm, resample_weights
 from fits.errors import FitError
 from fits.identify import wide_interval_flags
-from fits.results import FitResult
+from fits.results import BootstrapDraws, percentile_interval
 
-
-def percentile_interval(draws: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
-    q = 50.0 * (1.0 - level)
-    return np.percentile(draws, q, axis=0), np.percentile(draws, 100.0 - q, axis=0)
-
-
-def attach_bootstrap(result: FitResult, draws: np.ndarray, failed: int, ci_level: float) -> None:
-    lo, hi = percentile_interval(draws, ci_level)
-    names = list(result.params)
-    result.bootstrap_params = draws
-    result.ci = {k: (float(lo[i]), float(hi[i])) for i, k in enumerate(names)}
-    result.se = {k: float(np.std(draws[:, i], ddof=1)) for i, k in enumerate(names)}
-    result.ci_level = ci_level
-    result.n_bootstrap = len(draws)
-    result.extra["bootstrap_failed"] = failed
+__all__ = ["BootstrapDraws", "bootstrap_chinchilla", "bootstrap_power_law", "judge_power_law_interval",
+           "percentile_interval"]
 
 
 def power_law_residuals(z: np.ndarray, log_y: np.ndarray):
@@ -67,9 +59,9 @@ def chinchilla_residuals(log_n: np.ndarray, log_d: np.ndarray, log_l: np.ndarray
     return fn
 
 
-def bootstrap_power_law(result: FitResult, raw, xs: np.ndarray, ys: np.ndarray, *, n: int, seed: int,
-                        ci_level: float, delta: float, reduction: str, bounds: list[tuple[float, float]],
-                        min_distinct_x: int, clusters: np.ndarray | None = None) -> None:
+def bootstrap_power_law(raw, xs: np.ndarray, ys: np.ndarray, *, n: int, seed: int, delta: float,
+                        bounds: list[tuple[float, float]], min_distinct_x: int,
+                        clusters: np.ndarray | None = None) -> BootstrapDraws:
     """All resamples at once (batched IRLS Levenberg–Marquardt), each warm-started at the full fit.
     The reduction does not move a minimum, so resamples always use the summed objective. The law
     passes its own bounds on (a, α, e) and the fewest distinct x a resample may keep: this engine
@@ -91,7 +83,7 @@ def bootstrap_power_law(result: FitResult, raw, xs: np.ndarray, ys: np.ndarray, 
         raise FitError(f"bootstrap: only {int(finite.sum())} of {n} resamples had ≥ {min_distinct_x} distinct x values "
                        f"and a finite fit; with {len(np.unique(xs))} rungs the law is barely determined — add rungs "
                        "or repeat runs per rung before asking for intervals")
-    attach_bootstrap(result, draws[finite], failed, ci_level)
+    return BootstrapDraws(params=draws[finite], failed=failed)
 
 
 # Below this many distinct x a row bootstrap's intervals do not mean what they say: its resamples
@@ -102,36 +94,35 @@ def bootstrap_power_law(result: FitResult, raw, xs: np.ndarray, ys: np.ndarray, 
 MIN_DISTINCT_FOR_INTERVAL = 5
 
 
-def judge_power_law_interval(result: FitResult, n_distinct: int, alpha_bounds: tuple[float, float]) -> None:
-    """Keep the bootstrap interval only where it can be trusted; otherwise move it to
-    `extra["interval"]["unreliable_ci"]` with the reason and leave `ci`/`se` empty."""
+def judge_power_law_interval(params: dict[str, float], ci: dict[str, tuple[float, float]], alpha_draws: np.ndarray,
+                             *, ci_level: float, n_distinct: int, alpha_bounds: tuple[float, float],
+                             floor_at_zero: bool) -> dict[str, Any]:
+    """Whether a power law's bootstrap interval can be trusted: `{"interval": {"available": True, ...},
+    "flags": [...]}`, or `{"interval": {"available": False, "reason", "unreliable_ci"}}` (the law then
+    reports no `ci`/`se`)."""
     reasons = []
     if n_distinct < MIN_DISTINCT_FOR_INTERVAL:
         reasons.append(f"{n_distinct} distinct x: below {MIN_DISTINCT_FOR_INTERVAL} a bootstrap over rows mostly "
                        "drops rungs and its intervals under-cover (57–78% at nominal 95% on 4 rungs)")
-    alpha = result.bootstrap_column("alpha")
     lo_b, hi_b = alpha_bounds
-    on_bound = np.mean((alpha <= lo_b + 1e-6 * (hi_b - lo_b)) | (alpha >= hi_b - 1e-6 * (hi_b - lo_b)))
-    tail = (1.0 - (result.ci_level or 0.95)) / 2.0
+    on_bound = np.mean((alpha_draws <= lo_b + 1e-6 * (hi_b - lo_b)) | (alpha_draws >= hi_b - 1e-6 * (hi_b - lo_b)))
+    tail = (1.0 - ci_level) / 2.0
     if on_bound > tail:
         reasons.append(f"{on_bound:.0%} of the resamples put alpha on its bound [{lo_b:g}, {hi_b:g}]")
-    outside = [k for k, (lo, hi) in result.ci.items() if not lo <= result.params[k] <= hi
-               and not (k == "E" and result.extra.get("floor_at_zero"))]  # E reported as 0 on its floor
+    outside = [k for k, (lo, hi) in ci.items() if not lo <= params[k] <= hi
+               and not (k == "E" and floor_at_zero)]  # E reported as 0 on its floor
     if outside:
         reasons.append(f"the interval of {', '.join(outside)} excludes the estimate")
     if reasons:
-        result.extra["interval"] = {"available": False, "reason": "; ".join(reasons),
-                                    "unreliable_ci": {k: list(v) for k, v in result.ci.items()}}
-        result.ci, result.se = {}, {}
-    else:
-        result.extra["interval"] = {"available": True, "method": "bootstrap over rows"}
-        result.extra["flags"] = wide_interval_flags(result.params, result.ci, ("alpha",))
+        return {"interval": {"available": False, "reason": "; ".join(reasons),
+                             "unreliable_ci": {k: list(v) for k, v in ci.items()}}}
+    return {"interval": {"available": True, "method": "bootstrap over rows"},
+            "flags": wide_interval_flags(params, ci, ("alpha",))}
 
 
-def bootstrap_chinchilla(result: FitResult, raw, N: np.ndarray, D: np.ndarray, L: np.ndarray, *, n: int, seed: int,
-                         ci_level: float, delta: float, bounds: list[tuple[float, float]],
-                         natural_params: Callable[[np.ndarray], dict[str, float]],
-                         clusters: np.ndarray | None = None) -> None:
+def bootstrap_chinchilla(raw, N: np.ndarray, D: np.ndarray, L: np.ndarray, *, n: int, seed: int, delta: float,
+                         bounds: list[tuple[float, float]], natural_params: Callable[[np.ndarray], dict[str, float]],
+                         clusters: np.ndarray | None = None) -> BootstrapDraws:
     """Resample the rows, refit every resample at once from the full fit; the law passes its bounds
     on theta (a, b, e, α, β) and the map from theta to its natural parameters."""
     rng = np.random.default_rng(seed)
@@ -144,4 +135,4 @@ def bootstrap_chinchilla(result: FitResult, raw, N: np.ndarray, D: np.ndarray, L
     finite = np.all(np.isfinite(draws), axis=1)
     if finite.sum() < max(10, n // 2):
         raise FitError(f"bootstrap: only {int(finite.sum())} of {n} resamples gave a finite fit")
-    attach_bootstrap(result, draws[finite], int((~finite).sum()), ci_level)
+    return BootstrapDraws(params=draws[finite], failed=int((~finite).sum()))

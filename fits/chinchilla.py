@@ -34,11 +34,11 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from fits.bootstrap import bootstrap_chinchilla, percentile_interval
+from fits.bootstrap import bootstrap_chinchilla
 from fits.convergence import PG_TOL, polish, projected_gradient
 from fits.errors import FitBoundaryError, FitConvergenceError
 from fits.identify import require_span, wide_interval_flags
-from fits.results import FitResult
+from fits.results import FitResult, bootstrap_fields, percentile_interval
 from fits.robust import HUBER_DELTA, huber, huber_grad, reduce_weight
 from fits.threads import one_blas_thread
 from fits.validate import numeric_column, require_columns, require_points, row_ids
@@ -240,22 +240,24 @@ def fit_chinchilla(df: pd.DataFrame, n: str = "params", d: str = "tokens", y: st
                                 options=options)
     params = natural_params(raw.theta)
     pred = params["E"] + params["A"] / N ** params["alpha"] + params["B"] / D ** params["beta"]
-    result = ChinchillaResult(
+    extra = {"compute_optimal": compute_optimal(params), "theta": dict(zip(THETA_NAMES, raw.theta.tolist())),
+             "optimizer": {"n_iterations": raw.n_iterations, "message": raw.message, "starts": raw.starts_tried,
+                           "converged": raw.converged, "projected_gradient": raw.projected_gradient,
+                           "polished": raw.polished, "pg_tol": PG_TOL}}
+    intervals: dict = {}
+    if bootstrap > 0:
+        draws = bootstrap_chinchilla(raw, N, D, L, n=bootstrap, seed=seed, delta=delta, bounds=BOUNDS,
+                                     natural_params=natural_params)
+        intervals = bootstrap_fields(list(params), draws, ci_level)
+        al, be = draws.params[:, 3], draws.params[:, 4]
+        lo, hi = percentile_interval(be / (al + be), ci_level)
+        extra |= {"bootstrap_failed": draws.failed,
+                  "compute_optimal_ci": {"a": [float(lo), float(hi)], "b": [float(1 - hi), float(1 - lo)]},
+                  "flags": wide_interval_flags(params, intervals["ci"], ("alpha", "beta"))}
+    return ChinchillaResult(
         law="chinchilla", formula=FORMULA, params=params, objective=raw.objective, n_points=len(L),
         rows_used=row_ids(df, id_column), residuals=(np.log(L) - np.log(pred)).tolist(),
         options={"n": n, "d": d, "y": y, "delta": delta, "reduction": reduction, "starts": starts,
                  "n_starts": n_starts, "optimizer_options": options, "bootstrap": bootstrap, "seed": seed, "ci_level": ci_level},
-        extra={"compute_optimal": compute_optimal(params), "theta": dict(zip(THETA_NAMES, raw.theta.tolist())),
-               "optimizer": {"n_iterations": raw.n_iterations, "message": raw.message, "starts": raw.starts_tried,
-                             "converged": raw.converged, "projected_gradient": raw.projected_gradient,
-                             "polished": raw.polished, "pg_tol": PG_TOL}},
+        extra=extra, **intervals,
     )
-    if bootstrap > 0:
-        bootstrap_chinchilla(result, raw, N, D, L, n=bootstrap, seed=seed, ci_level=ci_level, delta=delta,
-                             bounds=BOUNDS, natural_params=natural_params)
-        draws = result.bootstrap_params
-        al, be = draws[:, 3], draws[:, 4]
-        lo, hi = percentile_interval(be / (al + be), ci_level)
-        result.extra["compute_optimal_ci"] = {"a": [float(lo), float(hi)], "b": [float(1 - hi), float(1 - lo)]}
-        result.extra["flags"] = wide_interval_flags(result.params, result.ci, ("alpha", "beta"))
-    return result

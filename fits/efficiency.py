@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from fits.bootstrap import percentile_interval
+from fits.results import percentile_interval
 from fits.errors import FitInputError
 from fits.power_law import PowerLawResult, fit_power_law
 from fits.results import code_version, jsonable

@@ -27,7 +27,7 @@ from scipy.optimize import minimize
 from fits.bootstrap import bootstrap_power_law, judge_power_law_interval
 from fits.errors import FitBoundaryError, FitConvergenceError, FitInputError
 from fits.identify import require_span
-from fits.results import FitResult
+from fits.results import FitResult, bootstrap_fields, percentile_interval
 from fits.robust import HUBER_DELTA, delta_from_replicates, huber, huber_grad, lse_terms, reduce_weight
 from fits.threads import one_blas_thread
 from fits.validate import numeric_column, require_columns, require_points, row_ids
@@ -183,10 +183,7 @@ class PowerLawResult(FitResult):
         return _inverse(np.atleast_1d(np.asarray(y, dtype=float))[None, :], E, A, alpha)
 
     def predict_interval(self, x, level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-        level = level or self.ci_level or 0.95
-        draws = self.predict_draws(x)
-        q = 50 * (1 - level)
-        return np.percentile(draws, q, axis=0), np.percentile(draws, 100 - q, axis=0)
+        return percentile_interval(self.predict_draws(x), level or self.ci_level or 0.95)
 
 
 def power_law_from_dict(d: dict) -> PowerLawResult:
@@ -246,18 +243,25 @@ def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, d
     if at_zero:
         E = 0.0
     residuals = np.log(ys) - np.log(E + A * xs ** (-alpha))
-    result = PowerLawResult(
-        law="power_law", formula=FORMULA.replace("x", x).replace("y =", f"{y} ="),
-        params={"E": E, "A": A, "alpha": alpha}, objective=raw.objective, n_points=len(ys),
-        rows_used=row_ids(df, id_column), residuals=residuals.tolist(),
-        options={"x": x, "y": y, "delta": delta, "delta_rule": delta_rule, "zero_floor": zero_floor, "reduction": reduction, "bootstrap": bootstrap, "seed": seed,
-                 "ci_level": ci_level, "cluster": cluster, "alpha_grid": [float(ALPHA_GRID[0]), float(ALPHA_GRID[-1]), len(ALPHA_GRID)]},
-        extra={"group": group, "log_x0": raw.log_x0, "x_range": [float(xs.min()), float(xs.max())],
-               "floor_at_zero": at_zero},
-    )
+    params = {"E": E, "A": A, "alpha": alpha}
+    extra = {"group": group, "log_x0": raw.log_x0, "x_range": [float(xs.min()), float(xs.max())],
+             "floor_at_zero": at_zero}
+    intervals: dict = {}
     if bootstrap > 0:
-        bootstrap_power_law(result, raw, xs, ys, n=bootstrap, seed=seed, ci_level=ci_level, delta=delta,
-                            reduction=reduction, bounds=_bounds(np.log(ys)), min_distinct_x=MIN_DISTINCT_X,
-                            clusters=df[cluster].to_numpy() if cluster else None)
-        judge_power_law_interval(result, len(np.unique(xs)), ALPHA_BOUNDS)
-    return result
+        draws = bootstrap_power_law(raw, xs, ys, n=bootstrap, seed=seed, delta=delta, bounds=_bounds(np.log(ys)),
+                                    min_distinct_x=MIN_DISTINCT_X, clusters=df[cluster].to_numpy() if cluster else None)
+        intervals = bootstrap_fields(list(PARAM_NAMES), draws, ci_level)
+        judged = judge_power_law_interval(params, intervals["ci"], draws.params[:, PARAM_NAMES.index("alpha")],
+                                          ci_level=ci_level, n_distinct=len(np.unique(xs)), alpha_bounds=ALPHA_BOUNDS,
+                                          floor_at_zero=at_zero)
+        extra |= {"bootstrap_failed": draws.failed, **judged}
+        if not judged["interval"]["available"]:
+            intervals |= {"ci": {}, "se": {}}
+    return PowerLawResult(
+        law="power_law", formula=FORMULA.replace("x", x).replace("y =", f"{y} ="), params=params,
+        objective=raw.objective, n_points=len(ys), rows_used=row_ids(df, id_column), residuals=residuals.tolist(),
+        options={"x": x, "y": y, "delta": delta, "delta_rule": delta_rule, "zero_floor": zero_floor,
+                 "reduction": reduction, "bootstrap": bootstrap, "seed": seed, "ci_level": ci_level,
+                 "cluster": cluster, "alpha_grid": [float(ALPHA_GRID[0]), float(ALPHA_GRID[-1]), len(ALPHA_GRID)]},
+        extra=extra, **intervals,
+    )

@@ -1,8 +1,11 @@
-"""Result objects: every fit returns one.
+"""Result objects: every fit returns one, built once, after its bootstrap, and frozen.
 
 A result carries what a reader needs to trust (or distrust) a law: the parameters, their
 intervals, the residuals, the rows it was fitted on, the options it was fitted with and the code
-version that fitted it. `to_dict()` is plain JSON; `summary()` is a short human-readable table.
+version that fitted it. Every law's result keeps one protocol (`LawResult`): `to_dict()` is plain
+JSON, `summary()` a short human-readable table, `code_version` the code that fitted it and
+`conf_int(level)` each parameter's interval at any level (percentiles of the stored bootstrap
+draws here; the covariance where a law has no bootstrap).
 """
 
 from __future__ import annotations
@@ -13,32 +16,38 @@ import math
 import subprocess
 from dataclasses import dataclass, field
 from importlib import metadata
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePath
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
-    """Package version plus the git commit of the working tree when there is one."""
+    """The one code version (fit results, MLflow run tags, nightly goldens): the package version, plus
+    `+g<12-hex commit>` when this code runs from a git checkout, plus `.dirty` when tracked files
+    have local edits (PEP 440 local-version form, e.g. `0.1.0+g3e8d795a1b2c.dirty`). Read once per
+    process."""
     try:
         version = metadata.version("scaling-ladder")
     except metadata.PackageNotFoundError:
         version = "unknown"
+    root = Path(__file__).resolve().parent
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-            text=True, timeout=5, check=True,
-        ).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
+                                text=True, timeout=5, check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                capture_output=True, text=True, timeout=5, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        commit = ""
-    return f"{version}+g{commit}" if commit else version
+        return version
+    if not commit:
+        return version
+    return f"{version}+g{commit}" + (".dirty" if status else "")
 
 
 def jsonable(obj: Any) -> Any:
-    """numpy scalars/arrays and other array scalars (torch) → Python; non-finite floats → None (JSON has
-    no inf/NaN). The one JSON normaliser: fit results and the CLI's --json both use it."""
+    """numpy scalars/arrays and other array scalars (torch) → Python, paths → str; non-finite floats →
+    None (JSON has no inf/NaN). The one JSON normaliser: fit results and the CLI's --json both use it."""
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -52,15 +61,59 @@ def jsonable(obj: Any) -> Any:
         return int(obj)
     if isinstance(obj, np.bool_):
         return bool(obj)
+    if isinstance(obj, PurePath):
+        return str(obj)
     if not isinstance(obj, (str, bytes)) and callable(getattr(obj, "item", None)):  # torch and other scalars
         return jsonable(obj.item())
     return obj
 
 
-@dataclass
+def percentile_interval(draws: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) percentiles of the draws (axis 0) bounding the central `level` of them."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"an interval level lies in (0, 1), got {level!r}")
+    q = 50.0 * (1.0 - level)
+    return np.percentile(draws, q, axis=0), np.percentile(draws, 100.0 - q, axis=0)
+
+
+@runtime_checkable
+class LawResult(Protocol):
+    """What every fit result offers, whichever law it fitted."""
+
+    code_version: str
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    def summary(self) -> str: ...
+
+    def conf_int(self, level: float | None = None) -> dict[str, tuple[float, float]]: ...
+
+
+@dataclass(frozen=True)
+class BootstrapDraws:
+    """What a bootstrap returns: the natural-parameter draws (one row per resample that gave a finite
+    fit, in the law's parameter order) and how many resamples were left out (non-finite, or too few
+    distinct x). A law turns them into its result's fields with `bootstrap_fields`."""
+
+    params: np.ndarray
+    failed: int
+
+
+def bootstrap_fields(names: list[str], draws: BootstrapDraws, ci_level: float) -> dict[str, Any]:
+    """The result fields a bootstrap fills: interval and standard error of each parameter, the level,
+    the number of draws and the draws themselves."""
+    lo, hi = percentile_interval(draws.params, ci_level)
+    return {"ci": {k: (float(lo[i]), float(hi[i])) for i, k in enumerate(names)},
+            "se": {k: float(np.std(draws.params[:, i], ddof=1)) for i, k in enumerate(names)},
+            "ci_level": ci_level, "n_bootstrap": len(draws.params), "bootstrap_params": draws.params}
+
+
+@dataclass(frozen=True)
 class FitResult:
-    """A fitted law. `params` are the natural parameters (E, A, alpha, ...); `ci` maps a parameter
-    to its (low, high) bootstrap interval at `ci_level`; `residuals` are log(y) − log(ŷ)."""
+    """A fitted law, built once (after its bootstrap, if any) and not changed afterwards. `params`
+    are the natural parameters (E, A, alpha, ...); `ci` maps a parameter to its (low, high)
+    bootstrap interval at `ci_level` (empty when the law judged it unreliable: `extra["interval"]`
+    says why); `residuals` are log(y) − log(ŷ)."""
 
     law: str
     formula: str
@@ -119,6 +172,18 @@ class FitResult:
             r = np.asarray(self.residuals)
             lines.append(f"  log residuals: rms {np.sqrt(np.mean(r**2)):.3g}, max |r| {np.max(np.abs(r)):.3g}")
         return "\n".join(lines)
+
+    def conf_int(self, level: float | None = None) -> dict[str, tuple[float, float]]:
+        """Each parameter's (low, high) percentile interval at `level` (default: the fit's ci_level),
+        from the stored bootstrap draws; equals `ci` at ci_level. Raises where there are no draws, or
+        where the law judged its bootstrap unreliable (`extra["interval"]["reason"]`)."""
+        interval = self.extra.get("interval") or {}
+        if interval.get("available") is False:
+            raise ValueError(f"{self.law}: interval not available: {interval.get('reason')}")
+        if self.bootstrap_params is None:
+            raise ValueError(f"{self.law}: no bootstrap draws; fit with bootstrap > 0")
+        lo, hi = percentile_interval(self.bootstrap_params, level or self.ci_level or 0.95)
+        return {k: (float(lo[i]), float(hi[i])) for i, k in enumerate(self.params)}
 
     def bootstrap_column(self, name: str) -> np.ndarray:
         if self.bootstrap_params is None:

@@ -1,7 +1,7 @@
 """MLflow tracking for one training job: one run per job, reopened on resume.
 
 Params are the resolved config flattened (`sources.code.epochs`); tags name the recipe, the rung,
-the trial key and the code version (git sha when available); metrics are logged per step in
+the trial key and the code version (`fits.results.code_version`: version + git sha, `.dirty` for local edits); metrics are logged per step in
 batches; the final BPB per domain, FLOPs, tokens and wall-clock go in as final metrics; artifacts
 are the resolved config, the eval JSON and the clip-event log. The default store is an embedded
 SQLite file (`sqlite:///runs/mlflow.db`); any tracking URI MLflow accepts works.
@@ -21,10 +21,11 @@ import fcntl
 import logging
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Iterator
+
+from fits.results import code_version  # the one code version (fit results, run tags, goldens)
 
 log = logging.getLogger(__name__)
 
@@ -47,20 +48,6 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             out[name] = str(value)[:_MAX_PARAM_CHARS]
     return out
-
-
-def code_version() -> str | None:
-    """The git sha of the checkout this code runs from (with '-dirty' when it has local edits)."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
-        if sha.returncode:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=5)
-        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def sqlite_path(tracking_uri: str) -> Path | None:
