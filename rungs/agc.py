@@ -9,6 +9,13 @@ rescales those above the threshold down to it. The threshold is fixed, or a mult
 running median of per-step median norms at that (layer, point). Each clip is recorded with its
 step, layer, point, norm/threshold and, through the batch's `locate`, the source, document and
 token offset it came from, plus the decoded text around it.
+
+The backward pass reads nothing on the host: the threshold from the current batch's median, the
+comparison and the rescale stay on the device, and each clip leaves its median, its count of
+clipped units and its largest norms (at most the per-step event budget, `topk`: a fixed size) in
+a pending list. The first read of the statistics after the step (`end_step`, `synchronise`,
+`events`, `drain_events`, `state_dict`, the next `begin_step`) reads all of them in one transfer
+and logs the events, in the order the clips ran, worst first within each clip, up to the budget.
 """
 
 from __future__ import annotations
@@ -73,11 +80,45 @@ class _ClipGrad(torch.autograd.Function):
         return ctx.clipper._clip(grad, ctx.layer, ctx.point), None, None, None
 
 
+class _FlushedOnRead:
+    """A ClipHistory field of the torch clipper whose every read first calls `flush()`, so the
+    statistics of clips still on the device are never read stale."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        obj.flush()
+        return obj.__dict__[self.name]
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self.name] = value
+
+
+@dataclass
+class _PendingClip:
+    """One clip's statistics, still on the device until `ActivationGradClipper.flush`."""
+
+    micro: _MicroBatch
+    layer: int
+    point: str
+    width: int                        # columns of the (rows, columns) norms: flat index -> (row, column)
+    stats: torch.Tensor               # float64 [median, clipped units, threshold, top norms..., their flat indices...]
+
+
 @dataclass
 class ActivationGradClipper(ClipHistory):
     """Installed on a model as `model.activation_clip`; call `begin_micro_batch` before each backward."""
 
     _current: _MicroBatch = field(default_factory=lambda: _MicroBatch(0, None, None, None))
+    _pending: list[_PendingClip] = field(default_factory=list)
+
+    # ClipHistory fields that pending clips change: reading one first reads the pending clips.
+    events = _FlushedOnRead()
+    clipped_units = _FlushedOnRead()
+    total_clips = _FlushedOnRead()
 
     def __call__(self, x: torch.Tensor, layer: int, point: str) -> torch.Tensor:
         if point not in self.settings.points or not torch.is_grad_enabled() or not x.requires_grad:
@@ -85,6 +126,7 @@ class ActivationGradClipper(ClipHistory):
         return _ClipGrad.apply(x, self, layer, point)
 
     def begin_step(self, step: int) -> None:
+        self.flush()
         self._current = _MicroBatch(step, None, None, None)
         self._reset_step()
 
@@ -101,41 +143,69 @@ class ActivationGradClipper(ClipHistory):
             norms = grad.float().norm(dim=-1)  # (B, T)
         else:
             norms = grad.float().flatten(1).norm(dim=-1)[:, None]  # (B, 1)
-        current_median = norms.median().item()
-        self._step_medians.setdefault((layer, point), []).append(current_median)
-        thr = self.threshold(layer, point, current_median)
+        median = norms.median()
+        thr = self.history_threshold(layer, point)
+        if thr is None:  # no history yet: a multiple of this batch's median, on the device (float64 as on the host)
+            thr = median.double().clamp_min(1e-30) * self.settings.threshold
         over = norms > thr
         self.total_units += norms.numel()
-        n_over = int(over.sum())
-        if n_over == 0:
-            return grad
-        self.clipped_units += n_over
-        self.total_clips += n_over
-        self._record(norms, over, thr, layer, point)
-        scale = torch.where(over, thr / norms, torch.ones_like(norms))  # (B, T) or (B, 1)
+        top = min(self.settings.max_logged_events_per_step, norms.numel())
+        top_norms, top_index = norms.flatten().topk(top)
+        stats = torch.cat([torch.stack([median.double(), over.sum().double(), torch.as_tensor(thr, dtype=torch.float64,
+                                                                                                device=norms.device)]),
+                           top_norms.double(), top_index.double()])
+        self._pending.append(_PendingClip(self._current, layer, point, norms.shape[1], stats))
+        scale = torch.where(over, thr / norms, torch.ones_like(norms))  # (B, T) or (B, 1); 1 where not over
         return (grad.float() * scale[..., None]).to(grad.dtype)  # grad is (B, T, d)
 
-    def _record(self, norms: torch.Tensor, over: torch.Tensor, thr: float, layer: int, point: str) -> None:
-        cur = self._current
-        budget = self.settings.max_logged_events_per_step - self._logged_this_step
-        if budget <= 0:
+    def flush(self) -> None:
+        """Read every pending clip's statistics in one transfer; fold them into this step's
+        medians and counts and log their events (budget and order as if logged at clip time)."""
+        pending = self.__dict__.get("_pending")
+        if not pending:
             return
-        idx = over.nonzero().tolist()
-        # Log the worst offenders first when the per-step budget cannot hold them all.
-        idx.sort(key=lambda rc: -float(norms[rc[0], rc[1]]))
-        for row, col in idx[:budget]:
-            position = col if self.settings.granularity == "token" else 0
-            ev = ClipEvent(step=cur.step, layer=layer, point=point, row=row, position=position,
-                           norm=float(norms[row, col]), threshold=thr)
-            if cur.locate is not None:
-                origin = cur.locate(row, position)
-                ev.source, ev.doc_id, ev.token_offset = origin.source, origin.doc_id, origin.token_offset
-            if cur.inputs is not None and cur.decode is not None:
-                c = self.settings.context_tokens
-                ids = cur.inputs[row, max(0, position - c): position + c + 1].tolist()
-                ev.text = cur.decode(ids)
-            self.events.append(ev)
-            self._logged_this_step += 1
+        self._pending = []
+        values = torch.cat([p.stats.to("cpu", non_blocking=False) for p in pending]).tolist()
+        at = 0
+        for clip in pending:
+            top = (clip.stats.numel() - 3) // 2
+            median, n_over, thr = values[at:at + 3]
+            norms, index = values[at + 3:at + 3 + top], values[at + 3 + top:at + 3 + 2 * top]
+            at += 3 + 2 * top
+            self._step_medians.setdefault((clip.layer, clip.point), []).append(median)
+            self.clipped_units += int(n_over)
+            self.total_clips += int(n_over)
+            budget = self.settings.max_logged_events_per_step - self._logged_this_step
+            worst = [(norm, int(i)) for norm, i in zip(norms, index) if norm > thr][:max(budget, 0)]
+            for norm, flat in worst:
+                self._record(clip, flat // clip.width, flat % clip.width, norm, thr)
+
+    def _record(self, clip: _PendingClip, row: int, col: int, norm: float, thr: float) -> None:
+        cur = clip.micro
+        position = col if self.settings.granularity == "token" else 0
+        ev = ClipEvent(step=cur.step, layer=clip.layer, point=clip.point, row=row, position=position,
+                       norm=norm, threshold=thr)
+        if cur.locate is not None:
+            origin = cur.locate(row, position)
+            ev.source, ev.doc_id, ev.token_offset = origin.source, origin.doc_id, origin.token_offset
+        if cur.inputs is not None and cur.decode is not None:
+            c = self.settings.context_tokens
+            ids = cur.inputs[row, max(0, position - c): position + c + 1].tolist()
+            ev.text = cur.decode(ids)
+        self.events.append(ev)
+        self._logged_this_step += 1
+
+    def synchronise(self, all_gather) -> None:
+        self.flush()
+        super().synchronise(all_gather)
+
+    def end_step(self) -> float:
+        self.flush()
+        return super().end_step()
+
+    def state_dict(self) -> dict:
+        self.flush()
+        return super().state_dict()
 
 
 def write_events(events: list[ClipEvent], path: Path) -> None:

@@ -100,3 +100,45 @@ def test_accelerator_only_ignores_reads_of_cpu_tensors():
         torch.ones(3).sum().item()
         torch.nonzero(torch.ones(3))
     assert counter.total == 0
+
+
+@pytest.mark.parametrize("mode,granularity", [("median", "token"), ("fixed", "sequence")])
+def test_activation_gradient_clipping_reads_the_host_only_after_the_step(mode, granularity):
+    """AGC clips on the device in backward; its statistics and events are read once, at end_step,
+    and equal those of a clipper that reads them at every clip (same events, rates, history)."""
+    from rungs.agc import ActivationGradClipper, AGCSettings, event_record
+    from rungs.model import ModelConfig, Transformer
+
+    class ReadAtEveryClip(ActivationGradClipper):
+        def _clip(self, grad, layer, point):
+            out = super()._clip(grad, layer, point)
+            self.flush()
+            return out
+
+    settings = AGCSettings(mode=mode, threshold=1.5 if mode == "median" else 1e-3, granularity=granularity,
+                           max_logged_events_per_step=5)
+    tokens = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    runs = []
+    for cls in (ActivationGradClipper, ReadAtEveryClip):
+        torch.manual_seed(0)
+        model = Transformer(ModelConfig(**SMALL))
+        clipper = cls(settings)
+        model.activation_clip = clipper
+        rates = []
+        for step in range(3):
+            clipper.begin_step(step)
+            clipper.begin_micro_batch(tokens)
+            with HostSyncCounter() as counter:
+                logits, _ = model(tokens)
+                logits.square().mean().backward()
+            if cls is ActivationGradClipper:
+                assert counter.total == 0, (counter.counts, counter.where)
+                assert clipper._pending                           # statistics still on the device
+            rates.append(clipper.end_step())
+            assert not clipper._pending
+            model.zero_grad(set_to_none=True)
+        runs.append((rates, [event_record(e) for e in clipper.drain_events()], clipper.state_dict()))
+    assert runs[0] == runs[1]
+    rates, events, _ = runs[0]
+    assert 0 < rates[-1] <= 1 and 0 < len(events) <= 15 and all(e["ratio"] > 1 for e in events)
+    assert all(sum(e["step"] == s for e in events) <= 5 for s in range(3))      # the per-step budget
