@@ -14,7 +14,7 @@ are flagged and left out of the sigmoid fit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,7 @@ import pandas as pd
 from scipy.optimize import curve_fit
 
 from fits.errors import FitConvergenceError, FitInputError
-from fits.results import code_version, jsonable
+from fits.results import code_version, jsonable, normal_quantile
 from fits.surfaces import WEIGHT_SCALE_REL, SurfaceResult, fit_surface
 from fits.validate import numeric_column, require_columns
 
@@ -34,13 +34,25 @@ def sigmoid(log_n, p_max, k, m):
     return p_max / (1.0 + np.exp(-k * (log_n - m)))
 
 
-@dataclass
+@dataclass(frozen=True)
 class DropoutLawResult:
     surfaces: list[SurfaceResult]
     params: dict[str, float]
     cov: np.ndarray
     excluded: list[dict[str, Any]]
     options: dict[str, Any]
+    code_version: str = field(default_factory=code_version)
+
+    def conf_int(self, level: float | None = None) -> dict[str, tuple[float, float]]:
+        """Each sigmoid parameter's interval at `level` (default 0.95) from the fit's covariance."""
+        z = normal_quantile(level)
+        se = np.sqrt(np.clip(np.diag(self.cov), 0, None))
+        return {k: (float(v - z * e), float(v + z * e)) for (k, v), e in zip(self.params.items(), se)}
+
+    def summary(self) -> str:
+        p = self.params
+        return (f"dropout law p*(N) = {p['p_max']:.3g} / (1 + exp(-{p['k']:.3g}·(log N - {p['m']:.3g}))) from "
+                f"{len(self.surfaces) - len(self.excluded)} optima, {len(self.excluded)} excluded (code {self.code_version})")
 
     def predict(self, params_active, n_draws: int = 2000, level: float = 0.95, seed: int = 0) -> dict[str, Any]:
         log_n = np.log(np.atleast_1d(np.asarray(params_active, dtype=float)))
@@ -59,7 +71,7 @@ class DropoutLawResult:
                          "optima": [{"params_active": s.key["params_active"], "dropout": s.optimum_natural()[s.coords[0]],
                                      "tpp": s.key.get("tpp"), "se": s.optimum_se[0], "flags": s.flags,
                                      "notes": s.notes} for s in self.surfaces],
-                         "excluded": self.excluded, "options": self.options, "code_version": code_version()})
+                         "excluded": self.excluded, "options": self.options, "code_version": self.code_version})
 
 
 def fit_dropout_law(df: pd.DataFrame, y: str = "bpb", *, dropout: str = "dropout", size: str = "params_active",

@@ -39,7 +39,7 @@ MAX_CONDITION = 30.0
 REPORT_FORMS = {"log_lr_wd": ("log_steps",), "log_lr": ("log_tpp", "log_steps")}
 
 
-@dataclass
+@dataclass(frozen=True)
 class RegressionLaw:
     target: str
     terms: tuple[str, ...]
@@ -50,10 +50,23 @@ class RegressionLaw:
     r2: float
     n: int
     model: Any = field(repr=False)  # statsmodels results; None for an exactly determined law
+    code_version: str = field(default_factory=code_version)
 
     @property
     def exact(self) -> bool:
         return self.model is None
+
+    def conf_int(self, level: float | None = None) -> dict[str, tuple[float, float]]:
+        """Each coefficient's interval at `level` (default 0.95, `ci` holds that one); NaN for an
+        exactly determined law."""
+        if self.exact:
+            return {k: (float("nan"), float("nan")) for k in self.params}
+        ci = self.model.conf_int(1.0 - (0.95 if level is None else level))
+        return {k: (float(ci.loc[k, 0]), float(ci.loc[k, 1])) for k in self.params}
+
+    def summary(self) -> str:
+        terms = " + ".join([f"{self.params['const']:.4g}"] + [f"{self.params[t]:.4g}·{t}" for t in self.terms])
+        return f"{self.target} = {terms}  (n {self.n}, R² {self.r2:.3f}{', exact' if self.exact else ''})"
 
     def predict(self, values: dict[str, float], alpha: float = 0.05) -> tuple[float, float, float]:
         """Mean prediction and its (1−alpha) observation interval, in the target's (log) units
@@ -71,7 +84,8 @@ class RegressionLaw:
                          "r2": self.r2, "n": self.n, "exactly_determined": self.exact,
                          "cov": np.asarray(self.model.cov_params()).tolist() if self.model is not None else None,
                          "scale": float(self.model.scale) if self.model is not None else None,
-                         "df_resid": float(self.model.df_resid) if self.model is not None else 0.0})
+                         "df_resid": float(self.model.df_resid) if self.model is not None else 0.0,
+                         "code_version": self.code_version})
 
 
 def fit_regression(table: pd.DataFrame, target: str, terms: tuple[str, ...], *,
@@ -117,7 +131,7 @@ def select_law(table: pd.DataFrame, target: str, candidates: list[tuple[str, ...
     return best, fitted
 
 
-@dataclass
+@dataclass(frozen=True)
 class HparamLawsResult:
     slices: list[SurfaceResult]
     excluded: list[dict[str, Any]]
@@ -129,6 +143,19 @@ class HparamLawsResult:
     report_log_lr: RegressionLaw | None
     options: dict[str, Any]
     dropout: Any = None  # fits.dropout.DropoutLawResult when the sweep varied dropout
+    code_version: str = field(default_factory=code_version)
+
+    def conf_int(self, level: float | None = None) -> dict[str, dict[str, tuple[float, float]]]:
+        """The selected laws' coefficient intervals (and the dropout law's) at `level`."""
+        out = {name: law.conf_int(level) for name, law in (("lr_wd_product", self.lr_wd), ("log_lr", self.log_lr))
+               if law is not None}
+        return out | ({"dropout": self.dropout.conf_int(level)} if self.dropout is not None else {})
+
+    def summary(self) -> str:
+        lines = [f"hyperparameter laws from {len(self.slices)} slices, {len(self.excluded)} excluded "
+                 f"(code {self.code_version})"]
+        lines += [law.summary() for law in (self.lr_wd, self.log_lr) if law is not None]
+        return "\n".join(lines + ([self.dropout.summary()] if self.dropout is not None else []))
 
     def predict(self, steps: float, tpp: float, params_active: float) -> dict[str, Any]:
         """LR*, WD* (and the product) from the selected laws, with 95% observation intervals."""
@@ -164,7 +191,7 @@ class HparamLawsResult:
             "excluded_slices": self.excluded,
             "dropout": self.dropout.to_dict() if self.dropout is not None else None,
             "options": self.options,
-            "code_version": code_version(),
+            "code_version": self.code_version,
         })
 
 

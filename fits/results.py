@@ -76,6 +76,16 @@ def percentile_interval(draws: np.ndarray, level: float) -> tuple[np.ndarray, np
     return np.percentile(draws, q, axis=0), np.percentile(draws, 100.0 - q, axis=0)
 
 
+def normal_quantile(level: float | None) -> float:
+    """z with P(|Z| ≤ z) = level (default 0.95): intervals of laws fitted without a bootstrap."""
+    from statistics import NormalDist
+
+    level = 0.95 if level is None else level
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"an interval level lies in (0, 1), got {level!r}")
+    return NormalDist().inv_cdf(0.5 + level / 2.0)
+
+
 @runtime_checkable
 class LawResult(Protocol):
     """What every fit result offers, whichever law it fitted."""

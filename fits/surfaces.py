@@ -31,7 +31,7 @@ import statsmodels.api as sm
 from scipy.spatial import Delaunay
 
 from fits.errors import FitInputError, FlatSurfaceError
-from fits.results import jsonable
+from fits.results import code_version, jsonable, normal_quantile
 from fits.validate import n_distinct, numeric_column, require_columns
 
 WEIGHT_SCALE_REL = 0.01
@@ -64,7 +64,7 @@ def optimum_of(coef: np.ndarray, d: int) -> np.ndarray:
     return -np.linalg.solve(H, g)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SurfaceResult:
     coords: list[str]
     log_coords: list[bool]
@@ -83,6 +83,7 @@ class SurfaceResult:
     key: dict[str, Any] = field(default_factory=dict)
     samples: np.ndarray | None = field(default=None, repr=False)  # (n, d+1): fit-space coords, then y
     notes: list[str] = field(default_factory=list)  # fit-form caveats: no_cross_term, no_residual_dof
+    code_version: str = field(default_factory=code_version)
 
     @property
     def ok(self) -> bool:
@@ -104,12 +105,24 @@ class SurfaceResult:
         x = _to_fit_space(np.atleast_2d(points), self.log_coords) - self.center
         return design(x) @ self.coef
 
+    def conf_int(self, level: float | None = None) -> dict[str, tuple[float, float]]:
+        """The optimum's interval per coordinate at `level` (default 0.95), in fitted coordinates (log
+        where log_coords): the delta-method standard error, normal quantiles (NaN without residuals)."""
+        z = normal_quantile(level)
+        return {c: (float(v - z * se), float(v + z * se)) for c, v, se in zip(self.coords, self.optimum, self.optimum_se)}
+
+    def summary(self) -> str:
+        optimum = ", ".join(f"{c}* = {v:.4g}" for c, v in self.optimum_natural().items())
+        return (f"surface of {len(self.coords)} coordinate(s) over {self.n_points} points {self.key or ''}: {optimum}; "
+                f"{', '.join(self.flags + self.notes) or 'ok'} (code {self.code_version})")
+
     def to_dict(self) -> dict[str, Any]:
         return jsonable({
             **self.key, "coords": self.coords, "log_coords": self.log_coords, "optimum": self.optimum_natural(),
             "optimum_fit_space": self.optimum, "optimum_se_fit_space": self.optimum_se,
             "predicted_min": self.predicted_min, "flags": self.flags, "notes": self.notes, "n_points": self.n_points,
             "best_observed": self.best_observed, "weight_scale": self.weight_scale, "rows_used": self.rows_used,
+            "code_version": self.code_version,
         })
 
 
