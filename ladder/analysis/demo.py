@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from fits.results import jsonable
 from ladder.analysis.demo_result import DemoResult
 from ladder.analysis.recipe_card import build_card
 from ladder.errors import LadderInputError
@@ -29,43 +30,46 @@ DEMO_SPEC = "demo"
 STEPS_ABOVE_LADDER = 2
 
 
-LADDER_BLOCK = "ladder"
-
-
 def ladder_runs(runs: pd.DataFrame, spec) -> pd.DataFrame:
-    """The runs of the spec's ladder block: one per rung, each at the law's LR/WD. The compute law is
-    fitted on these, not on the best run per rung: only the small rungs sweep LR/WD, and a best-of-9
-    at the bottom against single runs at the top would bias the slope."""
+    """The runs a compute law is fitted on: of the sweep's current plan (an experiment keeps runs of
+    earlier recipe versions), those the one selection rule keeps (`fits.compute_laws`: the ladder
+    block, one run per rung at the recipe's TPP and the law's LR/WD)."""
+    from fits.compute_laws import select_runs
+    from fits.errors import FitInputError
     from sweeps.plan import plan_sweep
 
-    keys = {p.key for p in plan_sweep(spec) if p.trial.block == LADDER_BLOCK}
-    chosen = runs[runs["trial_key"].isin(keys)]
+    block_of = {p.key: p.trial.block for p in plan_sweep(spec)}  # the plan names each key's block
+    current = runs[runs["trial_key"].isin(block_of)] if "trial_key" in runs.columns else runs.iloc[:0]
+    current = current.assign(block=current["trial_key"].map(block_of)) if len(current) else current
+    try:
+        chosen, _ = select_runs(current, "train_flops", "bpb")
+    except FitInputError as err:
+        raise LadderInputError(f"no finished ladder runs of the sweep to fit: {err.detail}", field="demo") from None
     if chosen.empty:
-        raise LadderInputError(f"no finished runs of the sweep's {LADDER_BLOCK!r} block to fit", field="demo")
+        raise LadderInputError("no finished runs of the sweep's current plan to fit", field="demo")
     return chosen
 
 
-def fit_compute_laws(best: pd.DataFrame, *, bootstrap: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def fit_compute_laws(long: pd.DataFrame, *, bootstrap: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each domain's compute law (`fits.compute_laws.fit_power_laws`, its default selection) and the
+    backtest of its top rung on the same rows; a domain whose law is not fitted says why."""
     from fits.backtest import holdout_backtest
+    from fits.compute_laws import fit_power_laws
     from fits.errors import FitError
-    from fits.power_law import fit_power_law
 
-    laws, backtests = {}, {}
-    for domain, part in best.groupby("domain"):
-        law_error = None
-        try:
-            laws[domain] = fit_power_law(part, "train_flops", "bpb", bootstrap=bootstrap, group=str(domain))
-        except FitError as err:  # said in the report and on stderr, never papered over
-            log.warning("power law for %s: %s", domain, err)
-            law_error = f"law not fitted: {err}"
+    laws = fit_power_laws(long, "train_flops", "bpb", group="domain", bootstrap=bootstrap)
+    backtests = {}
+    for domain in laws.names:
         # The top rung is predicted even where E is not identified (E = 0 below the top, flagged).
         try:
-            backtests[domain] = holdout_backtest(part, "train_flops", "bpb", holdout_top=1, bootstrap=min(bootstrap, 400))
+            backtests[domain] = holdout_backtest(laws.rows_of(domain), "train_flops", "bpb", holdout_top=1,
+                                                 bootstrap=min(bootstrap, 400))
         except FitError as err:
             backtests[domain] = {"error": str(err)}
-        if law_error:
-            backtests[domain]["law_error"] = law_error
-    return laws, backtests
+        if domain in laws.errors:  # said in the report and on stderr, never papered over
+            log.warning("power law for %s: %s", domain, laws.errors[domain])
+            backtests[domain]["law_error"] = f"law not fitted: {laws.errors[domain]}"
+    return laws.laws, backtests
 
 
 def fit_lr_wd_surfaces(runs: pd.DataFrame) -> tuple[list[Any], list[dict[str, Any]]]:
@@ -132,7 +136,7 @@ def run_demo(*, out_dir: Path = Path("runs/demo"), tracking_uri: str | None = No
     result.figures = write_figures(result, best, runs)
     result.wall_seconds = time.perf_counter() - t0
     write_report(result, best)
-    (out_dir / "demo.json").write_text(json.dumps(summary(result), indent=2, default=str))
+    (out_dir / "demo.json").write_text(json.dumps(jsonable(summary(result)), indent=2))
     return result
 
 

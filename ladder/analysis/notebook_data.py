@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from fits.compute_laws import DEFAULT_SELECT, PowerLawSet, fit_power_laws
 from ladder.errors import LadderInputError
-from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, fit_table, read_runs
+from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, fit_table, long_by_domain, read_runs
 
 FIXTURES = Path(__file__).resolve().parents[2] / "notebooks" / "fixtures"
 KEEP = ["run_id", "rung", "block", "arm", "seed", "lr", "wd", "dropout", "steps", "tpp", "params_active", "train_flops",
@@ -44,6 +45,14 @@ def load_runs(experiment: str, fixture: str, *, spec: str | None = None,
                 raise LadderInputError(f"cannot read {uri}: {err}", field="LADDER_TRACKING_URI") from None
     path = FIXTURES / fixture
     return pd.read_csv(path), f"fixture {path.name} (real runs exported from this platform)"
+
+
+def compute_laws(runs: pd.DataFrame, *, bootstrap: int, select: str = DEFAULT_SELECT, **fit_options) -> PowerLawSet:
+    """Each domain's BPB-vs-FLOPs law from a runs table (`bpb_<domain>` columns), fitted on the runs
+    the one selection rule keeps (`fits.compute_laws`, as `ladder fit`, `extrapolate` and `demo` do);
+    `.rows` are those runs, one row per run and domain."""
+    return fit_power_laws(long_by_domain(runs), "train_flops", "bpb", group="domain", select=select,
+                          bootstrap=bootstrap, **fit_options)
 
 
 def current_plan_runs(table: pd.DataFrame, spec: str, experiment: str) -> pd.DataFrame:

@@ -1,6 +1,6 @@
 """The recipe card of one target rung: the plan's numbers (architecture, tokens, compute) plus what
 the given laws predict (hyperparameters, BPB). Library code: `ladder extrapolate` renders it, the
-demo puts it in its report."""
+demo puts it in its report; both show the same rows (`card_rows`)."""
 
 from __future__ import annotations
 
@@ -38,3 +38,36 @@ def build_card(recipe_name: str, rung: int, laws: dict[str, Any], tpp: float | N
                        dropout=(laws.get("hparams") or {}).get("dropout"),
                        report_laws=recipe.hparam_laws.model_dump(exclude={"source"}), report_source=recipe.hparam_laws.source,
                        recipe_dropout=recipe.dropout, provenance=provenance)
+
+
+def human_count(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def _interval(iv) -> str:
+    return f"[{iv[0]:.4g}, {iv[1]:.4g}]" if iv else "-"
+
+
+def card_rows(card: dict[str, Any]) -> list[list[str]]:
+    """The card as (name, value, interval) rows of text, built once for every place that shows a card
+    (`ladder extrapolate`'s table, the demo report's)."""
+    t, hp = card["target"], card["hyperparameters"]
+    rows = [["architecture", f"L{t['L']}: d_model {t['d_model']}, {t['n_heads']} heads × {t['head_dim']}, kv "
+             f"{t['n_kv_heads_global']}/{t['n_kv_heads_local']}, {t['n_experts']} experts top-{t['top_k']} "
+             f"+{t['n_shared_experts']} shared, latent {t['latent_dim']}", ""],
+            ["parameters", f"{human_count(t['params_total'])} total / {human_count(t['params_active'])} active", ""],
+            ["tokens / TPP", f"{human_count(t['tokens'])} / {t['tpp']:g}", ""],
+            ["batch / steps", f"{human_count(t['batch_tokens'])} tokens / {t['steps']:,}", ""],
+            ["training FLOPs", f"{t['train_flops']:.3e}", ""],
+            ["compute", f"{t['compute']['wall_clock_days']:.1f} days on {t['compute']['gpus']:,} {t['compute']['pool']} "
+             f"(MFU {t['compute']['mfu']:.0%}, goodput {t['compute']['goodput']:.0%})", ""]]
+    for name, label in (("lr", "LR*"), ("wd", "WD*"), ("lr_wd_product", "LR*·WD*"), ("dropout", "dropout*")):
+        if name in hp:
+            rows.append([label, f"{hp[name]['value']:.4g}", _interval(hp[name].get("interval95"))])
+    for domain, b in card["predicted_bpb"].items():
+        ext = f" (×{b['extrapolation_factor']:.3g} beyond the data)" if b.get("extrapolation_factor") else ""
+        rows.append([f"BPB {domain}", f"{b['value']:.4f}{ext}", _interval(b.get("interval"))])
+    return rows

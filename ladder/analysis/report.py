@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ladder.analysis.demo_result import DemoResult
+from ladder.analysis.recipe_card import card_rows
 from ladder.plan.recipe import HparamLaws
 
 
@@ -102,25 +103,6 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _card_rows(card: dict[str, Any]) -> list[list[Any]]:
-    t, hp = card["target"], card["hyperparameters"]
-    rows = [["architecture", f"L{t['L']}: d_model {t['d_model']}, {t['n_heads']} heads, {t['n_experts']} experts "
-             f"top-{t['top_k']} + {t['n_shared_experts']} shared, latent {t['latent_dim']}", ""],
-            ["parameters (total / active)", f"{t['params_total']:.4g} / {t['params_active']:.4g}", ""],
-            ["tokens (TPP)", f"{t['tokens']:.4g} ({t['tpp']:g})", ""],
-            ["batch tokens / steps", f"{t['batch_tokens']:,} / {t['steps']:,}", ""],
-            ["training FLOPs", f"{t['train_flops']:.4g}", ""],
-            ["compute", f"{t['compute']['wall_clock_days']:.3g} days on {t['compute']['gpus']:,} × {t['compute']['pool']} "
-             f"(MFU {t['compute']['mfu']:.0%}, goodput {t['compute']['goodput']:.0%})", ""]]
-    for key, label in (("lr", "LR*"), ("wd", "WD*"), ("lr_wd_product", "LR*·WD*"), ("dropout", "dropout*")):
-        if key in hp:
-            rows.append([label, _fmt(float(hp[key]["value"])), _fmt(hp[key].get("interval95") or "")])
-    for domain, b in card["predicted_bpb"].items():
-        rows.append([f"predicted BPB, {domain}", _fmt(float(b["value"])), _fmt(b.get("interval") or "")])
-    rows.append(["hyperparameters from", hp.get("source", ""), ""])
-    return rows
-
-
 CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:0.6em 0 1.4em}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}
 th{background:#f3f3f3}img{max-width:100%;margin:0.5em 0}code{background:#f5f5f5;padding:1px 4px}
@@ -170,7 +152,8 @@ def write_report(result: DemoResult, best: pd.DataFrame) -> Path:
     parts.append("<h2>Recipe cards</h2>")
     for name, card in result.cards.items():
         parts.append(f"<h3>{html.escape(name)}</h3>")
-        parts.append(_table(["", "value", "95% interval"], _card_rows(card)))
+        rows = card_rows(card) + [["hyperparameters from", card["hyperparameters"].get("source", ""), ""]]
+        parts.append(_table(["", "value", "95% interval"], rows))
     laws = HparamLaws()  # the report's laws, written once (ladder/plan/recipe.py)
     parts.append("<p class='note'>The mai-base-2 L102 card uses the MAI-Base-2 report's published laws "
                  f"(LR*·WD* = {laws.lr_wd_text()}, log LR* = {laws.log_lr_text()}): a CPU ladder cannot "

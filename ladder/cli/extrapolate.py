@@ -16,10 +16,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from fits.compute_laws import DEFAULT_SELECT, SELECT_RULES
 from ladder.errors import LadderInputError
 from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, domains_of, fit_table, long_by_domain, read_runs
-from ladder.cli.output import human_count, make_table, print_json, stdout_console
-from ladder.analysis.recipe_card import build_card
+from ladder.cli.output import make_table, print_json, stdout_console
+from ladder.analysis.recipe_card import build_card, card_rows
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI)
     p.add_argument("--laws", action="append", default=[], help="laws JSON from `ladder fit ... --save` (repeatable)")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for fits made here")
+    p.add_argument("--select", choices=sorted(SELECT_RULES), default=DEFAULT_SELECT,
+                   help="with --experiment, the runs the BPB laws are fitted on (as `ladder fit power-law --select`)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
@@ -106,22 +109,24 @@ def _check_hparams(hparams: dict[str, Any], path: str) -> None:
 
 
 def laws_from_experiment(args: argparse.Namespace, laws: dict[str, Any]) -> dict[str, Any]:
-    """Fit every domain's compute law (and the hyperparameter laws, when the runs sweep LR/WD)."""
+    """Fit every domain's compute law on the runs the one rule selects (`fits.compute_laws`: by
+    default the ladder block), and the hyperparameter laws when the runs sweep LR/WD."""
+    from fits.compute_laws import fit_power_laws
     from fits.errors import FitError
     from fits.hparam_laws import fit_hparam_laws
-    from fits.power_law import fit_power_law
 
     runs = fit_table(read_runs(args.experiment, args.tracking_uri))
     info = {"experiment": args.experiment, "tracking_uri": args.tracking_uri, "n_runs": len(runs),
             "run_ids": runs["run_id"].tolist(), "domains": domains_of(runs)}
-    long = long_by_domain(runs)
-    for domain, part in long.groupby("domain"):
-        # the compute law is a frontier: at each rung, the best run of its sweep
-        best = part.loc[part.groupby("train_flops")["bpb"].idxmin()]
-        try:
-            laws["power_law"][domain] = fit_power_law(best, "train_flops", "bpb", bootstrap=args.bootstrap, group=domain)
-        except FitError as err:
-            info.setdefault("power_law_errors", {})[domain] = str(err)
+    try:
+        power_laws = fit_power_laws(long_by_domain(runs), "train_flops", "bpb", group="domain", select=args.select,
+                                    bootstrap=args.bootstrap)
+    except FitError as err:  # the table as a whole (e.g. no ladder block): bad input for every domain
+        raise LadderInputError(str(err), where=f"experiment {args.experiment}", field="--select") from None
+    laws["power_law"].update(power_laws.laws)
+    info["power_law_selection"] = power_laws.selection
+    if power_laws.errors:
+        info["power_law_errors"] = power_laws.reasons
     if laws["hparams"] is None and {"lr", "wd"} <= set(runs.columns) and runs["lr"].nunique() > 2:
         try:
             laws["hparams"] = fit_hparam_laws(runs).to_dict()
@@ -143,28 +148,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _interval(iv) -> str:
-    return f"[{iv[0]:.4g}, {iv[1]:.4g}]" if iv else "-"
-
-
 def render(card: dict[str, Any]) -> None:
     t, hp = card["target"], card["hyperparameters"]
-    rows = [["architecture", f"L{t['L']}: d_model {t['d_model']}, {t['n_heads']} heads × {t['head_dim']}, kv "
-             f"{t['n_kv_heads_global']}/{t['n_kv_heads_local']}, {t['n_experts']} experts top-{t['top_k']} "
-             f"+{t['n_shared_experts']} shared, latent {t['latent_dim']}", ""],
-            ["parameters", f"{human_count(t['params_total'])} total / {human_count(t['params_active'])} active", ""],
-            ["tokens / TPP", f"{human_count(t['tokens'])} / {t['tpp']:g}", ""],
-            ["batch / steps", f"{human_count(t['batch_tokens'])} tokens / {t['steps']:,}", ""],
-            ["training FLOPs", f"{t['train_flops']:.3e}", ""],
-            ["compute", f"{t['compute']['wall_clock_days']:.1f} days on {t['compute']['gpus']:,} {t['compute']['pool']} "
-             f"(MFU {t['compute']['mfu']:.0%}, goodput {t['compute']['goodput']:.0%})", ""]]
-    for name, label in (("lr", "LR*"), ("wd", "WD*"), ("lr_wd_product", "LR*·WD*"), ("dropout", "dropout*")):
-        if name in hp:
-            rows.append([label, f"{hp[name]['value']:.4g}", _interval(hp[name].get("interval95"))])
-    for domain, b in card["predicted_bpb"].items():
-        ext = f" (×{b['extrapolation_factor']:.3g} beyond the data)" if b.get("extrapolation_factor") else ""
-        rows.append([f"BPB {domain}", f"{b['value']:.4f}{ext}", _interval(b.get("interval"))])
-    stdout_console.print(make_table(f"recipe card: {t['recipe']} L{t['L']}", ["name", "value", "interval"], rows))
+    stdout_console.print(make_table(f"recipe card: {t['recipe']} L{t['L']}", ["name", "value", "interval"],
+                                    card_rows(card)))
     stdout_console.print(f"hyperparameters from: {hp['source']}")
     if not card["predicted_bpb"]:
         stdout_console.print("no BPB laws given: pass --laws FILE.json (from `ladder fit power-law --save`) or --experiment")

@@ -61,9 +61,3 @@ def fmt(value: Any) -> str:
         return f"{value:.4g}"
     return str(value)
 
-
-def human_count(n: float) -> str:
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g}{unit}"
-    return f"{n:.3g}"

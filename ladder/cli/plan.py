@@ -7,7 +7,8 @@ import argparse
 
 from ladder.plan.compute import plan_compute
 from ladder.errors import LadderInputError
-from ladder.cli.output import human_count, make_table, print_json, stdout_console
+from ladder.analysis.recipe_card import human_count
+from ladder.cli.output import make_table, print_json, stdout_console
 from ladder.plan.generator import RungSpec, plan_ladder
 from ladder.plan.memory import CHECKPOINTING, DEFAULT_HEADROOM, DEFAULT_MAX_GPUS, PRECISIONS, choose_layout, \
     format_bytes, parse_bytes

@@ -1,5 +1,6 @@
 """The demo's fits and report: every domain is backtested, also where its law is not identified."""
 
+import html
 import json
 
 import numpy as np
@@ -58,3 +59,22 @@ def test_a_held_out_rung_without_a_valid_interval_is_shown_as_n_a(tmp_path):
     html = write_report(result, best).read_text()
     row = html[html.rindex("<td>code</td>"):].split("</tr>")[0]  # the backtest table comes after the laws
     assert "n/a" in row and "inside" not in row and f"{prediction['lo']:.4g}" not in row
+
+
+def test_the_report_and_ladder_extrapolate_show_the_same_card_rows(tmp_path, capsys):
+    from ladder.analysis.recipe_card import build_card, card_rows
+    from ladder.cli.extrapolate import render
+
+    card = build_card("cpu-demo", 8, {"power_law": {}, "hparams": None, "files": []})
+    rows = card_rows(card)
+    assert [r[0] for r in rows[:6]] == ["architecture", "parameters", "tokens / TPP", "batch / steps", "training FLOPs",
+                                       "compute"] and any(r[0] == "LR*" for r in rows)
+    render(card)
+    table = capsys.readouterr().out
+    for png in ("bpb_vs_flops", "backtest"):
+        (tmp_path / f"{png}.png").write_bytes(b"png")
+    result = DemoResult(out_dir=tmp_path, tracking_uri="sqlite:///x.db", experiment="e", sweep={}, cards={"c": card},
+                        figures={p: tmp_path / f"{p}.png" for p in ("bpb_vs_flops", "backtest")})
+    page = html.unescape(write_report(result, pd.DataFrame()).read_text())
+    for name, value, _ in rows:
+        assert value in table and f"<td>{value}</td>" in page, name

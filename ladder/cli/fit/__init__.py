@@ -7,7 +7,8 @@ cannot run) carrying E = A = alpha = null and its own reason, naming it, in "not
 chinchilla → E, A, B, alpha, beta; hparams → {"lr_wd_product": {coef, steps_exponent},
 "log_lr": {intercept, log_tpp, log_steps}, "slices": [...]}. Fits read from MLflow are logged back
 as an MLflow run of their own. `--save FILE.json` writes the laws (with bootstrap draws) in the
-form `ladder extrapolate --laws` reads.
+form `ladder extrapolate --laws` reads. Which runs a power law is fitted on is the one rule of
+`fits.compute_laws` (`--select`, default the ladder block), also used by extrapolate and the demo.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ladder.errors import LadderInputError
 from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, long_by_domain
 from ladder.plan.recipe import HparamLaws
 from ladder.cli.output import make_table, print_json, stdout_console
+from fits.compute_laws import DEFAULT_SELECT, SELECT_RULES
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +54,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for intervals (default 1000)")
     q.add_argument("--holdout-top", type=int, default=1, help="rungs held out for the backtest (default 1; 0: none)")
     q.add_argument("--progressive", action="store_true", help="also backtest adding rungs one at a time")
-    q.add_argument("--all-runs", action="store_true", help="with --experiment: fit every run, not only the best run "
-                   "at each compute (sweeps put off-optimum runs at the same FLOPs)")
+    q.add_argument("--select", choices=sorted(SELECT_RULES), default=DEFAULT_SELECT,
+                   help="which runs the law is fitted on: 'ladder' (default) the ladder block, one run per rung at "
+                        "the recipe's TPP and the law's LR/WD (a table without a 'block' column is the ladder); "
+                        "'best' the best run per compute; 'all' every run (fits.compute_laws says why)")
+    q.add_argument("--all-runs", action="store_true", help="fit every run (the same as --select all), e.g. the "
+                   "repeated seeds of every rung")
     q.add_argument("--cluster", help="bootstrap whole clusters of rows (e.g. a run id repeated over checkpoints)")
     q.add_argument("--delta", type=delta_arg, default=None,
                    help="Huber threshold on log residuals: a number (default 1e-3, Hoffmann et al.) or 'auto' "
@@ -93,41 +99,36 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_power_law(args: argparse.Namespace) -> int:
     from fits.backtest import holdout_backtest, progressive_backtest
+    from fits.compute_laws import fit_power_laws
     from fits.errors import FitBoundaryError, FitError
-    from fits.power_law import fit_power_law
 
     df, source = load_input(args)
     x, y = column_arg(args, "x", "train_flops"), column_arg(args, "y", "bpb")
     group = args.group or ("domain" if args.experiment and y == "bpb" else None)
     if args.experiment and group == "domain":
         df = long_by_domain(df)
-    if args.experiment and not args.all_runs and x in df.columns and y in df.columns:
-        keys = [group, x] if group else [x]
-        df = df.loc[df.dropna(subset=[y]).groupby(keys)[y].idxmin()]
-        source["frontier"] = "best run per compute value (--all-runs to fit every run)"
     if group and group not in df.columns:
         raise LadderInputError(f"no such column; the table has {sorted(map(str, df.columns))}",
                                where=source.get("csv") or args.experiment, field=group)
     if args.bootstrap < 0 or args.holdout_top < 0 or not 0 < args.ci_level < 1:
         raise LadderInputError("--bootstrap and --holdout-top must be ≥ 0 and --ci-level in (0, 1)", field="--bootstrap")
-    if group:  # table-level problems (a missing or non-numeric column) are bad input for every group
-        from fits.validate import numeric_column, require_columns
-
-        try:
-            require_columns(df, [x, y])
-            numeric_column(df, x, positive=True)
-            numeric_column(df, y, positive=True)
-        except FitError as err:
-            raise input_error(err, source) from None
-    groups = [(None, df)] if not group else list(df.groupby(group, sort=True))
+    select = "all" if args.all_runs else args.select
     delta_kw = {} if args.delta is None else {"delta": args.delta}
+    try:  # table-level problems (a missing or non-numeric column, no ladder rows) are bad input for every group
+        laws_set = fit_power_laws(df, x, y, group=group, select=select, bootstrap=args.bootstrap,
+                                  ci_level=args.ci_level, seed=args.seed, cluster=args.cluster, **delta_kw)
+    except FitError as err:
+        raise input_error(err, source) from None
+    source["selection"] = laws_set.selection
+    if select == "best":
+        source["frontier"] = "best run per compute value (--all-runs to fit every run)"
+    df = laws_set.rows
     fits, saved, laws = [], {}, {}
-    for name, part in groups:
-        label = y if name is None else str(name)
-        try:
-            fit = fit_power_law(part, x, y, bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed,
-                                group=None if name is None else str(name), cluster=args.cluster, **delta_kw)
-        except FitError as err:
+    for label in laws_set.names:
+        name = None if group is None else label
+        part = laws_set.rows_of(label)
+        if label in laws_set.errors:
+            err = laws_set.errors[label]
             if name is None and not isinstance(err, FitBoundaryError):
                 raise input_error(err, source) from None
             # One group's law not fitted (no floor in the data, too few or too narrow rungs, a bootstrap
@@ -136,10 +137,11 @@ def run_power_law(args: argparse.Namespace) -> int:
             # top rung is identified even where E is not (fits.backtest).
             backtest = _backtest(part, x, y, args, holdout_backtest, delta_kw)
             reason = f"{label}: {err}"
-            fits.append({"group": None if name is None else str(name), "E": None, "A": None, "alpha": None,
+            fits.append({"group": name, "E": None, "A": None, "alpha": None,
                          "ci": {}, "ci_level": args.ci_level, "backtest": backtest, "n_points": len(part),
                          "not_identified": reason, "reason": reason})
             continue
+        fit = laws_set.laws[label]
         backtest = _backtest(part, x, y, args, holdout_backtest, delta_kw)
         progressive = None
         if args.progressive:
@@ -150,7 +152,8 @@ def run_power_law(args: argparse.Namespace) -> int:
                 progressive = {"skipped": f"{label}: {getattr(err, 'detail', err)}"}
         d = fit.to_dict()
         fits.append({"group": d["group"], **fit.params, "ci": d["ci"], "ci_level": d["ci_level"], "backtest": backtest,
-                     **({"progressive_backtest": progressive} if args.progressive else {}), "n_points": fit.n_points, "objective": fit.objective, "x_range": d["x_range"],
+                     **({"progressive_backtest": progressive} if args.progressive else {}), "n_points": fit.n_points,
+                     "objective": fit.objective, "x_range": d["x_range"],
                      "bootstrap_failed": d.get("bootstrap_failed", 0), "rows_used": d["rows_used"],
                      "options": d["options"], "code_version": d["code_version"],
                      **{k: d[k] for k in ("interval", "flags") if k in d}})
