@@ -25,6 +25,7 @@ from ladder.plan.generator import plan_rung
 from ladder.plan.recipe import load_recipe
 from ladder.plan.resolve import resolve_train_config
 from rungs.agc import ActivationGradClipper
+from rungs.attention import causal_attention
 from rungs.config import parse_config
 from rungs.model import RMSNorm, Transformer, apply_rope, rope_tables
 from rungs.optim import build_optimizer
@@ -42,13 +43,12 @@ class DenseBlock(nn.Module):
         self.w_gate_up = nn.Linear(d, 2 * hidden, bias=False)
         self.w_down = nn.Linear(hidden, d, bias=False)
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin, window):
         B, T, _ = x.shape
         h = self.norm1(x)
         q = self.wq(h).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k, v = self.wkv(h).view(B, T, 2, self.n_kv, self.head_dim).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, attn_mask=mask,
-                                           enable_gqa=True)
+        y = causal_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, window)  # the model's kernels
         x = x + self.wo(y.transpose(1, 2).reshape(B, T, -1))
         gate, up = self.w_gate_up(self.norm2(x)).chunk(2, dim=-1)
         return x + self.w_down(F.silu(gate) * up)
@@ -67,15 +67,12 @@ class DenseModel(nn.Module):
         cos, sin = rope_tables(arch.seq_len, arch.head_dim, 10_000.0)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-        i = torch.arange(arch.seq_len)
-        causal = i[None, :] <= i[:, None]
-        local = causal & (i[:, None] - i[None, :] < arch.window_tokens)
-        self.masks = [causal if arch.is_global_layer(n) else local for n in range(arch.n_layers)]
+        self.windows = [None if arch.is_global_layer(n) else arch.window_tokens for n in range(arch.n_layers)]
 
     def forward(self, idx):
         x = self.embed(idx)
-        for block, mask in zip(self.blocks, self.masks):
-            x = block(x, self.cos, self.sin, mask)
+        for block, window in zip(self.blocks, self.windows):
+            x = block(x, self.cos, self.sin, window)
         return self.head(self.norm(x))
 
 
