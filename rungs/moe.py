@@ -375,6 +375,15 @@ class RoutedExperts(nn.Module):
             self._stats_host = stats
         return self._stats_host
 
+    @property
+    def last_rounds(self) -> Tensor:
+        """`last_stats["rounds"]` as a 0-d device tensor, not read on the host: a training loop can
+        stack every layer's and read them once per step instead of once per layer."""
+        stats = self._stats
+        if not stats:
+            raise MoEConfigError("last_rounds is only defined after a forward")
+        return torch.div(stats["max_group_load"] + stats["slab_rows"] - 1, stats["slab_rows"], rounding_mode="floor")
+
     def forward(self, x: Tensor, expert_idx: Tensor, gate: Tensor) -> Tensor:
         if x.ndim != 2 or x.shape[1] != self.latent_dim:
             raise MoEConfigError(f"x must be (T, {self.latent_dim}), got {tuple(x.shape)}")

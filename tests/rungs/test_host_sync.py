@@ -51,6 +51,7 @@ def test_routed_experts_forward_and_backward_have_no_host_sync(capacity, group_s
             out = module(x, idx, gate)
         out.float().square().sum().backward()
     assert counter.total == 0, (counter.counts, counter.where)
+    assert int(module.last_rounds) == module.last_stats["rounds"]               # the device copy of the stat
     assert module.last_stats["computed_rounds"] == (1 if capacity is None else -(-48 // module.last_stats["buffer_rows"]))
 
 
