@@ -7,7 +7,9 @@ runs, by device:
 
 - CUDA: FlexAttention, compiled, with a block mask built once per (seq_len, window, device) and
   cached. It computes only the (128 × 128) blocks the mask touches, see
-  `ladder.plan.counting.attention_executed_context_mean` for the exact count.
+  `ladder.plan.counting.attention_executed_context_mean` for the exact count. A ragged length (an
+  eval batch of short documents) is padded to one of a few lengths, so the compiled kernel is not
+  recompiled for every width (dynamo gives up after 8 and falls back to the unfused kernel).
 - CPU: FlexAttention has no backward on CPU (torch 2.13: "FlexAttention does not support backward
   on CPU", eager and compiled), so queries are cut into chunks of `window` and each chunk attends,
   through SDPA with a small (window × 2·window) mask, to its own chunk and the one before: 2·window
@@ -71,10 +73,22 @@ def _compiled_flex_attention() -> Callable:
     return torch.compile(flex_attention, dynamic=False)
 
 
-def _flex_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_tokens: int) -> torch.Tensor:
+def flex_padded_tokens(seq_len: int) -> int:
+    """The length FlexAttention runs a sequence of seq_len at: the next power of two or the next
+    multiple of 1024, whichever is shorter, at least one block (7 lengths up to 4096)."""
+    power_of_two = 1 << max(seq_len - 1, 1).bit_length()
+    return max(FLEX_BLOCK_TOKENS, min(power_of_two, -(-seq_len // 1024) * 1024))
+
+
+def _flex_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window_tokens: int,
+                           flex: Callable | None = None) -> torch.Tensor:
     T = q.shape[-2]
-    block_mask = sliding_window_block_mask(T, window_tokens, str(q.device))
-    return _compiled_flex_attention()(q, k, v, block_mask=block_mask, enable_gqa=True)
+    padded = flex_padded_tokens(T)
+    if padded != T:  # padded keys lie after every real query (causal); padded queries are dropped
+        q, k, v = (F.pad(t, (0, 0, 0, padded - T)) for t in (q, k, v))
+    block_mask = sliding_window_block_mask(padded, window_tokens, str(q.device))
+    flex = flex or _compiled_flex_attention()
+    return flex(q, k, v, block_mask=block_mask, enable_gqa=True)[:, :, :T]
 
 
 @functools.lru_cache(maxsize=16)

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from ladder.plan.counting import attention_context_mean, attention_executed_context_mean
-from rungs.attention import FLEX_BLOCK_TOKENS, attention_mask, causal_attention, sliding_window_block_mask
+from rungs.attention import (FLEX_BLOCK_TOKENS, _flex_window_attention, attention_mask, causal_attention,
+                             flex_padded_tokens, sliding_window_block_mask)
 
 torch.set_num_threads(1)
 
@@ -51,6 +52,7 @@ def test_windowed_attention_is_exact_in_float64():
     torch.testing.assert_close(causal_attention(q, k, v, 12), dense_reference(q, k, v, 12), rtol=0, atol=1e-12)
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_block_mask_rule_equals_the_dense_mask():
     """The mask FlexAttention runs on CUDA, applied here by its eager (forward-only on CPU) kernel."""
     from torch.nn.attention.flex_attention import flex_attention
@@ -61,6 +63,24 @@ def test_flex_block_mask_rule_equals_the_dense_mask():
     assert sliding_window_block_mask(T, window, "cpu") is block_mask  # built once, then cached
     got = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
     torch.testing.assert_close(got, dense_reference(q, k, v, window), rtol=0, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_path_pads_ragged_lengths_and_equals_the_dense_mask():
+    """The CUDA path (padding, cached block mask, slicing) run by the eager kernel, forward only:
+    FlexAttention has no backward on CPU and compiling it here takes minutes."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    for T, window in ((37, 8), (200, 64)):
+        q, k, v = (t.detach() for t in leaves(2, 4, 2, T, 16, seed=T))
+        got = _flex_window_attention(q, k, v, window, flex=flex_attention)
+        torch.testing.assert_close(got, dense_reference(q, k, v, window), rtol=0, atol=1e-5)
+
+
+def test_flex_lengths_are_few():
+    assert {flex_padded_tokens(T) for T in range(1, 4097)} == {128, 256, 512, 1024, 2048, 3072, 4096}
+    assert all(flex_padded_tokens(T) >= T for T in range(1, 9000, 7))
+    assert flex_padded_tokens(4096) == 4096 and flex_padded_tokens(2048) == 2048
 
 
 @pytest.mark.parametrize(("T", "window"), [(4096, 1024), (1000, 300), (512, 100), (256, 128), (128, 32)])
