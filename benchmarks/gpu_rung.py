@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import math
 import sys
@@ -195,8 +196,25 @@ def run(quick: bool, *, layers: int | None = None, batch_sequences: int | None =
     threads = torch.get_num_threads()
     if not cuda:
         torch.set_num_threads(1)            # tiny CPU ops: idle-spinning workers only add noise
+    batch_sequences = batch_sequences or (8 if cuda else 2)
+    if cuda:
+        layers = layers or fit_layers(torch.cuda.get_device_properties(0).total_memory, batch_sequences)
+    out_of_memory_at: list[int] = []
     try:
-        return _run(quick, cuda, layers, batch_sequences, min_seconds, max_steps)
+        while True:
+            try:
+                report = _run(quick, cuda, layers, batch_sequences, min_seconds, max_steps)
+            except torch.OutOfMemoryError:
+                # The estimate was short: one layer fewer (a one-shot GPU run should still report).
+                if not cuda or layers is None or layers <= 1 or len(out_of_memory_at) >= 3:
+                    raise
+                out_of_memory_at.append(layers)
+                layers -= 1
+            else:
+                report.results["out_of_memory_at_layers"] = out_of_memory_at
+                return report
+            gc.collect()                    # outside the except block: the traceback no longer holds the model
+            torch.cuda.empty_cache()
     finally:
         torch.set_num_threads(threads)
 
@@ -205,14 +223,14 @@ def _run(quick: bool, cuda: bool, layers: int | None, batch_sequences: int | Non
          max_steps: int | None) -> Report:
     device = torch.device("cuda" if cuda else "cpu")
     torch.manual_seed(0)
-    batch_sequences = batch_sequences or (8 if cuda else 2)
+    batch_sequences = batch_sequences or 2
     results: dict[str, Any] = {"ran": True, "quick": quick, "device": torch.cuda.get_device_name() if cuda else "cpu",
                                "recipe": RECIPE, "rung": RUNG, "precision": "bf16 autocast, fp32 master weights"}
     if cuda:
         torch.set_float32_matmul_precision("high")              # TF32 for the fp32 GEMMs (the router's)
-        device_bytes = torch.cuda.get_device_properties(device).total_memory
-        n_layers = layers or fit_layers(device_bytes, batch_sequences)
-        results["device_memory_bytes"] = device_bytes
+        results["device_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.reset_peak_memory_stats(device)
+        n_layers = layers or 1
     else:
         n_layers = layers or QUICK_WIDTHS["n_layers"]
     cfg = rung_config(quick, n_layers)
@@ -253,7 +271,7 @@ def _run(quick: bool, cuda: bool, layers: int | None, batch_sequences: int | Non
         results["cuda_sync_debug_syncs_per_step"] = cuda_sync_warnings(step)
         torch.cuda.reset_peak_memory_stats(device)
     min_seconds = min_seconds if min_seconds is not None else (60.0 if cuda else 0.0)
-    max_steps, min_steps = max_steps or (20 if cuda else 2), 3 if cuda else 1
+    max_steps, min_steps = max_steps or (30 if cuda else 2), 3 if cuda else 1
     _synchronize(device)
     t0, steps, last = time.perf_counter(), 0, None
     while True:                  # at least min_steps, then until min_seconds have passed or max_steps ran

@@ -37,3 +37,27 @@ def test_fitted_layers_grow_with_device_memory_and_stay_within_l18():
     cfg = gpu_rung.rung_config(False, large)
     assert (cfg.d_model, cfg.n_experts, cfg.top_k, cfg.seq_len, cfg.vocab_size) == (1536, 512, 7, 4096, 131072)
     assert gpu_rung.estimate_bytes(cfg, 8 * 4096)["total"] <= 0.85 * 141 * 2**30
+
+
+def test_an_out_of_memory_run_retries_with_one_layer_fewer(monkeypatch):
+    """The one-shot GPU run still reports when the memory estimate was short (device faked)."""
+    from types import SimpleNamespace
+
+    from benchmarks.common import Report
+
+    monkeypatch.setattr(gpu_rung.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_rung.torch.cuda, "get_device_properties", lambda _: SimpleNamespace(total_memory=141 * 2**30))
+    monkeypatch.setattr(gpu_rung.torch.cuda, "empty_cache", lambda: None)
+    tried = []
+
+    def fake_run(quick, cuda, layers, *rest):
+        tried.append(layers)
+        if layers > 5:
+            raise torch.OutOfMemoryError("fake")
+        return Report("gpu_rung", {"n_layers": layers})
+
+    monkeypatch.setattr(gpu_rung, "_run", fake_run)
+    fitted = gpu_rung.fit_layers(141 * 2**30, 8)
+    report = gpu_rung.run(False)
+    assert tried == list(range(fitted, 4, -1)) and report.results["n_layers"] == 5
+    assert report.results["out_of_memory_at_layers"] == tried[:-1]
