@@ -121,7 +121,8 @@ class JaxEngine:
         self.recorder = ClipRecorder(settings) if settings else None
         self.compute_dtype = jnp.bfloat16 if cfg.autocast_bf16 else jnp.float32
         t0 = time.perf_counter()
-        self._compile()
+        with sharding.use_mesh(self.mesh):  # traced on the mesh: expert parallelism, distributed Muon
+            self._compile()
         self.compile_seconds = time.perf_counter() - t0
         log.info("JAX step compiled in %.1fs (%s, %d device(s))", self.compile_seconds, jax.default_backend(),
                  self.world)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rungs.jaxjob.moe import count_per_expert, dispatch_for, rounds_needed, routed_experts
+from rungs.jaxjob.moe import count_per_expert, dispatch_for, routed_experts_with_rounds
 from rungs.jaxjob.params import Buffers, Params, bias_name
 
 __all__ = ["Routing", "block", "forward", "loss", "rms_norm", "apply_rope", "rope_tables", "attention", "latent_moe",
@@ -179,12 +179,12 @@ def latent_moe(p: Params, prefix: str, bias, x: jax.Array, cfg: Any,
     h = flat @ p[prefix + "latent_down.weight"].T if latent else flat        # (N, latent)
     disp = dispatch_for(B * T, cfg.top_k, cfg.n_experts, capacity_per_expert=cfg.capacity_per_expert,
                         group_size=cfg.group_size, backend=backend)
-    y = routed_experts(disp, h, r.gate.astype(h.dtype), r.expert_idx, p[prefix + "experts.w_gate"],
-                       p[prefix + "experts.w_up"], p[prefix + "experts.w_down"])   # (N, latent)
+    y, rounds = routed_experts_with_rounds(disp, h, r.gate.astype(h.dtype), r.expert_idx, p[prefix + "experts.w_gate"],
+                                           p[prefix + "experts.w_up"], p[prefix + "experts.w_down"])   # (N, latent)
     y = y @ p[prefix + "latent_up.weight"].T if latent else y                # (N, d)
     if prefix + "shared.w_gate.weight" in p:
         y = y + _swiglu(p, prefix + "shared.", flat)
-    return y.reshape(B, T, d), r._replace(rounds=rounds_needed(r.tokens_per_expert, disp))
+    return y.reshape(B, T, d), r._replace(rounds=rounds)
 
 
 def block(params: Params, layer: int, x: jax.Array, cos, sin, bias, cfg: Any, *,

@@ -32,8 +32,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rungs.jaxjob.sharding import active_mesh
+
 __all__ = ["Dispatch", "dispatch_for", "default_backend", "routed_experts", "round_take", "plan_rounds",
-           "count_per_expert", "rounds_needed"]
+           "count_per_expert", "rounds_needed", "row_layout", "expert_rows", "sorted_pairs", "local_routed_experts",
+           "routed_experts_with_rounds"]
 
 _ROW_ALIGN = 8  # the torch module's buffer rounding, kept so buffer sizes agree
 
@@ -53,6 +56,7 @@ class Dispatch:
     buffer_rows: int     # rows every round computes on (ragged path)
     block_rows: int      # rows per block (blocks path)
     backend: str         # "ragged" | "blocks"
+    capacity_per_expert: int | None = None  # as configured (None: one round fits all pairs of the call)
 
     @property
     def slab_rows(self) -> int:
@@ -81,7 +85,8 @@ def dispatch_for(n_tokens: int, top_k: int, n_experts: int, *, capacity_per_expe
     capacity = capacity_per_expert or max(1, math.ceil(n_pairs / group_size))
     buffer_rows = min((n_experts // group_size) * group_size * capacity, max(n_pairs, 1))
     buffer_rows = -(-buffer_rows // _ROW_ALIGN) * _ROW_ALIGN
-    return Dispatch(n_experts, group_size, capacity, buffer_rows, min(block_rows, buffer_rows), backend)
+    return Dispatch(n_experts, group_size, capacity, buffer_rows, min(block_rows, buffer_rows), backend,
+                    capacity_per_expert)
 
 
 def count_per_expert(expert_idx: jax.Array, n_experts: int) -> jax.Array:
@@ -117,7 +122,7 @@ def plan_rounds(counts: jax.Array, d: Dispatch, max_rounds: int) -> jax.Array:
     return takes
 
 
-def _row_layout(take, done, starts, order, n_pairs, d: Dispatch):
+def row_layout(take, done, starts, order, n_pairs, d: Dispatch):
     """Pair id of every buffer row of one round (n_pairs where the row is unused) and the grouping.
 
     ragged: rows packed in expert order, (buffer_rows,) pair ids, group sizes (E,) with the unused
@@ -150,13 +155,13 @@ def _gmm(a: jax.Array, w: jax.Array, groups: jax.Array, d: Dispatch) -> jax.Arra
     return jnp.einsum("brk,bnk->brn", blocks, w[groups]).reshape(a.shape[0], w.shape[1])
 
 
-def _expert_rows(xin, g_rows, w_gate, w_up, w_down, groups, d: Dispatch):
+def expert_rows(xin, g_rows, w_gate, w_up, w_down, groups, d: Dispatch):
     """One round's gated SwiGLU expert outputs for its rows: (R, latent)."""
     h = jax.nn.silu(_gmm(xin, w_gate, groups, d)) * _gmm(xin, w_up, groups, d)  # (R, hidden)
     return _gmm(h, w_down, groups, d) * g_rows[:, None]
 
 
-def _sorted_pairs(expert_idx, d: Dispatch):
+def sorted_pairs(expert_idx, d: Dispatch):
     flat = expert_idx.reshape(-1)
     counts = count_per_expert(flat, d.n_experts)
     order = jnp.argsort(flat, stable=True)            # pairs sorted by expert
@@ -166,14 +171,14 @@ def _sorted_pairs(expert_idx, d: Dispatch):
 
 def _rounds(d: Dispatch, expert_idx, round_fn, init):
     """Run round_fn(carry, pair, valid, groups) over the rounds of this routing."""
-    counts, order, starts = _sorted_pairs(expert_idx, d)
+    counts, order, starts = sorted_pairs(expert_idx, d)
     n_pairs = expert_idx.size
     n_rounds = rounds_needed(counts, d)
 
     def body(state):
         r, done, carry = state
         take = round_take(counts - done, r, d)
-        pair, valid, groups = _row_layout(take, done, starts, order, n_pairs, d)
+        pair, valid, groups = row_layout(take, done, starts, order, n_pairs, d)
         return r + 1, done + take, round_fn(carry, pair, valid, groups)
 
     _, _, carry = jax.lax.while_loop(lambda s: s[0] < n_rounds, body,
@@ -181,10 +186,32 @@ def _rounds(d: Dispatch, expert_idx, round_fn, init):
     return carry
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
 def routed_experts(d: Dispatch, x, gate, expert_idx, w_gate, w_up, w_down):
     """x (T, latent), gate (T, k), expert_idx (T, k) int, w_gate/w_up (E, hidden, latent),
-    w_down (E, latent, hidden) → (T, latent). Weights are used in x's dtype."""
+    w_down (E, latent, hidden) → (T, latent). Weights are used in x's dtype.
+
+    Traced under `sharding.use_mesh(mesh)` (the JAX engine compiles its step so), this is expert
+    parallelism in `shard_map` (`rungs.jaxjob.expert_parallel`) where the shapes divide the mesh;
+    otherwise the single-device algorithm (`local_routed_experts`), which GSPMD partitions."""
+    return routed_experts_with_rounds(d, x, gate, expert_idx, w_gate, w_up, w_down)[0]
+
+
+def routed_experts_with_rounds(d: Dispatch, x, gate, expert_idx, w_gate, w_up, w_down):
+    """(`routed_experts`, the rounds it ran: the most any expert-parallel group ran when sharded)."""
+    mesh = active_mesh()
+    if mesh is not None:
+        from rungs.jaxjob import expert_parallel  # it builds on this module's round plan
+
+        if expert_parallel.fits(d, expert_idx.shape[0], mesh):
+            y, rounds = expert_parallel.routed_experts_sharded(d, x, gate, expert_idx, w_gate, w_up, w_down)
+            return y, rounds.max()
+    rounds = rounds_needed(count_per_expert(expert_idx, d.n_experts), d)
+    return local_routed_experts(d, x, gate, expert_idx, w_gate, w_up, w_down), rounds
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def local_routed_experts(d: Dispatch, x, gate, expert_idx, w_gate, w_up, w_down):
+    """`routed_experts` on this device's arrays: the rounds in a while loop, recomputed in backward."""
     return _forward(d, x, gate, expert_idx, w_gate, w_up, w_down)
 
 
@@ -196,7 +223,7 @@ def _forward(d, x, gate, expert_idx, w_gate, w_up, w_down):
     def round_fn(y_pairs, pair, valid, groups):
         xin = jnp.where(valid[:, None], x[pair // k % max(n_tokens, 1)], 0)  # (R, latent)
         g_rows = jnp.where(valid, gate_pairs[jnp.minimum(pair, gate_pairs.size - 1)], 0)
-        y = _expert_rows(xin, g_rows, *weights, groups, d)
+        y = expert_rows(xin, g_rows, *weights, groups, d)
         return y_pairs.at[pair].set(y, mode="drop")                         # unused rows: dropped
 
     y_pairs = _rounds(d, expert_idx, round_fn, jnp.zeros((n_tokens * k, x.shape[1]), x.dtype))
@@ -223,7 +250,7 @@ def _bwd(d, res, dout):
         g_rows = jnp.where(valid, gate_pairs[jnp.minimum(pair, gate_pairs.size - 1)], 0)
         dy = jnp.where(valid[:, None], dout[tok], 0)
         # Recompute this round and pull dy through it (nothing of a round outlives it).
-        _, pull = jax.vjp(lambda a, g, *w: _expert_rows(a, g, *w, groups, d), xin, g_rows, *weights)
+        _, pull = jax.vjp(lambda a, g, *w: expert_rows(a, g, *w, groups, d), xin, g_rows, *weights)
         dxin, dg, *dw = pull(dy)
         grads = tuple(s + g.astype(acc) for s, g in zip(grads, dw))
         return dx_pairs.at[pair].set(dxin, mode="drop"), dgate_pairs.at[pair].set(dg, mode="drop"), grads
@@ -237,4 +264,4 @@ def _bwd(d, res, dout):
     return (dx, dgate, d_idx, *(g.astype(w.dtype) for g, w in zip(grads, params)))
 
 
-routed_experts.defvjp(_fwd, _bwd)
+local_routed_experts.defvjp(_fwd, _bwd)

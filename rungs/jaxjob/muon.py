@@ -12,6 +12,14 @@ Why not `optax.contrib.muon` (0.2.8): it sends 3-D expert stacks to AdamW by def
 Nesterov momentum is bias-corrected, which differs from torch.optim.Muon by ~9% from the second
 step. Presets, conventions and their validation are imported from `rungs.muon`, so the two engines
 cannot drift apart on a coefficient.
+
+Distributed (traced under `rungs.jaxjob.sharding.use_mesh`, as the engine compiles its step): Newton-
+Schulz never runs on a shard. Same-shape dense matrices (FSDP row shards or replicated) form one
+batch dealt round-robin over all devices (`rungs.parallel.dist_muon`'s owners), placed by sharding
+constraints, so GSPMD moves each whole matrix to its owner and the result back; expert stacks are
+orthogonalised where their experts live, the stacks of different layers dealt over the data axis.
+`tests/rungs/jaxjob/test_dist_muon.py` checks the compiled step (no collective inside the
+Newton-Schulz loop, per-device batches) and equality with one device.
 """
 
 from __future__ import annotations
@@ -22,8 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import PartitionSpec as P
 
 from rungs.muon import CONVENTIONS, NS_PRESETS, SIMPLE_COEFFICIENTS, MuonConfigError, _schedule
+from rungs.jaxjob.sharding import DATA, EXPERT, active_mesh
 from rungs.muon import adjust_lr as _adjust_lr
 
 __all__ = ["CONVENTIONS", "NS_PRESETS", "SIMPLE_COEFFICIENTS", "MuonConfigError", "MuonState", "muon", "newton_schulz",
@@ -106,20 +116,72 @@ def _orthogonalise(leaves: list[jax.Array], ns_steps: int, ns_coefficients, ns_d
                    adjust_lr: str) -> list[jax.Array]:
     """NS(u) * scale for each leaf. Matrices of the same (out, in) and dtype go through one batched
     Newton-Schulz, as rungs.muon.Muon batches them: at cpu-demo L6 that is 5 calls instead of 72,
-    which cuts the optimizer's compile time and its share of a CPU step (see the README)."""
+    which cuts the optimizer's compile time and its share of a CPU step (see the README).
+    Traced on a mesh (`sharding.use_mesh`), each batch is laid out so that every device
+    orthogonalises whole matrices of its own (`_on_owners`)."""
+    mesh = active_mesh()
     groups: dict[tuple, list[int]] = {}
     for i, u in enumerate(leaves):
         groups.setdefault((tuple(u.shape[-2:]), u.dtype), []).append(i)
     out: list[Any] = [None] * len(leaves)
     for (shape, dtype), members in groups.items():
+        def ortho(batch, shape=shape, dtype=dtype):
+            got = newton_schulz(batch, ns_steps, ns_coefficients, dtype=ns_dtype).astype(dtype)
+            return got * jnp.asarray(update_scale(shape, adjust_lr), dtype)
+
+        if mesh is not None:
+            for i, o in zip(members, _on_owners([leaves[i] for i in members], ortho, mesh)):
+                out[i] = o
+            continue
         batch = jnp.concatenate([leaves[i].reshape(-1, *shape) for i in members])
-        ortho = newton_schulz(batch, ns_steps, ns_coefficients, dtype=ns_dtype).astype(dtype)
-        ortho = ortho * jnp.asarray(update_scale(shape, adjust_lr), dtype)
+        done = ortho(batch)
         start = 0
         for i in members:
             n = leaves[i].size // (shape[0] * shape[1])
-            out[i] = ortho[start:start + n].reshape(leaves[i].shape)
+            out[i] = done[start:start + n].reshape(leaves[i].shape)
             start += n
+    return out
+
+
+def _round_robin(count: int, owners: int) -> tuple[np.ndarray, np.ndarray]:
+    """Matrix j goes to owner j % owners at slot j // owners of a padded (owners * per) batch.
+    Returns (gather: padded slot -> matrix index, count for an empty slot; slot of each matrix)."""
+    per = -(-count // owners)
+    slot = np.array([(j % owners) * per + j // owners for j in range(count)], np.int64)
+    gather = np.full(owners * per, count, np.int64)
+    gather[slot] = np.arange(count)
+    return gather, slot
+
+
+def _on_owners(leaves: list[jax.Array], ortho, mesh) -> list[jax.Array]:
+    """`ortho` of same-shape matrices, each orthogonalised whole by one device (`rungs.parallel.dist_muon`).
+
+    Expert stacks (E, m, n) whose E splits over the expert axis stay where their experts live; the
+    stacks of different layers are dealt round-robin over the data axis (each data row holds every
+    layer's experts, so each orthogonalises a share). Everything else (dense matrices, FSDP row
+    shards, stacks that do not split) is one batch of matrices dealt round-robin over all devices:
+    GSPMD moves each whole matrix to its owner (an all-to-all) and the result back to its layout.
+    """
+    data, expert = mesh.shape[DATA], mesh.shape[EXPERT]
+    spec: Any
+    if all(u.ndim == 3 and u.shape[0] % expert == 0 for u in leaves):
+        batch = jnp.stack(leaves)                                             # (n, E, m, n')
+        axis, owners, spec = 0, data, P(DATA, EXPERT)
+    else:
+        batch = jnp.concatenate([u.reshape(-1, *u.shape[-2:]) for u in leaves])  # (n, m, n')
+        axis, owners, spec = 0, data * expert, P((DATA, EXPERT))
+    count = batch.shape[axis]
+    gather, slot = _round_robin(count, owners)
+    padded = jnp.concatenate([batch, jnp.zeros_like(batch[:1])])[gather]     # zero matrices stay zero
+    padded = jax.lax.with_sharding_constraint(padded, spec)
+    done = jax.lax.with_sharding_constraint(ortho(padded), spec)[slot]
+    if spec == P(DATA, EXPERT):
+        return list(done)
+    out, start = [], 0
+    for u in leaves:
+        n = u.size // (u.shape[-2] * u.shape[-1])
+        out.append(done[start:start + n].reshape(u.shape))
+        start += n
     return out
 
 

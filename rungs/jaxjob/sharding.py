@@ -9,20 +9,25 @@
 - The optimizer state follows its parameters (optax states are built from sharded parameters
   under jit, so GSPMD propagates the layout); Muon's Newton-Schulz runs on the gathered matrices.
 
-What this is not (yet): expert parallelism as a shard_map with fixed-size all-to-all buffers, and
-distributed Muon with whole matrices on their owners. Here the MoE dispatch is the single-device
-algorithm partitioned by GSPMD, so every device sees the same round plan as one device would.
+Traced under `use_mesh(mesh)` (the engine compiles its step so), two parts leave GSPMD's
+defaults: the routed experts run as expert parallelism in `shard_map` with fixed-size all-to-all
+buffers (`rungs.jaxjob.expert_parallel`: one round plan per EP group, i.e. per data row), and Muon
+orthogonalises whole matrices on their owners (`rungs.jaxjob.muon`: dense matrices round-robin over
+all devices, expert stacks where their experts live, their layers split over the data axis).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-__all__ = ["make_mesh", "param_spec", "param_shardings", "shard_params", "batch_sharding", "replicated", "describe"]
+__all__ = ["DATA", "EXPERT", "MeshError", "active_mesh", "use_mesh", "make_mesh", "param_spec", "param_shardings",
+           "shard_params", "batch_sharding", "replicated", "describe"]
 
 DATA, EXPERT = "data", "expert"
 
@@ -37,6 +42,24 @@ def make_mesh(data: int, expert: int = 1, devices: list | None = None) -> Mesh:
     if data < 1 or expert < 1 or data * expert > len(devices):
         raise MeshError(f"mesh ({data}, {expert}) needs {data * expert} devices; {len(devices)} available")
     return Mesh(np.array(devices[: data * expert]).reshape(data, expert), (DATA, EXPERT))
+
+
+@contextlib.contextmanager
+def use_mesh(mesh: Mesh | None) -> Iterator[None]:
+    """Trace under `mesh` (`jax.set_mesh`): expert parallelism and distributed Muon see it. None: no-op."""
+    if mesh is None:
+        yield
+        return
+    with jax.set_mesh(mesh):
+        yield
+
+
+def active_mesh() -> Any:
+    """The (data, expert) mesh set by `use_mesh` while tracing, else None."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or DATA not in mesh.axis_names or EXPERT not in mesh.axis_names:
+        return None
+    return mesh
 
 
 def param_spec(name: str, shape: tuple[int, ...], mesh: Mesh) -> P:
