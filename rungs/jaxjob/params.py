@@ -27,7 +27,7 @@ Params = dict[str, jax.Array]
 Buffers = dict[str, jax.Array]
 
 _ARCH_FIELDS = tuple(Architecture.__dataclass_fields__)
-# Output projections get the GPT-2 residual scaling (same suffixes as Transformer.reset_parameters).
+# Output projections get the GPT-2 residual scaling (same suffixes as Transformer.init_weights).
 _OUT_SUFFIXES = ("attn.wo.weight", "w_down.weight", "experts.w_down", "latent_up.weight")
 
 
@@ -45,7 +45,7 @@ def bias_name(layer: int) -> str:
 
 
 def init_std(name: str, cfg: Any) -> float | None:
-    """The rule of `Transformer.reset_parameters`: N(0, init_std), output projections scaled by
+    """The rule of `Transformer.init_weights`: N(0, init_std), output projections scaled by
     1/sqrt(2 n_layers); None for norm weights, which start at 1."""
     if name.endswith("norm.weight"):
         return None

@@ -9,6 +9,23 @@ Layout on W = dp × ep ranks (rank = dp_index · ep + ep_index):
   flat collective per step;
 - with ep == 1 the expert stacks are FSDP-sharded like everything else (dim 0: whole experts).
 
+The model is built on the meta device, sharded, then materialised shard by shard (`build_model`): no
+rank ever holds the whole model, and each shard gets the values the single-process model has for
+the same seed (`rungs.model.Transformer.init_weights`, told where each local part sits by
+`local_rows`). Sharded checkpoints (`rungs.parallel.dist_checkpoint`) load into these shards.
+
+Mixed precision (`param_dtype=torch.bfloat16`): the blocks' FSDP units all-gather bf16 parameters
+and reduce-scatter gradients in fp32 into fp32 shards (the master copy the optimizer updates); the
+root unit (embedding, final norm, head) stays fp32, so the residual stream starts in fp32 as in the
+single-process bf16-autocast run (autocast still decides each op's dtype). Expert stacks under
+expert parallelism are outside FSDP and are cast per op by autocast, as on one process.
+
+Gradient accumulation (`train_step`, micro_batches > 1) reduce-scatters once per step: every
+micro-batch but the last runs with FSDP's gradient sync off, so the unsharded gradients accumulate
+locally (fp32) and the last micro-batch's backward reduces the sum. The price is memory: between
+micro-batches each rank holds the unsharded gradients of every FSDP unit it has run (with ep = 1
+that includes every expert stack); `defer_grad_sync=False` reduces every micro-batch instead.
+
 Gradients are means over the W ranks' losses, each a mean over that rank's equal share of the
 batch, so the update equals the single-process update on the whole batch. The load-balancing
 statistics of all layers are all-reduced in one collective per step (the router module's stacked
@@ -28,9 +45,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from rungs.architecture import ModelConfig
+from rungs.model import LocalRows, Transformer
 from rungs.parallel.dist_muon import DistMuon
 from rungs.parallel.expert_parallel import ExpertParallelExperts
 from rungs.optim import ADAMW_ROLES, DEFAULT_NO_DECAY_ROLES, MUON_ROLES, MuonAdamW, param_role
@@ -84,9 +103,66 @@ def setup(dp: int | None = None, ep: int = 1, *, device_type: str | None = None)
                     mesh=mesh, dp_group=mesh.get_group("dp"), ep_group=mesh.get_group("ep"))
 
 
+def build_model(arch: ModelConfig, par: Parallel, *, capacity_per_expert: int | None = None,
+                param_dtype: torch.dtype | None = None, generator: torch.Generator | None = None) -> nn.Module:
+    """The sharded `rungs.model.Transformer` for `par`, built on the meta device, sharded, then
+    materialised and initialised shard by shard (see the module docstring). `generator`: the CPU
+    generator the single-process model would draw from (default: torch's global one)."""
+    with torch.device("meta"):
+        model = Transformer(arch)
+    parallelize(model, par, capacity_per_expert=capacity_per_expert, param_dtype=param_dtype)
+    materialise(model, par, generator)
+    return model
+
+
+def materialise(model: nn.Module, par: Parallel, generator: torch.Generator | None = None) -> None:
+    """Allocate a meta-built, sharded model's local parts on this rank's device and initialise them."""
+    model.to_empty(device=torch.device(par.device_type))
+    # to_empty replaces the expert-parallel slices' Parameter objects (FSDP2 keeps its own): point the
+    # layout's expert list (optimizer roles, gradient reduction, norm) at the live ones
+    par.expert_params = [w for m in model.modules() if isinstance(m, ExpertParallelExperts)
+                         for w in (m.w_gate, m.w_up, m.w_down)]
+    model.init_weights(generator, local_rows=local_rows(model))
+
+
+def local_rows(model: nn.Module) -> LocalRows:
+    """Where each parameter's local part sits in the whole tensor (`Transformer.init_weights`).
+
+    An FSDP2 shard (Shard(0) over the world) holds rows [rank·c, rank·c + its rows) with
+    c = ceil(rows / world), torch.chunk's split, which FSDP2 uses; an expert-parallel slice holds
+    experts [first_expert, first_expert + local experts) of the stack."""
+    slices: dict[int, tuple[torch.Size, int]] = {}
+    for module in model.modules():
+        if isinstance(module, ExpertParallelExperts):
+            for w in (module.w_gate, module.w_up, module.w_down):
+                slices[id(w)] = (torch.Size((module.n_experts, *w.shape[1:])), module.first_expert)
+
+    def where(name: str, p: Tensor) -> tuple[torch.Size, int, Tensor]:
+        if id(p) in slices:
+            return *slices[id(p)], p
+        if not isinstance(p, DTensor):
+            return p.shape, 0, p
+        local = p.to_local()
+        if all(isinstance(pl, Replicate) for pl in p.placements):
+            return p.shape, 0, local
+        if tuple(p.placements) != (Shard(0),):
+            raise DistributedError(f"{name}: placements {p.placements}; materialise knows Shard(0) on one mesh "
+                                   "dimension and Replicate")
+        rows, ranks = p.shape[0], p.device_mesh.size()
+        chunk = -(-rows // ranks)
+        first = min(rows, p.device_mesh.get_local_rank() * chunk)
+        if local.shape[0] != min(rows, first + chunk) - first:
+            raise DistributedError(f"{name}: local rows {local.shape[0]} are not torch.chunk's split of {rows} rows "
+                                   f"over {ranks} ranks")
+        return p.shape, first, local
+    return where
+
+
 def parallelize(model: nn.Module, par: Parallel, *, capacity_per_expert: int | None = None,
-                reshard_after_forward: bool = True) -> nn.Module:
-    """Shard `model` (a `rungs.model.Transformer`, unmodified) in place for `par`; returns it."""
+                reshard_after_forward: bool = True, param_dtype: torch.dtype | None = None) -> nn.Module:
+    """Shard `model` (a `rungs.model.Transformer`, unmodified, real or on the meta device) in place
+    for `par`; returns it. `param_dtype`: the blocks' compute dtype under FSDP mixed precision
+    (None: fp32 throughout)."""
     if not hasattr(model, "layers"):
         raise DistributedError("parallelize expects a rungs.model.Transformer (a model with .layers)")
     par.expert_params = []
@@ -96,8 +172,11 @@ def parallelize(model: nn.Module, par: Parallel, *, capacity_per_expert: int | N
             block.moe.experts = ep_experts
             par.expert_params += [ep_experts.w_gate, ep_experts.w_up, ep_experts.w_down]
     ignored = set(par.expert_params) or None
+    blocks = (MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+              if param_dtype is not None else MixedPrecisionPolicy())
     for block in model.layers:
-        fully_shard(block, mesh=par.world_mesh, reshard_after_forward=reshard_after_forward, ignored_params=ignored)
+        fully_shard(block, mesh=par.world_mesh, reshard_after_forward=reshard_after_forward, ignored_params=ignored,
+                    mp_policy=blocks)
     fully_shard(model, mesh=par.world_mesh, reshard_after_forward=reshard_after_forward, ignored_params=ignored)
     return model
 
@@ -187,9 +266,10 @@ def train_step(model: nn.Module, optimizer: MuonAdamW, par: Parallel, inputs: Te
                n_experts: int, top_k: int, lb_loss_coef: float = 0.0, z_loss_coef: float = 0.0,
                grad_clip: float | None = None, autocast_dtype: torch.dtype | None = None,
                micro_batches: int = 1, clipper: Any = None, locate: Any = None, row_offset: int = 0,
-               decode: Any = None) -> dict[str, float]:
+               decode: Any = None, defer_grad_sync: bool = True) -> dict[str, float]:
     """One optimizer step on this rank's share (inputs, targets: (b, T)) of the global batch,
-    accumulated over `micro_batches` equal slices of it (each scaled by 1 / micro_batches).
+    accumulated over `micro_batches` equal slices of it (each scaled by 1 / micro_batches); with
+    `defer_grad_sync` FSDP reduces the gradients once, in the last micro-batch's backward.
     With an activation-gradient `clipper` installed on the model, each micro-batch is announced to
     it (rows located in the global batch through `locate`, this rank's rows starting at `row_offset`)."""
     if inputs.shape[0] % micro_batches:
@@ -202,6 +282,8 @@ def train_step(model: nn.Module, optimizer: MuonAdamW, par: Parallel, inputs: Te
         if clipper is not None:
             where = None if locate is None else (lambda r, p, o=row_offset + m * micro: locate(r + o, p))
             clipper.begin_micro_batch(inp, locate=where, decode=decode)
+        if defer_grad_sync and micro_batches > 1:
+            model.set_requires_gradient_sync(m == micro_batches - 1)  # True again after the last
         with torch.autocast(par.device_type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
             logits, routes = model(inp)
         ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), tgt.reshape(-1))

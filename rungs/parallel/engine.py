@@ -34,9 +34,8 @@ from rungs.data.prepare import ensure_prepared
 from rungs.data.sampler import SourceScaledSampler
 from rungs.evaluation import evaluate_model, unigram_bpb
 from rungs.metrics import DevicePeak, device_peak
-from rungs.model import Transformer
 from rungs.parallel import dist_checkpoint
-from rungs.parallel.distributed import DistributedError, Parallel, build_optimizer, parallelize, train_step
+from rungs.parallel.distributed import DistributedError, Parallel, build_model, build_optimizer, train_step
 from rungs.torch_engine import muon_update_scale
 
 log = logging.getLogger(__name__)
@@ -52,6 +51,11 @@ class ShardedTorchEngine:
         self.rank, self.world = par.rank, par.world
         self.clipper: ActivationGradClipper | None = None
         self._events: list[dict[str, Any]] = []
+
+    @property
+    def bf16(self) -> bool:
+        """The config's precision on the workers' device: bf16, or auto on a GPU (as one process)."""
+        return self.cfg.precision == "bf16" or (self.cfg.precision == "auto" and self.par.device_type == "cuda")
 
     def tags(self) -> dict[str, str]:
         return {"workers": str(self.par.world), "dp": str(self.par.dp), "ep": str(self.par.ep),
@@ -70,13 +74,14 @@ class ShardedTorchEngine:
                                    f"{cfg.accumulation_steps} micro-batches")
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        torch.manual_seed(cfg.seed)  # the same initial model on every rank, then each keeps its shards
+        torch.manual_seed(cfg.seed)  # every rank draws the single-process model's stream, keeping its shards
         self.corpus = self._open_corpus()
         self.sampler = SourceScaledSampler(self.corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
                                            batch_sequences=cfg.batch_sequences, seed=cfg.seed, subset=cfg.subset)
         self.device = torch.device(par.device_type)
-        self.model = parallelize(Transformer(cfg.architecture()).to(self.device), par,
-                                 capacity_per_expert=cfg.capacity_per_expert)
+        # Built on the meta device and materialised shard by shard: no rank holds the whole model.
+        self.model = build_model(cfg.architecture(), par, capacity_per_expert=cfg.capacity_per_expert,
+                                 param_dtype=torch.bfloat16 if self.bf16 else None)
         self.optimizer = build_optimizer(self.model, par, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,
                                          muon_momentum=cfg.muon_momentum, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
                                          adjust_lr=cfg.adjust_lr, comm_dtype=self.comm_dtype)
@@ -129,7 +134,7 @@ class ShardedTorchEngine:
         stats = train_step(self.model, self.optimizer, self.par, batch.inputs[rows].to(self.device),
                            batch.targets[rows].to(self.device), n_experts=cfg.n_experts, top_k=cfg.top_k,
                            lb_loss_coef=cfg.lb_loss_coef, z_loss_coef=cfg.z_loss_coef, grad_clip=cfg.grad_clip,
-                           autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None,
+                           autocast_dtype=torch.bfloat16 if self.bf16 else None,
                            micro_batches=cfg.accumulation_steps, clipper=self.clipper, locate=batch.locate,
                            row_offset=rows.start, decode=self.corpus.tokenizer.decode)
         rate = self._end_agc_step() if self.clipper is not None else 0.0

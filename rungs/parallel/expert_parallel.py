@@ -227,6 +227,7 @@ class ExpertParallelExperts(nn.Module):
         if self.capacity_per_expert is not None and self.capacity_per_expert < 1:
             raise ExpertParallelError(f"capacity_per_expert must be >= 1 or None, got {self.capacity_per_expert}")
         lo, hi = self.rank * self.local_experts, (self.rank + 1) * self.local_experts
+        self.first_expert = lo  # this rank holds experts [lo, hi) of the stack
         for name in ("w_gate", "w_up", "w_down"):
             setattr(self, name, nn.Parameter(getattr(experts, name).detach()[lo:hi].clone()))
         self.last_stats: dict = {}
