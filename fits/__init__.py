@@ -20,6 +20,7 @@ _EXPORTS = {
     "FitBoundaryError": "fits.errors", "FitConvergenceError": "fits.errors", "FitError": "fits.errors",
     "FitInputError": "fits.errors", "FlatSurfaceError": "fits.errors", "fit_hparam_laws": "fits.hparam_laws",
     "NotIdentifiedError": "fits.identify", "fit_power_law": "fits.power_law", "fit_surface": "fits.surfaces",
+    "fit_power_laws": "fits.compute_laws", "LawResult": "fits.results",
 }
 __all__ = sorted(_EXPORTS)
 
