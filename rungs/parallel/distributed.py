@@ -42,7 +42,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -285,8 +284,7 @@ def train_step(model: nn.Module, optimizer: MuonAdamW, par: Parallel, inputs: Te
         if defer_grad_sync and micro_batches > 1:
             model.set_requires_gradient_sync(m == micro_batches - 1)  # True again after the last
         with torch.autocast(par.device_type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-            logits, routes = model(inp)
-        ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), tgt.reshape(-1))
+            ce, routes = model(inp, tgt)  # the chunked loss (rungs.loss): no (tokens, vocab) logits
         aux = ce.new_zeros(())
         if lb_loss_coef:
             aux = aux + lb_loss_coef * load_balancing_loss(routes, n_experts, top_k, reduce_fn=lbl_reduce(par))
