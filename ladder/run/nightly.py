@@ -207,6 +207,10 @@ def compare(golden: dict, current: dict[str, TrialMeasurement], spec_name: str,
                            machine_class=(machine or {}).get("class"))
     if not report.throughput_compared:
         report.notes.append(_not_comparable_note(report.golden_machine_class, report.machine_class))
+    unjudged = sorted(set(current) - set(golden["trials"]))
+    if unjudged:  # e.g. a trial added to the spec (the JAX rung) before its golden entry was measured
+        report.notes.append(f"no golden entry for {', '.join(unjudged)}: measured, not compared; add one with "
+                            "--update-baseline")
     for name, want in golden["trials"].items():
         got = current.get(name)
         if got is None:
@@ -218,7 +222,11 @@ def compare(golden: dict, current: dict[str, TrialMeasurement], spec_name: str,
         # Judged as log(tokens/s): a slowdown by a factor f is a change of log f whatever the base rate.
         want_log = math.log(want["tokens_per_second"])
         got_log = math.log(got.tokens_per_second) if got.tokens_per_second > 0 else math.nan
-        if report.throughput_compared:
+        # An entry refreshed alone on another machine (a trial added later) records its own class.
+        trial_class = want.get("machine_class", report.golden_machine_class)
+        if trial_class != report.golden_machine_class and not _same_class(trial_class, report.machine_class):
+            report.notes.append(f"throughput of {name} not compared: its golden was measured on {trial_class}")
+        if _same_class(trial_class, report.machine_class):
             report.comparisons.append(_judge(name, THROUGHPUT_METRIC, want_log, got_log,
                                              tol["tokens_per_second_log_ratio"], higher_is_worse=False))
         else:

@@ -144,7 +144,8 @@ def test_shipped_golden_file_matches_the_shipped_spec():
     golden = load_golden(GOLDENS_DIR / "nightly.json")
     spec = load_spec("nightly")
     assert golden["spec"] == spec.name and golden["repeats"] >= 2
-    assert set(golden["trials"]) == {f"rungs/L{L}/base/s0" for L in spec.blocks[0].rungs}
+    assert set(golden["trials"]) == ({f"rungs/L{L}/base/s0" for L in spec.blocks[0].rungs}
+                                     | {f"jax/L{L}/jax/s0" for L in spec.blocks[1].rungs})  # the JAX rung (#19)
     for trial in golden["trials"].values():
         assert trial["bpb"] and all(0.0 < v < 8.0 for v in trial["bpb"].values())  # below 8 bits/byte (uniform bytes)
     # The machine class its throughput was measured on: without it no machine compares throughput.
