@@ -31,7 +31,7 @@ What it counts, per rank (bytes):
   the compute copies of the weights autograd keeps until backward (the head; on one process the
   blocks' matrices and routers; expert stacks under ep, which `ExpertParallelExperts` casts);
 - buffers: the transients on top of that at the worst moment: FSDP2's gathered (unsharded) fp32 root
-  (embedding, LM head) for the whole step, two blocks' gathered parameters (current + prefetch)
+  (embedding, LM head) through forward and backward, two blocks' gathered parameters (current + prefetch)
   and one block's unsharded gradients before the reduce-scatter; one layer's expert backward
   (fp32 weight-gradient accumulators, round buffers, and under ep the fixed all-to-all send and
   receive buffers of `ExpertParallelExperts`); cross-entropy's backward over the logits; and with
@@ -287,14 +287,22 @@ def _expert_forward_exchange(arch: Architecture, tokens: int, layout: Layout) ->
     return (3 * fixed * lat + 2 * pairs * lat + pairs * lat + 2 * pairs * arch.expert_hidden) * a
 
 
+def job_loss(layout: Layout) -> str:
+    """The loss path the job takes: the one-process step (`rungs.torch_engine`) gives the model the
+    targets (chunked); the sharded step (`rungs.parallel.distributed.train_step`) takes logits."""
+    return "chunked" if layout.world == 1 else "logits"
+
+
 def memory_breakdown(arch: Architecture, layout: Layout, *, accumulation_steps: int = 1, defer_grad_sync: bool = True,
-                     lb_loss: bool = True, z_loss: bool = False, loss: str = "chunked") -> MemoryBreakdown:
+                     lb_loss: bool = True, z_loss: bool = False, loss: str | None = None) -> MemoryBreakdown:
     """Per-rank bytes of `arch` trained under `layout` (see the module docstring for what counts).
 
     `accumulation_steps` micro-batches per optimizer step; with more than one and `defer_grad_sync`
     (the sharded job's default) the gradients are held unsharded between micro-batches.
     `loss`: "chunked" (`rungs.loss.linear_cross_entropy`: the model takes the targets) or "logits"
-    (the model returns (tokens, vocab) logits and the step takes their cross-entropy)."""
+    (the model returns (tokens, vocab) logits and the step takes their cross-entropy); None: what
+    the job runs today (`job_loss`)."""
+    loss = job_loss(layout) if loss is None else loss
     if arch.n_experts % layout.ep:
         raise LadderInputError(f"ep={layout.ep} must divide the {arch.n_experts} experts", field="ep")
     if loss not in LOSSES:
@@ -353,12 +361,14 @@ def memory_breakdown(arch: Architecture, layout: Layout, *, accumulation_steps: 
     fsdp_forward = 2 * biggest * gather
     fsdp_backward = 2 * biggest * gather + biggest * (a + (f if bf16 else 0))
     recompute = max(sum(p.values()) for p in layers) if layout.checkpointing != "none" else 0
+    # The root is gathered through forward and again once backward reaches the head, so not while
+    # the loss's own backward (the step's cross-entropy over the logits) runs before it.
     phases = {
-        "forward": fsdp_forward + _expert_forward_exchange(arch, tokens, layout),
-        "backward": fsdp_backward + _expert_backward(arch, tokens, layout) + recompute,
+        "forward": root + fsdp_forward + _expert_forward_exchange(arch, tokens, layout),
+        "backward": root + fsdp_backward + _expert_backward(arch, tokens, layout) + recompute,
         "loss": loss_transient,
     }
-    buffers = root + max(phases.values())
+    buffers = max(phases.values())
     details = {"activations_layers": sum(per_layer), "activations_head": head + head_loss,
                "activations_weight_copies": weights, "buffers_fsdp_root": root,
                **{f"buffers_{k}": v for k, v in phases.items()}}
@@ -422,7 +432,7 @@ def _valid_eps(arch: Architecture, world: int, group_size: int | None) -> list[i
 def choose_layout(arch: Architecture, *, batch_sequences: int, gpu_memory_bytes: int, gpus_per_node: int = 8,
                   precision: str = "bf16", headroom: float = DEFAULT_HEADROOM, max_gpus: int = DEFAULT_MAX_GPUS,
                   checkpointing: tuple[str, ...] = CHECKPOINTING, lb_loss: bool = True, z_loss: bool = False,
-                  loss: str = "chunked") -> LayoutChoice:
+                  loss: str | None = None) -> LayoutChoice:
     """The smallest layout whose per-rank peak fits `gpu_memory_bytes` × (1 − headroom).
 
     Order: fewest GPUs; then the least recompute (checkpointing none, selective, full); then the

@@ -20,7 +20,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor import DTensor
 
 from ladder.errors import LadderInputError
-from ladder.plan.memory import Layout, memory_breakdown
+from ladder.plan.memory import Layout, job_loss, memory_breakdown
 from rungs.architecture import ModelConfig
 from rungs.model import Transformer
 from rungs.router import load_balancing_loss
@@ -109,7 +109,8 @@ def _single_process(loss: str, checkpointing: str = "none") -> dict[str, int]:
     def step(batches, before_micro_batch):
         for inputs, targets in batches:
             before_micro_batch()
-            (_loss(model, inputs, targets, loss)[0] / len(batches)).backward()
+            value, logits = _loss(model, inputs, targets, loss)  # the step holds the logits, as the jobs do
+            (value / len(batches)).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -120,17 +121,18 @@ def _sharded(rank: int, world: int, ep: int, loss: str, precision: str, out) -> 
     from rungs.parallel.distributed import (build_optimizer, clip_grad_norm, lbl_reduce, parallelize,
                                             reduce_expert_grads, setup)
 
-    BF16[0] = precision == "bf16"
+    BF16[0] = precision == "bf16"  # bf16: autocast, and FSDP's mixed precision (bf16 gathers, fp32 reduce)
     par = setup(ep=ep, device_type="cpu")
     torch.manual_seed(0)
-    model = parallelize(Transformer(ARCH), par)
+    model = parallelize(Transformer(ARCH), par, param_dtype=torch.bfloat16 if BF16[0] else None)
     optimizer = build_optimizer(model, par, lr=1e-3, weight_decay=0.1)
 
     def step(batches, before_micro_batch):  # rungs.parallel.distributed.train_step's collectives, loss path chosen here
         for m, (inputs, targets) in enumerate(batches):
             before_micro_batch()
             model.set_requires_gradient_sync(m == len(batches) - 1)  # reduce once, in the last backward
-            (_loss(model, inputs, targets, loss, lbl_reduce(par))[0] / len(batches)).backward()
+            value, logits = _loss(model, inputs, targets, loss, lbl_reduce(par))  # logits held, as train_step
+            (value / len(batches)).backward()
         reduce_expert_grads(par)
         clip_grad_norm(model, par, 1.0)
         optimizer.step()
@@ -173,13 +175,14 @@ def test_checkpointing_within_15_percent(checkpointing):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ep,precision", [(1, "fp32"), (2, "fp32")])
+@pytest.mark.parametrize("ep,precision", [(1, "fp32"), (2, "fp32"), (1, "bf16")])
 def test_two_ranks_within_15_percent(ep, precision):
     out = torch.multiprocessing.Manager().dict()
-    run_ranks(_sharded, 2, ep, "chunked", precision, out)
     layout = Layout(dp=2 // ep, ep=ep, micro_batch_sequences=MICRO, precision=precision)
+    loss = job_loss(layout)  # the sharded step's loss path: logits, as rungs.parallel.distributed.train_step
+    run_ranks(_sharded, 2, ep, loss, precision, out)
     for rank in range(2):
-        _check(out[rank], layout, "chunked")
+        _check(out[rank], layout, loss)
 
 
 # --- the planner's arithmetic, search and input checks (no measurement) ---
