@@ -272,6 +272,11 @@ class Transformer(nn.Module):
                                     std=out_std if name.endswith(_OUTPUT_PROJECTIONS) else std)
             if not direct:
                 local.copy_(out)
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        """The buffers' values (RoPE tables computed, router bias and counts zero): all a model needs
+        besides a checkpoint's parameters when it is restored (`init_weights` calls it)."""
         for name, buf in self.named_buffers():
             if name in ("rope_cos", "rope_sin"):
                 cos, sin = rope_tables(self.cfg.seq_len, self.cfg.head_dim, self.cfg.rope_theta)

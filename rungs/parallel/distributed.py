@@ -103,25 +103,34 @@ def setup(dp: int | None = None, ep: int = 1, *, device_type: str | None = None)
 
 
 def build_model(arch: ModelConfig, par: Parallel, *, capacity_per_expert: int | None = None,
-                param_dtype: torch.dtype | None = None, generator: torch.Generator | None = None) -> nn.Module:
+                param_dtype: torch.dtype | None = None, generator: torch.Generator | None = None,
+                draw_weights: bool = True) -> nn.Module:
     """The sharded `rungs.model.Transformer` for `par`, built on the meta device, sharded, then
     materialised and initialised shard by shard (see the module docstring). `generator`: the CPU
-    generator the single-process model would draw from (default: torch's global one)."""
+    generator the single-process model would draw from (default: torch's global one).
+    `draw_weights=False` when a checkpoint is loaded next: the parameters are allocated but not drawn
+    (drawing walks the whole random stream on every rank, minutes at L18 and ~half an hour at L42, for
+    values the checkpoint replaces); the buffers are set as usual."""
     with torch.device("meta"):
         model = Transformer(arch)
     parallelize(model, par, capacity_per_expert=capacity_per_expert, param_dtype=param_dtype)
-    materialise(model, par, generator)
+    materialise(model, par, generator, draw_weights=draw_weights)
     return model
 
 
-def materialise(model: nn.Module, par: Parallel, generator: torch.Generator | None = None) -> None:
-    """Allocate a meta-built, sharded model's local parts on this rank's device and initialise them."""
+def materialise(model: nn.Module, par: Parallel, generator: torch.Generator | None = None, *,
+                draw_weights: bool = True) -> None:
+    """Allocate a meta-built, sharded model's local parts on this rank's device and initialise them
+    (only the buffers with `draw_weights=False`: the caller loads every parameter next)."""
     model.to_empty(device=torch.device(par.device_type))
     # to_empty replaces the expert-parallel slices' Parameter objects (FSDP2 keeps its own): point the
     # layout's expert list (optimizer roles, gradient reduction, norm) at the live ones
     par.expert_params = [w for m in model.modules() if isinstance(m, ExpertParallelExperts)
                          for w in (m.w_gate, m.w_up, m.w_down)]
-    model.init_weights(generator, local_rows=local_rows(model))
+    if draw_weights:
+        model.init_weights(generator, local_rows=local_rows(model))
+    else:
+        model.init_buffers()
 
 
 def local_rows(model: nn.Module) -> LocalRows:

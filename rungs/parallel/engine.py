@@ -46,8 +46,13 @@ CHECKPOINT_DIR = "dist_checkpoint"
 class ShardedTorchEngine:
     """FSDP2 x expert parallelism over the initialised process group (`rungs.engine.Engine`)."""
 
-    def __init__(self, cfg: TrainConfig, par: Parallel, *, comm_dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(self, cfg: TrainConfig, par: Parallel, *, comm_dtype: torch.dtype = torch.bfloat16,
+                 restore_from: Path | None = None) -> None:
+        """`restore_from`: the run directory of a resuming job. When it holds a checkpoint, `build`
+        allocates the parameters without drawing them and `load` must fill them (or fail)."""
         self.cfg, self.par, self.comm_dtype = cfg, par, comm_dtype
+        self.restore_from = restore_from
+        self._weights_drawn = True
         self.rank, self.world = par.rank, par.world
         self.clipper: ActivationGradClipper | None = None
         self._events: list[dict[str, Any]] = []
@@ -80,8 +85,10 @@ class ShardedTorchEngine:
                                            batch_sequences=cfg.batch_sequences, seed=cfg.seed, subset=cfg.subset)
         self.device = torch.device(par.device_type)
         # Built on the meta device and materialised shard by shard: no rank holds the whole model.
+        # A resume skips drawing the weights its checkpoint replaces; `load` then must restore them.
+        self._weights_drawn = not (self.restore_from is not None and _has_checkpoint(self.restore_from))
         self.model = build_model(cfg.architecture(), par, capacity_per_expert=cfg.capacity_per_expert,
-                                 param_dtype=torch.bfloat16 if self.bf16 else None)
+                                 param_dtype=torch.bfloat16 if self.bf16 else None, draw_weights=self._weights_drawn)
         self.optimizer = build_optimizer(self.model, par, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,
                                          muon_momentum=cfg.muon_momentum, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
                                          adjust_lr=cfg.adjust_lr, comm_dtype=self.comm_dtype)
@@ -107,7 +114,10 @@ class ShardedTorchEngine:
 
     def load(self, run_dir: Path) -> dict[str, Any] | None:
         ckpt = run_dir / CHECKPOINT_DIR
-        if not (ckpt / dist_checkpoint.EXTRA_FILE).is_file():
+        if not _has_checkpoint(run_dir):
+            if not self._weights_drawn:
+                raise DistributedError(f"{ckpt} disappeared between build and load; the model's weights "
+                                       "were not drawn, so the job cannot start fresh: rerun it")
             return None
         extra = dist_checkpoint.load(ckpt, self.model, self.optimizer, self.par)
         if extra.get("config_key") != self.cfg.key():
@@ -183,3 +193,7 @@ class ShardedTorchEngine:
 
     def barrier(self) -> None:
         dist.barrier()
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    return (run_dir / CHECKPOINT_DIR / dist_checkpoint.EXTRA_FILE).is_file()

@@ -57,7 +57,8 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
     # Rank 0 holds the run directory for the whole job (one job per trial: rungs.run_files); the
     # other ranks wait at the loop's first barrier, then every rank looks for a result the holder wrote.
     with exclusive_run_dir(run_dir) if par.is_main else contextlib.nullcontext():
-        return run_job(cfg, ShardedTorchEngine(cfg, par, comm_dtype=comm_dtype), run_dir=run_dir,
+        return run_job(cfg, ShardedTorchEngine(cfg, par, comm_dtype=comm_dtype,
+                                                 restore_from=run_dir if resume else None), run_dir=run_dir,
                        lr_multiplier=lr_schedule(cfg), resume=resume, progress=progress, stop_after=stop_after)
 
 

@@ -98,3 +98,29 @@ def test_the_sharded_pytorch_job_refuses_a_jax_config_instead_of_training_it_in_
     with pytest.raises(DistributedError, match="backend=jax"):
         train_sharded(tiny_config(backend="jax"), run_dir=tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+def _resumed_without_drawing(rank, world, cfg, run_dir, out):
+    from rungs.model import Transformer
+
+    train_sharded(cfg, run_dir=run_dir, stop_after=2)
+    draw = Transformer.init_weights
+
+    def refuse(self, *args, **kwargs):  # a resume must not walk the random stream for replaced weights
+        raise AssertionError("a resumed sharded job drew initial weights")
+
+    Transformer.init_weights = refuse
+    try:
+        resumed = train_sharded(cfg, run_dir=run_dir)
+    finally:
+        Transformer.init_weights = draw
+    whole = train_sharded(cfg, run_dir=run_dir.with_name("whole"), resume=False)
+    if rank == 0:
+        out.write_text(json.dumps({"resumed": resumed.losses, "whole": whole.losses}))
+
+
+def test_a_resumed_sharded_job_loads_weights_it_did_not_draw_and_equals_an_uninterrupted_one(tmp_path):
+    cfg = tiny_config(max_steps=4, checkpoint_interval=2)
+    run_ranks(_resumed_without_drawing, 2, cfg, tmp_path / "run", tmp_path / "out.json")
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["resumed"] == pytest.approx(out["whole"], rel=1e-6) and len(out["whole"]) == 4
