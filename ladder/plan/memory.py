@@ -288,9 +288,9 @@ def _expert_forward_exchange(arch: Architecture, tokens: int, layout: Layout) ->
 
 
 def job_loss(layout: Layout) -> str:
-    """The loss path the job takes: the one-process step (`rungs.torch_engine`) gives the model the
-    targets (chunked); the sharded step (`rungs.parallel.distributed.train_step`) takes logits."""
-    return "chunked" if layout.world == 1 else "logits"
+    """The loss path the job takes: both the one-process step (`rungs.torch_engine`) and the sharded
+    step (`rungs.parallel.distributed.train_step`) give the model the targets (chunked)."""
+    return "chunked"
 
 
 def memory_breakdown(arch: Architecture, layout: Layout, *, accumulation_steps: int = 1, defer_grad_sync: bool = True,

@@ -179,7 +179,7 @@ def test_checkpointing_within_15_percent(checkpointing):
 def test_two_ranks_within_15_percent(ep, precision):
     out = torch.multiprocessing.Manager().dict()
     layout = Layout(dp=2 // ep, ep=ep, micro_batch_sequences=MICRO, precision=precision)
-    loss = job_loss(layout)  # the sharded step's loss path: logits, as rungs.parallel.distributed.train_step
+    loss = job_loss(layout)  # the sharded step gives the model the targets: the chunked loss path
     run_ranks(_sharded, 2, ep, loss, precision, out)
     for rank in range(2):
         _check(out[rank], layout, loss)
