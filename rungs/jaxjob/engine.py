@@ -80,7 +80,9 @@ class JaxEngine:
     def tags(self) -> dict[str, str]:
         return {"backend": "jax", "jax_version": jax.__version__, "jax_platform": jax.default_backend(),
                 "jax_compile_seconds": f"{self.compile_seconds:.2f}",
-                "muon_update_scale": muon_update_scale(self.cfg, None)} | sharding.describe(self.mesh)
+                "muon_update_scale": muon_update_scale(self.cfg, None)} | (
+            # dp/ep only on a mesh, as only the sharded PyTorch job tags them: one schema per kind of job
+            sharding.describe(self.mesh) if self.mesh is not None else {})
 
     def discard_checkpoint(self, run_dir: Path) -> None:
         jax_ckpt.remove(run_dir)
@@ -138,8 +140,7 @@ class JaxEngine:
         scale = 1.0 / cfg.accumulation_steps
 
         def objective(params, probes, buffers, thresholds, inputs, targets):
-            if dtype != jnp.float32:
-                params = jax.tree.map(lambda p: p.astype(dtype), params)
+            params = jmodel.compute_params(params, dtype)  # bf16: matmuls in bf16, master weights fp32
             clip = agc.bind(probes, thresholds) if agc is not None else None
             total, stats = jmodel.loss(params, buffers, inputs, targets, arch, cfg.lb_loss_coef, cfg.z_loss_coef,
                                        clip=clip)
@@ -180,7 +181,7 @@ class JaxEngine:
             self.params, self.opt_state, self.params).compile()
         self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
         self._logits = jax.jit(lambda params, buffers, x: jmodel.forward(
-            jax.tree.map(lambda p: p.astype(dtype), params), buffers, x, arch)[0].astype(jnp.float32))
+            jmodel.compute_params(params, dtype), buffers, x, arch)[0].astype(jnp.float32))
         self._bias_rate = float(cfg.bias_update_rate)
 
     # --- checkpoints ------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import numpy as np
 from rungs.jaxjob.moe import count_per_expert, dispatch_for, routed_experts_with_rounds
 from rungs.jaxjob.params import Buffers, Params, bias_name
 
-__all__ = ["Routing", "block", "forward", "loss", "rms_norm", "apply_rope", "rope_tables", "attention", "latent_moe",
+__all__ = ["Routing", "block", "compute_params", "forward", "loss", "rms_norm", "apply_rope", "rope_tables", "attention", "latent_moe",
            "attention_core", "fused_attention_available", "load_balancing_loss", "z_loss",
            "update_expert_bias"]
 
@@ -60,6 +60,23 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float = 1e-6) -> jax.Array:
     xf = x.astype(jnp.float32)  # fp32 mean of squares, output in the input dtype
     xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + eps)
     return (xf * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def compute_params(params: Params, dtype: Any = jnp.float32) -> Params:
+    """The parameters a forward in `dtype` reads: every matmul weight (the router's too, as
+    `rungs.router` under autocast) cast to `dtype` (the compute dtype: bf16 for mixed precision,
+    where the master weights stay fp32); the embedding table (a lookup into the fp32 residual
+    stream) and norm weights as they are. The model casts each matmul's input to its weight's
+    dtype, so outputs of the attention, the experts and the head are in `dtype` while the residual
+    stream and the router's logits stay fp32, as under torch's autocast. The gradient flows back to
+    the fp32 parameters through the casts."""
+    dtype = jnp.dtype(dtype)
+
+    def cast(name: str, p: jax.Array) -> jax.Array:
+        keep = p.ndim < 2 or name == "embed.weight"
+        return p if keep or p.dtype == dtype else p.astype(dtype)
+
+    return {name: cast(name, p) for name, p in params.items()}
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -142,6 +159,7 @@ def attention(p: Params, prefix: str, x: jax.Array, cos, sin, cfg: Any, is_globa
     B, T, d = x.shape
     kv = cfg.n_kv_heads_global if is_global else cfg.n_kv_heads_local
     g, hd = cfg.n_heads // kv, cfg.head_dim
+    x = x.astype(p[prefix + "wq.weight"].dtype)  # the matmuls in the weights' (compute) dtype
     q = jnp.einsum("btd,kged->bkgte", x, p[prefix + "wq.weight"].reshape(kv, g, hd, d))  # (B, kv, g, T, hd)
     k = jnp.einsum("btd,ked->bkte", x, p[prefix + "wk.weight"].reshape(kv, hd, d))      # (B, kv, T, hd)
     v = jnp.einsum("btd,ked->bkte", x, p[prefix + "wv.weight"].reshape(kv, hd, d))
@@ -152,14 +170,16 @@ def attention(p: Params, prefix: str, x: jax.Array, cos, sin, cfg: Any, is_globa
 
 
 def _swiglu(p: Params, prefix: str, x: jax.Array) -> jax.Array:
+    x = x.astype(p[prefix + "w_up.weight"].dtype)
     h = jax.nn.silu(x @ p[prefix + "w_gate.weight"].T) * (x @ p[prefix + "w_up.weight"].T)
     return h @ p[prefix + "w_down.weight"].T
 
 
 def route(weight: jax.Array, bias: jax.Array | None, x: jax.Array, cfg: Any) -> Routing:
-    """fp32 router: scores softmax or sigmoid; top-k on scores + bias; gates the selected unbiased
-    scores normalised over the k slots (the torch Router with normalize_gates=True)."""
-    logits = x.astype(jnp.float32) @ weight.astype(jnp.float32).T            # (N, E)
+    """`rungs.router.Router`: the GEMM in the weight's (compute) dtype, logits cast to fp32; scores
+    softmax or sigmoid; top-k on scores + bias; gates the selected unbiased scores normalised over
+    the k slots (normalize_gates=True). All of it fp32 for fp32 weights."""
+    logits = (x.astype(weight.dtype) @ weight.T).astype(jnp.float32)         # (N, E)
     probs = jax.nn.softmax(logits, -1) if cfg.router_score == "softmax" else jax.nn.sigmoid(logits)
     select = probs + bias if (cfg.expert_bias and bias is not None) else probs
     _, expert_idx = jax.lax.top_k(select, cfg.top_k)                          # (N, k)
@@ -176,7 +196,8 @@ def latent_moe(p: Params, prefix: str, bias, x: jax.Array, cfg: Any,
     flat = x.reshape(B * T, d)                                                # (N, d)
     r = route(p[prefix + "router.weight"], bias, flat, cfg)
     latent = prefix + "latent_down.weight" in p
-    h = flat @ p[prefix + "latent_down.weight"].T if latent else flat        # (N, latent)
+    expert_dtype = p[prefix + "experts.w_up"].dtype                          # the compute dtype
+    h = flat.astype(expert_dtype) @ p[prefix + "latent_down.weight"].T if latent else flat.astype(expert_dtype)
     disp = dispatch_for(B * T, cfg.top_k, cfg.n_experts, capacity_per_expert=cfg.capacity_per_expert,
                         group_size=cfg.group_size, backend=backend)
     y, rounds = routed_experts_with_rounds(disp, h, r.gate.astype(h.dtype), r.expert_idx, p[prefix + "experts.w_gate"],
@@ -215,7 +236,8 @@ def forward(params: Params, buffers: Buffers | None, tokens: jax.Array, cfg: Any
         routes.append(r)
     x = rms_norm(x, params["final_norm.weight"])
     head = params["embed.weight"] if cfg.tied_embeddings else params["lm_head.weight"]
-    return x @ head.T, routes                                                 # (B, T, V)
+    dtype = params["layers.0.attn.wq.weight"].dtype                           # the compute dtype
+    return x.astype(dtype) @ head.astype(dtype).T, routes                     # (B, T, V)
 
 
 def load_balancing_loss(routes: list[Routing], n_experts: int) -> jax.Array:

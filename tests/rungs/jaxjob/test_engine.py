@@ -87,6 +87,8 @@ def test_a_jax_run_logs_the_pytorch_runs_metric_names_tagged_backend_jax_with_co
     assert set(jax_run.data.metrics) == set(torch_run.data.metrics)
     assert set(jax_run.data.params) == set(torch_run.data.params)
     assert jax_run.data.tags["backend"] == "jax" and jax_run.data.tags["jax_version"]
+    only_jax = {"backend", "jax_version", "jax_platform", "jax_compile_seconds"}  # one device: no dp/ep tags
+    assert set(jax_run.data.tags) - only_jax == set(torch_run.data.tags) - only_jax
     assert float(jax_run.data.tags["jax_compile_seconds"]) > 0  # compiled in build(), outside the timed steps
     assert jax_res.to_json().keys() == torch_res.to_json().keys()
     assert jax_res.steps == 2 and set(jax_res.bpb) == set(torch_res.bpb)
