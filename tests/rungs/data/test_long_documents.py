@@ -62,14 +62,21 @@ def test_a_long_text_file_becomes_pieces_that_keep_its_id_and_round_trip(tmp_pat
     assert shard.index[:3, 2].max() <= MAX_DOCUMENT_BYTES
 
 
+# VmHWM (this address space's high-water mark), not getrusage's ru_maxrss: Linux carries ru_maxrss across
+# exec from the parent, so a child of a pytest process that once held 1.5 GB reported 1.5 GB before it ran.
 _PEAK_RSS = textwrap.dedent("""
-    import resource, sys
+    import sys
     from pathlib import Path
     from rungs.data.prepare import prepare
+
+    def hwm_bytes():
+        line = next(row for row in open("/proc/self/status") if row.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
+
     root = Path(sys.argv[1])
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = hwm_bytes()
     prepare(root / "m.yaml", root / "out", vocab_size=300)
-    print(before * 1024, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    print(before, hwm_bytes())
 """)
 
 
