@@ -187,13 +187,23 @@ def lr_at(step: int, *, total_steps: int, warmup_steps: int, schedule: str = "co
 def clip_grad_norm_(model_or_params: nn.Module | Iterable[Tensor], max_norm: float) -> float:
     """Scale all weight gradients so their global L2 norm is <= max_norm; returns the norm before
     clipping (max_norm = inf only measures). Non-finite norms are returned, gradients left as is."""
+    return float(clip_grad_norm_on_device_(model_or_params, max_norm))
+
+
+def clip_grad_norm_on_device_(model_or_params: nn.Module | Iterable[Tensor], max_norm: float) -> Tensor:
+    """`clip_grad_norm_` without a host read: the norm stays a 0-d device tensor and the scale is
+    applied on the device (1 where the norm is within `max_norm` or not finite), so a training step
+    can read it once at its end (#21: no host synchronisation inside the step)."""
     params = model_or_params.parameters() if isinstance(model_or_params, nn.Module) else model_or_params
     params = [p for p in params if p.grad is not None]
     if not params:
-        return 0.0
+        return torch.zeros(())
     if max_norm <= 0:
         raise OptimConfigError(f"max_norm must be > 0, got {max_norm}")
-    norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0, foreach=True)
-    if torch.isfinite(norm) and norm > max_norm:
-        torch._foreach_mul_([p.grad for p in params], max_norm / (float(norm) + 1e-6))
-    return float(norm)
+    grads = [p.grad for p in params]
+    norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
+    if math.isfinite(max_norm):
+        clip = torch.isfinite(norm) & (norm > max_norm)
+        scale = torch.where(clip, max_norm / (norm.double() + 1e-6), 1.0)
+        torch._foreach_mul_(grads, scale.to(grads[0].dtype))
+    return norm

@@ -25,7 +25,7 @@ from rungs.data.sampler import SourceScaledSampler
 from rungs.evaluation import evaluate_model, unigram_bpb
 from rungs.metrics import DevicePeak, device_peak
 from rungs.model import Transformer
-from rungs.optim import build_optimizer, clip_grad_norm_, lr_at
+from rungs.optim import build_optimizer, clip_grad_norm_on_device_, lr_at
 from rungs.router import load_balancing_loss, z_loss
 
 log = logging.getLogger(__name__)
@@ -79,16 +79,21 @@ def _train_step(cfg: TrainConfig, model: Transformer, optimizer, batch, clipper,
     step is `TorchEngine.update_router_bias`, which the loop calls after it)."""
     micro = cfg.micro_batch_sequences or cfg.batch_sequences
     n_micro = cfg.accumulation_steps
-    ce_sum = aux_sum = 0.0
-    rounds: list[int] = []
-    overload: list[float] = []  # per layer: busiest expert's assignments / the mean (1.0 = balanced)
+    # Statistics stay on the device during the step and are read once at its end (one host sync per
+    # step, after the optimizer: none inside forward, backward or the update; #21).
+    ce_parts: list[torch.Tensor] = []
+    aux_parts: list[torch.Tensor] = []
+    rounds: list[torch.Tensor] = []
+    overload: list[torch.Tensor] = []  # per layer: busiest expert's assignments / the mean (1.0 = balanced)
     for m in range(n_micro):
         rows = slice(m * micro, (m + 1) * micro)
         inputs = batch.inputs[rows].to(cfg.device_type, non_blocking=True)
         targets = batch.targets[rows].to(cfg.device_type, non_blocking=True)
         if clipper is not None:
             offset = m * micro
-            clipper.begin_micro_batch(inputs, locate=lambda r, p, o=offset: batch.locate(r + o, p), decode=decode)
+            # The host copy of the tokens: an event's context is decoded from it without a device read.
+            clipper.begin_micro_batch(batch.inputs[rows], locate=lambda r, p, o=offset: batch.locate(r + o, p),
+                                      decode=decode)
         with _autocast(cfg):
             # Mean CE over token chunks, never the whole (b·T, V) logits (rungs.loss); one RouterOutput per layer.
             ce, routes = model(inputs, targets)
@@ -97,21 +102,24 @@ def _train_step(cfg: TrainConfig, model: Transformer, optimizer, batch, clipper,
         if cfg.z_loss_coef:
             aux = aux + cfg.z_loss_coef * z_loss(routes)
         ((ce + aux) / n_micro).backward()
-        ce_sum += ce.item()
-        aux_sum += float(aux.detach())
-        rounds += [block.moe.experts.last_stats["rounds"] for block in model.layers]
-        overload += [float(r.tokens_per_expert.max()) / max(float(r.tokens_per_expert.float().mean()), 1e-9)
+        ce_parts.append(ce.detach().float())
+        aux_parts.append(aux.detach().float())
+        rounds += [block.moe.experts.last_rounds.float() for block in model.layers]
+        overload += [r.tokens_per_expert.float().max() / r.tokens_per_expert.float().mean().clamp_min(1e-9)
                      for r in routes]
     params = [p for p in model.parameters() if p.grad is not None]
     if cfg.grad_clip is not None:
-        grad_norm = float(clip_grad_norm_(params, cfg.grad_clip))
+        grad_norm = clip_grad_norm_on_device_(params, cfg.grad_clip)
     else:
-        grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in params])))
+        grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in params]))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return {"loss": ce_sum / n_micro, "aux_loss": aux_sum / n_micro, "grad_norm": grad_norm,
-            "moe_rounds_mean": sum(rounds) / len(rounds), "moe_rounds_max": float(max(rounds)),
-            "moe_overload_max": max(overload)}
+    rounds_t = torch.stack(rounds)
+    loss, aux_loss, norm, rounds_mean, rounds_max, overload_max = torch.stack([
+        torch.stack(ce_parts).mean(), torch.stack(aux_parts).mean(), grad_norm.detach().float(), rounds_t.mean(),
+        rounds_t.max(), torch.stack(overload).max()]).tolist()  # the step's one host read
+    return {"loss": loss, "aux_loss": aux_loss, "grad_norm": norm, "moe_rounds_mean": rounds_mean,
+            "moe_rounds_max": rounds_max, "moe_overload_max": overload_max}
 
 
 class TorchEngine:

@@ -143,3 +143,42 @@ def test_activation_gradient_clipping_reads_the_host_only_after_the_step(mode, g
     rates, events, _ = runs[0]
     assert 0 < rates[-1] <= 1 and 0 < len(events) <= 15 and all(e["ratio"] > 1 for e in events)
     assert all(sum(e["step"] == s for e in events) <= 5 for s in range(3))      # the per-step budget
+
+
+class _EveryPlace(HostSyncCounter):
+    """Records every place a sync happens (the base class keeps only each op's first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.places: list[tuple[str, str]] = []
+
+    def _record(self, key: str) -> None:
+        super()._record(key)
+        frames = [f for f in __import__("traceback").extract_stack() if "/torch/" not in f.filename
+                  and not f.filename.endswith("host_sync.py") and f.filename != __file__]
+        self.places.append((key, f"{frames[-1].name}:{frames[-1].line}"))
+
+
+@pytest.mark.parametrize("overrides", [{"agc": False}, {"micro_batch_sequences": 2, "grad_clip": 1e-3},
+                                       {"agc_mode": "fixed", "agc_threshold": 1e-4, "grad_clip": None}])
+def test_the_single_process_step_reads_the_host_once_after_the_optimizer(overrides):
+    """`TorchEngine.train_step`: micro-batches, losses, MoE statistics, the grad-norm clip and Muon
+    leave their numbers on the device, read in one transfer at the step's end, and activation gradient
+    clipping reads its statistics once, after that. (AdamW reads its step counter, a CPU tensor even on
+    a GPU: the only other read, inside the optimizer.)"""
+    from rungs.config import TrainConfig
+    from rungs.torch_engine import TorchEngine
+    from tests.rungs.train_helpers import tiny_config
+
+    engine = TorchEngine(TrainConfig(**tiny_config(**overrides)))
+    engine.build()
+    engine.train_step(0, 1.0)                                     # creates the optimizer state
+    counter = _EveryPlace()
+    with counter:
+        stats = engine.train_step(1, 1.0)
+    assert all(isinstance(v, float) for v in stats.values()), stats
+    # Clip events decode their context from the batch's host copy (a CPU tensor on a GPU too).
+    outside_optimizer = [(k, where) for k, where in counter.places
+                         if not where.startswith(("step:", "_single", "_record:ids = cur.inputs"))]
+    agc_read = ["flush"] if engine.clipper is not None else []
+    assert [where.split(":")[0] for _, where in outside_optimizer] == ["_train_step", *agc_read], outside_optimizer
