@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from fits.errors import FitError, FitInputError
-from fits.results import code_version, jsonable
+from fits.results import jsonable
 from fits.validate import numeric_column, require_columns
+from provenance import code_version
 
 if TYPE_CHECKING:
     from fits.power_law import PowerLawResult

@@ -22,9 +22,10 @@ import pandas as pd
 from scipy.optimize import curve_fit
 
 from fits.errors import FitConvergenceError, FitInputError
-from fits.results import code_version, jsonable, normal_quantile
+from fits.results import jsonable, normal_quantile
 from fits.surfaces import WEIGHT_SCALE_REL, SurfaceResult, fit_surface
 from fits.validate import numeric_column, require_columns
+from provenance import code_version
 
 MIN_SIZES = 3
 MIN_OPTIMA = 4

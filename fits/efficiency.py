@@ -23,8 +23,9 @@ import yaml
 from fits.results import percentile_interval
 from fits.errors import FitInputError
 from fits.power_law import PowerLawResult, fit_power_law
-from fits.results import code_version, jsonable
+from fits.results import jsonable
 from fits.validate import numeric_column, require_columns
+from provenance import code_version
 
 
 def load_references(path: str | Path) -> dict[str, Any]:

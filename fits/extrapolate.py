@@ -21,7 +21,8 @@ from scipy import stats
 
 from fits.dropout import sigmoid
 from fits.power_law import PowerLawResult
-from fits.results import code_version, jsonable
+from fits.results import jsonable
+from provenance import code_version
 
 
 def predict_regression(law: dict[str, Any], values: dict[str, float], level: float = 0.95) -> tuple[float, float, float]:

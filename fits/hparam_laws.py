@@ -24,9 +24,10 @@ import pandas as pd
 import statsmodels.api as sm
 
 from fits.errors import FitInputError, FlatSurfaceError
-from fits.results import code_version, jsonable
+from fits.results import jsonable
 from fits.surfaces import WEIGHT_SCALE_REL, SurfaceResult, fit_surface
 from fits.validate import n_distinct, numeric_column, require_columns, snap_close
+from provenance import code_version
 
 log = logging.getLogger(__name__)
 

@@ -10,39 +10,15 @@ draws here; the covariance where a law has no bootstrap).
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import subprocess
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path, PurePath
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-
-@functools.lru_cache(maxsize=1)
-def code_version() -> str:
-    """The one code version (fit results, MLflow run tags, nightly goldens): the package version, plus
-    `+g<12-hex commit>` when this code runs from a git checkout, plus `.dirty` when tracked files
-    have local edits (PEP 440 local-version form, e.g. `0.1.0+g3e8d795a1b2c.dirty`). Read once per
-    process."""
-    try:
-        version = metadata.version("scaling-ladder")
-    except metadata.PackageNotFoundError:
-        version = "unknown"
-    root = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
-                                text=True, timeout=5, check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                capture_output=True, text=True, timeout=5, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return version
-    if not commit:
-        return version
-    return f"{version}+g{commit}" + (".dirty" if status else "")
+from provenance import code_version
 
 
 def jsonable(obj: Any) -> Any:

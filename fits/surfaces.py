@@ -31,8 +31,9 @@ import statsmodels.api as sm
 from scipy.spatial import Delaunay
 
 from fits.errors import FitInputError, FlatSurfaceError
-from fits.results import code_version, jsonable, normal_quantile
+from fits.results import jsonable, normal_quantile
 from fits.validate import n_distinct, numeric_column, require_columns
+from provenance import code_version
 
 WEIGHT_SCALE_REL = 0.01
 

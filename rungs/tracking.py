@@ -1,7 +1,7 @@
 """MLflow tracking for one training job: one run per job, reopened on resume.
 
 Params are the resolved config flattened (`sources.code.epochs`); tags name the recipe, the rung,
-the trial key and the code version (`fits.results.code_version`: version + git sha, `.dirty` for local edits); metrics are logged per step in
+the trial key and the code version (`provenance.code_version`: version + git sha, `.dirty` for local edits); metrics are logged per step in
 batches; the final BPB per domain, FLOPs, tokens and wall-clock go in as final metrics; artifacts
 are the resolved config, the eval JSON and the clip-event log. The default store is an embedded
 SQLite file (`sqlite:///runs/mlflow.db`); any tracking URI MLflow accepts works.
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from fits.results import code_version  # the one code version (fit results, run tags, goldens)
+from provenance import code_version  # the one code version (fit results, run tags, goldens)
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
             raise LadderInputError("tolerances come from the spread of repeats; use at least 2", field="--repeats")
         runs, machine = run_repeats(spec, where=str(path), root=root, repeats=args.repeats, address=args.address,
                                     progress=progress_line)
-        from rungs.tracking import code_version
+        from provenance import code_version
 
         golden = build_golden(spec, runs, machine)
         golden["code_version"] = code_version()  # the golden is only as current as the code it measured

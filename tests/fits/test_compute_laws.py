@@ -2,7 +2,6 @@
 protocol every fit result keeps (frozen, built once, conf_int from the stored draws)."""
 
 import dataclasses
-import re
 
 import numpy as np
 import pandas as pd
@@ -10,7 +9,7 @@ import pytest
 
 from fits.compute_laws import PowerLawSet, fit_power_laws, select_runs
 from fits.errors import FitInputError
-from fits.results import LawResult, code_version
+from fits.results import LawResult
 
 E, A, ALPHA = 0.8, 60.0, 0.12
 FLOPS = np.geomspace(1e12, 5e13, 5)
@@ -89,10 +88,3 @@ def test_fit_results_are_frozen_and_read_intervals_off_their_draws():
     assert few.ci == {} and not few.extra["interval"]["available"]
     with pytest.raises(ValueError, match="interval not available"):
         few.conf_int()
-
-
-def test_one_code_version_in_one_format():
-    from rungs.tracking import code_version as tracking_code_version
-
-    assert tracking_code_version is code_version
-    assert re.fullmatch(r"[^\s+]+(\+g[0-9a-f]{12}(\.dirty)?)?", code_version())

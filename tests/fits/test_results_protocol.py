@@ -9,7 +9,8 @@ import pytest
 from fits.chinchilla import fit_chinchilla
 from fits.dropout import fit_dropout_law
 from fits.hparam_laws import fit_hparam_laws
-from fits.results import LawResult, code_version
+from fits.results import LawResult
+from provenance import code_version
 from tests.fits.hparam_synth import sweep
 
 
