@@ -146,8 +146,9 @@ def run(quick: bool) -> Report:
     peak_fp32 = 2.0 * 2048**3 / min(_timed(lambda: a32 @ a32, clock) for _ in range(3))
     moe_rate = spec.flops_per_token * batch_tokens / moe_s
     dense_rate = dense_flops_per_token * batch_tokens / dense_s
+    precision = "bf16" if cfg.bf16_on(next(model.parameters()).device.type) else "fp32"  # as _train_step decides
     report.results = {
-        "rung": L, "threads": threads, "clock": clock.__name__, "precision": "bf16" if cfg.autocast_bf16 else "fp32",
+        "rung": L, "threads": threads, "clock": clock.__name__, "precision": precision,
         "batch_tokens": batch_tokens, "moe_flops_per_token": spec.flops_per_token,
         "dense_flops_per_token": dense_flops_per_token, "dense_hidden": hidden,
         "moe_step_seconds": moe_s, "dense_step_seconds": dense_s,

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rungs.agc_settings import AGCSettings
 from rungs.architecture import ModelConfig
 from rungs.identity import CHECKPOINT, identity_key
-from rungs.tracking import DEFAULT_TRACKING_URI
+from rungs.tracking_uri import DEFAULT_TRACKING_URI
 
 
 # Fields added after runs existed, at the value those runs had: left out of a config's identity (its
@@ -203,17 +203,11 @@ class TrainConfig(BaseModel):
     def warmup(self) -> int:
         return self.warmup_steps if self.warmup_steps is not None else max(1, round(0.05 * self.schedule_steps))
 
-    @property
-    def device_type(self) -> str:
-        if self.device == "auto":
-            import torch
-
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        return self.device
-
-    @property
-    def autocast_bf16(self) -> bool:
-        return self.precision == "bf16" or (self.precision == "auto" and self.device_type == "cuda")
+    def bf16_on(self, device_type: str) -> bool:
+        """Whether the job computes in bf16 on the device it runs on: precision bf16, or auto on a GPU.
+        The engine resolves `device` (auto: what its framework sees, `rungs.torch_engine.resolve_device`)
+        where it builds, so planning and keying, which import this config, never import torch."""
+        return self.precision == "bf16" or (self.precision == "auto" and device_type == "cuda")
 
     @property
     def accumulation_steps(self) -> int:

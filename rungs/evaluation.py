@@ -22,10 +22,12 @@ def evaluate_model(model: torch.nn.Module, corpus: PreparedCorpus, cfg: TrainCon
     its previous train/eval mode."""
     was_training = model.training
     model.eval()
+    # The device the engine built the model on (a sharded model's parameters are DTensors on the local one).
+    device = next(model.parameters()).device
 
     def logits_fn(inputs: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(cfg.device_type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
-            return model(inputs.to(cfg.device_type))[0].float().cpu()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16_on(device.type)):
+            return model(inputs.to(device))[0].float().cpu()
 
     try:
         with torch.no_grad():

@@ -51,8 +51,16 @@ def _seed_everything(seed: int, deterministic: bool) -> None:
     torch.use_deterministic_algorithms(deterministic)
 
 
-def _autocast(cfg: TrainConfig):
-    return torch.autocast(cfg.device_type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
+def resolve_device(cfg: TrainConfig) -> str:
+    """The device type a torch job of this config runs on: `device=auto` is cuda when torch sees a
+    GPU, else cpu. Resolved here, at the engine, not in the config (which planning imports torch-free)."""
+    if cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.device
+
+
+def _autocast(cfg: TrainConfig, device_type: str):
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.bf16_on(device_type))
 
 
 def _pick_threads(cfg: TrainConfig) -> int:
@@ -85,16 +93,17 @@ def _train_step(cfg: TrainConfig, model: Transformer, optimizer, batch, clipper,
     aux_parts: list[torch.Tensor] = []
     rounds: list[torch.Tensor] = []
     overload: list[torch.Tensor] = []  # per layer: busiest expert's assignments / the mean (1.0 = balanced)
+    device = next(model.parameters()).device  # where the engine built the model (resolve_device)
     for m in range(n_micro):
         rows = slice(m * micro, (m + 1) * micro)
-        inputs = batch.inputs[rows].to(cfg.device_type, non_blocking=True)
-        targets = batch.targets[rows].to(cfg.device_type, non_blocking=True)
+        inputs = batch.inputs[rows].to(device, non_blocking=True)
+        targets = batch.targets[rows].to(device, non_blocking=True)
         if clipper is not None:
             offset = m * micro
             # The host copy of the tokens: an event's context is decoded from it without a device read.
             clipper.begin_micro_batch(batch.inputs[rows], locate=lambda r, p, o=offset: batch.locate(r + o, p),
                                       decode=decode)
-        with _autocast(cfg):
+        with _autocast(cfg, device.type):
             # Mean CE over token chunks, never the whole (b·T, V) logits (rungs.loss); one RouterOutput per layer.
             ce, routes = model(inputs, targets)
         # Balancing statistics of all layers are combined in one reduction, as the report does.
@@ -148,9 +157,10 @@ class TorchEngine:
                                                           cache_root=Path(cfg.data_cache_root)))
         self.sampler = SourceScaledSampler(self.corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
                                            batch_sequences=cfg.batch_sequences, seed=cfg.seed, subset=cfg.subset)
-        if cfg.device_type == "cuda" and not torch.cuda.is_available():
+        self.device_type = resolve_device(cfg)
+        if self.device_type == "cuda" and not torch.cuda.is_available():
             raise TrainConfigError("device is cuda but torch sees no GPU; use device=cpu or auto", key="device")
-        self.model = Transformer(cfg.architecture()).to(cfg.device_type)
+        self.model = Transformer(cfg.architecture()).to(self.device_type)
         self.optimizer = build_optimizer(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,
                                          muon_momentum=cfg.muon_momentum, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
                                          adjust_lr=cfg.adjust_lr)
@@ -201,7 +211,7 @@ class TorchEngine:
         return self.sampler.report()
 
     def device_peak(self) -> DevicePeak:
-        return device_peak(self.cfg.device_type, override=self.cfg.peak_flops_per_device, cores=self.threads)
+        return device_peak(self.device_type, override=self.cfg.peak_flops_per_device, cores=self.threads)
 
     def barrier(self) -> None:
         pass

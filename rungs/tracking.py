@@ -30,7 +30,6 @@ from provenance import code_version  # the one code version (fit results, run ta
 log = logging.getLogger(__name__)
 
 RUN_ID_FILE = "mlflow_run_id"
-DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"  # the one place the embedded store is named
 _MAX_PARAM_CHARS = 6000
 _BATCH = 100  # MLflow's per-request limit on params; metrics allow 1000
 _FLUSH_PENDING = 500  # values held before a flush (any flush is safe: steps are logged once)

@@ -94,7 +94,7 @@ def fit_lr_wd_surfaces(runs: pd.DataFrame) -> tuple[list[Any], list[dict[str, An
 def run_demo(*, out_dir: Path = Path("runs/demo"), tracking_uri: str | None = None, spec_name: str = DEMO_SPEC,
              bootstrap: int = 1000, progress: Callable[[str], None] = log.info) -> DemoResult:
     from ladder.run.orchestrate import run_sweep
-    from rungs.tracking import DEFAULT_TRACKING_URI
+    from rungs.tracking_uri import DEFAULT_TRACKING_URI
     from rungs.data.prepare import ensure_prepared
     from sweeps.spec import load_spec
 

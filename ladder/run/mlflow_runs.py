@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ladder.errors import LadderInputError
-from rungs.tracking import DEFAULT_TRACKING_URI
+from rungs.tracking_uri import DEFAULT_TRACKING_URI
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,8 @@ from ladder.run.sweep_runs import (TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME,
                                stored_result_run_id, trial_state)
 from ladder.run.sweep_runs import reregister as register_result
 from ladder.run.tracking_server import TrackingServer, is_local_store
-from rungs.tracking import DEFAULT_TRACKING_URI, _store_lock, sqlite_path
+from rungs.tracking import _store_lock, sqlite_path
+from rungs.tracking_uri import DEFAULT_TRACKING_URI
 from sweeps.spec import SweepSpec
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from ladder.errors import LadderInputError
 from rungs.run_files import process_alive
-from rungs.tracking import DEFAULT_TRACKING_URI, sqlite_path
+from rungs.tracking import sqlite_path
+from rungs.tracking_uri import DEFAULT_TRACKING_URI
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from rungs.jaxjob.agc import AGC, ClipRecorder
 from rungs.jaxjob.optim import Schedule, build_optimizer, clip_by_global_norm, global_norm, with_hyperparams
 from rungs.jaxjob.params import init_buffers, init_params
 from rungs.metrics import DevicePeak, device_peak
-from rungs.torch_engine import _pick_threads, muon_update_scale
+from rungs.torch_engine import _pick_threads, muon_update_scale, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,9 @@ class JaxEngine:
         settings = cfg.agc_settings()
         self.agc = AGC(settings) if settings else None
         self.recorder = ClipRecorder(settings) if settings else None
-        self.compute_dtype = jnp.bfloat16 if cfg.autocast_bf16 else jnp.float32
+        # precision=auto reads the device as the torch job does (bf16 when torch sees a GPU), so both
+        # backends of one config compute in one precision.
+        self.compute_dtype = jnp.bfloat16 if cfg.bf16_on(resolve_device(cfg)) else jnp.float32
         t0 = time.perf_counter()
         with sharding.use_mesh(self.mesh):  # traced on the mesh: expert parallelism, distributed Muon
             self._compile()

@@ -155,6 +155,21 @@ def test_asking_for_cuda_without_a_gpu_is_a_config_error(tmp_path):
         train(tiny_config(max_steps=2, device="cuda"), run_dir=tmp_path, progress=False)
 
 
+def test_device_auto_builds_on_the_gpu_torch_sees_else_the_cpu_and_auto_precision_is_bf16_on_a_gpu_only():
+    from rungs.torch_engine import TorchEngine, resolve_device
+
+    cfg = parse_config(tiny_config())
+    assert (cfg.device, cfg.precision) == ("auto", "auto")  # the defaults a user gets
+    seen = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device(cfg) == seen and resolve_device(parse_config(tiny_config(device="cpu"))) == "cpu"
+    engine = TorchEngine(cfg)
+    engine.build()
+    assert engine.device_type == seen and next(engine.model.parameters()).device.type == seen
+    assert cfg.bf16_on("cuda") and not cfg.bf16_on("cpu")
+    assert parse_config(tiny_config(precision="bf16")).bf16_on("cpu")
+    assert not parse_config(tiny_config(precision="fp32")).bf16_on("cuda")
+
+
 def test_config_key_tracks_what_changes_the_model_only():
     base = parse_config(tiny_config())
     same = parse_config(tiny_config(tracking_uri="sqlite:///elsewhere.db", data_cache_root="/tmp/x",
