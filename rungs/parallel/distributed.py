@@ -242,8 +242,10 @@ def reduce_expert_grads(par: Parallel) -> None:
         offset += g.numel()
 
 
-def clip_grad_norm(model: nn.Module, par: Parallel, max_norm: float | None) -> float:
-    """Global L2 norm of all gradients (one all-reduce), clipped like `rungs.optim.clip_grad_norm_`."""
+def clip_grad_norm_on_device(model: nn.Module, par: Parallel, max_norm: float | None) -> Tensor:
+    """Global L2 norm of all gradients as a 0-d float64 device tensor (one all-reduce), clipped like
+    `rungs.optim.clip_grad_norm_on_device_`: the scale is computed and applied on the device (1 where
+    the norm is within `max_norm` or not finite), so the step reads the norm once, at its end (#21)."""
     experts = {id(p) for p in par.expert_params}
     sq = torch.zeros((), dtype=torch.float64, device=par.device_type)
     grads = []
@@ -254,11 +256,18 @@ def clip_grad_norm(model: nn.Module, par: Parallel, max_norm: float | None) -> f
         grads.append(g)
         # FSDP shards are disjoint over the world; expert stacks are repeated on the dp replicas
         sq += g.double().square().sum() / (par.dp if id(p) in experts else 1)
-    dist.all_reduce(sq)
-    norm = float(sq.sqrt())
-    if max_norm is not None and torch.isfinite(torch.tensor(norm)) and norm > max_norm:
-        torch._foreach_mul_(grads, max_norm / (norm + 1e-6))
+    dist.all_reduce(sq)  # every rank now holds the same global sum, so every rank scales alike
+    norm = sq.sqrt()
+    if max_norm is not None and grads:
+        clip = torch.isfinite(norm) & (norm > max_norm)
+        scale = torch.where(clip, max_norm / (norm + 1e-6), 1.0)  # float64, as the host scalar was
+        torch._foreach_mul_(grads, scale.to(grads[0].dtype))
     return norm
+
+
+def clip_grad_norm(model: nn.Module, par: Parallel, max_norm: float | None) -> float:
+    """`clip_grad_norm_on_device`, read on the host (outside the training step: tests, tools)."""
+    return float(clip_grad_norm_on_device(model, par, max_norm))
 
 
 def lbl_reduce(par: Parallel):
@@ -274,22 +283,30 @@ def train_step(model: nn.Module, optimizer: MuonAdamW, par: Parallel, inputs: Te
                n_experts: int, top_k: int, lb_loss_coef: float = 0.0, z_loss_coef: float = 0.0,
                grad_clip: float | None = None, autocast_dtype: torch.dtype | None = None,
                micro_batches: int = 1, clipper: Any = None, locate: Any = None, row_offset: int = 0,
-               decode: Any = None, defer_grad_sync: bool = True) -> dict[str, float]:
+               decode: Any = None, defer_grad_sync: bool = True, host_inputs: Tensor | None = None) -> dict[str, float]:
     """One optimizer step on this rank's share (inputs, targets: (b, T)) of the global batch,
     accumulated over `micro_batches` equal slices of it (each scaled by 1 / micro_batches); with
     `defer_grad_sync` FSDP reduces the gradients once, in the last micro-batch's backward.
     With an activation-gradient `clipper` installed on the model, each micro-batch is announced to
-    it (rows located in the global batch through `locate`, this rank's rows starting at `row_offset`)."""
+    it (rows located in the global batch through `locate`, this rank's rows starting at `row_offset`;
+    `host_inputs`, the CPU copy of `inputs`, lets it decode an event's context without a device read).
+
+    The host reads the device once, after `optimizer.step()` (#21): losses, MoE rounds and overload
+    and the grad norm stay on the device, the clip scale is applied there, and the step's statistics
+    of every rank travel in one all-gather before that one read."""
     if inputs.shape[0] % micro_batches:
         raise DistributedError(f"{inputs.shape[0]} sequences per rank do not split into {micro_batches} micro-batches")
-    ce_sum = aux_sum = torch.zeros((), dtype=torch.float64)
+    device = inputs.device
+    ce_sum = torch.zeros((), dtype=torch.float64, device=device)
+    aux_sum = torch.zeros((), dtype=torch.float64, device=device)
     micro = inputs.shape[0] // micro_batches
-    rounds: list[float] = []
-    overload: list[float] = []  # per layer and micro-batch: busiest expert's assignments / the mean, this rank
+    host_chunks = (host_inputs if host_inputs is not None else inputs).chunk(micro_batches)
+    rounds: list[Tensor] = []    # per layer and micro-batch, 0-d on the device
+    overload: list[Tensor] = []  # per layer and micro-batch: busiest expert's assignments / the mean, this rank
     for m, (inp, tgt) in enumerate(zip(inputs.chunk(micro_batches), targets.chunk(micro_batches))):
         if clipper is not None:
             where = None if locate is None else (lambda r, p, o=row_offset + m * micro: locate(r + o, p))
-            clipper.begin_micro_batch(inp, locate=where, decode=decode)
+            clipper.begin_micro_batch(host_chunks[m], locate=where, decode=decode)
         if defer_grad_sync and micro_batches > 1:
             model.set_requires_gradient_sync(m == micro_batches - 1)  # True again after the last
         with torch.autocast(par.device_type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
@@ -300,24 +317,26 @@ def train_step(model: nn.Module, optimizer: MuonAdamW, par: Parallel, inputs: Te
         if z_loss_coef:
             aux = aux + z_loss_coef * z_loss(routes)
         ((ce + aux) / micro_batches).backward()
-        ce_sum = ce_sum + ce.detach().double().cpu() / micro_batches
-        aux_sum = aux_sum + aux.detach().double().cpu() / micro_batches
-        rounds += [float(block.moe.experts.last_stats.get("rounds", 1)) for block in model.layers]
-        overload += [float(r.tokens_per_expert.max()) / max(float(r.tokens_per_expert.float().mean()), 1e-9)
+        ce_sum = ce_sum + ce.detach().double() / micro_batches
+        aux_sum = aux_sum + aux.detach().double() / micro_batches
+        rounds += [block.moe.experts.last_rounds.double() for block in model.layers]
+        overload += [r.tokens_per_expert.max().double() / r.tokens_per_expert.float().mean().double().clamp_min(1e-9)
                      for r in routes]
     reduce_expert_grads(par)
-    grad_norm = clip_grad_norm(model, par, grad_clip)
+    grad_norm = clip_grad_norm_on_device(model, par, grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    means = torch.stack([ce_sum, aux_sum, torch.tensor(sum(rounds) / len(rounds), dtype=torch.float64)])
-    means = means.to(par.device_type)
-    dist.all_reduce(means)
-    means /= par.world
-    peaks = torch.tensor([max(rounds), max(overload)], dtype=torch.float64, device=par.device_type)
-    dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+    rounds_t = torch.stack(rounds)
+    mine = torch.stack([ce_sum, aux_sum, rounds_t.mean(), rounds_t.max(), torch.stack(overload).max()])
+    # One collective for every rank's statistics (sums and maxima alike: an all-gather, reduced here
+    # in rank order, the same on every rank), then the step's one host read.
+    every = torch.empty(par.world * mine.numel(), dtype=mine.dtype, device=device)
+    dist.all_gather_single(every, mine)
+    every = every.view(par.world, mine.numel())  # (world, 5): one row per rank
+    means, peaks = every[:, :3].sum(0) / par.world, every[:, 3:].max(0).values
+    loss, aux_loss, rounds_mean, rounds_max, overload_max, norm = torch.cat(
+        [means, peaks, grad_norm.reshape(1)]).tolist()
     # The same names as the one-process step (rungs.torch_engine._train_step); the overload is the
     # largest over the ranks of each rank's own routing.
-    return {"loss": float(means[0]), "aux_loss": float(means[1]), "grad_norm": grad_norm,
-            "moe_rounds_mean": float(means[2]), "moe_rounds_max": float(peaks[0]),
-            "moe_overload_max": float(peaks[1])}
-
+    return {"loss": loss, "aux_loss": aux_loss, "grad_norm": norm, "moe_rounds_mean": rounds_mean,
+            "moe_rounds_max": rounds_max, "moe_overload_max": overload_max}

@@ -141,12 +141,13 @@ class ShardedTorchEngine:
         batch = self.sampler.next_batch()  # the same global batch on every rank; this rank trains on its rows
         if self.clipper is not None:
             self.clipper.begin_step(step)
-        stats = train_step(self.model, self.optimizer, self.par, batch.inputs[rows].to(self.device),
-                           batch.targets[rows].to(self.device), n_experts=cfg.n_experts, top_k=cfg.top_k,
+        inputs = batch.inputs[rows]  # the host copy: AGC decodes an event's context from it, no device read
+        stats = train_step(self.model, self.optimizer, self.par, inputs.to(self.device, non_blocking=True),
+                           batch.targets[rows].to(self.device, non_blocking=True), n_experts=cfg.n_experts, top_k=cfg.top_k,
                            lb_loss_coef=cfg.lb_loss_coef, z_loss_coef=cfg.z_loss_coef, grad_clip=cfg.grad_clip,
                            autocast_dtype=torch.bfloat16 if self.bf16 else None,
                            micro_batches=cfg.accumulation_steps, clipper=self.clipper, locate=batch.locate,
-                           row_offset=rows.start, decode=self.corpus.tokenizer.decode)
+                           row_offset=rows.start, decode=self.corpus.tokenizer.decode, host_inputs=inputs)
         rate = self._end_agc_step() if self.clipper is not None else 0.0
         return stats | {"agc_clip_rate": rate, "workers": float(self.par.world)}
 

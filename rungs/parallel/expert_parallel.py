@@ -236,6 +236,12 @@ class ExpertParallelExperts(nn.Module):
         return (f"experts {self.rank * self.local_experts}..{(self.rank + 1) * self.local_experts - 1} of "
                 f"{self.n_experts}, capacity_per_expert={self.capacity_per_expert}, group_size={self.group_size}")
 
+    @property
+    def last_rounds(self) -> Tensor:
+        """`last_stats["rounds"]` as a 0-d tensor (as `RoutedExperts.last_rounds`); this path plans its
+        rounds on the host, so it is a host value moved to the device."""
+        return torch.tensor(self.last_stats["rounds"], device=self.w_gate.device)
+
     def forward(self, x: Tensor, expert_idx: Tensor, gate: Tensor) -> Tensor:
         n_tokens, k = expert_idx.shape
         if x.shape != (n_tokens, self.latent_dim) or gate.shape != expert_idx.shape:
