@@ -1,23 +1,31 @@
-"""Expert parallelism with multi-round dropless dispatch (the report's MoE systems work).
+"""Expert parallelism with multi-round dropless dispatch and no host synchronisation (#21).
 
 `ExpertParallelExperts` replaces a `rungs.moe.RoutedExperts` from outside (the model is unchanged):
 the E experts are split across the P ranks of an expert-parallel (EP) group, rank r holding experts
 [r·E/P, (r+1)·E/P) with the same parameter names. Per forward:
 
-1. each rank counts its (token, slot) pairs per expert; ONE all-gather gives every rank the
-   (P, E) count matrix, from which every rank derives the same round plan (`rungs.moe.plan_rounds`
-   on the global per-expert loads: an expert is guaranteed `capacity` rows a round, its group mates'
-   unused slots go to overloaded experts, the rest waits for the next round). The number of rounds
-   R is therefore the same on every rank of the group without another collective (the gathered
-   matrix is the all-reduce MAX of the issue, plus every source's send plan);
-2. per round, each source packs the rows it sends into a flat buffer and ONE `all_to_all_single`
-   delivers them; each rank's experts run one grouped matmul over a receive buffer of fixed size
-   `E/P · capacity` rows (a hot expert costs rounds, never memory); a second `all_to_all_single`
-   returns the outputs; ranks whose experts have nothing left in a round skip the compute. In the
-   forward pass the next round's dispatch is issued asynchronously before this round's GEMMs (two
-   fixed receive buffers), so communication overlaps expert compute;
-3. backward recomputes each round (re-dispatching x together with the output gradient in one
+1. each rank counts its (token, slot) pairs per expert (a scatter-add); ONE all-gather gives every
+   rank the (P, E) count matrix, from which every rank derives, on the device, the same round plan
+   and every index of the exchange (`rungs.parallel.ep_plan`): an expert is guaranteed `capacity`
+   rows a round, its group mates' unused slots go to overloaded experts, the rest waits for the next
+   round (`rungs.moe.plan_rounds`);
+2. each round may be cut into `chunks_per_round` slices; per slice ONE `all_to_all_single` with
+   equal, fixed splits (`EPLayout.peer_rows` rows to every peer, padded) delivers the rows, each
+   rank's experts run one grouped matmul per projection over a compute buffer of fixed size (a hot
+   expert costs rounds, never memory), and a second `all_to_all_single` of the same size returns
+   the outputs;
+3. backward recomputes each slice (re-dispatching x together with the output gradient in one
    exchange), so saved activations do not grow with the number of rounds.
+
+Host reads: none when the layout admits one round only (`EPLayout.max_rounds == 1`: capacity None,
+the default, or a capacity that holds the worst routing). With a smaller capacity the number of
+rounds depends on the routing and eager PyTorch has no loop on the device, so the forward reads the
+round count once per call, after round 0 is issued (on CUDA from a copy made as soon as the counts
+arrive, so the device is busy with round 0 while the host waits); backward reuses it. Running the
+worst-case count every step instead would cost `max_rounds` exchanges of padded buffers each time.
+
+The price of equal splits: each slice moves P·peer_rows rows per rank whatever the routing, up to P
+times what a variable-split exchange moves (which needs the split sizes on the host).
 
 Expert weight gradients are the sum over all sources of the EP group; under DP×EP the caller
 reduces them over the data-parallel replicas (`rungs.parallel.distributed`).
@@ -26,6 +34,7 @@ reduces them over the data-parallel replicas (`rungs.parallel.distributed`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,8 +42,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rungs.moe import RoutedExperts, grouped_mm, plan_rounds
-
+from rungs.moe import RoutedExperts, count_per_expert, grouped_mm
+from rungs.parallel.ep_plan import EPLayout, Plan, SliceMaps
 
 class ExpertParallelError(ValueError):
     """An expert-parallel layout that cannot run (experts not divisible by ranks, bad capacity)."""
@@ -50,159 +59,121 @@ def check_layout(n_experts: int, n_ranks: int, group_size: int) -> tuple[int, in
     return local, group_size
 
 
-class _Round:
-    """One round's exchange, seen from this rank (all counts derived from the shared plan)."""
+class _RoundCount:
+    """The plan's number of rounds on the host: static when the layout admits one round only, else
+    read once (see the module docstring). On CUDA the copy is queued right after the plan, so waiting
+    for it does not wait for the round-0 work queued after it."""
 
-    def __init__(self, send_pairs: Tensor, send_splits: list[int], recv_splits: list[int],
-                 recv_perm: Tensor, expert_ends: list[int]):
-        self.send_pairs = send_pairs      # pair ids this rank sends, in (dest rank, expert) order
-        self.send_splits = send_splits    # rows to each rank
-        self.recv_splits = recv_splits    # rows from each rank
-        self.recv_perm = recv_perm        # received (src, expert) order -> (expert, src) order
-        self.expert_ends = expert_ends    # cumulative rows per local expert in (expert, src) order
+    def __init__(self, lay: EPLayout, plan: Plan):
+        self._value: int | None = 1 if lay.max_rounds <= 1 else None
+        self._device = plan.n_rounds
+        self._host = self._event = None
+        if self._value is None and self._device.device.type == "cuda":
+            self._host = torch.empty((), dtype=self._device.dtype, pin_memory=True)
+            self._host.copy_(self._device, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
 
-    def to(self, device: torch.device) -> _Round:
-        self.send_pairs, self.recv_perm = self.send_pairs.to(device), self.recv_perm.to(device)
-        return self
-
-    @property
-    def recv_rows(self) -> int:
-        return self.expert_ends[-1] if self.expert_ends else 0
-
-
-def build_rounds(counts: Tensor, order: Tensor, rank: int, capacity: int, group_size: int) -> list[_Round]:
-    """The per-round exchange of `rank` from the (P, E) matrix of pairs per (source rank, expert).
-
-    Expert e's pairs are ordered source-major (source 0's first), each source's in its local
-    (stable, by-expert) `order`; round r takes the next `plan[r][e]` of them.
-    """
-    n_ranks, n_experts = counts.shape
-    local = n_experts // n_ranks
-    mine = slice(rank * local, (rank + 1) * local)
-    plan = torch.tensor(plan_rounds(counts.sum(0).tolist(), capacity, group_size), dtype=torch.long)
-    plan = plan.reshape(-1, n_experts)
-    done = torch.cat([torch.zeros(1, n_experts, dtype=torch.long), plan.cumsum(0)])    # (R+1, E)
-    src_lo = torch.cat([torch.zeros(1, n_experts, dtype=torch.long), counts.cumsum(0)[:-1]])  # (P, E)
-    src_hi = src_lo + counts
-    my_start = torch.cat([torch.zeros(1, dtype=torch.long), counts[rank].cumsum(0)[:-1]])   # (E,)
-    rounds = []
-    for r in range(plan.shape[0]):
-        lo = torch.maximum(done[r][None], src_lo)
-        rows = (torch.minimum(done[r + 1][None], src_hi) - lo).clamp_min(0)                # (P, E)
-        offset = (lo - src_lo).clamp_min(0)
-        # what this rank sends: its rows for every expert, experts in order = destination-major
-        take, first = rows[rank], my_start + offset[rank]
-        total = int(take.sum())
-        seg = take.cumsum(0) - take
-        idx = torch.repeat_interleave(first - seg, take, output_size=total) + torch.arange(total)
-        send_splits = take.view(n_ranks, local).sum(1).tolist()
-        # what this rank receives: block per source, its local experts in order inside each
-        got = rows[:, mine]                                                                # (P, local)
-        recv_splits = got.sum(1).tolist()
-        src_major = torch.arange(int(got.sum())).split(got.reshape(-1).tolist())           # (src, expert) blocks
-        expert_major = [src_major[s * local + e] for e in range(local) for s in range(n_ranks)]
-        recv_perm = torch.cat(expert_major) if expert_major else torch.zeros(0, dtype=torch.long)
-        rounds.append(_Round(order[idx], send_splits, recv_splits, recv_perm, got.sum(0).cumsum(0).tolist()))
-    return rounds
+    def get(self) -> int:
+        if self._value is None:
+            if self._event is not None:
+                self._event.synchronize()
+                self._value = int(self._host)
+            else:
+                self._value = int(self._device)                            # the call's one host read
+        return self._value
 
 
-def _exchange(rows: Tensor, send_splits: list[int], recv_splits: list[int], out: Tensor, group: Any) -> Tensor:
-    """All-to-all of rows into the head of the fixed buffer `out`."""
-    recv = out[:sum(recv_splits)]
-    dist.all_to_all_single(recv, rows.contiguous(), recv_splits, send_splits, group=group)
-    return recv
+def _exchange(rows: Tensor, group: Any) -> Tensor:
+    """One `all_to_all_single` with equal splits: rows (P·peer_rows, width), block d to rank d."""
+    out = torch.empty_like(rows)
+    dist.all_to_all_single(out, rows, group=group)
+    return out
+
+
+def _run_round(slices: list[SliceMaps], send: Callable[[SliceMaps], Tensor],
+               receive: Callable[[SliceMaps, Tensor], None], compute: Callable[[SliceMaps], Tensor],
+               collect: Callable[[SliceMaps, Tensor], None], group: Any) -> None:
+    """One round, slice by slice: dispatch (send rows -> received rows), receive them into the compute
+    buffer, compute (-> rows to return), return exchange, collect. Live buffers are one slice's,
+    whatever the number of rounds: skew costs time, never memory."""
+    for maps in slices:
+        receive(maps, _exchange(send(maps), group))
+        collect(maps, _exchange(compute(maps), group))
+
+
+def _swiglu_forward(xin: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, offs: Tensor, backend: str) -> Tensor:
+    h = F.silu(grouped_mm(xin, w_gate.mT, offs, None, backend)) * grouped_mm(xin, w_up.mT, offs, None, backend)
+    return grouped_mm(h, w_down.mT, offs, None, backend)                   # (rows, latent)
 
 
 class _EPExperts(torch.autograd.Function):
-    """y_pairs[p] = expert(e_p)(x[p // k]) with experts spread over the EP group; rounds recomputed."""
+    """y_pairs[p] = expert(e_p)(x[p // k]) with experts spread over the EP group; slices recomputed."""
 
     @staticmethod
-    def forward(ctx, x, w_gate, w_up, w_down, rounds, k, buffer_rows, group, backend):
+    def forward(ctx, x, w_gate, w_up, w_down, plan: Plan, k: int, group, backend: str):
+        lay = plan.lay
+        latent, n = x.shape[1], plan.order.numel()
+        count = _RoundCount(lay, plan)
+        with torch.autocast(x.device.type, enabled=False):
+            y_pairs = x.new_zeros(n + 1, latent)                              # row n: padding rows' sink
+            xin = x.new_zeros(lay.compute_rows + 1, latent)                    # row compute_rows: padding's sink
+
+            def compute(maps: SliceMaps) -> Tensor:
+                y = _swiglu_forward(xin[:-1], w_gate, w_up, w_down, maps.offs, backend)
+                return y[maps.compute_row]                                    # (P·peer_rows, latent)
+
+            for slices in plan.rounds(count.get):
+                _run_round(slices, lambda maps: x[maps.send_pair // k],
+                           lambda maps, recv: xin.index_copy_(0, maps.recv_row, recv), compute,
+                           lambda maps, back: y_pairs.index_copy_(0, maps.pair_slot, back), group)
         ctx.save_for_backward(x, w_gate, w_up, w_down)
-        ctx.rounds, ctx.k, ctx.buffer_rows, ctx.group, ctx.backend = rounds, k, buffer_rows, group, backend
-        latent = x.shape[1]
-        y_pairs = x.new_zeros(x.shape[0] * k, latent)
-        # two fixed receive buffers: round r+1's dispatch is in flight while round r computes
-        recv_bufs = [x.new_zeros(buffer_rows, latent), x.new_zeros(buffer_rows, latent)]
-        out_buf = x.new_zeros(buffer_rows, latent)
-        back_buf = x.new_zeros(x.shape[0] * k, latent)
-
-        def dispatch(r: int):
-            rnd = rounds[r]
-            rows = x[rnd.send_pairs // k]
-            recv = recv_bufs[r % 2][:sum(rnd.recv_splits)]
-            handle = dist.all_to_all_single(recv, rows, rnd.recv_splits, rnd.send_splits, group=group, async_op=True)
-            return handle, recv, rows  # rows must outlive the exchange
-
-        pending = dispatch(0) if rounds else None
-        for r, rnd in enumerate(rounds):
-            upcoming = dispatch(r + 1) if r + 1 < len(rounds) else None
-            handle, recv, _ = pending
-            handle.wait()
-            n = rnd.recv_rows
-            if n:  # nothing left for this rank's experts: skip the compute, still join the exchange
-                xin = recv[rnd.recv_perm]
-                ends = rnd.expert_ends
-                offs = torch.tensor(ends, dtype=torch.int32, device=x.device)
-                h = F.silu(grouped_mm(xin, w_gate.mT, offs, ends, backend)) * grouped_mm(xin, w_up.mT, offs, ends, backend)
-                out_buf[:n][rnd.recv_perm] = grouped_mm(h, w_down.mT, offs, ends, backend)
-            back = _exchange(out_buf[:n], rnd.recv_splits, rnd.send_splits, back_buf, group)
-            y_pairs.index_copy_(0, rnd.send_pairs, back)
-            pending = upcoming
-        return y_pairs
+        ctx.plan, ctx.n_rounds, ctx.k, ctx.group, ctx.backend = plan, count.get(), k, group, backend
+        return y_pairs[:n]
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_y_pairs):
         x, w_gate, w_up, w_down = ctx.saved_tensors
-        k, group, backend = ctx.k, ctx.group, ctx.backend
-        latent = x.shape[1]
-        grads = [torch.zeros(w.shape, dtype=torch.float32 if w.dtype != torch.float64 else w.dtype, device=w.device) for w in
-                 (w_gate, w_up, w_down)]
-        dx_pairs = x.new_zeros(x.shape[0] * k, latent)
-        pack_bufs = [x.new_zeros(ctx.buffer_rows, 2 * latent), x.new_zeros(ctx.buffer_rows, 2 * latent)]
-        dxin_buf = x.new_zeros(ctx.buffer_rows, latent)
-        back_buf = x.new_zeros(x.shape[0] * k, latent)
-        grad_y_pairs = grad_y_pairs.contiguous()
-        rounds = ctx.rounds
+        plan, k, backend = ctx.plan, ctx.k, ctx.backend
+        lay, latent, n = plan.lay, x.shape[1], plan.order.numel()
+        acc = torch.promote_types(w_gate.dtype, torch.float32)
+        grads = [torch.zeros(w.shape, dtype=acc, device=w.device) for w in (w_gate, w_up, w_down)]
+        with torch.autocast(x.device.type, enabled=False):
+            grad_y_pairs = grad_y_pairs.to(x.dtype).contiguous()
+            dx_pairs = x.new_zeros(n + 1, latent)
+            xin = x.new_zeros(lay.compute_rows + 1, latent)
+            dy = x.new_zeros(lay.compute_rows + 1, latent)
 
-        def dispatch(r: int):
-            # one exchange re-dispatches the inputs (recompute) together with the output gradients
-            rnd = rounds[r]
-            rows = torch.cat([x[rnd.send_pairs // k], grad_y_pairs[rnd.send_pairs]], dim=1)
-            recv = pack_bufs[r % 2][:sum(rnd.recv_splits)]
-            handle = dist.all_to_all_single(recv, rows, rnd.recv_splits, rnd.send_splits, group=group, async_op=True)
-            return handle, recv, rows
+            def send(maps: SliceMaps) -> Tensor:
+                # one exchange re-dispatches the inputs (recompute) together with the output gradients
+                return torch.cat([x[maps.send_pair // k], grad_y_pairs[maps.send_pair]], dim=1)  # (P·peer_rows, 2·latent)
 
-        pending = dispatch(0) if rounds else None
-        for r, rnd in enumerate(rounds):
-            upcoming = dispatch(r + 1) if r + 1 < len(rounds) else None  # overlaps this round's GEMMs
-            handle, recv, _ = pending
-            handle.wait()
-            pending = upcoming
-            n = rnd.recv_rows
-            if n:
-                both = recv[rnd.recv_perm]
-                xin, dy = both[:, :latent].contiguous(), both[:, latent:].contiguous()
-                ends = rnd.expert_ends
-                offs = torch.tensor(ends, dtype=torch.int32, device=x.device)
-                hg = grouped_mm(xin, w_gate.mT, offs, ends, backend)
-                hu = grouped_mm(xin, w_up.mT, offs, ends, backend)
+            def receive(maps: SliceMaps, recv: Tensor) -> None:
+                xin.index_copy_(0, maps.recv_row, recv[:, :latent])
+                dy.index_copy_(0, maps.recv_row, recv[:, latent:])
+
+            def compute(maps: SliceMaps) -> Tensor:
+                a, g, offs = xin[:-1], dy[:-1], maps.offs
+                hg = grouped_mm(a, w_gate.mT, offs, None, backend)
+                hu = grouped_mm(a, w_up.mT, offs, None, backend)
                 sig = torch.sigmoid(hg)
                 silu = hg * sig
-                grads[2] += grouped_mm(dy.mT.contiguous(), silu * hu, offs, ends, backend)
-                dh = grouped_mm(dy, w_down, offs, ends, backend)
+                grads[2] += grouped_mm(g.mT, silu * hu, offs, None, backend)   # (E/P, latent, hidden)
+                dh = grouped_mm(g, w_down, offs, None, backend)                 # (rows, hidden)
                 dhu = dh * silu
                 dhg = dh * hu * sig * (1 + hg * (1 - sig))
-                grads[0] += grouped_mm(dhg.mT.contiguous(), xin, offs, ends, backend)
-                grads[1] += grouped_mm(dhu.mT.contiguous(), xin, offs, ends, backend)
-                dxin = grouped_mm(dhg, w_gate, offs, ends, backend) + grouped_mm(dhu, w_up, offs, ends, backend)
-                dxin_buf[:n][rnd.recv_perm] = dxin
-            back = _exchange(dxin_buf[:n], rnd.recv_splits, rnd.send_splits, back_buf, group)
-            dx_pairs.index_copy_(0, rnd.send_pairs, back)
-        dx = dx_pairs.view(-1, k, latent).sum(1)
+                grads[0] += grouped_mm(dhg.mT, a, offs, None, backend)
+                grads[1] += grouped_mm(dhu.mT, a, offs, None, backend)
+                dxin = grouped_mm(dhg, w_gate, offs, None, backend) + grouped_mm(dhu, w_up, offs, None, backend)
+                return dxin[maps.compute_row]
+
+            for slices in plan.rounds(lambda: ctx.n_rounds):
+                _run_round(slices, send, receive, compute,
+                           lambda maps, back: dx_pairs.index_copy_(0, maps.pair_slot, back), ctx.group)
+        dx = dx_pairs[:n].view(-1, k, latent).sum(1)                            # slot order: deterministic
         dwg, dwu, dwd = (g.to(w.dtype) for g, w in zip(grads, (w_gate, w_up, w_down)))
-        return dx, dwg, dwu, dwd, None, None, None, None, None
+        return dx, dwg, dwu, dwd, None, None, None, None
 
 
 class ExpertParallelExperts(nn.Module):
@@ -210,11 +181,13 @@ class ExpertParallelExperts(nn.Module):
 
     forward(x (T, latent), expert_idx (T, k), gate (T, k)) -> (T, latent), the same contract as
     `RoutedExperts`. `capacity_per_expert` None: one round always fits (capacity = all pairs of
-    the group / group_size). `last_stats` = {rounds, tokens_per_expert (global), buffer_rows, ...}.
+    the group / group_size). `chunks_per_round`: slices per round (smaller buffers, more exchanges).
+    `last_stats` = {rounds, tokens_per_expert (global), buffer_rows, peer_rows, ...}: reading it
+    reads the device once; `last_rounds` is the round count as a 0-d device tensor.
     """
 
     def __init__(self, experts: RoutedExperts, group: Any, *, capacity_per_expert: int | None = None,
-                 group_size: int | None = None):
+                 group_size: int | None = None, chunks_per_round: int = 1):
         super().__init__()
         self.group = group
         self.n_ranks, self.rank = dist.get_world_size(group), dist.get_rank(group)
@@ -226,21 +199,41 @@ class ExpertParallelExperts(nn.Module):
         self.capacity_per_expert = capacity_per_expert if capacity_per_expert is not None else experts.capacity_per_expert
         if self.capacity_per_expert is not None and self.capacity_per_expert < 1:
             raise ExpertParallelError(f"capacity_per_expert must be >= 1 or None, got {self.capacity_per_expert}")
+        if chunks_per_round < 1:
+            raise ExpertParallelError(f"chunks_per_round must be >= 1, got {chunks_per_round}")
+        self.chunks_per_round = chunks_per_round
         lo, hi = self.rank * self.local_experts, (self.rank + 1) * self.local_experts
         self.first_expert = lo  # this rank holds experts [lo, hi) of the stack
         for name in ("w_gate", "w_up", "w_down"):
             setattr(self, name, nn.Parameter(getattr(experts, name).detach()[lo:hi].clone()))
-        self.last_stats: dict = {}
+        self._stats: dict = {}
+        self._stats_host: dict | None = None
 
     def extra_repr(self) -> str:
         return (f"experts {self.rank * self.local_experts}..{(self.rank + 1) * self.local_experts - 1} of "
-                f"{self.n_experts}, capacity_per_expert={self.capacity_per_expert}, group_size={self.group_size}")
+                f"{self.n_experts}, capacity_per_expert={self.capacity_per_expert}, group_size={self.group_size}, "
+                f"chunks_per_round={self.chunks_per_round}")
+
+    def layout(self, n_pairs: int) -> EPLayout:
+        """The static sizes of a call with `n_pairs` (token, slot) pairs on every rank."""
+        capacity = self.capacity_per_expert or max(1, math.ceil(n_pairs * self.n_ranks / self.group_size))
+        return EPLayout(self.n_ranks, self.n_experts, self.group_size, capacity, n_pairs, self.chunks_per_round)
+
+    @property
+    def last_stats(self) -> dict:
+        if self._stats_host is None:
+            stats = dict(self._stats)
+            if stats:
+                stats["rounds"] = int(stats["rounds"])
+            self._stats_host = stats
+        return self._stats_host
 
     @property
     def last_rounds(self) -> Tensor:
-        """`last_stats["rounds"]` as a 0-d tensor (as `RoutedExperts.last_rounds`); this path plans its
-        rounds on the host, so it is a host value moved to the device."""
-        return torch.tensor(self.last_stats["rounds"], device=self.w_gate.device)
+        """`last_stats["rounds"]` as a 0-d device tensor, not read on the host (as `RoutedExperts`)."""
+        if not self._stats:
+            raise ExpertParallelError("last_rounds is only defined after a forward")
+        return self._stats["rounds"]
 
     def forward(self, x: Tensor, expert_idx: Tensor, gate: Tensor) -> Tensor:
         n_tokens, k = expert_idx.shape
@@ -248,23 +241,22 @@ class ExpertParallelExperts(nn.Module):
             raise ExpertParallelError(f"x must be (T, {self.latent_dim}) and gate like expert_idx (T, k); got "
                                       f"{tuple(x.shape)}, {tuple(expert_idx.shape)}, {tuple(gate.shape)}")
         flat = expert_idx.reshape(-1).long()
-        local_counts = torch.bincount(flat, minlength=self.n_experts)
+        lay = self.layout(flat.numel())  # every rank routes the same number of tokens
         gathered = torch.empty(self.n_ranks * self.n_experts, dtype=torch.long, device=x.device)
-        dist.all_gather_single(gathered, local_counts, group=self.group)    # the one count collective
-        counts = gathered.view(self.n_ranks, self.n_experts).cpu()  # the plan is host-side bookkeeping
-        pairs_in_group = n_tokens * k * self.n_ranks  # every rank routes the same number of tokens
-        capacity = self.capacity_per_expert or max(1, math.ceil(pairs_in_group / self.group_size))
-        buffer_rows = self.local_experts * capacity  # fixed: a round never brings more
-        order = torch.argsort(flat, stable=True).cpu()
-        rounds = build_rounds(counts, order, self.rank, capacity, self.group_size)
-        rounds = [r.to(x.device) for r in rounds]
-        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled(x.device.type) else x.dtype
-        weights = [w.to(dtype) for w in (self.w_gate, self.w_up, self.w_down)]
-        y_pairs = _EPExperts.apply(x.to(dtype), *weights, rounds, k, buffer_rows, self.group, self.backend)
+        dist.all_gather_single(gathered, count_per_expert(flat, self.n_experts), group=self.group)
+        plan = Plan(lay, gathered.view(self.n_ranks, self.n_experts), torch.argsort(flat, stable=True), self.rank)
+        device_type = x.device.type
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+        if flat.numel():
+            weights = [w.to(dtype) for w in (self.w_gate, self.w_up, self.w_down)]
+            y_pairs = _EPExperts.apply(x.to(dtype), *weights, plan, k, self.group, self.backend)
+        else:
+            y_pairs = x.new_zeros(0, self.latent_dim, dtype=dtype)
         out = torch.bmm(gate.to(dtype).unsqueeze(1), y_pairs.view(n_tokens, k, self.latent_dim)).squeeze(1)
-        self.last_stats = {"rounds": len(rounds), "tokens_per_expert": counts.sum(0),
-                           "capacity_per_expert": capacity, "group_size": self.group_size,
-                           "buffer_rows": buffer_rows, "received_rows_max": max((r.recv_rows for r in rounds), default=0)}
+        self._stats = {"rounds": plan.n_rounds, "tokens_per_expert": plan.total, "capacity_per_expert": lay.capacity,
+                       "group_size": self.group_size, "buffer_rows": lay.compute_rows, "peer_rows": lay.peer_rows,
+                       "chunks_per_round": lay.chunks, "max_rounds": lay.max_rounds}
+        self._stats_host = None
         return out
 
 

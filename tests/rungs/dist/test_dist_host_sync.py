@@ -6,6 +6,10 @@ statistics' all-reduce, the grad-norm clip over DTensor shards, DistMuon and Ada
 host only in `rungs.parallel.distributed.train_step`'s final transfer, inside AdamW (its step
 counter: a CPU tensor even on a GPU, one read per parameter) and, with activation gradient clipping
 on, in AGC's own end-of-step work (its host copy of the tokens, its job-wide exchange and flush).
+Under expert parallelism (ep = 2) the same holds with the default capacity (one round, known from
+the shapes); with a capacity small enough that the routing decides the number of rounds, each MoE
+layer's forward reads that count once per micro-batch (`rungs.parallel.expert_parallel`), and
+nothing else is added.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ def _step_places(rank: int, world: int, ep: int, overrides: dict, out) -> None:
         stats = engine.train_step(1, 1.0)
     adamw = engine.optimizer.adamw
     out[rank] = {"places": [where for _, where in counter.places], "stats": stats,
-                 "adamw_params": sum(len(g["params"]) for g in adamw.param_groups) if adamw is not None else 0}
+                 "adamw_params": sum(len(g["params"]) for g in adamw.param_groups) if adamw is not None else 0,
+                 "layer_calls": len(engine.model.layers) * engine.cfg.accumulation_steps}
 
 
 def _places(ep: int, overrides: dict) -> list[dict]:
@@ -49,13 +54,20 @@ def _places(ep: int, overrides: dict) -> list[dict]:
     (1, {"agc": False}),
     (1, {"micro_batch_sequences": 2, "grad_clip": 1e-3, "agc": False}),  # 2 micro-batches per rank
     (1, {"agc_mode": "fixed", "agc_threshold": 1e-4, "grad_clip": None}),
+    (2, {"agc": False}),
+    (2, {"micro_batch_sequences": 2, "grad_clip": 1e-3, "agc": False}),
+    (2, {"capacity_per_expert": 2, "micro_batch_sequences": 2, "agc": False}),  # rounds from the routing
 ])
 def test_the_sharded_step_reads_the_host_once_after_the_optimizer(ep, overrides):
     for rank, got in enumerate(_places(ep, overrides)):
         assert all(isinstance(v, float) for v in got["stats"].values()), got["stats"]
         places = got["places"]
         inside_adamw = [i for i, p in enumerate(places) if p.startswith("step:o.step()")]
-        others = [(i, p) for i, p in enumerate(places) if i not in inside_adamw and not p.startswith(_AGC_PLACES)]
+        round_counts = [p for p in places if p.startswith("get:self._value = int(self._device)")]
+        others = [(i, p) for i, p in enumerate(places) if i not in inside_adamw and not p.startswith(_AGC_PLACES)
+                  and p not in round_counts]
+        assert len(round_counts) == (got["layer_calls"] if "capacity_per_expert" in overrides else 0), round_counts
+        assert got["stats"]["moe_rounds_max"] > 1 or "capacity_per_expert" not in overrides, got["stats"]
         # One read in the step itself, its last line; AdamW's reads (one per parameter) come before it.
         assert [p.split(":")[0] for _, p in others] == ["train_step"], (rank, others)
         assert others[0][1].endswith(".tolist()"), others
