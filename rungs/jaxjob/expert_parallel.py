@@ -26,8 +26,9 @@ Expert weight gradients are summed over the EP group by the exchange; over the d
 `shard_map`'s transpose sums them (the weights enter replicated over data).
 
 Where the mesh does not fit the call (tokens not divisible by the devices, E not by P, the group
-size not dividing E / P), `fits` says so and `moe.routed_experts` falls back to the single-device
-algorithm partitioned by GSPMD.
+size not dividing E / P), `fits` says so and `routed_experts` falls back to the single-device
+algorithm (`moe.local_routed_experts`) partitioned by GSPMD. The choice is made here, not in `moe`,
+so the single-device algorithm knows nothing of meshes and the two modules import one way.
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from rungs.jaxjob.moe import Dispatch, count_per_expert, expert_rows, round_take, rounds_needed, row_layout
+from rungs.jaxjob.moe import (Dispatch, count_per_expert, expert_rows, local_routed_experts, round_take, rounds_needed,
+                              row_layout)
 from rungs.jaxjob.sharding import DATA, EXPERT, active_mesh
 
-__all__ = ["EPLayout", "ExpertParallelError", "ep_layout", "fits", "routed_experts_sharded"]
+__all__ = ["EPLayout", "ExpertParallelError", "ep_layout", "fits", "routed_experts", "routed_experts_sharded",
+           "routed_experts_with_rounds"]
 
 _ROW_ALIGN = 8
 
@@ -273,7 +276,7 @@ _ep_pairs.defvjp(_ep_fwd, _ep_bwd)
 
 
 def routed_experts_sharded(d: Dispatch, x, gate, expert_idx, w_gate, w_up, w_down, mesh=None):
-    """`moe.routed_experts` with the experts spread over the mesh's expert axis.
+    """`moe.local_routed_experts` with the experts spread over the mesh's expert axis.
 
     x (N, latent), gate and expert_idx (N, k) are global arrays (split over data x expert rows);
     the stacks (E, ., .) are split over the expert axis. `mesh`: the mesh (None: the one set by
@@ -296,3 +299,23 @@ def routed_experts_sharded(d: Dispatch, x, gate, expert_idx, w_gate, w_up, w_dow
 
     return jax.shard_map(body, mesh=mesh, in_specs=(rows, rows, rows, stacks, stacks, stacks),
                          out_specs=(rows, rows))(x, gate, expert_idx, w_gate, w_up, w_down)
+
+
+def routed_experts(d: Dispatch, x, gate, expert_idx, w_gate, w_up, w_down):
+    """The routed experts the model runs: x (T, latent), gate (T, k), expert_idx (T, k) int,
+    w_gate/w_up (E, hidden, latent), w_down (E, latent, hidden) → (T, latent).
+
+    Traced under `sharding.use_mesh(mesh)` (the JAX engine compiles its step so), this is expert
+    parallelism in `shard_map` (`routed_experts_sharded`) where the shapes divide the mesh;
+    otherwise the single-device algorithm (`moe.local_routed_experts`), which GSPMD partitions."""
+    return routed_experts_with_rounds(d, x, gate, expert_idx, w_gate, w_up, w_down)[0]
+
+
+def routed_experts_with_rounds(d: Dispatch, x, gate, expert_idx, w_gate, w_up, w_down):
+    """(`routed_experts`, the rounds it ran: the most any expert-parallel group ran when sharded)."""
+    mesh = active_mesh()
+    if mesh is not None and fits(d, expert_idx.shape[0], mesh):
+        y, rounds = routed_experts_sharded(d, x, gate, expert_idx, w_gate, w_up, w_down)
+        return y, rounds.max()
+    rounds = rounds_needed(count_per_expert(expert_idx, d.n_experts), d)
+    return local_routed_experts(d, x, gate, expert_idx, w_gate, w_up, w_down), rounds

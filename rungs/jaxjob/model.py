@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rungs.jaxjob.moe import count_per_expert, dispatch_for, routed_experts_with_rounds
+from rungs.jaxjob.expert_parallel import routed_experts_with_rounds
+from rungs.jaxjob.moe import count_per_expert, dispatch_for
 from rungs.jaxjob.params import Buffers, Params, bias_name
 
 __all__ = ["Routing", "block", "compute_params", "forward", "loss", "rms_norm", "apply_rope", "rope_tables", "attention", "latent_moe",

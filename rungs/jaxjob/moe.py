@@ -32,11 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rungs.jaxjob.sharding import active_mesh
-
-__all__ = ["Dispatch", "dispatch_for", "default_backend", "routed_experts", "round_take", "plan_rounds",
-           "count_per_expert", "rounds_needed", "row_layout", "expert_rows", "sorted_pairs", "local_routed_experts",
-           "routed_experts_with_rounds"]
+__all__ = ["Dispatch", "dispatch_for", "default_backend", "round_take", "plan_rounds",
+           "count_per_expert", "rounds_needed", "row_layout", "expert_rows", "sorted_pairs", "local_routed_experts"]
 
 _ROW_ALIGN = 8  # the torch module's buffer rounding, kept so buffer sizes agree
 
@@ -186,32 +183,12 @@ def _rounds(d: Dispatch, expert_idx, round_fn, init):
     return carry
 
 
-def routed_experts(d: Dispatch, x, gate, expert_idx, w_gate, w_up, w_down):
-    """x (T, latent), gate (T, k), expert_idx (T, k) int, w_gate/w_up (E, hidden, latent),
-    w_down (E, latent, hidden) → (T, latent). Weights are used in x's dtype.
-
-    Traced under `sharding.use_mesh(mesh)` (the JAX engine compiles its step so), this is expert
-    parallelism in `shard_map` (`rungs.jaxjob.expert_parallel`) where the shapes divide the mesh;
-    otherwise the single-device algorithm (`local_routed_experts`), which GSPMD partitions."""
-    return routed_experts_with_rounds(d, x, gate, expert_idx, w_gate, w_up, w_down)[0]
-
-
-def routed_experts_with_rounds(d: Dispatch, x, gate, expert_idx, w_gate, w_up, w_down):
-    """(`routed_experts`, the rounds it ran: the most any expert-parallel group ran when sharded)."""
-    mesh = active_mesh()
-    if mesh is not None:
-        from rungs.jaxjob import expert_parallel  # it builds on this module's round plan
-
-        if expert_parallel.fits(d, expert_idx.shape[0], mesh):
-            y, rounds = expert_parallel.routed_experts_sharded(d, x, gate, expert_idx, w_gate, w_up, w_down)
-            return y, rounds.max()
-    rounds = rounds_needed(count_per_expert(expert_idx, d.n_experts), d)
-    return local_routed_experts(d, x, gate, expert_idx, w_gate, w_up, w_down), rounds
-
-
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
 def local_routed_experts(d: Dispatch, x, gate, expert_idx, w_gate, w_up, w_down):
-    """`routed_experts` on this device's arrays: the rounds in a while loop, recomputed in backward."""
+    """x (T, latent), gate (T, k), expert_idx (T, k) int, w_gate/w_up (E, hidden, latent),
+    w_down (E, latent, hidden) → (T, latent), on this device's arrays: the rounds in a while loop,
+    recomputed in backward. Weights are used in x's dtype. The model calls it through
+    `rungs.jaxjob.expert_parallel.routed_experts`, which runs expert parallelism instead on a mesh."""
     return _forward(d, x, gate, expert_idx, w_gate, w_up, w_down)
 
 

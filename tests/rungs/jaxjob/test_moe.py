@@ -15,7 +15,8 @@ from ladder.plan.generator import plan_rung
 from ladder.plan.recipe import load_recipe
 from rungs.jaxjob import model as M
 from rungs.jaxjob import params as P
-from rungs.jaxjob.moe import default_backend, dispatch_for, plan_rounds, routed_experts
+from rungs.jaxjob.expert_parallel import routed_experts
+from rungs.jaxjob.moe import default_backend, dispatch_for, plan_rounds
 from rungs.model import LatentMoE, ModelConfig
 from rungs.moe import RoutedExperts
 from rungs.moe import plan_rounds as torch_plan_rounds
