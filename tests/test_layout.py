@@ -11,7 +11,7 @@ import pytest
 import ladder.cli as cli
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("ladder", "sweeps", "fits", "rungs", "benchmarks")
+PACKAGES = ("ladder", "sweeps", "fits", "rungs", "benchmarks", "provenance")
 
 # Known, each with its follow-up (#18): the tracking store lock and the benchmarks' hooks into the training step get public names with the one loop.
 KNOWN = {
