@@ -21,7 +21,7 @@ from rungs.tracking_uri import DEFAULT_TRACKING_URI
 # key() and its sweep trial key), so a config that sets one that way keeps the key, and the finished
 # trial, it had before the field existed.
 LEGACY_VALUES: dict[str, Any] = {"subset": "prefix", "peak_flops_per_device": None, "backend": "torch",
-                                 "activation_checkpointing": "none"}
+                                 "activation_checkpointing": "none", "jax_mesh_expert": None}
 # Fields that no longer exist (nothing read them): an old config that sets one still loads, and its key
 # is what it was (neither key ever included them).
 REMOVED_FIELDS = frozenset({"log_interval"})
@@ -133,6 +133,10 @@ class TrainConfig(BaseModel):
     # Which job runs the rung: the PyTorch engine or the JAX one (rungs.jaxjob, #19). The default is
     # a legacy value: "torch" leaves every existing key as it was; "jax" is a different trial.
     backend: Literal["torch", "jax"] = "torch"
+    # The JAX job's (data, expert) mesh over every device its process(es) see: the expert axis's
+    # size (rungs.jaxjob.sharding.default_expert_axis when None: the largest that divides both the
+    # device count and n_experts); the data axis takes the rest. None is a legacy value: no key changes.
+    jax_mesh_expert: int | None = Field(default=None, gt=0, description="JAX mesh: devices on the expert axis")
     threads: int | None = Field(default=None, gt=0, description="torch intra-op threads (default: the idle cores)")
     # Recompute in backward instead of keeping activations (rungs.model.Block): "selective" the
     # attention sub-layer, "full" the whole block. Memory only: the gradients are the same.

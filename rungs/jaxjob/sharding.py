@@ -26,8 +26,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-__all__ = ["DATA", "EXPERT", "MeshError", "active_mesh", "use_mesh", "make_mesh", "param_spec", "param_shardings",
-           "shard_params", "batch_sharding", "replicated", "describe"]
+__all__ = ["DATA", "EXPERT", "MeshError", "active_mesh", "use_mesh", "make_mesh", "default_expert_axis", "param_spec",
+           "param_shardings", "shard_params", "batch_sharding", "replicated", "describe"]
 
 DATA, EXPERT = "data", "expert"
 
@@ -42,6 +42,23 @@ def make_mesh(data: int, expert: int = 1, devices: list | None = None) -> Mesh:
     if data < 1 or expert < 1 or data * expert > len(devices):
         raise MeshError(f"mesh ({data}, {expert}) needs {data * expert} devices; {len(devices)} available")
     return Mesh(np.array(devices[: data * expert]).reshape(data, expert), (DATA, EXPERT))
+
+
+def default_expert_axis(devices: int, n_experts: int, group_size: int | None = None) -> int:
+    """The expert axis a trial gets when its config does not set one: the largest size that divides
+    the device count and n_experts (and leaves whole router groups on each device, else
+    `rungs.jaxjob.expert_parallel.fits` would refuse the layout and the experts would run un-split).
+    Expert parallelism first because the expert stacks are most of an MoE rung's parameters and
+    optimizer state: split over the expert axis each device holds 1/P of them, where the data axis
+    only splits the dense part (FSDP) and the batch."""
+    for size in range(min(devices, n_experts), 0, -1):
+        if devices % size or n_experts % size:
+            continue
+        local = n_experts // size
+        if group_size is not None and local % min(group_size, local):  # as expert_parallel.ep_layout
+            continue
+        return size
+    return 1
 
 
 @contextlib.contextmanager

@@ -1,5 +1,7 @@
 """The JAX engine sharded over a (data, expert) mesh equals one device (#19 test 7), under
-routing that needs at least two MoE rounds, and a job saved on 4 devices resumes on 2.
+routing that needs at least two MoE rounds; a trial (`rungs.train.train`, what `ladder train
+--set backend=jax` runs) trains on every device it sees, on the mesh its `jax_mesh_expert` names;
+and a job saved on 4 devices resumes on 2.
 
 Four host devices need XLA_FLAGS set before jax is imported, so the work runs in a subprocess.
 """
@@ -13,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.rungs.train_helpers import REPO, tiny_config
 
@@ -35,6 +38,7 @@ def _worker(out: str) -> None:
     from rungs.jaxjob.sharding import make_mesh
     from rungs.jaxjob.train import train_jax
     from rungs.torch_engine import lr_schedule
+    from rungs.train import train
 
     assert len(jax.devices()) == 4
     cfg = parse_config(_cfg())
@@ -51,6 +55,19 @@ def _worker(out: str) -> None:
                              "params": {n: float(abs(p).sum()) for n, p in engine.host_params().items()},
                              "sharded": [str(getattr(engine.params[n].sharding, "spec", "")) for n in sorted(engine.params)]}
     run = Path(out).parent
+    # the trial's reference: one device, the job's own (bf16) Newton-Schulz, no mesh
+    engine = JaxEngine(cfg)
+    engine.build()
+    one = []
+    for step in range(cfg.run_steps):
+        one.append(engine.train_step(step, schedule(step))["loss"])
+        engine.update_router_bias()
+    trials = {}
+    for expert in (None, 2):  # the default mesh over 4 devices, and (2, 2)
+        res = train(_cfg(backend="jax", jax_mesh_expert=expert, tracking_uri=f"sqlite:///{run / 'mlflow.db'}"),
+                    run_dir=run / f"trial{expert}", progress=False)
+        trials[str(expert)] = {"loss": res.losses, "devices": res.devices, "run_id": res.run_id}
+    result["trial"] = {"one": one, "meshes": trials}
     whole = train_jax(_cfg(), run / "whole", progress=False, cache_dir=run / "cache")
     train_jax(_cfg(), run / "moved", progress=False, stop_after=2, mesh=make_mesh(4, 1), cache_dir=run / "cache")
     moved = train_jax(_cfg(), run / "moved", progress=False, mesh=make_mesh(2, 1), cache_dir=run / "cache")
@@ -58,7 +75,8 @@ def _worker(out: str) -> None:
     Path(out).write_text(json.dumps(result))
 
 
-def test_sharded_meshes_equal_one_device_and_4_devices_resume_on_2(tmp_path):
+@pytest.mark.slow
+def test_sharded_meshes_equal_one_device_a_trial_shards_over_every_device_and_4_devices_resume_on_2(tmp_path):
     out = tmp_path / "result.json"
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", f"from tests.rungs.jaxjob.test_sharding import _worker; "
@@ -77,6 +95,18 @@ def test_sharded_meshes_equal_one_device_and_4_devices_resume_on_2(tmp_path):
             np.testing.assert_allclose(got["params"][name], value, rtol=1e-4, err_msg=f"{mesh} {name}")
         assert any("data" in s or "expert" in s for s in got["sharded"]), mesh
     assert "expert" in " ".join(result["(1, 4)"]["sharded"])
+    trial, tags = result["trial"], {}
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for expert, got in trial["meshes"].items():
+        tags[expert] = client.get_run(got["run_id"]).data.tags
+        assert got["devices"] == 4, expert
+        # the tolerance of the job's bf16 Newton-Schulz (the resume check below)
+        np.testing.assert_allclose(got["loss"], trial["one"], rtol=1e-4, err_msg=expert)
+    # 8 experts over 4 devices: all 4 on the expert axis by default; jax_mesh_expert=2 asks (2, 2)
+    assert {k: (t["dp"], t["ep"], t["workers"]) for k, t in tags.items()} == {"None": ("1", "4", "1"),
+                                                                               "2": ("2", "2", "1")}
     resume = result["resume"]
     assert resume["devices"] == 2
     # Not bit for bit: 1, 4 and 2 devices sum gradients in different orders, and the job's bf16
