@@ -9,6 +9,11 @@ old one, so a kill mid-save leaves the previous checkpoint whole. The optimizer 
 its flattened leaves, and restored into the structure of a freshly initialised state of the same
 config; arrays are restored onto the shardings of that template, so a job saved on 4 devices
 resumes on 2 (or 1): orbax reshards on read.
+
+With several processes (`rungs.jaxjob.distributed`) every process calls `save` and `load` (orbax
+writes and reads each process's shards, so the run directory must be one shared filesystem);
+process 0 alone makes, renames and removes the directories and writes meta.json, between barriers,
+so no process writes into a directory another is replacing.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from rungs.run_files import CheckpointError
 
@@ -49,23 +55,35 @@ def remove(run_dir: Path) -> None:
         shutil.rmtree(Path(run_dir) / name, ignore_errors=True)
 
 
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
 def save(run_dir: Path, *, state: Any, config_key: str, meta: dict[str, Any]) -> Path:
-    """Write `state` (any pytree of arrays) and `meta` (JSON-able) atomically; the checkpoint's path."""
+    """Write `state` (any pytree of arrays) and `meta` (JSON-able) atomically; the checkpoint's path.
+    Collective with several processes; `meta` must be the same on each (process 0 writes it)."""
     run_dir = Path(run_dir)
     final, tmp, old = (run_dir / n for n in (CHECKPOINT_DIR, CHECKPOINT_DIR + ".tmp", CHECKPOINT_DIR + ".old"))
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    main = jax.process_index() == 0
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier("checkpoint_jax: tmp made")
     leaves = jax.tree.leaves(state)
     with ocp.StandardCheckpointer() as ckpt:
         ckpt.save((tmp / ARRAYS_DIR).absolute(), {_leaf_name(i): leaf for i, leaf in enumerate(leaves)})
         ckpt.wait_until_finished()
-    record = {"config_key": config_key, "n_leaves": len(leaves), "jax_version": jax.__version__} | meta
-    (tmp / META_FILE).write_text(json.dumps(record, indent=1, default=float))
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    _barrier("checkpoint_jax: arrays written")
+    if main:
+        record = {"config_key": config_key, "n_leaves": len(leaves), "jax_version": jax.__version__} | meta
+        (tmp / META_FILE).write_text(json.dumps(record, indent=1, default=float))
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    _barrier("checkpoint_jax: renamed")
     return final
 
 

@@ -14,6 +14,14 @@ so the schedule is the loop's and nothing recompiles. Both functions are compile
 in `build()` and the seconds that took are reported apart (tag `jax_compile_seconds`), so the
 first step's tokens/s is not a compile time. With a `mesh` (`rungs.jaxjob.sharding`) parameters,
 optimizer state and batches are sharded over its (data, expert) axes.
+
+Several processes (`rungs.jaxjob.distributed`): the mesh spans every process's devices and each
+process runs this same engine (multi-controller JAX): the same sampler stream, the same host
+batches put on the global mesh, the same calls in the same order. A process can read only its own
+devices' shards, so every value the host reads (losses, router counts, the AGC readout, eval
+logits) goes through `_host`, which gathers an array that spans other processes first; every
+process then holds the same numbers, which the loop's divergence rule and evaluation rely on.
+`rank` is `jax.process_index()`: process 0 alone writes files and tracks.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import torch
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from rungs.agc import event_record
@@ -55,7 +64,7 @@ _FLAT = Schedule(total_steps=1, warmup_steps=0, schedule="cosine", min_lr_ratio=
 
 
 class JaxEngine:
-    """The JAX job on this process's devices (`rungs.engine.Engine`).
+    """The JAX job on a mesh of devices, this process's or several processes' (`rungs.engine.Engine`).
 
     `mesh`: a (data, expert) `jax.sharding.Mesh` (None: one device). `ns_dtype`: Muon's
     Newton-Schulz dtype (bf16 as rungs.muon; fp32 for parity tests against a fp32 torch Muon).
@@ -63,13 +72,16 @@ class JaxEngine:
     dict converted with `rungs.jaxjob.params.from_torch_state_dict`).
     """
 
-    rank = 0
-
     def __init__(self, cfg: TrainConfig, *, mesh: Any = None, ns_dtype: Any = jnp.bfloat16,
                  initial_params: tuple[dict, dict] | None = None) -> None:
         self.cfg = cfg
         self.mesh = mesh
+        self.rank = jax.process_index()
+        self.processes = jax.process_count()
+        # devices, not processes: the loop's MFU multiplies one device's peak by `world`
         self.world = 1 if mesh is None else int(mesh.devices.size)
+        if self.processes > 1 and mesh is None:
+            raise ValueError(f"a job of {self.processes} processes needs a mesh over their devices")
         self.ns_dtype = ns_dtype
         self.threads = _pick_threads(cfg)
         self.initial_params = initial_params
@@ -82,7 +94,7 @@ class JaxEngine:
                 "jax_compile_seconds": f"{self.compile_seconds:.2f}",
                 "muon_update_scale": muon_update_scale(self.cfg, None)} | (
             # dp/ep only on a mesh, as only the sharded PyTorch job tags them: one schema per kind of job
-            sharding.describe(self.mesh) if self.mesh is not None else {})
+            sharding.describe(self.mesh) | {"workers": str(self.processes)} if self.mesh is not None else {})
 
     def discard_checkpoint(self, run_dir: Path) -> None:
         jax_ckpt.remove(run_dir)
@@ -134,7 +146,34 @@ class JaxEngine:
     def _batch_put(self, array: np.ndarray) -> jax.Array:
         if self.mesh is None:
             return jnp.asarray(array)
-        return jax.device_put(array, sharding.batch_sharding(self.mesh, array.shape[0]))
+        return self._put(array, sharding.batch_sharding(self.mesh, array.shape[0]))
+
+    def _replicated_put(self, array: np.ndarray) -> jax.Array:
+        # committed to the whole mesh: with several processes, an array on this process's default
+        # device could not enter a step whose other arguments span every process
+        if self.mesh is None:
+            return jnp.asarray(array)
+        return self._put(array, sharding.replicated(self.mesh))
+
+    def _put(self, array: np.ndarray, where: NamedSharding) -> jax.Array:
+        if self.processes == 1:
+            return jax.device_put(array, where)
+        # Each process fills its own devices' shards from its host copy (the same on every process:
+        # one sampler stream). Not device_put: across processes it first checks that every process
+        # passed the same value, an all-gather per call, and one that fails on NaN (AGC's "no
+        # threshold yet"), which never equals itself.
+        array = np.asarray(array)
+        return jax.make_array_from_callback(array.shape, where, lambda index: array[index])
+
+    def _host(self, tree: Any) -> Any:
+        """`tree`'s arrays as numpy (collective with several processes: every process calls it in the
+        same order). An array split over other processes' devices is all-gathered first, so each
+        process reads the whole value; one process's or a replicated array is read as it is."""
+        def read(x: Any) -> np.ndarray:
+            if self.processes == 1 or not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
+                return np.asarray(x)
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return jax.tree.map(read, tree)
 
     def _compile(self) -> None:
         cfg, arch, agc, dtype = self.cfg, self.arch, self.agc, self.compute_dtype
@@ -167,7 +206,7 @@ class JaxEngine:
 
         L = arch.n_layers
         probes = agc.probes(L, micro, cfg.seq_len) if agc is not None else None
-        thresholds = jnp.zeros((L, len(agc.points)), jnp.float32) if agc is not None else None
+        thresholds = self._replicated_put(np.zeros((L, len(agc.points)), np.float32)) if agc is not None else None
         tokens = self._batch_put(np.zeros((micro, cfg.seq_len), np.int32))
         self._probes = probes
         self._grads = jax.jit(grads).lower(self.params, probes, self.buffers, thresholds, tokens, tokens).compile()
@@ -235,10 +274,11 @@ class JaxEngine:
             inputs, targets = inputs_all[rows], targets_all[rows]
             thresholds = None
             if self.recorder is not None:
-                thresholds = jnp.asarray(self.recorder.thresholds(self.arch.n_layers))
+                thresholds = self._replicated_put(self.recorder.thresholds(self.arch.n_layers))
             g, readout, stats = self._grads(self.params, self._probes, self.buffers, thresholds,
                                             self._batch_put(inputs), self._batch_put(targets))
             total_grads = g if total_grads is None else self._add(total_grads, g)
+            readout, stats = self._host((readout, stats))
             if self.recorder is not None:
                 offset = m * micro
                 self.recorder.record(readout, inputs, decode=decode,
@@ -250,6 +290,7 @@ class JaxEngine:
             rounds += [int(r) for r in np.asarray(stats["rounds"])]
             overload += [float(c.max()) / max(float(c.astype(np.float64).mean()), 1e-9) for c in counts]
         self.params, self.opt_state, norm = self._update(self.params, self.opt_state, total_grads)
+        norm = self._host(norm)
         self._counts = counts_sum
         n = cfg.accumulation_steps
         return {"loss": ce_sum / n, "aux_loss": aux_sum / n, "grad_norm": float(norm),
@@ -260,7 +301,7 @@ class JaxEngine:
     def update_router_bias(self) -> None:
         if getattr(self, "_counts", None) is None:
             return
-        self.buffers = jmodel.update_expert_bias(self.buffers, jnp.asarray(self._counts), self._bias_rate)
+        self.buffers = jmodel.update_expert_bias(self.buffers, self._replicated_put(self._counts), self._bias_rate)
         self._counts = None
 
     def drain_clip_events(self) -> list[dict[str, Any]]:
@@ -276,7 +317,7 @@ class JaxEngine:
             B, T = inputs.shape
             x = np.zeros((max(B, cfg.eval_batch_size), cfg.seq_len), np.int32)
             x[:B, :T] = inputs.numpy()
-            logits = self._logits(self.params, self.buffers, jnp.asarray(x))
+            logits = self._host(self._logits(self.params, self.buffers, self._batch_put(x)))
             return torch.from_numpy(np.array(logits[:B, :T]))
 
         results = evaluate_bpb(logits_fn, self.corpus, seq_len=cfg.seq_len, batch_size=cfg.eval_batch_size,
@@ -294,8 +335,9 @@ class JaxEngine:
         return device_peak(kind, override=self.cfg.peak_flops_per_device, cores=self.threads)
 
     def barrier(self) -> None:
-        pass
+        if self.processes > 1:
+            multihost_utils.sync_global_devices("rungs.loop barrier")
 
     # --- for tests and conversions ----------------------------------------------------------
     def host_params(self) -> dict[str, np.ndarray]:
-        return {n: np.asarray(p) for n, p in self.params.items()}
+        return self._host(dict(self.params))

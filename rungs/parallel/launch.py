@@ -1,5 +1,5 @@
-"""Sharded training jobs: the one loop (`rungs.loop`) on the sharded engine, its Ray Train launch,
-and a torchrun entry point.
+"""Sharded training jobs: the one loop (`rungs.loop`) on the sharded engine, its Ray Train launch
+(for both backends), and a torchrun entry point.
 
 `train_sharded(config, run_dir=...)` runs in every worker of an initialised process group (Ray
 Train's `TorchTrainer` or `torchrun` set it up; gloo on CPU, NCCL on GPU): `rungs.loop.run_job`
@@ -11,6 +11,12 @@ workers it has.
 
     launch_ray(config, run_dir=..., num_workers=2)           # Ray Train, N workers
     torchrun --nproc-per-node 2 -m rungs.launch --config cfg.json --run-dir runs/x [--ep 2]
+
+A backend=jax config launches the same way with one Ray Train worker per JAX process: the workers
+join one `jax.distributed` job (`rungs.jaxjob.distributed.initialize`; rank 0's node hosts the
+coordinator, CPU collectives over gloo) and each runs `rungs.jaxjob.train.train_jax`, the one loop on
+the JAX engine over a mesh of every process's devices (`rungs.jaxjob.train.trial_mesh`); process 0
+alone tracks and writes the files, so the trial is one MLflow run here too.
 """
 
 from __future__ import annotations
@@ -45,8 +51,9 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
     """
     cfg = parse_config(config)
     if cfg.backend != "torch":  # not silently the PyTorch job: the JAX job shards over its own device mesh
-        raise DistributedError(f"backend={cfg.backend}: the sharded PyTorch job runs backend=torch only; run a "
-                               "JAX trial as one worker (rungs.train.train), which shards over its devices")
+        raise DistributedError(f"backend={cfg.backend}: the sharded PyTorch job runs backend=torch only; a JAX "
+                               "job shards over every device it sees: one process with rungs.train.train, or "
+                               "several with launch_ray (each joins one jax.distributed job)")
     ep = 1 if ep is None else ep
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -69,22 +76,65 @@ def _ray_worker(payload: dict) -> None:
     ray.train.report({"steps": result.steps, "final_loss": result.final_loss})
 
 
+def _ray_jax_worker(payload: dict) -> None:
+    """One process of a multi-worker JAX job: join the job, then the one loop over the global mesh."""
+    import socket
+
+    import jax
+    import ray.train
+    from ray.train.collective import broadcast_from_rank_zero
+
+    from rungs.jaxjob.distributed import initialize
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    address = None
+    if rank == 0:  # the coordinator runs in rank 0's process, on a port free on its node
+        with socket.socket() as s:
+            s.bind(("", 0))
+            address = f"{ray.util.get_node_ip_address()}:{s.getsockname()[1]}"
+    address = broadcast_from_rank_zero(address)
+    if not payload["use_gpu"]:  # Ray placed this worker on CPUs: JAX must not take a GPU the node may have
+        jax.config.update("jax_platforms", "cpu")
+    initialize(address, num_processes=world, process_id=rank,
+               cpu_devices=None if payload["use_gpu"] else payload["cpu_devices"])
+    from rungs.jaxjob.train import train_jax  # after initialize: nothing may start JAX's backend before it
+
+    result = train_jax(payload["config"], Path(payload["run_dir"]), progress=False)
+    jax.distributed.shutdown()  # a barrier: rank 0's coordinator outlives every other process's last call
+    ray.train.report({"steps": result.steps, "final_loss": result.final_loss})
+
+
 def launch_ray(config: TrainConfig | dict, *, run_dir: Path, num_workers: int, ep: int | None = None, use_gpu: bool = False,
-               cpus_per_worker: float = 1.0, storage_path: Path | None = None) -> TrainResult:
-    """Run `train_sharded` on `num_workers` Ray Train workers (gloo on CPU, NCCL on GPU); rank 0's result."""
+               cpus_per_worker: float = 1.0, storage_path: Path | None = None,
+               cpu_devices_per_worker: int = 1) -> TrainResult:
+    """Run one job on `num_workers` Ray Train workers; rank 0's result. backend=torch: `train_sharded`
+    (gloo on CPU, NCCL on GPU; `ep` its expert-parallel size). backend=jax: one JAX process per worker
+    (`_ray_jax_worker`; the mesh from the config's `jax_mesh_expert`, `ep` unused), each with one GPU
+    or `cpu_devices_per_worker` host devices."""
     from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
 
     cfg = parse_config(config)
     run_dir = Path(run_dir).resolve()
-    payload = {"config": cfg.to_dict(), "run_dir": str(run_dir), "ep": ep}
+    jax_job = cfg.backend == "jax"
+    payload = {"config": cfg.to_dict(), "run_dir": str(run_dir), "ep": ep, "use_gpu": use_gpu,
+               "cpu_devices": cpu_devices_per_worker}
     resources = {"CPU": cpus_per_worker} | ({"GPU": 1} if use_gpu else {})
-    trainer = TorchTrainer(
-        _ray_worker, train_loop_config=payload,
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker=resources),
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-        run_config=RunConfig(name=f"sharded-{cfg.key()[:8]}", storage_path=str(Path(storage_path or run_dir / "ray").resolve())),
-    )
+    scaling = ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker=resources)
+    run_config = RunConfig(name=f"{'jax' if jax_job else 'sharded'}-{cfg.key()[:8]}",
+                           storage_path=str(Path(storage_path or run_dir / "ray").resolve()))
+    if jax_job:
+        from ray.train.v2.jax import JaxConfig, JaxTrainer
+
+        # Ray's own JAX set-up (GPU/TPU only) is off: every worker joins in _ray_jax_worker instead,
+        # the same way on CPU (gloo) as on GPU.
+        trainer = JaxTrainer(_ray_jax_worker, train_loop_config=payload, jax_config=JaxConfig(),
+                             scaling_config=scaling, run_config=run_config)
+    else:
+        from ray.train.torch import TorchConfig, TorchTrainer
+
+        trainer = TorchTrainer(_ray_worker, train_loop_config=payload, scaling_config=scaling,
+                               torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"), run_config=run_config)
     result = trainer.fit()
     if result.error:
         raise result.error

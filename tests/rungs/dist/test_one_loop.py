@@ -1,10 +1,12 @@
 """The sharded job runs the one training loop (#18): it writes what the single-process job writes
 (eval.json at every eval, data_report.json), sums its wall clock over restarts, marks a crashed
-MLflow run FAILED, and logs the same metric names as the single-process job."""
+MLflow run FAILED, and logs the same metric names as the single-process job; a JAX job on several
+Ray workers is one job over one mesh, with one run."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -92,12 +94,67 @@ def test_one_process_and_two_workers_log_the_same_metric_names(tmp_path):
     assert two.data.tags["workers"] == "2" and one.data.tags.keys() <= two.data.tags.keys()
 
 
-def test_the_sharded_pytorch_job_refuses_a_jax_config_instead_of_training_it_in_torch(tmp_path):
-    from rungs.parallel.distributed import DistributedError
+def _jax_config(uri: str, experiment: str) -> dict:
+    # AGC on and the router bias step: their host reads (the clip readout, the router counts) and the
+    # losses, grad norm and eval logits are what a process cannot read whole from a global mesh
+    return tiny_config(backend="jax", max_steps=3, eval_interval=2, tracking_uri=uri, experiment_name=experiment,
+                       agc=True, expert_bias=True)
 
-    with pytest.raises(DistributedError, match="backend=jax"):
-        train_sharded(tiny_config(backend="jax"), run_dir=tmp_path)
-    assert not list(tmp_path.iterdir())
+
+def _one_jax_process_on_four_devices(cfg_json: str, run_dir: str) -> None:
+    import jax
+
+    assert jax.device_count() == 4
+    train(json.loads(cfg_json), run_dir=Path(run_dir), progress=False)
+
+
+@pytest.mark.slow
+def test_two_jax_workers_on_ray_train_as_one_process_on_four_devices_and_write_one_run(tmp_path):
+    """A backend=jax job on 2 Ray Train workers x 2 host devices (one jax.distributed job, one mesh
+    of 4) trains as one process on 4 devices does, and only rank 0 writes its files and its run."""
+    import os
+    import subprocess
+    import sys
+
+    import ray
+
+    from rungs.launch import launch_ray
+    from tests.rungs.train_helpers import REPO
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    one_cfg = _jax_config(uri, "one")
+    proc = subprocess.run([sys.executable, "-c", "from tests.rungs.dist.test_one_loop import "
+                           f"_one_jax_process_on_four_devices as f; f({json.dumps(one_cfg)!r}, "
+                           f"{str(tmp_path / 'one')!r})"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    one = json.loads((tmp_path / "one" / "result.json").read_text())
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        two = launch_ray(_jax_config(uri, "two"), run_dir=tmp_path / "two", num_workers=2,
+                         cpu_devices_per_worker=2).to_json()
+    finally:
+        ray.shutdown()
+    assert two["devices"] == one["devices"] == 4 and two["steps"] == 3
+    # the same program on the same 4-device mesh; only the collectives' transport differs (gloo)
+    assert two["losses"] == pytest.approx(one["losses"], rel=1e-5)
+    assert two["bpb"] == pytest.approx(one["bpb"], rel=1e-5) and set(two["bpb"])
+    assert json.loads((tmp_path / "two" / "result.json").read_text()) == two
+    evals = json.loads((tmp_path / "two" / "eval.json").read_text())
+    assert [e["step"] for e in evals["evals"]] == [2, 3]
+    (run_one,), (run_two,) = _runs(uri, "one"), _runs(uri, "two")  # one MLflow run, not one per worker
+    assert run_two.info.run_id == two["run_id"] and run_two.info.status == "FINISHED"
+    assert (run_two.data.tags["workers"], run_two.data.tags["dp"], run_two.data.tags["ep"]) == ("2", "1", "4")
+    assert run_two.data.tags.keys() == run_one.data.tags.keys()
+    assert set(run_two.data.metrics) == set(run_one.data.metrics)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    for name in ("loss", "grad_norm", "agc_clip_rate", "moe_overload_max"):
+        history = [m.value for m in sorted(client.get_metric_history(two["run_id"], name), key=lambda m: m.step)]
+        expected = [m.value for m in sorted(client.get_metric_history(one["run_id"], name), key=lambda m: m.step)]
+        assert len(history) == 3 and history == pytest.approx(expected, rel=1e-5, abs=1e-7), name
 
 
 def _resumed_without_drawing(rank, world, cfg, run_dir, out):
