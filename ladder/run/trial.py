@@ -69,18 +69,24 @@ def expert_parallel_size(payload: dict) -> int:
 
 
 def _train(payload: dict, run_dir: Path):
-    """One process: `rungs.train.train`. Several workers: `rungs.launch.launch_ray` starts a Ray Train
-    `TorchTrainer` (its process group, one worker per GPU, each declaring its CPUs/GPUs) from inside
-    this Tune trial, with expert parallelism of `expert_parallel_size`; rank 0 alone tracks, so the
-    trial is still one MLflow run."""
+    """One process: `rungs.train.train` (a JAX job there shards over every device the process sees).
+    Several workers: `rungs.launch.launch_ray` starts Ray Train workers (one per GPU, each declaring
+    its CPUs/GPUs) from inside this Tune trial: for backend=torch a `TorchTrainer` with expert
+    parallelism of `expert_parallel_size`, for backend=jax one JAX process per worker over one mesh
+    (its expert axis the config's `jax_mesh_expert`); rank 0 alone tracks, so the trial is still one
+    MLflow run."""
     res = payload["resources"]
     if res["workers"] > 1:
         from rungs.launch import launch_ray
 
+        common = dict(run_dir=run_dir, num_workers=res["workers"], use_gpu=res["gpus"] > 0, cpus_per_worker=res["cpus"],
+                      storage_path=Path(payload["storage_path"]))
+        if payload["config"].get("backend") == "jax":  # the torch memory planner's ep does not apply
+            log.info("trial %s: %d JAX workers", payload["key"], res["workers"])
+            return launch_ray(payload["config"], **common)
         ep = expert_parallel_size(payload)
         log.info("trial %s: %d workers as dp=%d x ep=%d", payload["key"], res["workers"], res["workers"] // ep, ep)
-        return launch_ray(payload["config"], run_dir=run_dir, num_workers=res["workers"], ep=ep, use_gpu=res["gpus"] > 0,
-                          cpus_per_worker=res["cpus"], storage_path=Path(payload["storage_path"]))
+        return launch_ray(payload["config"], ep=ep, **common)
     from rungs.train import train
 
     return train(payload["config"], run_dir=run_dir, resume=True, progress=False)

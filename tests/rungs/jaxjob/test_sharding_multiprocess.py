@@ -2,9 +2,8 @@
 127.0.0.1, gloo collectives), each with 2 CPU devices, train on one (2, 2) mesh spanning both:
 the steps' losses equal a single-process, single-device run.
 
-AGC is off here: its per-step readout is a sharded array the host reads, which a process cannot
-fetch whole when the array spans another process's devices (the launch path refuses multi-worker
-JAX trials for that and the other host reads; see the README).
+AGC is off here, as the engine alone is under test; the whole job on Ray workers with AGC on (its
+readout gathered across processes) is tests/rungs/dist/test_one_loop.py's JAX test.
 """
 
 from __future__ import annotations
