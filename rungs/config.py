@@ -179,6 +179,9 @@ class TrainConfig(BaseModel):
             kv = getattr(self, kv_key)
             if self.n_heads % kv:
                 raise ValueError(f"{kv_key}={kv} must divide n_heads={self.n_heads}")
+        if self.jax_mesh_expert is not None and self.backend != "jax":
+            raise ValueError(f"jax_mesh_expert={self.jax_mesh_expert} shapes the JAX job's mesh; backend is "
+                             f"{self.backend!r} (set backend=jax, or leave jax_mesh_expert unset)")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
         if self.micro_batch_sequences is not None and self.batch_sequences % self.micro_batch_sequences:

@@ -57,3 +57,11 @@ def test_the_mesh_field_at_its_default_changes_no_key_and_set_it_is_another_tria
     assert parse_config(default).key() == parse_config(base).key()
     assert "jax_mesh_expert" in parse_config(base).to_dict()  # still an MLflow param of every run
     assert trial_key({**base, "jax_mesh_expert": 2}) != trial_key(base)
+
+
+def test_a_mesh_on_a_torch_trial_is_refused_instead_of_ignored():
+    """The field shapes only the JAX job's mesh: on a torch trial it would make a new trial key that
+    trains exactly as the old one."""
+    with pytest.raises(TrainConfigError, match="jax_mesh_expert=2.*backend is 'torch'"):
+        parse_config({**tiny_config(backend="jax", jax_mesh_expert=2), "backend": "torch"})
+    assert parse_config(tiny_config(backend="jax", jax_mesh_expert=2)).jax_mesh_expert == 2
