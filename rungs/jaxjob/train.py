@@ -45,6 +45,13 @@ def compilation_cache_dir(run_dir: Path) -> Path:
 
 def enable_compilation_cache(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
+    if jax.config.jax_compilation_cache_dir not in (None, str(path)):
+        # JAX opens its cache once per process, at the first compile: without a reset, a process that
+        # already compiled for another directory (a Ray worker's second trial, a test session) would
+        # keep writing there.
+        from jax.experimental.compilation_cache import compilation_cache
+
+        compilation_cache.reset_cache()
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
