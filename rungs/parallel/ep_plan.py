@@ -8,8 +8,9 @@ derives from it, with tensor ops only (no host read, no op whose output size dep
   closed form): expert e is guaranteed `capacity` rows a round, its group mates' unused slots go to
   overloaded experts, the rest waits. Expert e's pairs are taken source-major (source 0's first),
   each source's in its stable by-expert order, so every rank knows which of its pairs go where;
-- per round, each (source, destination) block may be cut into `chunks` slices (the first t/chunks
-  rows, then the next...): smaller buffers, and exchanges that can overlap each other's GEMMs;
+- per round, each (source, destination) block of t rows is cut into `chunks` slices (its first
+  t/chunks rows, then the next...), so that one slice's exchange overlaps another slice's GEMMs even
+  in a one-round step;
 - per slice, the index maps (`SliceMaps`): which pair fills each row of the fixed send buffer,
   which compute row each received row lands in (grouped by local expert, then source), and the
   grouped-matmul offsets.
@@ -47,7 +48,7 @@ class EPLayout:
     group_size: int     # experts that lend each other unused slots (divides E / P)
     capacity: int       # guaranteed rows per expert per round
     local_pairs: int    # n = T·k, this rank's (token, slot) pairs
-    chunks: int = 1     # slices per round
+    chunks: int = 2     # slices per round
 
     @property
     def local_experts(self) -> int:

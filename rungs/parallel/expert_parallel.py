@@ -9,11 +9,15 @@ the E experts are split across the P ranks of an expert-parallel (EP) group, ran
    and every index of the exchange (`rungs.parallel.ep_plan`): an expert is guaranteed `capacity`
    rows a round, its group mates' unused slots go to overloaded experts, the rest waits for the next
    round (`rungs.moe.plan_rounds`);
-2. each round may be cut into `chunks_per_round` slices; per slice ONE `all_to_all_single` with
-   equal, fixed splits (`EPLayout.peer_rows` rows to every peer, padded) delivers the rows, each
-   rank's experts run one grouped matmul per projection over a compute buffer of fixed size (a hot
-   expert costs rounds, never memory), and a second `all_to_all_single` of the same size returns
-   the outputs;
+2. each round is cut into `chunks_per_round` slices; per slice ONE `all_to_all_single` with equal,
+   fixed splits (`EPLayout.peer_rows` rows to every peer, padded) delivers the rows, each rank's
+   experts run one grouped matmul per projection over a compute buffer of fixed size (a hot expert
+   costs rounds, never memory), and a second `all_to_all_single` of the same size returns the
+   outputs. The exchange buffers (two sets, P·peer_rows rows each) are allocated once per call and
+   reused by every slice. With `overlap` (the default, two slices a round) slice i+1's dispatch is
+   in flight during slice i's GEMMs and slice i's return during slice i+1's, so communication
+   overlaps expert compute in a one-round step too (rounds are not prefetched across, so a
+   multi-round step holds one round's buffers);
 3. backward recomputes each slice (re-dispatching x together with the output gradient in one
    exchange), so saved activations do not grow with the number of rounds.
 
@@ -44,6 +48,7 @@ from torch import Tensor, nn
 
 from rungs.moe import RoutedExperts, count_per_expert, grouped_mm
 from rungs.parallel.ep_plan import EPLayout, Plan, SliceMaps
+
 
 class ExpertParallelError(ValueError):
     """An expert-parallel layout that cannot run (experts not divisible by ranks, bad capacity)."""
@@ -84,22 +89,61 @@ class _RoundCount:
         return self._value
 
 
-def _exchange(rows: Tensor, group: Any) -> Tensor:
-    """One `all_to_all_single` with equal splits: rows (P·peer_rows, width), block d to rank d."""
-    out = torch.empty_like(rows)
-    dist.all_to_all_single(out, rows, group=group)
-    return out
+class _Buffers:
+    """The exchange buffers of one forward or backward, allocated once and reused by every slice of
+    every round (fixed memory whatever the skew, no allocator churn): for slice i, set i mod 2 of the
+    dispatch pair (rows sent, rows received) and of the return pair. Two sets let slice i+1's
+    dispatch and slice i's return be in flight while the other set is in use."""
+
+    def __init__(self, like: Tensor, rows: int, dispatch_width: int, return_width: int, sets: int):
+        def make(width: int) -> list[Tensor]:
+            return [like.new_empty(rows, width) for _ in range(sets)]
+
+        self.send, self.recv = make(dispatch_width), make(dispatch_width)   # (P·peer_rows, width) each
+        self.ret, self.back = make(return_width), make(return_width)
+        self.sets = sets
 
 
-def _run_round(slices: list[SliceMaps], send: Callable[[SliceMaps], Tensor],
-               receive: Callable[[SliceMaps, Tensor], None], compute: Callable[[SliceMaps], Tensor],
-               collect: Callable[[SliceMaps, Tensor], None], group: Any) -> None:
-    """One round, slice by slice: dispatch (send rows -> received rows), receive them into the compute
-    buffer, compute (-> rows to return), return exchange, collect. Live buffers are one slice's,
-    whatever the number of rounds: skew costs time, never memory."""
-    for maps in slices:
-        receive(maps, _exchange(send(maps), group))
-        collect(maps, _exchange(compute(maps), group))
+class _Exchange:
+    """One `all_to_all_single` with equal splits into a fixed buffer, asynchronous when overlapping."""
+
+    def __init__(self, out: Tensor, rows: Tensor, group: Any, overlap: bool):
+        self._out = out
+        self._handle = dist.all_to_all_single(out, rows, group=group, async_op=overlap)
+
+    def result(self) -> Tensor:
+        if self._handle is not None:
+            self._handle.wait()  # on CUDA: the current stream waits; the buffers may then be reused
+            self._handle = None
+        return self._out
+
+
+def _run_round(slices: list[SliceMaps], buf: _Buffers, send: Callable[[SliceMaps, Tensor], None],
+               receive: Callable[[SliceMaps, Tensor], None], compute: Callable[[SliceMaps, Tensor], None],
+               collect: Callable[[SliceMaps, Tensor], None], group: Any, overlap: bool) -> None:
+    """One round, slice by slice: dispatch (send fills the rows to send), receive them into the compute
+    buffer, compute (fills the rows to return), return exchange, collect. The collectives are issued
+    in the same order with or without `overlap`; with it they are asynchronous: slice i+1's dispatch
+    is issued before slice i's compute and slice i's return is waited for after slice i+1's compute,
+    so the results are the same bit for bit and only the waits move. A buffer set is reused two
+    slices later, after its exchanges were waited for. The pipeline ends with the round (round r+1
+    is not prefetched), so the live buffers are those of `buf` whatever the number of rounds."""
+    def dispatch(i: int) -> _Exchange:
+        send(slices[i], buf.send[i % buf.sets])
+        return _Exchange(buf.recv[i % buf.sets], buf.send[i % buf.sets], group, overlap)
+
+    pending = dispatch(0)
+    returning: tuple[SliceMaps, _Exchange] | None = None
+    for i, maps in enumerate(slices):
+        upcoming = dispatch(i + 1) if i + 1 < len(slices) else None
+        receive(maps, pending.result())
+        pending = upcoming
+        compute(maps, buf.ret[i % buf.sets])
+        back = _Exchange(buf.back[i % buf.sets], buf.ret[i % buf.sets], group, overlap)  # in flight: next compute
+        if returning is not None:
+            collect(returning[0], returning[1].result())
+        returning = (maps, back)
+    collect(returning[0], returning[1].result())
 
 
 def _swiglu_forward(xin: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, offs: Tensor, backend: str) -> Tensor:
@@ -111,7 +155,7 @@ class _EPExperts(torch.autograd.Function):
     """y_pairs[p] = expert(e_p)(x[p // k]) with experts spread over the EP group; slices recomputed."""
 
     @staticmethod
-    def forward(ctx, x, w_gate, w_up, w_down, plan: Plan, k: int, group, backend: str):
+    def forward(ctx, x, w_gate, w_up, w_down, plan: Plan, k: int, group, backend: str, overlap: bool):
         lay = plan.lay
         latent, n = x.shape[1], plan.order.numel()
         count = _RoundCount(lay, plan)
@@ -119,16 +163,18 @@ class _EPExperts(torch.autograd.Function):
             y_pairs = x.new_zeros(n + 1, latent)                              # row n: padding rows' sink
             xin = x.new_zeros(lay.compute_rows + 1, latent)                    # row compute_rows: padding's sink
 
-            def compute(maps: SliceMaps) -> Tensor:
-                y = _swiglu_forward(xin[:-1], w_gate, w_up, w_down, maps.offs, backend)
-                return y[maps.compute_row]                                    # (P·peer_rows, latent)
+            buf = _Buffers(x, lay.n_ranks * lay.peer_rows, latent, latent, min(2, lay.chunks))
+
+            def compute(maps: SliceMaps, out: Tensor) -> None:
+                y = _swiglu_forward(xin[:-1], w_gate, w_up, w_down, maps.offs, backend)    # (compute_rows, latent)
+                torch.index_select(y, 0, maps.compute_row, out=out)                           # (P·peer_rows, latent)
 
             for slices in plan.rounds(count.get):
-                _run_round(slices, lambda maps: x[maps.send_pair // k],
+                _run_round(slices, buf, lambda maps, out: torch.index_select(x, 0, maps.send_pair // k, out=out),
                            lambda maps, recv: xin.index_copy_(0, maps.recv_row, recv), compute,
-                           lambda maps, back: y_pairs.index_copy_(0, maps.pair_slot, back), group)
+                           lambda maps, back: y_pairs.index_copy_(0, maps.pair_slot, back), group, overlap)
         ctx.save_for_backward(x, w_gate, w_up, w_down)
-        ctx.plan, ctx.n_rounds, ctx.k, ctx.group, ctx.backend = plan, count.get(), k, group, backend
+        ctx.plan, ctx.n_rounds, ctx.k, ctx.group, ctx.backend, ctx.overlap = plan, count.get(), k, group, backend, overlap
         return y_pairs[:n]
 
     @staticmethod
@@ -145,15 +191,18 @@ class _EPExperts(torch.autograd.Function):
             xin = x.new_zeros(lay.compute_rows + 1, latent)
             dy = x.new_zeros(lay.compute_rows + 1, latent)
 
-            def send(maps: SliceMaps) -> Tensor:
+            buf = _Buffers(x, lay.n_ranks * lay.peer_rows, 2 * latent, latent, min(2, lay.chunks))
+
+            def send(maps: SliceMaps, out: Tensor) -> None:
                 # one exchange re-dispatches the inputs (recompute) together with the output gradients
-                return torch.cat([x[maps.send_pair // k], grad_y_pairs[maps.send_pair]], dim=1)  # (P·peer_rows, 2·latent)
+                torch.index_select(x, 0, maps.send_pair // k, out=out[:, :latent])
+                torch.index_select(grad_y_pairs, 0, maps.send_pair, out=out[:, latent:])
 
             def receive(maps: SliceMaps, recv: Tensor) -> None:
                 xin.index_copy_(0, maps.recv_row, recv[:, :latent])
                 dy.index_copy_(0, maps.recv_row, recv[:, latent:])
 
-            def compute(maps: SliceMaps) -> Tensor:
+            def compute(maps: SliceMaps, out: Tensor) -> None:
                 a, g, offs = xin[:-1], dy[:-1], maps.offs
                 hg = grouped_mm(a, w_gate.mT, offs, None, backend)
                 hu = grouped_mm(a, w_up.mT, offs, None, backend)
@@ -166,14 +215,14 @@ class _EPExperts(torch.autograd.Function):
                 grads[0] += grouped_mm(dhg.mT, a, offs, None, backend)
                 grads[1] += grouped_mm(dhu.mT, a, offs, None, backend)
                 dxin = grouped_mm(dhg, w_gate, offs, None, backend) + grouped_mm(dhu, w_up, offs, None, backend)
-                return dxin[maps.compute_row]
+                torch.index_select(dxin, 0, maps.compute_row, out=out)
 
             for slices in plan.rounds(lambda: ctx.n_rounds):
-                _run_round(slices, send, receive, compute,
-                           lambda maps, back: dx_pairs.index_copy_(0, maps.pair_slot, back), ctx.group)
+                _run_round(slices, buf, send, receive, compute,
+                           lambda maps, back: dx_pairs.index_copy_(0, maps.pair_slot, back), ctx.group, ctx.overlap)
         dx = dx_pairs[:n].view(-1, k, latent).sum(1)                            # slot order: deterministic
         dwg, dwu, dwd = (g.to(w.dtype) for g, w in zip(grads, (w_gate, w_up, w_down)))
-        return dx, dwg, dwu, dwd, None, None, None, None
+        return dx, dwg, dwu, dwd, None, None, None, None, None
 
 
 class ExpertParallelExperts(nn.Module):
@@ -181,13 +230,14 @@ class ExpertParallelExperts(nn.Module):
 
     forward(x (T, latent), expert_idx (T, k), gate (T, k)) -> (T, latent), the same contract as
     `RoutedExperts`. `capacity_per_expert` None: one round always fits (capacity = all pairs of
-    the group / group_size). `chunks_per_round`: slices per round (smaller buffers, more exchanges).
+    the group / group_size). `chunks_per_round`: slices per round (2: communication overlaps
+    compute in a one-round step); `overlap` False issues the same exchanges blocking (a reference).
     `last_stats` = {rounds, tokens_per_expert (global), buffer_rows, peer_rows, ...}: reading it
     reads the device once; `last_rounds` is the round count as a 0-d device tensor.
     """
 
     def __init__(self, experts: RoutedExperts, group: Any, *, capacity_per_expert: int | None = None,
-                 group_size: int | None = None, chunks_per_round: int = 1):
+                 group_size: int | None = None, chunks_per_round: int = 2, overlap: bool = True):
         super().__init__()
         self.group = group
         self.n_ranks, self.rank = dist.get_world_size(group), dist.get_rank(group)
@@ -201,7 +251,7 @@ class ExpertParallelExperts(nn.Module):
             raise ExpertParallelError(f"capacity_per_expert must be >= 1 or None, got {self.capacity_per_expert}")
         if chunks_per_round < 1:
             raise ExpertParallelError(f"chunks_per_round must be >= 1, got {chunks_per_round}")
-        self.chunks_per_round = chunks_per_round
+        self.chunks_per_round, self.overlap = chunks_per_round, overlap
         lo, hi = self.rank * self.local_experts, (self.rank + 1) * self.local_experts
         self.first_expert = lo  # this rank holds experts [lo, hi) of the stack
         for name in ("w_gate", "w_up", "w_down"):
@@ -249,7 +299,7 @@ class ExpertParallelExperts(nn.Module):
         dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
         if flat.numel():
             weights = [w.to(dtype) for w in (self.w_gate, self.w_up, self.w_down)]
-            y_pairs = _EPExperts.apply(x.to(dtype), *weights, plan, k, self.group, self.backend)
+            y_pairs = _EPExperts.apply(x.to(dtype), *weights, plan, k, self.group, self.backend, self.overlap)
         else:
             y_pairs = x.new_zeros(0, self.latent_dim, dtype=dtype)
         out = torch.bmm(gate.to(dtype).unsqueeze(1), y_pairs.view(n_tokens, k, self.latent_dim)).squeeze(1)

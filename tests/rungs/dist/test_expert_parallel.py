@@ -4,9 +4,10 @@ Each rank routes its own tokens; the reference runs `rungs.moe.RoutedExperts` wi
 the concatenation of every rank's tokens. Outputs, input gradients and expert weight gradients must
 agree under random routing with a small capacity (several rounds) and under the worst routing
 (every token of every rank to experts on rank 0), whose per-rank peak memory must stay within 10%
-of balanced routing at the same calibrated capacity; with one slice per round and with two. Forward
-and backward read the host never when the layout admits one round, once per forward when the
-capacity allows several.
+of balanced routing at the same calibrated capacity; with one slice per round and with two; and the
+overlapped exchange (asynchronous, slice i+1's dispatch and slice i's return in flight during the
+GEMMs) must give exactly what the same exchanges give blocking. Forward and backward read the host
+never when the layout admits one round, once per forward when the capacity allows several.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _ep_step(rank: int, world: int, kind: str, capacity: int | None, group_size:
             "cots": cots}
 
 
-def _check(rank: int, world: int, kind: str, capacity: int, group_size: int, chunks: int = 1) -> dict:
+def _check(rank: int, world: int, kind: str, capacity: int, group_size: int, chunks: int = 2) -> dict:
     got = _ep_step(rank, world, kind, capacity, group_size, chunks_per_round=chunks)
     full = got["full"]
     xr = torch.cat(got["xs"]).requires_grad_(True)
@@ -100,6 +101,19 @@ def _worker(rank: int, world: int) -> None:
 def test_expert_parallel_matches_single_process_and_memory_is_flat():
     """4 ranks, 8 experts (2 per rank): random routing in several rounds, then worst-case skew."""
     run_ranks(_worker, 4)
+
+
+def _overlap_worker(rank: int, world: int) -> None:
+    for kind, capacity in (("random", None), ("random", 3), ("worst", 12)):
+        a, b = (_ep_step(rank, world, kind, capacity, 2, chunks_per_round=2, overlap=o) for o in (True, False))
+        assert a["rounds"] == b["rounds"] and (capacity is None) == (a["rounds"] == 1), (kind, a["rounds"])
+        for name in ("out", "x", "w_gate", "w_up", "w_down"):
+            assert torch.equal(a[name], b[name]), f"rank {rank} {kind} capacity={capacity}: {name} differs"
+
+
+def test_overlapped_exchange_equals_the_blocking_one_exactly():
+    """Two slices per round, 4 ranks: one round (capacity None) and several (random, worst skew)."""
+    run_ranks(_overlap_worker, 4)
 
 
 def _reads_worker(rank: int, world: int, out) -> None:
