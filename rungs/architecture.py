@@ -51,6 +51,7 @@ class ModelConfig(Architecture):
     expert_bias: bool = False  # aux-loss-free balancing (DeepSeek-V3): a bias used only for top-k selection
     bias_update_rate: float = 1e-3
     capacity_per_expert: int | None = None  # multi-round MoE: per-expert slots per round (None: one round)
+    capacity_factor: float | None = None  # or slots = factor x the balanced load (rungs.moe.RoutedExperts)
     group_size: int | None = None  # experts that lend each other unused slots
     rope_theta: float = 10_000.0
     init_std: float = 0.02

@@ -21,7 +21,8 @@ from rungs.tracking_uri import DEFAULT_TRACKING_URI
 # key() and its sweep trial key), so a config that sets one that way keeps the key, and the finished
 # trial, it had before the field existed.
 LEGACY_VALUES: dict[str, Any] = {"subset": "prefix", "peak_flops_per_device": None, "backend": "torch",
-                                 "activation_checkpointing": "none", "jax_mesh_expert": None}
+                                 "activation_checkpointing": "none", "jax_mesh_expert": None,
+                                 "capacity_factor": None}
 # Fields that no longer exist (nothing read them): an old config that sets one still loads, and its key
 # is what it was (neither key ever included them).
 REMOVED_FIELDS = frozenset({"log_interval"})
@@ -113,6 +114,10 @@ class TrainConfig(BaseModel):
     expert_bias: bool = False
     bias_update_rate: float = Field(default=1e-3, ge=0)
     capacity_per_expert: int | None = Field(default=None, gt=0)
+    # Or the capacity as a multiple of the balanced load: ceil(factor x pairs per call / n_experts) (under
+    # expert parallelism also a cap on the rows a rank sends each peer a round, which sizes the
+    # all-to-all buffers by the balanced load instead of the worst case). None: a legacy value, no key changes.
+    capacity_factor: float | None = Field(default=None, gt=0, description="MoE capacity per round / balanced load")
     group_size: int | None = Field(default=None, gt=0)
 
     # --- activation gradient clipping ---
@@ -182,6 +187,12 @@ class TrainConfig(BaseModel):
         if self.jax_mesh_expert is not None and self.backend != "jax":
             raise ValueError(f"jax_mesh_expert={self.jax_mesh_expert} shapes the JAX job's mesh; backend is "
                              f"{self.backend!r} (set backend=jax, or leave jax_mesh_expert unset)")
+        if self.capacity_factor is not None and self.capacity_per_expert is not None:
+            raise ValueError(f"capacity_factor={self.capacity_factor} and capacity_per_expert="
+                             f"{self.capacity_per_expert} both size the MoE rounds: set one")
+        if self.capacity_factor is not None and self.backend == "jax":
+            raise ValueError(f"capacity_factor={self.capacity_factor} sizes the PyTorch job's MoE rounds; the JAX "
+                             "job does not read it (set capacity_per_expert, or leave capacity_factor unset)")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
         if self.micro_batch_sequences is not None and self.batch_sequences % self.micro_batch_sequences:
@@ -233,7 +244,8 @@ class TrainConfig(BaseModel):
             latent_dim=self.latent_dim, expert_hidden=self.expert_hidden, shared_hidden=self.shared_hidden,
             vocab_size=self.vocab_size, tied_embeddings=self.tied_embeddings, dropout=self.dropout,
             router_score=self.router_score, expert_bias=self.expert_bias, bias_update_rate=self.bias_update_rate,
-            capacity_per_expert=self.capacity_per_expert, group_size=self.group_size,
+            capacity_per_expert=self.capacity_per_expert, capacity_factor=self.capacity_factor,
+            group_size=self.group_size,
             activation_checkpointing=self.activation_checkpointing,
         )
 

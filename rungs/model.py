@@ -122,7 +122,8 @@ class LatentMoE(nn.Module):
         else:
             self.latent_down = self.latent_up = None
         self.experts = RoutedExperts(cfg.n_experts, cfg.latent_dim, cfg.expert_hidden,
-                                     capacity_per_expert=cfg.capacity_per_expert, group_size=cfg.group_size)
+                                     capacity_per_expert=cfg.capacity_per_expert,
+                                     capacity_factor=cfg.capacity_factor, group_size=cfg.group_size)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, RouterOutput]:
         B, T, d = x.shape

@@ -318,7 +318,9 @@ class RoutedExperts(nn.Module):
 
     forward(x (T, latent), expert_idx (T, k) long, gate (T, k)) -> (T, latent) = sum_j gate_j y_{e_j}(x).
     capacity_per_expert=None: capacity is ceil(T*k / group_size) for each call, so one round always
-    fits (plain dropless). group_size=None: one group of all E experts. The buffer a round computes
+    fits (plain dropless). capacity_factor f instead: ceil(f * T*k / E), f times the balanced load
+    (the capacity expert parallelism sizes its rounds and exchanges by; here a buffer of
+    min(E * capacity, T*k) rows). group_size=None: one group of all E experts. The buffer a round computes
     on has min(n_groups * group_size * capacity, T*k) rows (see the module docstring). backend:
     "grouped_mm" (one grouped matmul per projection and round; falls back per call to one mm per
     expert where grouped_mm's 16-byte alignment rule fails) or "loop". recompute: "multi_round" (keep
@@ -331,7 +333,8 @@ class RoutedExperts(nn.Module):
     """
 
     def __init__(self, n_experts: int, latent_dim: int, hidden: int, *, capacity_per_expert: int | None = None,
-                 group_size: int | None = None, backend: str = "grouped_mm", recompute: str = "multi_round"):
+                 capacity_factor: float | None = None, group_size: int | None = None, backend: str = "grouped_mm",
+                 recompute: str = "multi_round"):
         super().__init__()
         group_size = n_experts if group_size is None else group_size
         if min(n_experts, latent_dim, hidden) < 1:
@@ -340,6 +343,11 @@ class RoutedExperts(nn.Module):
             raise MoEConfigError(f"group_size={group_size} must be >= 1 and divide n_experts={n_experts}")
         if capacity_per_expert is not None and capacity_per_expert < 1:
             raise MoEConfigError(f"capacity_per_expert must be >= 1 or None, got {capacity_per_expert}")
+        if capacity_factor is not None and not (capacity_factor > 0 and math.isfinite(capacity_factor)):
+            raise MoEConfigError(f"capacity_factor must be a finite number > 0 or None, got {capacity_factor}")
+        if capacity_per_expert is not None and capacity_factor is not None:
+            raise MoEConfigError(f"capacity_per_expert={capacity_per_expert} and capacity_factor={capacity_factor} "
+                                 f"both size the rounds: set one")
         if backend not in ("grouped_mm", "loop"):
             raise MoEConfigError(f"backend must be 'grouped_mm' or 'loop', got {backend!r}")
         if recompute not in ("multi_round", "always"):
@@ -347,6 +355,7 @@ class RoutedExperts(nn.Module):
         self.recompute = recompute
         self.n_experts, self.latent_dim, self.hidden = n_experts, latent_dim, hidden
         self.capacity_per_expert, self.group_size, self.backend = capacity_per_expert, group_size, backend
+        self.capacity_factor = capacity_factor
         self.w_gate = nn.Parameter(torch.empty(n_experts, hidden, latent_dim))
         self.w_up = nn.Parameter(torch.empty(n_experts, hidden, latent_dim))
         self.w_down = nn.Parameter(torch.empty(n_experts, latent_dim, hidden))
@@ -360,7 +369,14 @@ class RoutedExperts(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"n_experts={self.n_experts}, latent_dim={self.latent_dim}, hidden={self.hidden}, "
-                f"capacity_per_expert={self.capacity_per_expert}, group_size={self.group_size}")
+                f"capacity_per_expert={self.capacity_per_expert}, capacity_factor={self.capacity_factor}, "
+                f"group_size={self.group_size}")
+
+    def capacity(self, n_pairs: int) -> int:
+        """Per-expert rows a round for a call of `n_pairs` (token, slot) pairs."""
+        if self.capacity_factor is not None:
+            return max(1, math.ceil(self.capacity_factor * n_pairs / self.n_experts))
+        return self.capacity_per_expert or max(1, math.ceil(n_pairs / self.group_size))
 
     @property
     def last_stats(self) -> dict:
@@ -397,7 +413,7 @@ class RoutedExperts(nn.Module):
         _check_expert_idx(flat, self.n_experts)
         n_pairs = flat.numel()
         counts = count_per_expert(flat, self.n_experts)
-        capacity = self.capacity_per_expert or max(1, math.ceil(n_pairs / self.group_size))
+        capacity = self.capacity(n_pairs)
         slab_rows = self.group_size * capacity
         n_groups = self.n_experts // self.group_size
         # Never more than T*k rows can be in one round, so the buffer is capped there (still fixed).

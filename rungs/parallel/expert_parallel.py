@@ -27,9 +27,14 @@ rounds depends on the routing and eager PyTorch has no loop on the device, so th
 round count once per call, after round 0 is issued (on CUDA from a copy made as soon as the counts
 arrive, so the device is busy with round 0 while the host waits); backward reuses it. Running the
 worst-case count every step instead would cost `max_rounds` exchanges of padded buffers each time.
+Under a capacity factor (a binding per-peer cap, no closed form) the forward reads instead, after
+each round is issued, whether pairs are left: once in a one-round step, as before.
 
-The price of equal splits: each slice moves P·peer_rows rows per rank whatever the routing, up to P
-times what a variable-split exchange moves (which needs the split sizes on the host).
+The price of equal splits: each slice moves P·peer_rows rows per rank whatever the routing. With
+the default capacity (one round always fits) a peer's block is sized for a source's n pairs, so a
+round moves P·n rows, P times the n it routes (mai-base-2 L18 at ep=8: 229,376 rows for 28,672,
+352 MB per direction per layer in bf16). A `capacity_factor` f caps the blocks at f times the
+balanced share: f·n rows a round (f=1.5: 43,008 rows, 66 MB), skew beyond it costing rounds.
 
 Expert weight gradients are the sum over all sources of the EP group; under DP×EP the caller
 reduces them over the data-parallel replicas (`rungs.parallel.distributed`).
@@ -47,7 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rungs.moe import RoutedExperts, count_per_expert, grouped_mm
-from rungs.parallel.ep_plan import EPLayout, Plan, SliceMaps
+from rungs.parallel.ep_plan import EPLayout, Plan, SliceMaps, factor_capacities
 
 
 class ExpertParallelError(ValueError):
@@ -65,28 +70,50 @@ def check_layout(n_experts: int, n_ranks: int, group_size: int) -> tuple[int, in
 
 
 class _RoundCount:
-    """The plan's number of rounds on the host: static when the layout admits one round only, else
-    read once (see the module docstring). On CUDA the copy is queued right after the plan, so waiting
-    for it does not wait for the round-0 work queued after it."""
+    """The plan's number of rounds on the host: static when the layout admits one round only; else
+    read once from the closed form, or, under a binding peer capacity (no closed form), once a round
+    from the pairs that round leaves (see the module docstring). On CUDA each copy is queued right
+    after the plan it reads, so waiting for it does not wait for the round's work queued after it."""
 
     def __init__(self, lay: EPLayout, plan: Plan):
-        self._value: int | None = 1 if lay.max_rounds <= 1 else None
-        self._device = plan.n_rounds
-        self._host = self._event = None
-        if self._value is None and self._device.device.type == "cuda":
-            self._host = torch.empty((), dtype=self._device.dtype, pin_memory=True)
-            self._host.copy_(self._device, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
+        self._static = lay.max_rounds <= 1
+        self._per_round = lay.peer_capped and not self._static
+        self._total: int | None = 1 if self._static else None
+        self._pending: tuple[Tensor, Any] | None = None
+        self.ran = 0
+        if not self._static and not self._per_round:
+            self._pending = self._queue(plan.n_rounds)
 
-    def get(self) -> int:
-        if self._value is None:
-            if self._event is not None:
-                self._event.synchronize()
-                self._value = int(self._host)
-            else:
-                self._value = int(self._device)                            # the call's one host read
-        return self._value
+    @staticmethod
+    def _queue(value: Tensor) -> tuple[Tensor, Any]:
+        if value.device.type != "cuda":
+            return value, None
+        host = torch.empty((), dtype=value.dtype, pin_memory=True)
+        host.copy_(value, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return host, event
+
+    @staticmethod
+    def _read(pending: tuple[Tensor, Any]) -> int:
+        value, event = pending
+        if event is not None:
+            event.synchronize()
+        return int(value)                                                   # the host read
+
+    def planned(self, left: Tensor) -> None:
+        """Round `self.ran` is planned and leaves `left` pairs: queue its copy when it is what decides."""
+        if self._per_round:
+            self._pending = self._queue(left)
+
+    def more(self) -> bool:
+        """After the round's work is issued: whether another round follows."""
+        self.ran += 1
+        if self._per_round:
+            return self._read(self._pending) > 0
+        if self._total is None:
+            self._total = self._read(self._pending)
+        return self.ran < self._total
 
 
 class _Buffers:
@@ -169,12 +196,17 @@ class _EPExperts(torch.autograd.Function):
                 y = _swiglu_forward(xin[:-1], w_gate, w_up, w_down, maps.offs, backend)    # (compute_rows, latent)
                 torch.index_select(y, 0, maps.compute_row, out=out)                           # (P·peer_rows, latent)
 
-            for slices in plan.rounds(count.get):
+            for slices, left in plan.rounds():
+                count.planned(left)
                 _run_round(slices, buf, lambda maps, out: torch.index_select(x, 0, maps.send_pair // k, out=out),
                            lambda maps, recv: xin.index_copy_(0, maps.recv_row, recv), compute,
                            lambda maps, back: y_pairs.index_copy_(0, maps.pair_slot, back), group, overlap)
+                if not count.more():
+                    break
+        if lay.peer_capped:  # no closed form: the statistic is the rounds run (a fill, not a copy)
+            plan.n_rounds = torch.full_like(plan.n_rounds, count.ran)
         ctx.save_for_backward(x, w_gate, w_up, w_down)
-        ctx.plan, ctx.n_rounds, ctx.k, ctx.group, ctx.backend, ctx.overlap = plan, count.get(), k, group, backend, overlap
+        ctx.plan, ctx.n_rounds, ctx.k, ctx.group, ctx.backend, ctx.overlap = plan, count.ran, k, group, backend, overlap
         return y_pairs[:n]
 
     @staticmethod
@@ -217,9 +249,11 @@ class _EPExperts(torch.autograd.Function):
                 dxin = grouped_mm(dhg, w_gate, offs, None, backend) + grouped_mm(dhu, w_up, offs, None, backend)
                 torch.index_select(dxin, 0, maps.compute_row, out=out)
 
-            for slices in plan.rounds(lambda: ctx.n_rounds):
+            for r, (slices, _) in enumerate(plan.rounds()):
                 _run_round(slices, buf, send, receive, compute,
                            lambda maps, back: dx_pairs.index_copy_(0, maps.pair_slot, back), ctx.group, ctx.overlap)
+                if r + 1 == ctx.n_rounds:
+                    break
         dx = dx_pairs[:n].view(-1, k, latent).sum(1)                            # slot order: deterministic
         dwg, dwu, dwd = (g.to(w.dtype) for g, w in zip(grads, (w_gate, w_up, w_down)))
         return dx, dwg, dwu, dwd, None, None, None, None, None
@@ -230,14 +264,18 @@ class ExpertParallelExperts(nn.Module):
 
     forward(x (T, latent), expert_idx (T, k), gate (T, k)) -> (T, latent), the same contract as
     `RoutedExperts`. `capacity_per_expert` None: one round always fits (capacity = all pairs of
-    the group / group_size). `chunks_per_round`: slices per round (2: communication overlaps
+    the group / group_size). `capacity_factor` f instead: capacity ceil(f·P·n / E), f times the
+    balanced load, and each source sends each peer at most ceil(f·n / P) rows a round, so the
+    exchanges move f times the routed rows instead of P times (overflow waits for another round).
+    Both default to the `experts`' own. `chunks_per_round`: slices per round (2: communication overlaps
     compute in a one-round step); `overlap` False issues the same exchanges blocking (a reference).
     `last_stats` = {rounds, tokens_per_expert (global), buffer_rows, peer_rows, ...}: reading it
     reads the device once; `last_rounds` is the round count as a 0-d device tensor.
     """
 
     def __init__(self, experts: RoutedExperts, group: Any, *, capacity_per_expert: int | None = None,
-                 group_size: int | None = None, chunks_per_round: int = 2, overlap: bool = True):
+                 capacity_factor: float | None = None, group_size: int | None = None, chunks_per_round: int = 2,
+                 overlap: bool = True):
         super().__init__()
         self.group = group
         self.n_ranks, self.rank = dist.get_world_size(group), dist.get_rank(group)
@@ -246,9 +284,16 @@ class ExpertParallelExperts(nn.Module):
             experts.group_size, max(1, E // self.n_ranks)))
         self.n_experts = E
         self.latent_dim, self.hidden, self.backend = experts.latent_dim, experts.hidden, experts.backend
-        self.capacity_per_expert = capacity_per_expert if capacity_per_expert is not None else experts.capacity_per_expert
-        if self.capacity_per_expert is not None and self.capacity_per_expert < 1:
-            raise ExpertParallelError(f"capacity_per_expert must be >= 1 or None, got {self.capacity_per_expert}")
+        if capacity_per_expert is None and capacity_factor is None:
+            capacity_per_expert, capacity_factor = experts.capacity_per_expert, experts.capacity_factor
+        self.capacity_per_expert, self.capacity_factor = capacity_per_expert, capacity_factor
+        if capacity_per_expert is not None and capacity_per_expert < 1:
+            raise ExpertParallelError(f"capacity_per_expert must be >= 1 or None, got {capacity_per_expert}")
+        if capacity_factor is not None and not (capacity_factor > 0 and math.isfinite(capacity_factor)):
+            raise ExpertParallelError(f"capacity_factor must be a finite number > 0 or None, got {capacity_factor}")
+        if capacity_per_expert is not None and capacity_factor is not None:
+            raise ExpertParallelError(f"capacity_per_expert={capacity_per_expert} and capacity_factor="
+                                      f"{capacity_factor} both size the rounds: set one")
         if chunks_per_round < 1:
             raise ExpertParallelError(f"chunks_per_round must be >= 1, got {chunks_per_round}")
         self.chunks_per_round, self.overlap = chunks_per_round, overlap
@@ -261,13 +306,19 @@ class ExpertParallelExperts(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"experts {self.rank * self.local_experts}..{(self.rank + 1) * self.local_experts - 1} of "
-                f"{self.n_experts}, capacity_per_expert={self.capacity_per_expert}, group_size={self.group_size}, "
+                f"{self.n_experts}, capacity_per_expert={self.capacity_per_expert}, capacity_factor="
+                f"{self.capacity_factor}, group_size={self.group_size}, "
                 f"chunks_per_round={self.chunks_per_round}")
 
     def layout(self, n_pairs: int) -> EPLayout:
         """The static sizes of a call with `n_pairs` (token, slot) pairs on every rank."""
-        capacity = self.capacity_per_expert or max(1, math.ceil(n_pairs * self.n_ranks / self.group_size))
-        return EPLayout(self.n_ranks, self.n_experts, self.group_size, capacity, n_pairs, self.chunks_per_round)
+        peer_capacity = None
+        if self.capacity_factor is not None:
+            capacity, peer_capacity = factor_capacities(self.capacity_factor, self.n_ranks, self.n_experts, n_pairs)
+        else:
+            capacity = self.capacity_per_expert or max(1, math.ceil(n_pairs * self.n_ranks / self.group_size))
+        return EPLayout(self.n_ranks, self.n_experts, self.group_size, capacity, n_pairs, self.chunks_per_round,
+                        peer_capacity)
 
     @property
     def last_stats(self) -> dict:
@@ -304,7 +355,8 @@ class ExpertParallelExperts(nn.Module):
             y_pairs = x.new_zeros(0, self.latent_dim, dtype=dtype)
         out = torch.bmm(gate.to(dtype).unsqueeze(1), y_pairs.view(n_tokens, k, self.latent_dim)).squeeze(1)
         self._stats = {"rounds": plan.n_rounds, "tokens_per_expert": plan.total, "capacity_per_expert": lay.capacity,
-                       "group_size": self.group_size, "buffer_rows": lay.compute_rows, "peer_rows": lay.peer_rows,
+                       "peer_capacity": lay.peer_capacity, "group_size": self.group_size,
+                       "buffer_rows": lay.compute_rows, "peer_rows": lay.peer_rows,
                        "chunks_per_round": lay.chunks, "max_rounds": lay.max_rounds}
         self._stats_host = None
         return out

@@ -348,3 +348,25 @@ def test_rung_model_with_tiny_capacity_equals_plain_dropless():
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
     for name, grad in results[0][1].items():
         torch.testing.assert_close(results[1][1][name], grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0, 1.5])
+def test_capacity_factor_is_that_multiple_of_the_balanced_load(factor):
+    """ceil(factor x T*k / E) slots per expert: below 1 a balanced step takes more than one round, and
+    the output and gradients stay the float64 loop's."""
+    torch.manual_seed(0)
+    module = RoutedExperts(E, LATENT, HIDDEN, capacity_factor=factor, group_size=2)
+    got, want = run_both(module, routing("skewed"))
+    assert_close(got, want, rtol=1e-4, atol=1e-5)
+    stats = module.last_stats
+    assert stats["capacity_per_expert"] == math.ceil(factor * T * K / E)
+    module(torch.randn(T, LATENT), routing("balanced"), torch.rand(T, K))
+    assert module.last_stats["rounds"] == (2 if factor < 1 else 1)
+
+
+@pytest.mark.parametrize("kwargs,match", [({"capacity_factor": 0.0}, "capacity_factor must be"),
+                                          ({"capacity_factor": float("nan")}, "capacity_factor must be"),
+                                          ({"capacity_factor": 1.5, "capacity_per_expert": 4}, "set one")])
+def test_capacity_factor_is_refused_when_it_cannot_size_the_rounds(kwargs, match):
+    with pytest.raises(MoEConfigError, match=match):
+        RoutedExperts(E, LATENT, HIDDEN, **kwargs)

@@ -7,7 +7,8 @@ agree under random routing with a small capacity (several rounds) and under the 
 of balanced routing at the same calibrated capacity; with one slice per round and with two; and the
 overlapped exchange (asynchronous, slice i+1's dispatch and slice i's return in flight during the
 GEMMs) must give exactly what the same exchanges give blocking. Forward and backward read the host
-never when the layout admits one round, once per forward when the capacity allows several.
+never when the layout admits one round, once per forward when the capacity allows several, and
+once per round under a capacity factor (whose per-peer cap leaves no closed-form round count).
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ def _ep_step(rank: int, world: int, kind: str, capacity: int | None, group_size:
             "cots": cots}
 
 
-def _check(rank: int, world: int, kind: str, capacity: int, group_size: int, chunks: int = 2) -> dict:
-    got = _ep_step(rank, world, kind, capacity, group_size, chunks_per_round=chunks)
+def _check(rank: int, world: int, kind: str, capacity: int | None, group_size: int, chunks: int = 2, **ep_kwargs) -> dict:
+    got = _ep_step(rank, world, kind, capacity, group_size, chunks_per_round=chunks, **ep_kwargs)
     full = got["full"]
     xr = torch.cat(got["xs"]).requires_grad_(True)
     ref = full(xr, torch.cat(got["idx"]), torch.cat(got["gates"]))
@@ -96,6 +97,12 @@ def _worker(rank: int, world: int) -> None:
     assert worst["rounds"] == math.ceil(pairs / (2 * balanced_capacity)), worst["rounds"]
     assert worst["peak"] <= 1.10 * bal["peak"], f"rank {rank}: worst-case peak {worst['peak']} vs balanced {bal['peak']}"
     assert bal["peak"] > 0
+    # capacity factor 1.5: 72 slots per expert, 36 rows per peer a round (96 pairs per rank): balanced
+    # routing in one round; the worst sends rank 0 96-row blocks, 3 rounds of the 36-row cap
+    bal = _check(rank, world, "balanced", None, group_size=2, capacity_factor=1.5)
+    worst = _check(rank, world, "worst", None, group_size=2, capacity_factor=1.5)
+    assert (bal["rounds"], worst["rounds"]) == (1, 3), (bal["rounds"], worst["rounds"])
+    assert worst["peak"] <= 1.10 * bal["peak"], f"rank {rank}: factor 1.5, worst {worst['peak']} vs {bal['peak']}"
 
 
 def test_expert_parallel_matches_single_process_and_memory_is_flat():
@@ -118,10 +125,13 @@ def test_overlapped_exchange_equals_the_blocking_one_exactly():
 
 def _reads_worker(rank: int, world: int, out) -> None:
     result = {}
-    for label, kind, capacity in (("one round", "random", None), ("one round, skewed", "worst", None),
-                                  ("rounds from the routing", "worst", 6)):
+    for label, kind, capacity, factor in (("one round", "random", None, None), ("one round, skewed", "worst", None, None),
+                                          ("rounds from the routing", "worst", 6, None),
+                                          ("factor, balanced", "balanced", None, 1.5),
+                                          ("factor, skewed", "worst", None, 1.5)):
         full, xs, idx, gates, cots = _inputs(rank, world, kind)
-        ep = ExpertParallelExperts(full, dist.group.WORLD, capacity_per_expert=capacity, group_size=2)
+        ep = ExpertParallelExperts(full, dist.group.WORLD, capacity_per_expert=capacity, capacity_factor=factor,
+                                   group_size=2)
         x = xs[rank].clone().requires_grad_(True)
         ep(x, idx[rank], gates[rank])                                          # warm-up: first-call set-up
         with HostSyncCounter() as forward:
@@ -149,6 +159,12 @@ def test_expert_parallel_forward_and_backward_read_the_host_only_for_a_routing_d
         assert multi["forward"] == {"aten::_local_scalar_dense (read)": 2}, multi  # one per layer call
         assert "rungs/parallel/expert_parallel.py" in multi["where"]["aten::_local_scalar_dense (read)"], multi
         assert multi["backward"] == {}, multi
+        # a capacity factor's per-peer cap has no closed round count: one read per round a call runs
+        for label, rounds in (("factor, balanced", 1), ("factor, skewed", 3)):
+            got_f = got[label]
+            assert got_f["rounds"] == rounds and got_f["max_rounds"] > 1, (label, got_f)
+            assert got_f["forward"] == {"aten::_local_scalar_dense (read)": 2 * rounds}, (label, got_f)
+            assert got_f["backward"] == {}, (label, got_f)
 
 
 def test_rejects_layouts_that_cannot_split():

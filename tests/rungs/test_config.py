@@ -1,0 +1,40 @@
+"""TrainConfig's capacity_factor: validated at the edge, carried to the model, and no key changed at its
+default (a legacy value: runs made before the field keep their trial and checkpoint keys)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rungs.config import TrainConfigError, parse_config
+from sweeps.keys import trial_key
+from tests.rungs.train_helpers import tiny_config
+
+
+def test_capacity_factor_at_its_default_changes_no_key_and_set_it_is_another_trial():
+    base = tiny_config()
+    default = {**base, "capacity_factor": None}
+    assert trial_key(default) == trial_key(base)
+    assert parse_config(default).key() == parse_config(base).key()
+    assert "capacity_factor" in parse_config(base).to_dict()
+    assert trial_key({**base, "capacity_factor": 1.5}) != trial_key(base)
+    assert parse_config({**base, "capacity_factor": 1.5}).key() != parse_config(base).key()
+
+
+def test_capacity_factor_reaches_the_routed_experts():
+    from rungs.model import Transformer
+
+    cfg = parse_config({**tiny_config(), "capacity_factor": 1.5})
+    model = Transformer(cfg.architecture())
+    assert {layer.moe.experts.capacity_factor for layer in model.layers} == {1.5}
+
+
+@pytest.mark.parametrize("extra,match", [
+    ({"capacity_factor": 0}, "capacity_factor"),
+    ({"capacity_factor": -1.0}, "capacity_factor"),
+    ({"capacity_factor": float("inf")}, "capacity_factor"),
+    ({"capacity_factor": 1.5, "capacity_per_expert": 8}, "capacity_factor=1.5 and capacity_per_expert=8"),
+    ({"capacity_factor": 1.5, "backend": "jax"}, "JAX job does not read it"),
+])
+def test_a_capacity_factor_that_cannot_size_the_rounds_is_refused(extra, match):
+    with pytest.raises(TrainConfigError, match=match):
+        parse_config({**tiny_config(), **extra})
