@@ -147,13 +147,15 @@ def render_memory(rows: list[dict]) -> None:
     title = (f"memory plan: smallest layout per rung ({format_bytes(first['gpu_memory_bytes'])} per GPU, "
              f"{first['headroom']:.0%} kept free, {first['gpus_per_node']} GPUs per node, {first['precision']}); "
              f"per-rank bytes")
-    columns = ["L", "GPUs", "nodes", "dp", "ep", "micro", "accum", "AC", "params", "grads", "optim", "activ",
+    # cap×: the MoE capacity factor (capacity per round / balanced load; "-": one round always fits)
+    columns = ["L", "GPUs", "nodes", "dp", "ep", "micro", "accum", "AC", "cap×", "params", "grads", "optim", "activ",
                "buffers", "peak", "usable"]
     table_rows = []
     for r in rows:
         lay, mem = r["layout"], r["memory"]
+        factor = lay["capacity_factor"]
         table_rows.append([r["L"], lay["gpus"], lay["nodes"], lay["dp"], lay["ep"], lay["micro_batch_sequences"],
-                           lay["accumulation_steps"], lay["checkpointing"],
+                           lay["accumulation_steps"], lay["checkpointing"], "-" if factor is None else f"{factor:g}",
                            *(format_bytes(mem[k]) for k in ("params", "grads", "optimizer", "activations", "buffers",
                                                             "total")),
                            format_bytes(lay["usable_bytes"])])

@@ -22,8 +22,9 @@ What it counts, per rank (bytes):
   torch model (`rungs.model`, `rungs.moe`, `rungs.parallel.expert_parallel`) saves it: RMSNorm's
   input and normalised rows, each linear's input, flash attention's q, k, v, output and
   log-sum-exp (no mask tensor: `rungs.attention`), RoPE's rotation tables, the router's
-  probabilities, indices and gates, the routed experts' dispatched rows and hidden
-  pre-activations (one round, the dropless default), the shared expert's hidden tensors, the
+  probabilities, indices and gates, the routed experts' (`ladder.plan.expert_memory`: one
+  process, the dispatched rows and hidden pre-activations of a one-round call; under ep, the
+  per-pair outputs and the plan), the shared expert's hidden tensors, the
   load-balancing loss's stacked probabilities, the final norm, and the loss: chunked
   (`rungs.loss`: its saved gradients of the hidden rows and head weight) or, when the micro-batch
   fits one chunk or the step takes logits, the head's input and the fp32 log-probabilities (plus
@@ -32,9 +33,10 @@ What it counts, per rank (bytes):
   blocks' matrices and routers; expert stacks under ep, which `ExpertParallelExperts` casts);
 - buffers: the transients on top of that at the worst moment: FSDP2's gathered (unsharded) fp32 root
   (embedding, LM head) through forward and backward, two blocks' gathered parameters (current + prefetch)
-  and one block's unsharded gradients before the reduce-scatter; one layer's expert backward
-  (fp32 weight-gradient accumulators, round buffers, and under ep the fixed all-to-all send and
-  receive buffers of `ExpertParallelExperts`); cross-entropy's backward over the logits; and with
+  and one block's unsharded gradients before the reduce-scatter; one layer's expert forward and
+  backward (fp32 weight-gradient accumulators, round buffers, and under ep the fixed all-to-all
+  exchange and compute buffers of `ExpertParallelExperts`, sized by the capacity factor:
+  `ladder.plan.expert_memory`); cross-entropy's backward over the logits; and with
   checkpointing the one layer being recomputed. The largest of these phases is what counts.
 
 Left out: the CUDA context, NCCL's own buffers and allocator fragmentation (the `headroom`
@@ -49,7 +51,8 @@ does not make).
 
 Checked against measurements at small shapes on CPU (tests/ladder/plan/test_memory.py: the real
 tensors' bytes, autograd's saved tensors, torch's MemTracker peak over a step), within 15%: one
-process (fp32 under each checkpointing, and bf16 autocast), 2 gloo ranks dp=2 and ep=2. Those
+process (fp32 under each checkpointing, and bf16 autocast), 2 gloo ranks dp=2 and ep=2 (with and
+without a capacity factor), and one expert-parallel layer call on its own. Those
 shapes take the one-chunk loss; the many-chunk branch is counted from `rungs.loss`'s code.
 """
 
@@ -63,10 +66,11 @@ from math import prod
 from typing import Any
 
 from ladder.errors import LadderInputError
+from ladder.plan.expert_memory import expert_activations, expert_backward, expert_forward, planned_capacity_factor
 from rungs.architecture import Architecture, layer_shapes, parameter_shapes
 
 __all__ = ["CHECKPOINTING", "PRECISIONS", "Layout", "LayoutChoice", "MemoryBreakdown", "choose_layout",
-           "format_bytes", "memory_breakdown", "parse_bytes", "planned_expert_parallel"]
+           "format_bytes", "memory_breakdown", "parse_bytes", "planned_expert_parallel", "trial_capacity_factor"]
 
 CHECKPOINTING = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16")
@@ -76,8 +80,6 @@ DEFAULT_MAX_GPUS = 4096
 LOSSES = ("chunked", "logits")
 # Logit elements per chunk of the chunked loss (rungs.loss.LOGITS_PER_CHUNK; a test holds them equal).
 LOGITS_PER_CHUNK = 1 << 25
-# grouped_mm pads the experts' row buffer to this many rows (rungs.moe._ROW_ALIGN).
-EXPERT_ROW_ALIGN = 8
 
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -114,6 +116,9 @@ class Layout:
     micro_batch_sequences: int  # per rank and micro-batch (TrainConfig's is this × world)
     checkpointing: str = "none"
     precision: str = "bf16"
+    # MoE capacity per round / balanced load (TrainConfig's capacity_factor; None: one round always
+    # fits). Under ep it also caps each peer's rows a round, sizing the all-to-all buffers.
+    capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "ep", "micro_batch_sequences"):
@@ -125,6 +130,10 @@ class Layout:
                                    field="checkpointing")
         if self.precision not in PRECISIONS:
             raise LadderInputError(f"must be one of {list(PRECISIONS)}, got {self.precision!r}", field="precision")
+        factor = self.capacity_factor
+        if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                                   or not (factor > 0 and math.isfinite(factor))):
+            raise LadderInputError(f"must be a finite number > 0 or None, got {factor!r}", field="capacity_factor")
 
     @property
     def world(self) -> int:
@@ -206,11 +215,6 @@ def state_bytes(arch: Architecture, layout: Layout, *, deferred_grads: bool = Fa
     return params, grads, optimizer
 
 
-def _expert_rows(tokens: int, arch: Architecture) -> int:
-    """Rows of the one-round expert buffer: T·k pairs padded to the grouped_mm row alignment."""
-    return -(-tokens * arch.top_k // EXPERT_ROW_ALIGN) * EXPERT_ROW_ALIGN
-
-
 def _layer_activations(arch: Architecture, layer: int, tokens: int, layout: Layout, *, lb_loss: bool,
                        z_loss: bool) -> dict[str, int]:
     """Bytes autograd saves in one block for `tokens` rows, by part (no checkpointing)."""
@@ -235,13 +239,7 @@ def _layer_activations(arch: Architecture, layer: int, tokens: int, layout: Layo
         router += n * arch.n_experts * f + n * f
     lbl = n * arch.n_experts * f + n * f if lb_loss else 0
     lat = arch.latent_dim
-    experts_in = n * lat * a + n * arch.top_k * (f + INT64_BYTES) + arch.n_experts * INT64_BYTES
-    if layout.ep > 1:
-        # ExpertParallelExperts: x, the per-pair outputs the gate's bmm saves; rounds recomputed
-        experts = experts_in + n * arch.top_k * lat * a
-    else:
-        rows = _expert_rows(n, arch)
-        experts = experts_in + rows * (lat + 2 * arch.expert_hidden) * a  # the kept one-round slab
+    experts = expert_activations(*_expert_shape(arch), n, layout.ep, a, layout.capacity_factor)
     latent_up = n * lat * a if arch.has_latent_projection else 0
     shared = 4 * n * arch.shared_hidden * arch.n_shared_experts * a
     return {"attn_norm": norm, "attention": attn_inputs + rope + sdpa, "moe_norm": norm, "moe_inputs": moe_inputs,
@@ -259,32 +257,8 @@ def _checkpointed(parts: dict[str, int], tokens: int, arch: Architecture, checkp
     return sum(parts.values())
 
 
-def _expert_backward(arch: Architecture, tokens: int, layout: Layout) -> int:
-    """One layer's expert backward on top of the saved tensors (rungs.moe / expert_parallel)."""
-    a = BF16_BYTES if layout.precision == "bf16" else FP32_BYTES
-    lat, hid, k = arch.latent_dim, arch.expert_hidden, arch.top_k
-    local = arch.n_experts // layout.ep
-    accumulators = 3 * local * hid * lat * FP32_BYTES  # fp32 weight-gradient sums over rounds
-    pairs = tokens * k
-    if layout.ep > 1:
-        fixed = local * math.ceil(pairs * layout.ep / local)  # receive buffer rows: every pair of the group
-        exchange = (2 * fixed * 2 * lat + fixed * lat + 3 * pairs * lat) * a  # pack ×2, dx, back, dx_pairs, rows
-        work = pairs * (6 * hid + 3 * lat) * a  # xin, dy, hg, hu, sig, silu, dh, dhu, dhg
-        return accumulators + exchange + work
-    rows = _expert_rows(tokens, arch)
-    return accumulators + (rows * lat + pairs * lat + rows * 4 * hid + rows * lat) * a + pairs * FP32_BYTES
-
-
-def _expert_forward_exchange(arch: Architecture, tokens: int, layout: Layout) -> int:
-    """ExpertParallelExperts' forward buffers: two receive buffers, the output buffer, the return
-    buffer and the rows sent, all sized for the group's pairs; plus the round's hidden rows."""
-    if layout.ep == 1:
-        return 0
-    a = BF16_BYTES if layout.precision == "bf16" else FP32_BYTES
-    lat, pairs = arch.latent_dim, tokens * arch.top_k
-    local = arch.n_experts // layout.ep
-    fixed = local * math.ceil(pairs * layout.ep / local)
-    return (3 * fixed * lat + 2 * pairs * lat + pairs * lat + 2 * pairs * arch.expert_hidden) * a
+def _expert_shape(arch: Architecture) -> tuple[int, int, int, int]:
+    return arch.n_experts, arch.top_k, arch.latent_dim, arch.expert_hidden
 
 
 def job_loss(layout: Layout) -> str:
@@ -361,11 +335,13 @@ def memory_breakdown(arch: Architecture, layout: Layout, *, accumulation_steps: 
     fsdp_forward = 2 * biggest * gather
     fsdp_backward = 2 * biggest * gather + biggest * (a + (f if bf16 else 0))
     recompute = max(sum(p.values()) for p in layers) if layout.checkpointing != "none" else 0
+    experts = _expert_shape(arch)
     # The root is gathered through forward and again once backward reaches the head, so not while
     # the loss's own backward (the step's cross-entropy over the logits) runs before it.
     phases = {
-        "forward": root + fsdp_forward + _expert_forward_exchange(arch, tokens, layout),
-        "backward": root + fsdp_backward + _expert_backward(arch, tokens, layout) + recompute,
+        "forward": root + fsdp_forward + expert_forward(*experts, tokens, layout.ep, a, layout.capacity_factor),
+        "backward": root + fsdp_backward + expert_backward(*experts, tokens, layout.ep, a, layout.capacity_factor)
+        + recompute,
         "loss": loss_transient,
     }
     buffers = max(phases.values())
@@ -401,7 +377,8 @@ class LayoutChoice:
                 # sequences) and the launch's workers and ep
                 "train_config": {"micro_batch_sequences": self.layout.micro_batch_sequences * self.layout.world,
                                  "activation_checkpointing": self.layout.checkpointing,
-                                 "precision": self.layout.precision},
+                                 "precision": self.layout.precision,
+                                 "capacity_factor": self.layout.capacity_factor},
                 "resources": {"workers": self.layout.world, "ep": self.layout.ep}}
 
 
@@ -437,7 +414,9 @@ def choose_layout(arch: Architecture, *, batch_sequences: int, gpu_memory_bytes:
 
     Order: fewest GPUs; then the least recompute (checkpointing none, selective, full); then the
     largest micro-batch (fewest accumulation steps); then ep within one node before ep across
-    nodes; then the least memory. Raises LadderInputError saying why when nothing fits.
+    nodes; then the least memory. An expert-parallel layout runs at the planner's capacity factor
+    (`ladder.plan.expert_memory.PLANNED_CAPACITY_FACTOR`): all-to-all buffers and send volume at
+    1.5x the balanced load instead of ep x. Raises LadderInputError saying why when nothing fits.
     """
     for name, value in (("gpus_per_node", gpus_per_node), ("max_gpus", max_gpus), ("batch_sequences", batch_sequences)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -457,7 +436,7 @@ def choose_layout(arch: Architecture, *, batch_sequences: int, gpu_memory_bytes:
             for micro in sorted(_divisors(per_rank), reverse=True):
                 for ep in _valid_eps(arch, world, None):
                     layout = Layout(dp=world // ep, ep=ep, micro_batch_sequences=micro, checkpointing=ckpt,
-                                    precision=precision)
+                                    precision=precision, capacity_factor=planned_capacity_factor(ep))
                     mem = memory_breakdown(arch, layout, accumulation_steps=per_rank // micro, lb_loss=lb_loss,
                                            z_loss=z_loss, loss=loss)
                     if mem.total <= usable:
@@ -482,10 +461,21 @@ def choose_layout(arch: Architecture, *, batch_sequences: int, gpu_memory_bytes:
         f"{format_bytes(mem.buffers)})", field="--gpu-memory")
 
 
+def trial_capacity_factor(config: dict[str, Any], ep: int) -> float | None:
+    """The capacity factor a torch trial of `ep` runs with: its config's, none when the config fixes
+    `capacity_per_expert` (or runs the JAX job, which does not read it), else the planner's."""
+    if config.get("backend") == "jax":
+        return None
+    return planned_capacity_factor(ep, capacity_per_expert=config.get("capacity_per_expert"),
+                                   capacity_factor=config.get("capacity_factor"))
+
+
 def planned_expert_parallel(config: dict[str, Any], *, workers: int, gpu: bool) -> int:
     """The ep a multi-worker trial runs with when its spec does not set one: among the ep sizes the
     trial's workers and experts allow, the one with the least per-rank peak for the trial's own
-    micro-batch (the config's `micro_batch_sequences`, whole batch when unset) and precision."""
+    micro-batch (the config's `micro_batch_sequences`, whole batch when unset), precision and
+    capacity factor (`trial_capacity_factor`; a fixed `capacity_per_expert` is counted as the
+    default's buffers, an upper bound)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise LadderInputError(f"must be a positive integer, got {workers!r}", field="resources.workers")
     if workers == 1:
@@ -503,7 +493,7 @@ def planned_expert_parallel(config: dict[str, Any], *, workers: int, gpu: bool) 
     options = []
     for ep in _valid_eps(arch, workers, config.get("group_size")):
         layout = Layout(dp=workers // ep, ep=ep, micro_batch_sequences=micro, checkpointing=checkpointing,
-                        precision=precision)
+                        precision=precision, capacity_factor=trial_capacity_factor(config, ep))
         mem = memory_breakdown(arch, layout, accumulation_steps=accumulation, lb_loss=lb_loss, z_loss=z_loss)
         options.append((mem.total, -ep, ep))
     return min(options)[2]

@@ -33,6 +33,8 @@ def test_acceptance_command_fits_every_rung(capsys):
         assert r["batch_sequences"] % lay["gpus"] == 0 and r["n_experts"] % lay["ep"] == 0
         per_rank = r["batch_sequences"] // lay["gpus"]
         assert lay["accumulation_steps"] * lay["micro_batch_sequences"] == per_rank
+        # expert parallelism runs at the planner's capacity factor, and the config says so
+        assert lay["capacity_factor"] == lay["train_config"]["capacity_factor"] == (1.5 if lay["ep"] > 1 else None)
     # larger rungs never need fewer GPUs
     gpus = [r["layout"]["gpus"] for r in rungs]
     assert gpus == sorted(gpus) and gpus[-1] > 8  # L42 spans nodes
@@ -41,7 +43,7 @@ def test_acceptance_command_fits_every_rung(capsys):
 def test_table_shows_the_memory_plan(capsys):
     rc, out, _ = run_cli(capsys, *ACCEPTANCE)
     assert rc == 0
-    assert "memory plan" in out and "141.0 GB per GPU" in out and "source scaling" in out
+    assert "memory plan" in out and "141.0 GB per GPU" in out and "source scaling" in out and "cap×" in out
 
 
 def test_no_memory_keys_without_the_flag(capsys):

@@ -1,5 +1,6 @@
 """The memory planner against measured memory at small shapes on CPU (one process, 2 gloo ranks
-dp=2, 2 gloo ranks ep=2), plus its search, its input checks and the sweep's ep resolution.
+dp=2, 2 gloo ranks ep=2 with and without a capacity factor, one expert-parallel layer call on its
+own), plus its search, its input checks and the sweep's ep resolution.
 
 Measured, not derived: parameter, gradient and optimizer bytes are the storages of the real
 tensors after a step; activation bytes are the storages autograd saves during one micro-batch
@@ -12,6 +13,7 @@ accumulation). The planner must land within 15% of each.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor import DTensor
 
 from ladder.errors import LadderInputError
+from ladder.plan import expert_memory
 from ladder.plan.memory import Layout, job_loss, memory_breakdown
 from rungs.architecture import ModelConfig
 from rungs.model import Transformer
@@ -117,14 +120,15 @@ def _single_process(loss: str, checkpointing: str = "none") -> dict[str, int]:
     return _measure(model, optimizer, step, _batches(0), loss)
 
 
-def _sharded(rank: int, world: int, ep: int, loss: str, precision: str, out) -> None:
+def _sharded(rank: int, world: int, ep: int, loss: str, precision: str, capacity_factor: float | None, out) -> None:
     from rungs.parallel.distributed import (build_optimizer, clip_grad_norm, lbl_reduce, parallelize,
                                             reduce_expert_grads, setup)
 
     BF16[0] = precision == "bf16"  # bf16: autocast, and FSDP's mixed precision (bf16 gathers, fp32 reduce)
     par = setup(ep=ep, device_type="cpu")
     torch.manual_seed(0)
-    model = parallelize(Transformer(ARCH), par, param_dtype=torch.bfloat16 if BF16[0] else None)
+    arch = dataclasses.replace(ARCH, capacity_factor=capacity_factor)
+    model = parallelize(Transformer(arch), par, param_dtype=torch.bfloat16 if BF16[0] else None)
     optimizer = build_optimizer(model, par, lr=1e-3, weight_decay=0.1)
 
     def step(batches, before_micro_batch):  # rungs.parallel.distributed.train_step's collectives, loss path chosen here
@@ -175,14 +179,64 @@ def test_checkpointing_within_15_percent(checkpointing):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ep,precision", [(1, "fp32"), (2, "fp32"), (1, "bf16")])
-def test_two_ranks_within_15_percent(ep, precision):
+@pytest.mark.parametrize("ep,precision,capacity_factor", [(1, "fp32", None), (2, "fp32", None), (1, "bf16", None),
+                                                          (2, "fp32", 1.5)])
+def test_two_ranks_within_15_percent(ep, precision, capacity_factor):
     out = torch.multiprocessing.Manager().dict()
-    layout = Layout(dp=2 // ep, ep=ep, micro_batch_sequences=MICRO, precision=precision)
+    layout = Layout(dp=2 // ep, ep=ep, micro_batch_sequences=MICRO, precision=precision, capacity_factor=capacity_factor)
     loss = job_loss(layout)  # the sharded step gives the model the targets: the chunked loss path
-    run_ranks(_sharded, 2, ep, loss, precision, out)
+    run_ranks(_sharded, 2, ep, loss, precision, capacity_factor, out)
     for rank in range(2):
         _check(out[rank], layout, loss)
+
+
+def _ep_call(rank: int, world: int, shape: tuple, out) -> None:
+    """One ExpertParallelExperts call: its forward's transients (peak less what outlives the call) and
+    its backward's peak, parameters and gradients left out (MemTracker's own categories)."""
+    from rungs.moe import RoutedExperts
+    from rungs.parallel.expert_parallel import ExpertParallelExperts
+
+    E, k, lat, hid, tokens, factor = shape
+    torch.manual_seed(0)
+    ep = ExpertParallelExperts(RoutedExperts(E, lat, hid), torch.distributed.group.WORLD, capacity_factor=factor)
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(tokens, lat, generator=gen).requires_grad_(True)
+    idx = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(tokens)])
+    gate = torch.rand(tokens, k, generator=gen)
+    ep(x, idx, gate).sum().backward()  # gradients exist, as from the second micro-batch on
+
+    def measured(tracker: MemTracker, snapshot: str) -> int:
+        (by_kind,) = tracker.get_tracker_snapshot(snapshot).values()
+        return sum(v for kind, v in by_kind.items() if kind != "Total" and kind.value not in ("Parameter", "Gradient"))
+
+    forward = MemTracker()
+    forward.track_external(ep, x)
+    with forward:
+        y = ep(x, idx, gate)
+    grad = torch.ones_like(y)
+    backward = MemTracker()
+    backward.track_external(ep, x)
+    with backward:
+        y.backward(grad)
+    out[rank] = {"forward": measured(forward, "peak") - measured(forward, "current"),
+                 "backward": measured(backward, "peak"), "rounds": ep.last_stats["rounds"]}
+
+
+@pytest.mark.parametrize("capacity_factor", [None, 1.5])
+def test_an_expert_parallel_call_within_15_percent(capacity_factor):
+    """The exchange, compute and index buffers of one layer call (fp32, 2 gloo ranks, 8 experts top-2,
+    512 tokens a rank): what the planner adds to a phase for the experts, against the measured call."""
+    from ladder.plan.expert_memory import expert_backward, expert_forward
+
+    E, k, lat, hid, tokens = 8, 2, 128, 256, 512
+    out = torch.multiprocessing.Manager().dict()
+    run_ranks(_ep_call, 2, (E, k, lat, hid, tokens, capacity_factor), out)
+    planned = {"forward": expert_forward(E, k, lat, hid, tokens, 2, 4, capacity_factor),
+               "backward": expert_backward(E, k, lat, hid, tokens, 2, 4, capacity_factor)}
+    for rank in range(2):
+        assert out[rank]["rounds"] == 1
+        for phase, plan in planned.items():
+            assert plan == pytest.approx(out[rank][phase], rel=0.15), (capacity_factor, rank, phase, plan, out[rank])
 
 
 # --- the planner's arithmetic, search and input checks (no measurement) ---
@@ -253,8 +307,44 @@ def test_parse_bytes_refuses_bad_sizes(text):
         parse_bytes(text)
 
 
+def test_a_capacity_factor_shrinks_only_the_expert_parallel_buffers():
+    """At L18's real shapes (ep=8, one sequence a rank) the exchange buffers follow the factor: the
+    forward's 8 exchange buffers hold 8·ceil(n/2) rows by default and 1.5x the balanced share at 1.5."""
+    from ladder.plan.generator import plan_ladder
+    from ladder.plan.recipe import load_recipe
+
+    arch = plan_ladder(load_recipe("mai-base-2"), [18], None)[0].arch
+    default, factor = (memory_breakdown(arch, Layout(dp=1, ep=8, micro_batch_sequences=1, capacity_factor=f))
+                       for f in (None, 1.5))
+    assert factor.states == default.states and factor.activations < default.activations
+    rows = 4096 * 7                                   # pairs a rank routes
+    saved = 8 * (8 * rows // 2 - 8 * math.ceil(1.5 * rows / 8 / 2)) * arch.latent_dim * 2   # bf16 rows
+    exchange = default.details["buffers_forward"] - factor.details["buffers_forward"]
+    assert exchange > saved  # the compute buffer and index maps shrink too
+    assert default.buffers > 1.8 * factor.buffers
+    one = Layout(dp=8, ep=1, micro_batch_sequences=1)
+    assert memory_breakdown(arch, one).total == memory_breakdown(arch, dataclasses.replace(one, capacity_factor=1.5)).total
+
+
+def test_choose_layout_gives_expert_parallel_layouts_the_planned_factor():
+    from ladder.plan.expert_memory import PLANNED_CAPACITY_FACTOR, planned_capacity_factor
+    from ladder.plan.memory import choose_layout
+
+    choice = choose_layout(ARCH, batch_sequences=16, gpu_memory_bytes=10**12)
+    assert choice.layout.ep == 1 and choice.layout.capacity_factor is None
+    mem_1 = memory_breakdown(ARCH, Layout(dp=1, ep=1, micro_batch_sequences=1, checkpointing="full")).total
+    spread = choose_layout(ARCH, batch_sequences=16, gpu_memory_bytes=int(mem_1 * 0.9), headroom=0.0)
+    assert spread.layout.ep > 1 and spread.layout.capacity_factor == planned_capacity_factor(spread.layout.ep) == 1.5
+    assert spread.to_dict()["train_config"]["capacity_factor"] == spread.layout.capacity_factor
+    assert planned_capacity_factor(8) == PLANNED_CAPACITY_FACTOR == 1.5
+    assert planned_capacity_factor(1) is None            # no exchange to size
+    assert planned_capacity_factor(8, capacity_per_expert=64) is None and planned_capacity_factor(8, capacity_factor=2.0) == 2.0
+
+
 @pytest.mark.parametrize("kwargs,field", [({"dp": 0}, "dp"), ({"ep": 1.5}, "ep"), ({"checkpointing": "some"}, "checkpointing"),
-                                          ({"precision": "fp8"}, "precision"), ({"micro_batch_sequences": True}, "micro")])
+                                          ({"precision": "fp8"}, "precision"), ({"micro_batch_sequences": True}, "micro"),
+                                          ({"capacity_factor": 0.0}, "capacity_factor"),
+                                          ({"capacity_factor": float("inf")}, "capacity_factor")])
 def test_layout_refuses_bad_values(kwargs, field):
     base = {"dp": 1, "ep": 1, "micro_batch_sequences": 1}
     with pytest.raises(LadderInputError, match=field):
@@ -263,9 +353,32 @@ def test_layout_refuses_bad_values(kwargs, field):
 
 def test_mirrored_constants_match_the_job():
     """The planner cannot import torch code; the two sizes it copies must stay the job's."""
+    import inspect
+
     import rungs.loss
     import rungs.moe
     from ladder.plan import memory
+    from rungs.parallel import ep_plan
+    from rungs.parallel.expert_parallel import ExpertParallelExperts
 
     assert memory.LOGITS_PER_CHUNK == rungs.loss.LOGITS_PER_CHUNK
-    assert memory.EXPERT_ROW_ALIGN == rungs.moe._ROW_ALIGN
+    assert expert_memory.EXPERT_ROW_ALIGN == rungs.moe._ROW_ALIGN == ep_plan.ROW_ALIGN
+    chunks = inspect.signature(ExpertParallelExperts.__init__).parameters["chunks_per_round"].default
+    assert expert_memory.EP_CHUNKS == chunks
+
+
+@pytest.mark.parametrize("experts,ep,pairs", [(8, 2, 256), (512, 8, 4096 * 7), (512, 4, 8 * 4096 * 7), (12, 3, 40),
+                                              (512, 64, 2 * 4096 * 7)])
+@pytest.mark.parametrize("factor", [None, 0.7, 1.5, 3.0])
+def test_the_planners_exchange_sizes_are_the_jobs(experts, ep, pairs, factor):
+    """ladder.plan.expert_memory mirrors EPLayout's buffer rows (it cannot import torch code)."""
+    from rungs.parallel.ep_plan import EPLayout, factor_capacities
+
+    if factor is None:  # ExpertParallelExperts' default: one group per rank, every pair fits one round
+        local = experts // ep
+        capacity, peer = math.ceil(pairs * ep / local), None
+    else:
+        capacity, peer = factor_capacities(factor, ep, experts, pairs)
+        assert (capacity, peer) == expert_memory.factor_capacities(factor, ep, experts, pairs)
+    lay = EPLayout(ep, experts, experts // ep, capacity, pairs, chunks=expert_memory.EP_CHUNKS, peer_capacity=peer)
+    assert expert_memory.ep_rows(experts, ep, pairs, factor) == (ep * lay.peer_rows, lay.compute_rows)
