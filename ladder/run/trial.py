@@ -15,7 +15,7 @@ import math
 import time
 from pathlib import Path
 
-from ladder.plan.memory import planned_expert_parallel
+from ladder.plan.memory import planned_expert_parallel, trial_capacity_factor
 from ladder.run.sweep_runs import TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, tag_run
 
 log = logging.getLogger(__name__)
@@ -68,11 +68,24 @@ def expert_parallel_size(payload: dict) -> int:
     return planned_expert_parallel(payload["config"], workers=res["workers"], gpu=res["gpus"] > 0)
 
 
+def launch_config(payload: dict, ep: int) -> dict:
+    """The config a multi-worker torch trial of `ep` launches with: its own, plus the memory planner's
+    capacity factor under expert parallelism when the spec fixes neither capacity_factor nor
+    capacity_per_expert (`ladder.plan.memory.trial_capacity_factor`: all-to-all buffers at 1.5x the
+    balanced load instead of ep x). A launch detail like ep: the trial key is computed before it and
+    stays the same; the job's checkpoint key includes it, the same on every retry."""
+    config = payload["config"]
+    factor = trial_capacity_factor(config, ep)
+    if factor is None or config.get("capacity_factor") == factor:
+        return config
+    return {**config, "capacity_factor": factor}
+
+
 def _train(payload: dict, run_dir: Path):
     """One process: `rungs.train.train` (a JAX job there shards over every device the process sees).
     Several workers: `rungs.launch.launch_ray` starts Ray Train workers (one per GPU, each declaring
     its CPUs/GPUs) from inside this Tune trial: for backend=torch a `TorchTrainer` with expert
-    parallelism of `expert_parallel_size`, for backend=jax one JAX process per worker over one mesh
+    parallelism of `expert_parallel_size` at `launch_config`'s capacity factor, for backend=jax one JAX process per worker over one mesh
     (its expert axis the config's `jax_mesh_expert`); rank 0 alone tracks, so the trial is still one
     MLflow run."""
     res = payload["resources"]
@@ -85,8 +98,10 @@ def _train(payload: dict, run_dir: Path):
             log.info("trial %s: %d JAX workers", payload["key"], res["workers"])
             return launch_ray(payload["config"], **common)
         ep = expert_parallel_size(payload)
-        log.info("trial %s: %d workers as dp=%d x ep=%d", payload["key"], res["workers"], res["workers"] // ep, ep)
-        return launch_ray(payload["config"], ep=ep, **common)
+        config = launch_config(payload, ep)
+        log.info("trial %s: %d workers as dp=%d x ep=%d, MoE capacity factor %s", payload["key"], res["workers"],
+                 res["workers"] // ep, ep, config.get("capacity_factor"))
+        return launch_ray(config, ep=ep, **common)
     from rungs.train import train
 
     return train(payload["config"], run_dir=run_dir, resume=True, progress=False)
