@@ -17,6 +17,7 @@ No parallelism here: sharding is applied from outside.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -103,10 +104,84 @@ def fused_attention_available() -> bool:
     return jax.default_backend() in ("gpu", "cuda")
 
 
-def _softmax_attend(q, k, v, mask, scores: str, values: str):
-    s = jnp.einsum(scores, q, k).astype(jnp.promote_types(q.dtype, jnp.float32)) * q.shape[-1] ** -0.5
-    s = jnp.where(mask, s, -jnp.inf)  # every query sees at least itself: no all-masked row
-    return jnp.einsum(values, jax.nn.softmax(s, -1).astype(v.dtype), v)
+class _Mask(NamedTuple):
+    """Which scores a query may see (static, hashable, so it can be a custom_vjp constant).
+
+    causal: queries q0..q0+n_queries-1 of the sequence against keys 0..n_keys-1.
+    window: n_blocks blocks of `window` queries, each against the previous and its own block's
+    keys (2·window), seeing the window keys up to itself."""
+
+    kind: str
+    a: int
+    b: int
+    c: int = 0
+
+    def array(self) -> np.ndarray:
+        if self.kind == "causal":
+            q0, n_queries, n_keys = self.a, self.b, self.c
+            return np.arange(q0, q0 + n_queries)[:, None] >= np.arange(n_keys)[None, :]   # (n_queries, n_keys)
+        window, n_blocks = self.a, self.b
+        i = np.arange(window)[:, None]                  # query position in its block
+        j = np.arange(2 * window)[None, :] - window     # key position relative to the block start
+        first = np.arange(n_blocks)[:, None, None] * window
+        return (j <= i) & (i - j < window) & (first + j >= 0)                               # (nb, W, 2W)
+
+
+def _dot(spec: str, a, b, acc):
+    """einsum whose result is in `acc`. The inputs' own dtype for the product: XLA:CPU has no bf16 x bf16
+    -> f32 dot (`preferred_element_type` fails there at run time), and this is what the plain einsum
+    under bf16 computed before."""
+    return jnp.einsum(spec, a, b).astype(acc)
+
+
+def _transposed(values: str) -> str:
+    """'P,V->O' (probabilities times values) -> 'P,O->V' (the values' gradient), for any index names."""
+    inputs, out = values.split("->")
+    p, v = inputs.split(",")
+    return f"{p},{out}->{v}"
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _softmax_attend(q, k, v, mask: _Mask, scores: str, values: str):
+    """softmax(q k^T / sqrt(hd), masked) v over the last two axes of the einsum strings.
+
+    A flash-attention style custom_vjp: forward keeps q, k, v, the output and the row logsumexp
+    (per query, not per score); backward recomputes the probabilities from them, and takes the
+    softmax's row term as sum(dO * O) over hd instead of sum(dP * P) over the keys. Autodiff of the
+    plain softmax kept 4-5 score-sized arrays per layer (110 of the 193 MB an L6 step's
+    temporaries held, each page faulted in again every step) and its row reduction over the keys
+    was one of XLA:CPU's slowest fusions. Probabilities are normalised after the value matmul
+    (hd columns to divide instead of the keys')."""
+    return _attend_fwd(q, k, v, mask, scores, values)[0]
+
+
+def _attend_fwd(q, k, v, mask, scores, values):
+    acc = jnp.promote_types(q.dtype, jnp.float32)
+    s = jnp.where(mask.array(), jnp.einsum(scores, q, k).astype(acc) * q.shape[-1] ** -0.5, -jnp.inf)
+    m = jnp.max(s, -1, keepdims=True)              # every query sees at least itself: finite
+    p = jnp.exp(s - m)
+    total = jnp.sum(p, -1, keepdims=True)
+    o = _dot(values, p.astype(v.dtype), v, acc) / total
+    o = o.astype(v.dtype)
+    return o, (q, k, v, o, m + jnp.log(total))
+
+
+def _attend_bwd(mask, scores, values, res, do):
+    q, k, v, o, lse = res
+    acc = jnp.promote_types(q.dtype, jnp.float32)
+    scale = q.shape[-1] ** -0.5
+    s = jnp.einsum(scores, q, k).astype(acc) * scale
+    p = jnp.where(mask.array(), jnp.exp(s - lse), 0.0)                         # the forward's probabilities
+    dv = _dot(_transposed(values), p.astype(v.dtype), do.astype(v.dtype), acc)
+    dp = _dot(scores, do.astype(v.dtype), v, acc)
+    row = jnp.sum(do.astype(acc) * o.astype(acc), -1, keepdims=True)           # = sum_keys dP * P
+    ds = (p * (dp - row) * scale).astype(q.dtype)
+    dq = _dot(values, ds, k, acc)
+    dk = _dot(_transposed(values), ds, q, acc)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+_softmax_attend.defvjp(_attend_fwd, _attend_bwd)
 
 
 def _causal_chunks(q, k, v, n_chunks: int = 4):
@@ -118,7 +193,7 @@ def _causal_chunks(q, k, v, n_chunks: int = 4):
     C = T // n_chunks
     outs = []
     for n in range(n_chunks):
-        mask = np.arange(n * C, (n + 1) * C)[:, None] >= np.arange((n + 1) * C)[None, :]   # (C, (n+1)C)
+        mask = _Mask("causal", n * C, C, (n + 1) * C)                                    # (C, (n+1)C)
         outs.append(_softmax_attend(q[..., n * C:(n + 1) * C, :], k[..., : (n + 1) * C, :], v[..., : (n + 1) * C, :],
                                     mask, "bkgte,bkse->bkgts", "bkgts,bkse->bkgte"))
     return jnp.concatenate(outs, -2)                                          # (B, kv, g, T, hd)
@@ -145,11 +220,7 @@ def attention_core(q, k, v, window: int | None, fused: bool = False) -> jax.Arra
     # One block of zeros in front, so block n's keys are padded blocks n-1 and n.
     k, v = (jnp.pad(a, ((0, 0), (0, 0), (window, pad), (0, 0))).reshape(B, kv, nb + 1, window, hd) for a in (k, v))
     k, v = (jnp.concatenate([a[:, :, :-1], a[:, :, 1:]], 3) for a in (k, v))  # (B, kv, nb, 2W, hd)
-    i = np.arange(window)[:, None]                  # query position in its block
-    j = np.arange(2 * window)[None, :] - window     # key position relative to the block start
-    first = np.arange(nb)[:, None, None] * window
-    mask = (j <= i) & (i - j < window) & (first + j >= 0)                   # (nb, W, 2W)
-    y = _softmax_attend(q, k, v, mask, "bkgnqe,bknse->bkgnqs", "bkgnqs,bknse->bkgnqe")
+    y = _softmax_attend(q, k, v, _Mask("window", window, nb), "bkgnqe,bknse->bkgnqs", "bkgnqs,bknse->bkgnqe")
     return y.reshape(B, kv, g, nb * window, hd)[..., :T, :]
 
 
