@@ -17,7 +17,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q --durations=15
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m benchmarks --quick --json
