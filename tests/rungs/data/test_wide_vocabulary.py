@@ -20,14 +20,17 @@ from rungs.data.tokenizer import TokenIdError, ids_array, token_dtype, train_bpe
 from .conftest import demo_words, make_docs, write_jsonl, write_manifest
 from .test_sampler import plan_for
 
-ADDED = 66_000  # tokens added to a small BPE: the vocabulary passes 65,536 and ids reach ~66,300
+VOCAB = 131_072  # the mai-base-2 recipe's vocabulary: a small BPE plus added tokens up to exactly this size
+BASE_BPE = 300
+ADDED = VOCAB - BASE_BPE  # `<w0>`..`<w130771>`: ids up to 131,071
 
 
 @pytest.fixture(scope="module")
 def wide_tokenizer(tmp_path_factory):
-    """A real byte-level BPE plus 66,000 added tokens `<w0>`..`<w65999>`, saved as a tokenizer.json."""
-    tok = train_bpe([" ".join(demo_words()[:5_000])], 300)
+    """A real byte-level BPE plus added tokens `<w0>`..: 131,072 entries, saved as a tokenizer.json."""
+    tok = train_bpe([" ".join(demo_words()[:5_000])], BASE_BPE)
     tok.hf.add_tokens([f"<w{i}>" for i in range(ADDED)])
+    assert tok.hf.get_vocab_size() == VOCAB
     path = tmp_path_factory.mktemp("wide") / "tokenizer.json"
     tok.hf.save(str(path))
     return path, tok.hf.get_vocab_size()
@@ -38,7 +41,7 @@ def _with_added_tokens(docs: list[dict], seed: int) -> list[dict]:
     for d in docs:
         words = d["text"].split(" ")
         for k in rng.choice(len(words), size=3, replace=False):
-            words[k] = f"<w{rng.integers(ADDED - 500, ADDED)}>"  # ids above 65,535
+            words[k] = f"<w{rng.integers(ADDED - 500, ADDED)}>"  # ids 130,572..131,071, far above 65,535
         d["text"] = " ".join(words)
     return docs
 
@@ -63,7 +66,7 @@ def test_token_dtype_follows_the_vocabulary():
 def test_a_vocabulary_over_65536_round_trips_text_through_uint32_shards(wide_tokenizer, wide_corpus, capsys):
     manifest, out = wide_corpus
     corpus = PreparedCorpus.open(out)
-    assert corpus.meta["tokenizer"]["vocab_size"] == wide_tokenizer[1] > 65_536
+    assert corpus.meta["tokenizer"]["vocab_size"] == wide_tokenizer[1] == VOCAB
     for split, name in (("train", "a"), ("train", "b"), ("eval", "x")):
         shard = corpus.train_shard(name) if split == "train" else corpus.eval_shard(name)
         assert shard.tokens.dtype == np.uint32
@@ -71,7 +74,7 @@ def test_a_vocabulary_over_65536_round_trips_text_through_uint32_shards(wide_tok
                  (manifest.parent / ("held/x.jsonl" if name == "x" else f"{name}.jsonl")).read_text().splitlines()]
         assert [corpus.tokenizer.decode(shard.document_tokens(i).tolist()) for i in range(shard.n_docs)] == texts
         if name != "b":
-            assert int(shard.tokens.max()) > 65_535  # the added tokens kept their ids (no wrap to id - 65,536)
+            assert int(shard.tokens.max()) > VOCAB - 501  # the added tokens kept their ids (no wrap modulo 65,536)
 
 
 def test_the_sampler_and_bpb_read_uint32_ids_unchanged(wide_corpus):
@@ -88,7 +91,7 @@ def test_the_sampler_and_bpb_read_uint32_ids_unchanged(wide_corpus):
                 start, n, _ = shard.index[doc]
                 assert int(batch.inputs[r, t]) == int(shard.tokens[start + origin.token_offset])
         seen.append(int(batch.inputs.max()))
-    assert max(seen) > 65_535
+    assert max(seen) > VOCAB - 501
     vocab = corpus.meta["tokenizer"]["vocab_size"]
     result = evaluate_bpb(lambda x: torch.zeros(*x.shape, vocab), corpus, seq_len=16, batch_size=2,
                           max_docs_per_domain=2)["x"]
@@ -129,5 +132,5 @@ def test_shards_whose_ids_wrapped_into_uint16_are_refused(wide_corpus, tmp_path)
     path = copy / "train" / "a" / "00000-0000.tokens.npy"
     np.save(path, np.load(path).astype(np.uint16))
     with pytest.raises(DataInputError, match=r"train/a/00000-0000\.tokens\.npy holds uint16 ids but the vocabulary has "
-                                             r"66,\d{3} entries \(needs uint32\); ids may have wrapped"):
+                                             r"131,072 entries \(needs uint32\); ids may have wrapped"):
         PreparedCorpus.open(copy).train_shard("a")
