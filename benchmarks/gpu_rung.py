@@ -266,6 +266,8 @@ def _run(quick: bool, cuda: bool, layers: int | None, batch_sequences: int | Non
     for phase, counter in counters.items():
         results[f"host_syncs_{phase}"] = counter.total
         results[f"host_sync_ops_{phase}"] = {op: [n, counter.where[op]] for op, n in counter.counts.items()}
+        # higher-order ops run whole, uncounted inside (FlexAttention if it ran uncompiled)
+        results[f"host_sync_uninspected_{phase}"] = dict(counter.uninspected)
     results["host_syncs_per_step"] = sum(c.total for c in counters.values())
     if cuda:
         results["cuda_sync_debug_syncs_per_step"] = cuda_sync_warnings(step)

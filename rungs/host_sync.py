@@ -7,6 +7,15 @@ allocate: `nonzero`, `masked_select`, `unique`, boolean-mask indexing, `repeat_i
 without `output_size`, `bincount`), or when it copies a device tensor to the host.
 `torch.cuda.set_sync_debug_mode` finds these on a GPU; `HostSyncCounter`, a `TorchDispatchMode`,
 finds them by op on any device, so a CPU test can assert that a training step has none.
+
+Compiled code and higher-order ops run under the counter as they run without it. A function compiled
+with `torch.compile` (FlexAttention on CUDA) runs its compiled kernels: by default Dynamo does not
+run compiled code under a user dispatch mode but falls back to eager, where FlexAttention becomes a
+reference kernel that materialises every score. A higher-order op reached eagerly (FlexAttention
+uncompiled) runs whole, with the counter off inside it: torch refuses a mode that does not declare
+it handles them. Neither is looked into: a compiled region's kernels and a higher-order op's inner
+ops are not counted (`HostSyncCounter.uninspected` names the higher-order ops that ran);
+`torch.cuda.set_sync_debug_mode` sees the whole step.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import traceback
 from collections import Counter
 
 import torch
+from torch._ops import HigherOrderOperator
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -64,12 +74,12 @@ _HOST_METHODS = {torch.Tensor.tolist: "Tensor.tolist", torch.Tensor.numpy: "Tens
 
 
 class _MethodCounter(TorchFunctionMode):
-    def __init__(self, record, accelerator_only: bool) -> None:
+    def __init__(self, record) -> None:
         super().__init__()
-        self.record, self.accelerator_only = record, accelerator_only
+        self.record = record
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in _HOST_METHODS and not self.accelerator_only:   # on an accelerator: a to-host copy op
+        if func in _HOST_METHODS:
             self.record(f"{_HOST_METHODS[func]} (read)")
         return func(*args, **(kwargs or {}))
 
@@ -86,14 +96,25 @@ class HostSyncCounter(TorchDispatchMode):
 
     accelerator_only=False (the CPU tests): every read counts, since on the CPU the tensors that
     would live on the GPU cannot be told apart. accelerator_only=True (a GPU run): only ops on a
-    non-CPU tensor count, so reading a CPU-resident scalar (AdamW's step counter) is not a sync."""
+    non-CPU tensor count, so reading a CPU-resident scalar (AdamW's step counter) is not a sync;
+    tensor methods are then seen as the to-host copies they make, and no torch-function mode is
+    pushed (under one, Dynamo would recompile every compiled function).
+
+    `uninspected` (name -> calls): higher-order ops that ran whole, their inner ops not counted."""
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True  # compiled code runs compiled under the counter (module docstring)
 
     def __init__(self, accelerator_only: bool = False) -> None:
         super().__init__()
         self.accelerator_only = accelerator_only
         self.counts: Counter[str] = Counter()
+        self.uninspected: Counter[str] = Counter()
         self.where: dict[str, str] = {}
-        self._methods = _MethodCounter(self._record, accelerator_only)
+        self._methods = None if accelerator_only else _MethodCounter(self._record)
 
     @property
     def total(self) -> int:
@@ -106,17 +127,22 @@ class HostSyncCounter(TorchDispatchMode):
             self.where[key] = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
 
     def __enter__(self):
-        self._methods.__enter__()
+        if self._methods is not None:
+            self._methods.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc):
         try:
             return super().__exit__(*exc)
         finally:
-            self._methods.__exit__(*exc)
+            if self._methods is not None:
+                self._methods.__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, HigherOrderOperator):  # torch has taken the counter off the stack for it
+            self.uninspected[func.name()] += 1
+            return func(*args, **kwargs)
         reason = sync_reason(func, args, kwargs)
         if reason is not None and (not self.accelerator_only or _on_accelerator(args, kwargs)):
             self._record(f"{func._schema.name} ({reason})")

@@ -103,6 +103,57 @@ def test_accelerator_only_ignores_reads_of_cpu_tensors():
     assert counter.total == 0
 
 
+
+def _counting_compile():
+    """torch.compile with a backend that counts its compilations and the runs of what it compiled."""
+    calls = {"compiled": 0, "ran_compiled": 0}
+
+    def backend(graph, example_inputs):
+        calls["compiled"] += 1
+
+        def run(*args):
+            calls["ran_compiled"] += 1
+            return graph.forward(*args)
+        return run
+
+    return calls, lambda fn: torch.compile(fn, backend=backend)
+
+
+@pytest.mark.parametrize("accelerator_only", [False, True])
+def test_compiled_code_runs_compiled_under_the_counter(accelerator_only):
+    """FlexAttention on CUDA is compiled: under the counter it must run its compiled kernel, not the
+    eager fallback that materialises every score (Dynamo's default under a user dispatch mode)."""
+    calls, compile_ = _counting_compile()
+    f = compile_(lambda x: (x.sin() * 2).cos())
+    x = torch.randn(8)
+    want = f(x)
+    with HostSyncCounter(accelerator_only=accelerator_only) as counter:
+        got = f(x)
+        got.sum().item()                                           # a read outside the compiled region
+    assert torch.equal(got, want) and calls["ran_compiled"] == 2
+    # no torch-function mode on a GPU run: the cached code serves, nothing is recompiled
+    assert calls["compiled"] == (2 if not accelerator_only else 1)
+    assert counter.total == (1 if not accelerator_only else 0), counter.counts
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_a_higher_order_op_runs_whole_under_the_counter_and_is_named():
+    """Eager FlexAttention is a higher-order op: torch refuses a dispatch mode that does not handle
+    them (the GPU benchmark's counted step died on it); the counter runs it whole and names it."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from rungs.attention import sliding_window_block_mask
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 128, 16, generator=g) for _ in range(3))
+    block_mask = sliding_window_block_mask(128, 32, "cpu")
+    want = flex_attention(q, k, v, block_mask=block_mask)
+    with HostSyncCounter() as counter:
+        got = flex_attention(q, k, v, block_mask=block_mask)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert counter.uninspected["flex_attention"] == 1 and counter.total == 0, (counter.uninspected, counter.counts)
+
+
 @pytest.mark.parametrize("mode,granularity", [("median", "token"), ("fixed", "sequence")])
 def test_activation_gradient_clipping_reads_the_host_only_after_the_step(mode, granularity):
     """AGC clips on the device in backward; its statistics and events are read once, at end_step,
