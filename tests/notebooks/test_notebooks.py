@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
+import tokenize
 from pathlib import Path
 
 import nbformat
@@ -40,6 +42,25 @@ def test_notebooks_are_committed_without_outputs():
         for cell in nb.cells:
             if cell.cell_type == "code":
                 assert not cell.get("outputs") and cell.get("execution_count") is None, f"{path.name}: strip outputs"
+
+
+
+def test_notebooks_take_the_reports_laws_from_the_recipe_not_their_own_numbers():
+    """The report's LR/WD laws are written once, as `HparamLaws`' defaults (#18): a notebook that
+    restates their coefficients keeps the old numbers when the defaults change."""
+    from ladder.plan.recipe import HparamLaws
+
+    coefficients = {abs(f.default) for f in HparamLaws.model_fields.values()
+                    if isinstance(f.default, float) and abs(f.default) != 1.0}
+    assert len(coefficients) == 4                       # 17.04, 1.51, 0.175, 0.573
+    for path in notebook_paths():
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                continue
+            tokens = tokenize.generate_tokens(io.StringIO(cell.source).readline)
+            numbers = {abs(float(t.string)) for t in tokens if t.type == tokenize.NUMBER and "j" not in t.string}
+            assert not numbers & coefficients, f"{path.name} restates the report's laws: {sorted(numbers & coefficients)}"
 
 
 @pytest.mark.slow
