@@ -47,7 +47,7 @@ from benchmarks.common import Report
 from ladder.plan.counting import count_flops_per_token
 from ladder.plan.generator import plan_rung
 from ladder.plan.recipe import load_recipe
-from rungs.architecture import parameter_shapes
+from rungs.architecture import init_std, parameter_shapes
 from rungs.host_sync import HostSyncCounter
 from rungs.metrics import device_peak, utilisation
 from rungs.model import ModelConfig, Transformer, rope_tables
@@ -57,8 +57,6 @@ from rungs.router import load_balancing_loss, z_loss
 RECIPE, RUNG = "mai-base-2", 18
 MFU_TARGET = 0.30
 LB_COEF, Z_COEF = 0.01, 1e-3
-# Initialised with std / sqrt(2 n_layers), as Transformer.init_weights does.
-OUTPUT_PROJECTIONS = ("attn.wo.weight", "w_down.weight", "experts.w_down", "latent_up.weight")
 # Reduced widths for --quick (CPU): L18's structure (top-7 of many experts, latent experts, a
 # window on 5 of 6 layers, one global layer) at a size a CPU steps through in seconds.
 QUICK_WIDTHS = dict(n_layers=6, d_model=64, n_heads=4, head_dim=16, n_kv_heads_global=1, n_kv_heads_local=4,
@@ -111,15 +109,14 @@ def fit_layers(device_bytes: int, batch_sequences: int, fraction: float = 0.85) 
 
 @torch.no_grad()
 def init_on_device(model: Transformer) -> None:
-    """N(0, init_std) on the model's device (output projections scaled as `init_weights` does),
-    norms 1, RoPE tables, router buffers 0."""
-    std = model.cfg.init_std
+    """The model's init policy (`rungs.architecture.init_std`) drawn on the model's device; RoPE tables,
+    router buffers 0."""
     for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
+        std = init_std(name, model.cfg)
+        if std is None:
             p.fill_(1.0)
         else:
-            scaled = name.endswith(OUTPUT_PROJECTIONS)
-            p.normal_(0.0, std / (2 * model.cfg.n_layers) ** 0.5 if scaled else std)
+            p.normal_(0.0, std)
     for name, buf in model.named_buffers():
         if name in ("rope_cos", "rope_sin"):
             cos, sin = rope_tables(model.cfg.seq_len, model.cfg.head_dim, model.cfg.rope_theta)

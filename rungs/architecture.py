@@ -58,6 +58,19 @@ class ModelConfig(Architecture):
     activation_checkpointing: str = "none"  # "none" | "selective" (attention) | "full" (block): recompute in backward
 
 
+# The projections that write into the residual stream: GPT-2 scales their init by 1/sqrt(2·n_layers).
+OUTPUT_PROJECTIONS = ("attn.wo.weight", "w_down.weight", "experts.w_down", "latent_up.weight")
+
+
+def init_std(name: str, cfg: ModelConfig) -> float | None:
+    """The model's one init policy, by parameter name: N(0, init_std), output projections scaled by
+    1/sqrt(2·n_layers); None for norm weights, which start at 1. The torch model's `init_weights`, the
+    JAX parameters and the GPU benchmark's on-device draw all take their scale from here."""
+    if name.endswith("norm.weight"):
+        return None
+    return cfg.init_std / (2 * cfg.n_layers) ** 0.5 if name.endswith(OUTPUT_PROJECTIONS) else cfg.init_std
+
+
 def layer_shapes(arch: Architecture, layer: int) -> dict[str, tuple[int, ...]]:
     """Shapes of one transformer block's parameters, (out, in) like torch.nn.Linear."""
     d, hd = arch.d_model, arch.head_dim

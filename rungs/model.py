@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rungs import init_stream
-from rungs.architecture import ModelConfig
+from rungs.architecture import ModelConfig, init_std
 from rungs.attention import causal_attention
 from rungs.loss import linear_cross_entropy
 from rungs.moe import RoutedExperts
@@ -182,7 +182,6 @@ class Block(nn.Module):
 # (name, parameter) -> (whole shape, first row of the local part, the local tensor to fill)
 LocalRows = Callable[[str, torch.Tensor], tuple[torch.Size, int, torch.Tensor]]
 
-_OUTPUT_PROJECTIONS = ("attn.wo.weight", "w_down.weight", "experts.w_down", "latent_up.weight")
 # What the constructors drew before `Transformer.init_weights` was the one initialisation (see there):
 # nn.Linear weights one uniform per element, the embedding, router and expert stacks a normal_ each.
 _LINEAR_WEIGHTS = ("attn.wq.weight", "attn.wk.weight", "attn.wv.weight", "attn.wo.weight", "shared.w_gate.weight",
@@ -231,9 +230,10 @@ class Transformer(nn.Module):
     def init_weights(self, generator: torch.Generator | None = None, local_rows: LocalRows | None = None) -> None:
         """Initialise every parameter and buffer: the model's one init policy.
 
-        GPT-2 style: N(0, init_std) everywhere, output projections scaled by 1/sqrt(2·n_layers), norm
-        weights 1; RoPE tables computed, router bias and counts zero. Drawn from `generator` (default:
-        torch's global CPU generator), always on the CPU, so a model has the same values on any device.
+        GPT-2 style (`rungs.architecture.init_std`): N(0, init_std) everywhere, output projections scaled
+        by 1/sqrt(2·n_layers), norm weights 1; RoPE tables computed, router bias and counts zero. Drawn
+        from `generator` (default: torch's global CPU generator), always on the CPU, so a model has the
+        same values on any device.
 
         The stream starts where it started before this function existed (#21), when each module
         initialised itself in its constructor (nn.Linear's kaiming-uniform, the embedding's, router's
@@ -261,16 +261,14 @@ class Transformer(nn.Module):
                 pending = 0
                 torch.empty(n).normal_(generator=gen)
         init_stream.skip(gen, pending)
-        std = self.cfg.init_std
-        out_std = std / (2 * self.cfg.n_layers) ** 0.5
         for name, shape, first_row, local in parts:
-            if name.endswith("norm.weight"):
+            std = init_std(name, self.cfg)
+            if std is None:
                 local.fill_(1.0)
                 continue
             direct = local.device.type == "cpu" and local.dtype == torch.float32 and local.is_contiguous()
             out = local if direct else torch.empty(local.shape)
-            init_stream.normal_part(gen, shape.numel(), first_row * shape[1:].numel(), out,
-                                    std=out_std if name.endswith(_OUTPUT_PROJECTIONS) else std)
+            init_stream.normal_part(gen, shape.numel(), first_row * shape[1:].numel(), out, std=std)
             if not direct:
                 local.copy_(out)
         self.init_buffers()

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rungs.architecture import Architecture, parameter_shapes
+from rungs.architecture import Architecture, init_std, parameter_shapes
 
 __all__ = ["Params", "Buffers", "shapes", "init_std", "init_params", "init_buffers",
            "from_torch_state_dict", "to_torch_state_dict"]
@@ -27,8 +27,6 @@ Params = dict[str, jax.Array]
 Buffers = dict[str, jax.Array]
 
 _ARCH_FIELDS = tuple(Architecture.__dataclass_fields__)
-# Output projections get the GPT-2 residual scaling (same suffixes as Transformer.init_weights).
-_OUT_SUFFIXES = ("attn.wo.weight", "w_down.weight", "experts.w_down", "latent_up.weight")
 
 
 def architecture(cfg: Any) -> Architecture:
@@ -44,17 +42,9 @@ def bias_name(layer: int) -> str:
     return f"layers.{layer}.moe.router.expert_bias"
 
 
-def init_std(name: str, cfg: Any) -> float | None:
-    """The rule of `Transformer.init_weights`: N(0, init_std), output projections scaled by
-    1/sqrt(2 n_layers); None for norm weights, which start at 1."""
-    if name.endswith("norm.weight"):
-        return None
-    std = getattr(cfg, "init_std", 0.02)
-    return std / (2 * cfg.n_layers) ** 0.5 if name.endswith(_OUT_SUFFIXES) else std
-
-
 def init_params(cfg: Any, key: jax.Array, dtype=jnp.float32) -> Params:
-    """Fresh parameters by the torch model's rules; tensor i draws from fold_in(key, i)."""
+    """Fresh parameters by the torch model's rule (`rungs.architecture.init_std`); tensor i draws from
+    fold_in(key, i)."""
     out: Params = {}
     for i, (name, shape) in enumerate(shapes(cfg).items()):
         std = init_std(name, cfg)

@@ -14,6 +14,7 @@ from torch import nn
 
 from ladder.plan.resolve import resolve_train_config
 from rungs.config import parse_config
+from rungs.architecture import init_std, parameter_shapes
 from rungs.model import Block, ModelConfig, RMSNorm, Transformer
 
 SMALL = ModelConfig(n_layers=2, d_model=16, n_heads=2, head_dim=8, n_kv_heads_global=1, n_kv_heads_local=2,
@@ -39,16 +40,23 @@ def construct_then_overwrite(cfg: ModelConfig, seed: int) -> tuple[dict[str, tor
     m.final_norm = RMSNorm(cfg.d_model)
     if not cfg.tied_embeddings:
         m.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-    out_std = cfg.init_std / (2 * cfg.n_layers) ** 0.5
     with torch.no_grad():
         for name, p in m.named_parameters():
-            if name.endswith("norm.weight"):
+            std = reference_std(name, cfg)
+            if std is None:
                 p.fill_(1.0)
-            elif name.endswith(("attn.wo.weight", "w_down.weight", "experts.w_down", "latent_up.weight")):
-                nn.init.normal_(p, 0.0, out_std)
             else:
-                nn.init.normal_(p, 0.0, cfg.init_std)
+                nn.init.normal_(p, 0.0, std)
     return {n: p.detach() for n, p in m.named_parameters()}, torch.get_rng_state()
+
+
+def reference_std(name: str, cfg: ModelConfig) -> float | None:
+    """GPT-2's rule as the pre-#21 pass applied it: norms 1, the projections into the residual stream
+    (attention out, shared and routed experts' down, latent up) N(0, init_std / sqrt(2 n_layers))."""
+    if name.endswith("norm.weight"):
+        return None
+    residual = name.endswith(("attn.wo.weight", "w_down.weight", "experts.w_down", "latent_up.weight"))
+    return cfg.init_std / (2 * cfg.n_layers) ** 0.5 if residual else cfg.init_std
 
 
 @pytest.mark.parametrize("cfg", [SMALL, TINY, dataclasses.replace(SMALL, latent_dim=16), _golden()],
@@ -63,6 +71,30 @@ def test_init_weights_equals_the_construct_then_overwrite_init(cfg, seed):
     for name, r in ref.items():
         assert torch.equal(got[name].detach(), r), name
     assert torch.equal(torch.get_rng_state(), ref_state), "the generator ends elsewhere: later draws would differ"
+
+
+
+@pytest.mark.parametrize("cfg", [SMALL, TINY, dataclasses.replace(SMALL, init_std=0.05), _golden()],
+                         ids=["small", "tiny", "std-0.05", "golden-L3"])
+def test_one_init_rule_serves_the_torch_model_the_jax_params_and_the_gpu_benchmark(cfg):
+    """`rungs.architecture.init_std` is the rule every initialiser draws by (it was written three times)."""
+    from benchmarks.gpu_rung import init_on_device
+
+    names = list(parameter_shapes(cfg))
+    assert [init_std(n, cfg) for n in names] == [reference_std(n, cfg) for n in names]
+    assert sum(init_std(n, cfg) == cfg.init_std / (2 * cfg.n_layers) ** 0.5 for n in names) == sum(
+        n.endswith(("attn.wo.weight", "shared.w_down.weight", "experts.w_down", "latent_up.weight")) for n in names)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.to_empty(device="cpu")
+    init_on_device(model)
+    for name, p in model.named_parameters():
+        std = init_std(name, cfg)
+        if std is None:
+            assert bool((p == 1).all()), name
+        elif p.numel() >= 512:  # the sample std of n normal draws has standard error std / sqrt(2n)
+            assert abs(float(p.detach().std()) - std) < 6 * std / (2 * p.numel()) ** 0.5, name
 
 
 def test_a_private_generator_gives_the_same_model_and_leaves_the_global_one_alone():
