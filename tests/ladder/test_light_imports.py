@@ -64,6 +64,14 @@ def test_plan_imports_neither_torch_nor_ray(tmp_path):
     assert plan["recipe"] == "cpu-demo" and plan["rungs"]
 
 
+def test_memory_planning_imports_neither_torch_nor_ray(tmp_path):
+    """`ladder plan --gpu-memory` (ladder.plan.memory) sizes a GPU layout with arithmetic alone."""
+    plan = json.loads(_run(tmp_path, "ladder", "plan", "mai-base-2", "--rungs", "18", "--gpus-per-node", "8",
+                           "--gpu-memory", "141GB", "--json").stdout)
+    (rung,) = plan["rungs"]
+    assert rung["memory"]["total"] > 0 and rung["layout"]["ep"] >= 1
+
+
 @pytest.mark.parametrize("command", ["power-law", "chinchilla", "hparams"])
 def test_fit_help_imports_neither_torch_nor_ray(tmp_path, command):
     assert "usage: ladder fit" in _run(tmp_path, "ladder", "fit", command, "--help").stdout
