@@ -49,7 +49,9 @@ CHECKPOINT = Identity("checkpoint", _NOT_TRAINED | {"peak_flops_per_device"}, ("
 
 
 def canonical(obj: Any) -> Any:
-    """A JSON-ready form that does not depend on container types or dict order."""
+    """A JSON-ready form that does not depend on container types or dict order. Not the output
+    normaliser (`fits.results.jsonable`, non-finite -> null): this one is hashed into every trial key,
+    so it keeps its own rules (keys sorted, non-finite -> repr, unknown types refused)."""
     if isinstance(obj, dict):
         return {str(k): canonical(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
     if isinstance(obj, (list, tuple)):
