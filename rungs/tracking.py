@@ -69,7 +69,7 @@ def _artifact_location(tracking_uri: str) -> str | None:
 
 
 @contextlib.contextmanager
-def _store_lock(tracking_uri: str) -> Iterator[None]:
+def store_lock(tracking_uri: str) -> Iterator[None]:
     """Serialise schema creation and experiment creation on a SQLite store across processes.
 
     Jobs started together on a fresh `sqlite:///` store otherwise race in MLflow's schema migration
@@ -112,7 +112,7 @@ class Tracker:
                  tags: dict[str, str], params: dict[str, Any]) -> None:
         from mlflow import MlflowClient
 
-        with _store_lock(tracking_uri):  # a fresh SQLite store: one process creates the schema
+        with store_lock(tracking_uri):  # a fresh SQLite store: one process creates the schema
             self.client = MlflowClient(tracking_uri)
             self.client.search_experiments(max_results=1)
         self.tracking_uri = tracking_uri
@@ -129,7 +129,7 @@ class Tracker:
                 return
             except Exception:  # the store was wiped or moved: start a new run
                 log.warning("MLflow run %s not found in %s; starting a new one", self.run_id, tracking_uri)
-        with _store_lock(tracking_uri):  # two jobs starting together must not both create the experiment
+        with store_lock(tracking_uri):  # two jobs starting together must not both create the experiment
             exp = self.client.get_experiment_by_name(experiment_name)
             if exp is None:
                 exp_id = self.client.create_experiment(experiment_name,

@@ -13,10 +13,8 @@ import ladder.cli as cli
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ladder", "sweeps", "fits", "rungs", "benchmarks", "provenance")
 
-# Known, each with its follow-up (#18): the tracking store lock and the benchmarks' hooks into the training step get public names with the one loop.
+# Known, each with its follow-up (#18): the benchmarks' hooks into the training step get public names.
 KNOWN = {
-    ("ladder/run/orchestrate.py", "rungs.tracking", "_store_lock"),
-    ("ladder/run/sweep_runs.py", "rungs.tracking", "_store_lock"),
     ("benchmarks/dist_muon.py", "rungs.parallel.dist_muon", "_local"),
     ("benchmarks/train_step.py", "rungs.train", "_pick_threads"),
     ("benchmarks/train_step.py", "rungs.train", "_train_step"),

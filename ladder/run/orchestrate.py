@@ -28,7 +28,7 @@ from ladder.run.sweep_runs import (TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME,
                                stored_result_run_id, trial_state)
 from ladder.run.sweep_runs import reregister as register_result
 from ladder.run.tracking_server import TrackingServer, is_local_store
-from rungs.tracking import _store_lock, sqlite_path
+from rungs.tracking import store_lock, sqlite_path
 from rungs.tracking_uri import DEFAULT_TRACKING_URI
 from sweeps.spec import SweepSpec
 
@@ -258,7 +258,7 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
         check_fits_cluster(todo, cluster_nodes(), where=where)  # before any trial is launched
         server = TrackingServer(store) if is_local_store(store) else None
         with server if server is not None else nullcontext(store) as uri:
-            with _store_lock(store):  # two drivers on one fresh store: one creates the experiment
+            with store_lock(store):  # two drivers on one fresh store: one creates the experiment
                 ensure_experiment(uri, spec.experiment_name)
             payloads = [_payload(p, spec, tracking_uri=uri, runs_root=runs_root) for p in todo]
             results = run_on_tune(payloads, name=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}",

@@ -51,11 +51,11 @@ def find_runs(tracking_uri: str, experiment_name: str) -> dict[str, list[RunReco
     """Every run of the experiment that has a trial key, grouped by key, oldest first."""
     from mlflow.tracking import MlflowClient
 
-    from rungs.tracking import _store_lock
+    from rungs.tracking import store_lock
 
     # The first client on a fresh SQLite file creates MLflow's schema: under the store's lock, so two
     # drivers (or a driver and a job) starting together do not both create it ("table ... already exists").
-    with _store_lock(tracking_uri):
+    with store_lock(tracking_uri):
         client = MlflowClient(tracking_uri)
         exp = client.get_experiment_by_name(experiment_name)
     if exp is None:
