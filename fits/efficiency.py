@@ -22,7 +22,8 @@ import yaml
 
 from fits.results import percentile_interval
 from fits.errors import FitInputError
-from fits.power_law import PowerLawResult, fit_power_law
+from fits.compute_laws import fit_power_laws
+from fits.power_law import PowerLawResult
 from fits.results import jsonable
 from fits.validate import numeric_column, require_columns
 from provenance import code_version
@@ -78,6 +79,16 @@ def iso_bpb_multipliers(laws: dict[str, PowerLawResult], references: list[dict[s
     return jsonable({"ci_level": ci_level, "references": out, "code_version": code_version()})
 
 
+def _baseline_law(base: pd.DataFrame, x: str, y: str, **fit_options: Any) -> PowerLawResult:
+    """The baseline arm's compute law through the one fitting step (`fits.compute_laws.fit_power_laws`,
+    #18.4), on every baseline run (select 'all': an ablation's seeds and rungs are all evidence); its
+    error, if it cannot be fitted, is raised."""
+    laws = fit_power_laws(base, x, y, group=None, select="all", id_column=None, **fit_options)
+    if y in laws.errors:
+        raise laws.errors[y]
+    return laws.laws[y]
+
+
 def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", y: str = "bpb",
                      flops: str = "train_flops", wall: str | None = "wall_seconds", rung: str = "rung",
                      bootstrap: int = 1000, ci_level: float = 0.95, seed: int = 0) -> dict[str, Any]:
@@ -89,8 +100,8 @@ def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "bas
     if baseline not in set(df[arm]):
         raise FitInputError(f"no rows with {arm} == {baseline!r}; arms present: {sorted(map(str, set(df[arm])))}", column=arm)
     base = df[df[arm] == baseline]
-    law_flops = fit_power_law(base, flops, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed, id_column=None)
-    law_time = fit_power_law(base, wall, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed, id_column=None) if wall else None
+    law_flops = _baseline_law(base, flops, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed)
+    law_time = _baseline_law(base, wall, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed) if wall else None
     arms = {}
     for name, group in df[df[arm] != baseline].groupby(arm, sort=True):
         rows = []
