@@ -1,5 +1,5 @@
-"""The candidate demo ladder of issue #23 (`sweeps/demo_d2.yaml`, to become `sweeps/demo.yaml` once its
-backtest has been run whole: docs/backtest_diagnosis/) holds to the properties its backtest needs, not
+"""The candidate demo ladder of issue #23 (`sweeps/demo_d2.yaml`; it becomes `sweeps/demo.yaml` only when its
+backtest passes: docs/backtest_diagnosis/, last section) holds to the properties its backtest needs, not
 to its current numbers: enough rungs below the held-out top for that rung's 95% interval, fitted rungs
 spanning at least 30x in compute, one TPP, no pre-asymptotic width, LR/WD grids on fitted rungs that
 can fit a surface, the largest rung started first, and an MLflow experiment of its own."""
