@@ -23,8 +23,12 @@ sys.path.insert(0, str(ROOT))
 
 
 def rung_set(text: str) -> list[int]:
-    lo, _, hi = text.partition("-")
-    return list(range(int(lo), int(hi or lo) + 1))
+    """'4-9' → 4..9; '4-6,8,11,13' → 4, 5, 6, 8, 11, 13 (a ladder need not be consecutive)."""
+    rungs: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        rungs += range(int(lo), int(hi or lo) + 1)
+    return rungs
 
 
 def backtests(long, rungs: list[int]) -> list[dict]:
@@ -73,7 +77,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--experiment", required=True)
     ap.add_argument("--tracking-uri", default="sqlite:///runs/mlflow.db")
-    ap.add_argument("--rungs", action="append", default=[], help="a rung set, e.g. 4-9 (repeatable)")
+    ap.add_argument("--rungs", action="append", default=[], help="a rung set, e.g. 4-9 or 4-6,8,11,13 (repeatable)")
     ap.add_argument("--jsonl", type=Path, help="also write one line per run (rung, block, LR, WD, FLOPs, BPB per domain)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore", category=RuntimeWarning)

@@ -7,9 +7,9 @@ It needs only torch, pydantic, PyYAML, numpy and tokenizers, so it also runs on 
     python scripts/ladder_probe.py cpu-demo --rungs 2,3,4,5,6 --tpp 5,20 --device cuda \
         --out probe.jsonl --deadline-s 480
 
-Each line: rung, tpp, steps, tokens, train_flops, wall_seconds, held-out BPB per domain and their
-mean; a job still running at the deadline is killed and written with its last logged step
-(`pandas.read_json(path, lines=True)` reads the file). docs/backtest_diagnosis/ holds what it measured.
+Each line: rung, tpp, steps, tokens, train_flops, wall_seconds, cpu_seconds (process CPU time), held-out
+BPB per domain and their mean; a job still running at the deadline is killed and written with its
+last logged step (`pandas.read_json(path, lines=True)` reads the file). docs/backtest_diagnosis/ holds what it measured.
 """
 
 from __future__ import annotations
@@ -62,9 +62,13 @@ def _worker(recipe: str, L: int, tpp: float, device: str, work: Path, extra: lis
     for item in unique_fractions:
         source, _, fraction = item.partition("=")
         config = with_unique_fraction(config, source, float(fraction))
+    # Process CPU seconds of the training call (every thread of this process): the machine is shared,
+    # so wall time says little about an idle run, and CPU time is what a core would spend on it.
+    cpu_start_seconds = time.process_time()
     res = train(config, run_dir=work / f"L{L}-tpp{tpp:g}", resume=False, progress=False)
+    cpu_seconds = time.process_time() - cpu_start_seconds
     out = {"rung": L, "tpp": tpp, "steps": res.steps, "tokens": res.tokens, "train_flops": res.train_flops,
-           "wall_seconds": res.wall_seconds, "tokens_per_second": res.tokens_per_second,
+           "wall_seconds": res.wall_seconds, "cpu_seconds": cpu_seconds, "tokens_per_second": res.tokens_per_second,
            "diverged": res.diverged, "bpb": res.bpb, "lr": config["lr"], "weight_decay": config["weight_decay"],
            "batch_sequences": config["batch_sequences"], "params_active": config["params_active"],
            "bpb_mean": sum(res.bpb.values()) / len(res.bpb) if res.bpb else None}

@@ -1,4 +1,5 @@
-"""The rung generator: one layer count L → a complete, frozen RungSpec.
+"""The rung generator: one scale parameter L (the layer count unless the recipe fixes the depth) →
+a complete, frozen RungSpec.
 
 Pure arithmetic (no torch): architecture from the recipe's rules, exact parameter and FLOP counts
 from the tensor shapes (`ladder.plan.counting`), tokens = TPP × active parameters, batch and steps,
@@ -102,13 +103,13 @@ def kv_heads_for(n_heads: int, wanted: int) -> int:
 
 def architecture(recipe: Recipe, L: int) -> Architecture:
     if L <= 0:
-        raise LadderInputError(f"a rung is a positive layer count, got L={L}", field="--rungs")
+        raise LadderInputError(f"a rung is a positive scale parameter L, got L={L}", field="--rungs")
     d = recipe.d_model(L)
     heads = max(recipe.heads.min_heads, recipe.heads.multiple * round_half_up(L / recipe.heads.multiple))
     moe = recipe.moe
     latent = d if moe.latent_ratio >= 1.0 else min(d, round_to_multiple(moe.latent_ratio * d, moe.round_to))
     return Architecture(
-        n_layers=L,
+        n_layers=recipe.n_layers(L),
         d_model=d,
         n_heads=heads,
         head_dim=recipe.heads.head_dim,

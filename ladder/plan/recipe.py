@@ -39,6 +39,14 @@ class HeadRule(_Strict):
     head_dim: int = Field(gt=0)
 
 
+class DepthRule(_Strict):
+    """n_layers = `layers` at every rung instead of L. At fixed depth a rung's active parameters grow
+    as L² and its FLOPs at fixed TPP as L⁴ (L⁶ with depth = L), so the rungs of a ladder sit closer
+    in compute and a small budget holds more of them (issue #23: docs/backtest_diagnosis/)."""
+
+    layers: int = Field(gt=0)
+
+
 class AttentionRule(_Strict):
     """GQA pattern: layer i (0-based) is global when (i + 1) % global_every == 0, else local."""
 
@@ -118,6 +126,7 @@ class Recipe(_Strict):
     width: WidthRule
     heads: HeadRule
     attention: AttentionRule
+    depth: DepthRule | None = Field(default=None, description="absent: n_layers = L (MAI-Base-2's rule)")
     moe: MoERule
     vocab_size: int = Field(gt=0)
     tied_embeddings: bool = False
@@ -147,7 +156,7 @@ class Recipe(_Strict):
     @classmethod
     def _rungs_positive(cls, rungs: list[int]) -> list[int]:
         if any(r <= 0 for r in rungs):
-            raise ValueError(f"rungs must be positive layer counts, got {rungs}")
+            raise ValueError(f"rungs must be positive scale parameters L, got {rungs}")
         return rungs
 
     def d_model(self, n_layers: int) -> int:
@@ -164,6 +173,10 @@ class Recipe(_Strict):
                 )
             return round(num / self.width.denominator)
         return num // self.width.denominator
+
+    def n_layers(self, L: int) -> int:
+        """The depth rule: L itself unless the recipe fixes the depth."""
+        return L if self.depth is None else self.depth.layers
 
 
 def available_recipes() -> list[str]:

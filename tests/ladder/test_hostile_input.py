@@ -111,7 +111,8 @@ def _recipe(**changes) -> dict:
 BAD_RECIPES = [
     ("malformed-yaml", "name: x\nwidth: {numerator: 16\n", ["recipe.yaml", "not valid YAML"]),
     ("not-utf8", b"name: cpu\xff\n", ["recipe.yaml", "not UTF-8"]),
-    ("unknown-key", _recipe(depth=3), ["recipe.yaml", "depth", "unknown key"]),
+    ("unknown-key", _recipe(n_layers=3), ["recipe.yaml", "n_layers", "unknown key"]),
+    ("depth-not-a-rule", _recipe(depth=3), ["recipe.yaml", "depth", "dictionary"]),
     ("wrong-type", _recipe(vocab_size="many"), ["recipe.yaml", "vocab_size"]),
     ("tpp-zero", _recipe(tpp=0), ["recipe.yaml", "tpp", "greater than 0"]),
     ("tpp-negative", _recipe(tpp=-20), ["recipe.yaml", "tpp", "greater than 0"]),

@@ -42,6 +42,7 @@ ARCHS = {
     "cpu-demo-L3": cpu_demo_arch(3),
     "cpu-demo-L4": cpu_demo_arch(4),
     "cpu-demo-L6": cpu_demo_arch(6),
+    "cpu-demo-d2-L8": plan_rung(load_recipe("cpu-demo-d2"), 8).arch,  # fixed depth 2, a global layer every 2nd
     "mai-like": MAI_LIKE,
     "no-latent-no-shared": replace(MAI_LIKE, n_layers=2, latent_dim=64, n_shared_experts=0),
     "tied": replace(MAI_LIKE, n_layers=2, tied_embeddings=True),

@@ -1,8 +1,8 @@
-"""The demo ladder of issue #23 (`sweeps/demo_tpp1.yaml`, to become `sweeps/demo.yaml` once its
-backtest has been run whole: docs/backtest_diagnosis/) holds to the properties its backtest needs,
-not to its current numbers: enough rungs for the held-out top rung to
-get a 95% interval, a compute span of at least 30×, one TPP, no pre-asymptotic rung, LR/WD grids
-that can fit a surface on rungs of the ladder itself, and the largest rung started first."""
+"""The candidate demo ladder of issue #23 (`sweeps/demo_d2.yaml`; it becomes `sweeps/demo.yaml` only when its
+backtest passes: docs/backtest_diagnosis/, last section) holds to the properties its backtest needs, not
+to its current numbers: enough rungs below the held-out top for that rung's 95% interval, fitted rungs
+spanning at least 30x in compute, one TPP, no pre-asymptotic width, LR/WD grids on fitted rungs that
+can fit a surface, the largest rung started first, and an MLflow experiment of its own."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from fits.bootstrap import MIN_DISTINCT_FOR_INTERVAL
 from sweeps.plan import plan_sweep
 from sweeps.spec import load_spec
 
-DEMO_LADDER_SPEC = "demo_tpp1"
+DEMO_SPEC = "demo_d2"  # the candidate; `demo` once its backtest has passed (docs/backtest_diagnosis/)
 LADDER_BLOCK = "ladder"  # the block the demo fits its compute law on (one run per rung, the law's LR/WD)
+# Earlier demo ladders keep their experiments: cpu-demo L2-L6 (sweeps/demo.yaml) and the TPP-1 candidate.
+EARLIER_DEMO_EXPERIMENTS = {"sweep-demo", "sweep-demo-tpp1"}
 
 
 def train_flops(config: dict) -> float:
@@ -22,14 +24,15 @@ def ladder_trials(planned):
     return [p for p in planned if p.trial.block == LADDER_BLOCK]
 
 
-def test_demo_ladder_leaves_enough_rungs_below_its_top_for_an_interval_over_30x_at_one_tpp():
-    planned = plan_sweep(load_spec(DEMO_LADDER_SPEC))
+def test_the_demo_fits_enough_rungs_below_its_top_for_an_interval_over_30x_at_one_tpp():
+    planned = plan_sweep(load_spec(DEMO_SPEC))
     ladder = ladder_trials(planned)
-    flops = {p.config["L"]: train_flops(p.config) for p in ladder}
-    # The backtest fits the rungs below the held-out top; below MIN_DISTINCT_FOR_INTERVAL of them the
-    # top rung's 95% interval is reported as not available (fits.bootstrap).
-    assert len(flops) - 1 >= MIN_DISTINCT_FOR_INTERVAL
-    assert max(flops.values()) / min(flops.values()) >= 30
+    flops = sorted(train_flops(p.config) for p in ladder)
+    fitted = flops[:-1]  # the top rung is held out and predicted from the rungs below it
+    # Below MIN_DISTINCT_FOR_INTERVAL fitted rungs the top rung's 95% interval is reported as not
+    # available (fits.bootstrap); the issue asks for at least 4 fitted rungs over >= 30x.
+    assert len(set(fitted)) >= max(MIN_DISTINCT_FOR_INTERVAL, 4)
+    assert fitted[-1] / fitted[0] >= 30
     assert len({p.config["tpp"] for p in planned}) == 1
     # Rungs narrower than d_model 64 are pre-asymptotic (docs/backtest_diagnosis/).
     assert min(p.config["d_model"] for p in ladder) >= 64
@@ -38,13 +41,14 @@ def test_demo_ladder_leaves_enough_rungs_below_its_top_for_an_interval_over_30x_
     assert all(p.trial.log_lr_offset == 0 and p.trial.log_lr_wd_offset == 0 for p in ladder)
 
 
-def test_demo_lr_wd_grids_sit_on_ladder_rungs_with_three_points_per_axis():
-    spec = load_spec(DEMO_LADDER_SPEC)
-    ladder_rungs = {L for b in spec.blocks if b.name == LADDER_BLOCK for L in b.rungs}
+def test_the_demo_lr_wd_grids_sit_on_fitted_rungs_with_three_points_per_axis():
+    spec = load_spec(DEMO_SPEC)
+    ladder_rungs = sorted({L for b in spec.blocks if b.name == LADDER_BLOCK for L in b.rungs})
     grids = [b for b in spec.blocks if len(b.lr_wd.offsets()) > 1]
     assert grids, "the demo fits LR/WD surfaces: it needs at least one grid"
     for block in grids:
-        assert set(block.rungs) <= ladder_rungs
+        # A grid on the held-out top rung would not tell whether the fitted rungs' LR/WD were right.
+        assert set(block.rungs) <= set(ladder_rungs[:-1])
         offsets = block.lr_wd.offsets()
         # A quadratic surface in (log LR, log LR·WD) needs three values on each axis, centred on the law.
         assert len({d_lr for d_lr, _ in offsets}) >= 3 and len({d_v for _, d_v in offsets}) >= 3
@@ -57,13 +61,13 @@ def test_demo_lr_wd_grids_sit_on_ladder_rungs_with_three_points_per_axis():
     assert len(planned) == expected
 
 
-def test_demo_starts_its_largest_rung_first():
-    # On two cores the top rung is about half the ladder's compute: started last, it alone sets the wall time.
-    planned = plan_sweep(load_spec(DEMO_LADDER_SPEC))
-    assert train_flops(planned[0].config) == max(train_flops(p.config) for p in planned)
+def test_the_demo_starts_its_largest_rung_first_and_the_rest_fits_beside_it():
+    # On two cores the top rung is about half the sweep's compute: started last, it alone would set
+    # the wall time; the other trials together must fit on the other core while it runs.
+    flops = [train_flops(p.config) for p in plan_sweep(load_spec(DEMO_SPEC))]
+    assert flops[0] == max(flops)
+    assert sum(flops[1:]) <= 1.1 * flops[0]
 
 
-def test_demo_has_its_own_mlflow_experiment():
-    # Earlier demo ladders stay in MLflow under their own experiment names (sweep-demo: cpu-demo L2-L6).
-    spec = load_spec(DEMO_LADDER_SPEC)
-    assert spec.experiment_name != "sweep-demo"
+def test_the_demo_has_an_mlflow_experiment_of_its_own():
+    assert load_spec(DEMO_SPEC).experiment_name not in EARLIER_DEMO_EXPERIMENTS
