@@ -3,8 +3,8 @@
 Both steps are the engines' own: `rungs.torch_engine._train_step` (Transformer, multi-round MoE,
 activation gradient clipping, Muon+AdamW, grad clipping) and `rungs.jaxjob.engine.JaxEngine.step_on`
 (the same, compiled), from the same weights (torch state dict -> JAX params) on the same random
-batch, interleaved, timed in process CPU seconds (one thread each: XLA:CPU's Eigen pool off and
-torch.set_num_threads(1)), medians. Also: the optimizer's share of the JAX step (the compiled
+batch, interleaved, timed in process CPU seconds (one thread each: torch.set_num_threads(1), and
+XLA:CPU's Eigen pool off and its executor pool made of one thread, see `_one_xla_thread`), medians. Also: the optimizer's share of the JAX step (the compiled
 update alone) beside the PyTorch optimizer's (clip + step alone), and the CPU seconds to compile the step cold (empty persistent cache) and warm (a fresh
 process reading the cache the cold one wrote).
 Targets (#19): JAX / PyTorch step time <= 1.0; optimizer <= 5% of the step; cold compile <= 30 s;
@@ -28,10 +28,29 @@ from types import SimpleNamespace
 
 from benchmarks.common import Report, main_for
 
-ONE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+# Only XLA flags here: a token that is not one ("intra_op_parallelism_threads=1" stood here) made XLA
+# ignore the flags after it.
+ONE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false"
+
+
+def _one_xla_thread() -> None:
+    """Start JAX's CPU client with a pool of one thread. Its executor and YNNPACK run a step's
+    independent ops and loop partitions on a pool sized by the CPUs the process may use when the
+    client starts (no flag sets it), so the process may use one CPU while it starts, and all of
+    them again after: on 2 cores the JAX step had run on 2 threads (measured per thread from
+    /proc: 0.44 s + 0.44 s a step) against PyTorch's one, and process time summed both."""
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        import jax
+
+        jax.devices()
+    finally:
+        os.sched_setaffinity(0, allowed)
 
 
 def _child(rung: int, repeats: int, cache: str, time_steps: bool) -> dict:
+    _one_xla_thread()
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -21,11 +21,16 @@ import os
 import statistics
 import time
 
-# One thread for XLA:CPU, set before jax is imported.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
+# One thread for XLA:CPU: Eigen's pool off (set before jax is imported), and the client's executor
+# pool sized by the one CPU the process may use while it starts (see benchmarks/jax_step.py).
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+_ALLOWED = os.sched_getaffinity(0)
+os.sched_setaffinity(0, {min(_ALLOWED)})
 
 import jax  # noqa: E402
+
+jax.devices()
+os.sched_setaffinity(0, _ALLOWED)
 import jax.numpy as jnp  # noqa: E402
 import torch  # noqa: E402
 from dataclasses import asdict  # noqa: E402

@@ -91,8 +91,13 @@ def newton_schulz(G: jax.Array, steps: int = 5, coefficients=SIMPLE_COEFFICIENTS
     denom = rnd(norm * safety) if safety != 1.0 else norm
     X = rnd(X / jnp.maximum(denom, _TINY))
 
-    def mm(p, q):  # (..., i, k) @ (..., k, j): operands exact in dt, accumulated in `wide`
-        return jnp.matmul(p.astype(dt), q.astype(dt), preferred_element_type=wide)
+    def mm(p, q):
+        # (..., i, k) @ (..., k, j) of operands already rounded to dt (X, A and B are: every value
+        # that reaches a product went through rnd), multiplied and accumulated in `wide`. The same
+        # arithmetic as a dt x dt -> wide dot, whose products are exact in wide; XLA:CPU has no
+        # such dot and converted the operands around every product (NS 65 -> 50 ms a step at
+        # cpu-demo L6, one thread).
+        return jnp.matmul(p, q, preferred_element_type=wide)
 
     def iteration(X, abc):
         a, b, c = abc[0], abc[1], abc[2]
