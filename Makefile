@@ -14,10 +14,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/ladder demo
 
+# Two workers, whole files each, started in tests/conftest.py's order (longest measured file first):
+# xdist's default reorder (most tests first) started the few-test, long files last.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile --durations=25
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m benchmarks --quick --json

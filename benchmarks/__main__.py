@@ -24,11 +24,11 @@ def main() -> int:
     names = sorted(m.name for m in pkgutil.iter_modules([str(Path(benchmarks.__file__).parent)]) if m.name not in NOT_BENCHMARKS)
     if args.only:
         names = [n for n in names if n in args.only.split(",")]
-    out = {"benchmark": "all", "machine": machine_info(), "results": {}, "checks": []}
+    out = {"benchmark": "all", "machine": machine_info(quick=args.quick), "results": {}, "checks": []}
     for name in names:
         module = importlib.import_module(f"benchmarks.{name}")
         sys.stderr.write(f"benchmarks: running {name}{' (quick)' if args.quick else ''}\n")
-        report = module.run(args.quick).to_dict()
+        report = module.run(args.quick).to_dict(quick=args.quick)
         out["results"][name] = report["results"]
         out["checks"] += [dict(c, name=f"{name}.{c['name']}") for c in report["checks"]]
     if args.json:

@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-seconds", type=float, help="time steps for at least this long (default 60 on a GPU)")
     args = parser.parse_args(argv)
     report = run(args.quick, layers=args.layers, batch_sequences=args.batch_sequences, min_seconds=args.min_seconds)
-    payload = report.to_dict()
+    payload = report.to_dict(quick=args.quick)
     if args.json:
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
     else:

@@ -13,6 +13,8 @@ def test_quick_mode_prints_the_contract_json_with_no_host_sync_in_forward_backwa
     assert gpu_rung.main(["--quick", "--json", "--batch-sequences", "1"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert set(payload) == {"benchmark", "machine", "results", "checks"} and payload["benchmark"] == "gpu_rung"
+    # --quick times the bf16 reference matmul at 512, not 2048 (~100 s of CPU without bf16 units)
+    assert payload["machine"]["peak_bf16_matmul_size"] == 512 and payload["machine"]["peak_bf16_flops_measured"] > 0
     results = payload["results"]
     assert results["ran"] and results["n_layers"] == 6 and results["top_k"] == 7
     for key in ("tokens_per_second", "seconds_per_step", "mfu", "achieved_tflops", "peak_memory_bytes"):

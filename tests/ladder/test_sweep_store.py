@@ -37,16 +37,24 @@ def _refused(capsys, argv: list[str], *says: str) -> str:
     return line
 
 
-def _real_store(path: Path, runs: int = 3) -> str:
-    """An MLflow SQLite store with an experiment and a few runs with metric histories."""
-    uri = f"sqlite:///{path}"
-    client = MlflowClient(uri)
+@pytest.fixture(scope="module")
+def store_template(tmp_path_factory) -> Path:
+    """An MLflow SQLite store with an experiment and a few runs with metric histories, made once:
+    its schema migrations and 150 metric writes cost ~6 s of CPU, and each test damages a copy."""
+    path = tmp_path_factory.mktemp("store_template") / "mlflow.db"
+    client = MlflowClient(f"sqlite:///{path}")
     exp = client.create_experiment("other")
-    for _ in range(runs):
+    for _ in range(3):
         run_id = client.create_run(exp).info.run_id
         for step in range(50):
             client.log_metric(run_id, "loss", 3.0 - step / 100, step=step)
-    return uri
+    return path
+
+
+def _real_store(template: Path, path: Path) -> str:
+    """A copy of the template store at `path`; its URI."""
+    shutil.copyfile(template, path)
+    return f"sqlite:///{path}"
 
 
 @pytest.fixture(autouse=True)
@@ -89,9 +97,9 @@ def test_status_of_the_default_store_before_anything_ran_creates_nothing(tmp_pat
     (lambda db: db.write_bytes(b"not a database at all\n" * 100), "header"),
 ])
 @pytest.mark.parametrize("command", ["run", "status"])
-def test_a_damaged_store_is_one_line_not_a_traceback(tmp_path, capsys, damage, says, command):
+def test_a_damaged_store_is_one_line_not_a_traceback(tmp_path, capsys, store_template, damage, says, command):
     db = tmp_path / "mlflow.db"
-    uri = _real_store(db)
+    uri = _real_store(store_template, db)
     damage(db)
     before = db.read_bytes()
     _refused(capsys, ["sweep", command, "smoke", "--tracking-uri", uri], str(db), "damaged", says, "--new-store")
@@ -107,9 +115,9 @@ def test_an_sqlite_file_that_is_not_an_mlflow_store_is_refused(tmp_path, capsys)
     _refused(capsys, ["sweep", "status", "smoke", "--tracking-uri", f"sqlite:///{db}"], "not an MLflow store")
 
 
-def test_a_store_locked_by_another_process_is_a_clear_error(tmp_path, capsys, monkeypatch):
+def test_a_store_locked_by_another_process_is_a_clear_error(tmp_path, capsys, monkeypatch, store_template):
     db = tmp_path / "mlflow.db"
-    uri = _real_store(db)
+    uri = _real_store(store_template, db)
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sqlite3, sys\n"
          f"con = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
