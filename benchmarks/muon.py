@@ -7,6 +7,10 @@ Model: the largest cpu-demo rung (`ladder.plan.plan_rung`), built with `rungs.mo
 2. The whole optimizer step (`rungs.optim.build_optimizer`: Muon + AdamW) vs one training step of
    the rung (bf16 autocast forward + backward of one batch of `batch_tokens` tokens, plus that
    optimizer step). Target: optimizer share <= 5%.
+3. Our Muon's bf16 Newton-Schulz as the CPU runs it (float32 arithmetic rounded to bf16 where torch
+   rounds, `rungs.muon.newton_schulz(emulate=None)`) against native bf16 matmuls (`ns_emulate=False`,
+   the GPU's path, and torch.optim.Muon's), on the same matrices: on a CPU without bf16 units the
+   native path is 15-17x slower (`emulated_over_native_muon_step`, reported, not a target).
 Timing: median process CPU seconds on one thread, the compared calls interleaved (robust to other
 processes on a shared machine).
 """
@@ -56,11 +60,19 @@ def run(quick: bool) -> Report:
     grads_2d = [m for p in ours for m in (p.grad if p.ndim == 3 else [p.grad])]
     for p, g in zip(theirs, grads_2d):
         p.grad = g.clone()
+    native = [torch.nn.Parameter(p.detach().clone()) for p in muon_params]
+    for p, q in zip(native, ours):
+        p.grad = q.grad.clone()
     opt_ours = Muon(ours, lr=1e-3, weight_decay=0.1)
+    opt_native = Muon(native, lr=1e-3, weight_decay=0.1, ns_emulate=False)
     opt_torch = torch.optim.Muon(theirs, lr=1e-3, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
-    seconds = interleaved_cpu_seconds({"ours": opt_ours.step, "torch": opt_torch.step}, repeats)
+    seconds = interleaved_cpu_seconds({"ours": opt_ours.step, "native": opt_native.step, "torch": opt_torch.step},
+                                      repeats)
     results["muon_step_seconds"] = seconds["ours"]
+    results["native_bf16_muon_step_seconds"] = seconds["native"]
+    results["emulated_over_native_muon_step"] = seconds["ours"] / seconds["native"]
     results["torch_muon_step_seconds"] = seconds["torch"]
+    results["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     results["muon_matrices"] = len(theirs)
     results["muon_parameters"] = len(ours)
 

@@ -18,7 +18,7 @@ Same-shape matrices are orthogonalised in batches (one batched Newton-Schulz cal
 `ns_chunk_bytes` of fp32 matrices (default NS_CHUNK_BYTES, 1 GiB): a stack of 512 experts or a
 model's 27,648 same-shape expert matrices is cut into slices of whole matrices, and momentum,
 Nesterov update, decay and apply run slice by slice, so the optimizer's working memory is one
-chunk (its fp32 update, the bf16 Newton-Schulz iterate and its Gram matrices), not a copy of every
+chunk (its fp32 update, the bf16 Newton-Schulz iterate and its Gram matrices, float32 on CPU), not a copy of every
 same-shape matrix. Each matrix's result does not depend on the chunking (batched matmuls compute
 each batch element on its own).
 
@@ -81,18 +81,33 @@ def _schedule(coefficients, steps: int) -> tuple[list[tuple[float, float, float]
 
 
 def newton_schulz(G: Tensor, steps: int = 5, coefficients=SIMPLE_COEFFICIENTS, *,
-                  dtype: torch.dtype | None = torch.bfloat16, safety: float | None = None) -> Tensor:
+                  dtype: torch.dtype | None = torch.bfloat16, safety: float | None = None,
+                  emulate: bool | None = None) -> Tensor:
     """Orthogonalise G (..., m, n), batched over leading dims; returns `dtype` (None: G's dtype).
 
     coefficients: one (a, b, c) used for each of `steps` iterations, one triple per iteration, or a
     preset name from NS_PRESETS (which brings its own safety factor; `safety` overrides it).
     The Gram matrix is formed on the smaller side (transpose when m > n). The same ops as
     torch.optim.Muon (addmm; baddbmm for batches), so 2-D results match it bit for bit in bf16.
+
+    emulate (None: on a CPU tensor when `dtype` is narrower than float32): the same steps with every
+    value that torch would hold in `dtype` held in float32 instead, rounded to `dtype` after each op
+    where torch rounds (`_rounded_newton_schulz`). CPUs without bf16 units (AVX2) multiply bf16 15-17x
+    slower than float32 (cpu-demo L6 matrices, one thread: 103 ms vs 6.7 ms for twelve 96x96), which
+    made Newton-Schulz 62% of a cpu-demo training step; CPUs with them gain nothing from bf16 at
+    these sizes. The results are bf16 values either way, equal to the native ones but for the order
+    of the float32 sums inside a product (tests/rungs/test_muon.py measures how often a value moves
+    by one bf16 unit in the last place).
     """
     if G.ndim < 2:
         raise MuonConfigError(f"newton_schulz needs a matrix or a batch of matrices, got shape {tuple(G.shape)}")
     per_step, preset_safety = _schedule(coefficients, steps)
     safety = preset_safety if safety is None else safety
+    narrow = dtype is not None and dtype.is_floating_point and torch.finfo(dtype).bits < 32
+    if emulate is None:
+        emulate = narrow and G.device.type == "cpu"
+    if emulate and narrow:
+        return _rounded_newton_schulz(G, per_step, safety, dtype)
     lead = G.shape[:-2]
     X = G.to(dtype) if dtype is not None else G.clone()
     transposed = G.shape[-2] > G.shape[-1]
@@ -111,6 +126,34 @@ def newton_schulz(G: Tensor, steps: int = 5, coefficients=SIMPLE_COEFFICIENTS, *
         B = mm(A, A, A, beta=b, alpha=c)
         X = mm(X, B, X, beta=a)
     X = X.reshape(*lead, *X.shape[-2:])
+    return X.mT if transposed else X
+
+
+def _rounded_newton_schulz(G: Tensor, per_step: list[tuple], safety: float, dtype: torch.dtype) -> Tensor:
+    """`newton_schulz` in `dtype` computed with float32 tensors: every result is rounded to `dtype`
+    (a cast there and back) where the native path stores a `dtype` tensor, so each product's operands
+    are `dtype` values, their products are exact in float32 and the float32 sums round once, as a
+    bf16 GEMM with float32 accumulation does. The same steps and order as `newton_schulz`."""
+
+    def rnd(t: Tensor) -> Tensor:
+        return t.to(dtype).float()
+
+    lead = G.shape[:-2]
+    X = rnd(G.float())
+    transposed = G.shape[-2] > G.shape[-1]
+    if transposed:
+        X = X.mT
+    X = X.reshape(-1, *X.shape[-2:]) if X.ndim != 2 else X
+    amax = X.abs().amax(dim=(-2, -1), keepdim=True) if X.ndim == 3 else X.abs().amax()
+    X = X * torch.pow(2.0, -torch.frexp(amax).exponent)               # exact: a power of two
+    norm = rnd(X.norm(dim=(-2, -1), keepdim=True) if X.ndim == 3 else X.norm())
+    X = rnd(X / (rnd(norm * safety) if safety != 1.0 else norm).clamp(min=_TINY))
+    mm = torch.addmm if X.ndim == 2 else torch.baddbmm
+    for a, b, c in per_step:
+        A = rnd(X @ X.mT)
+        B = rnd(mm(A, A, A, beta=b, alpha=c))
+        X = rnd(mm(X, B, X, beta=a))
+    X = X.reshape(*lead, *X.shape[-2:]).to(dtype)
     return X.mT if transposed else X
 
 
@@ -157,7 +200,8 @@ class Muon(torch.optim.Optimizer):
     def __init__(self, params: Iterable, lr: float, weight_decay: float = 0.0, momentum: float = 0.95,
                  nesterov: bool = True, ns_steps: int = 5, adjust_lr: str = "match_rms_adamw", *,
                  ns_coefficients=SIMPLE_COEFFICIENTS,
-                 ns_dtype: torch.dtype | None = torch.bfloat16, ns_chunk_bytes: int = NS_CHUNK_BYTES):
+                 ns_dtype: torch.dtype | None = torch.bfloat16, ns_chunk_bytes: int = NS_CHUNK_BYTES,
+                 ns_emulate: bool | None = None):
         if lr < 0 or weight_decay < 0 or not 0 <= momentum < 1:
             raise MuonConfigError(f"need lr >= 0, weight_decay >= 0, 0 <= momentum < 1; "
                                   f"got {lr}, {weight_decay}, {momentum}")
@@ -170,6 +214,7 @@ class Muon(torch.optim.Optimizer):
                     "ns_steps": ns_steps, "ns_coefficients": ns_coefficients}
         super().__init__(params, defaults)
         self.adjust_lr, self.ns_dtype, self.ns_chunk_bytes = adjust_lr, ns_dtype, ns_chunk_bytes
+        self.ns_emulate = ns_emulate                # newton_schulz's `emulate`: None = on CPU tensors
         self.convention = CONVENTIONS[adjust_lr]
         for group in self.param_groups:
             for p in group["params"]:
@@ -220,7 +265,8 @@ class Muon(torch.optim.Optimizer):
             batch = updates[0]                      # a lone 2-D matrix: 2-D NS, as torch.optim.Muon
         else:
             batch = torch.cat([u.reshape(-1, *shape) for u in updates])
-        out = newton_schulz(batch, group["ns_steps"], group["ns_coefficients"], dtype=self.ns_dtype)
+        out = newton_schulz(batch, group["ns_steps"], group["ns_coefficients"], dtype=self.ns_dtype,
+                            emulate=self.ns_emulate)
         sizes = [u.numel() // (shape[0] * shape[1]) for u in updates]
         ortho = [o.reshape(p.shape) for o, p in zip(out.split(sizes) if out.ndim == 3 else [out], params)]
         torch._foreach_add_(params, ortho, alpha=-adjust_lr(lr, shape, self.adjust_lr))

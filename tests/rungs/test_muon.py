@@ -1,4 +1,5 @@
-"""Muon: scale-invariant Newton-Schulz, agreement with torch.optim.Muon, batched expert stacks."""
+"""Muon: scale-invariant Newton-Schulz, agreement with torch.optim.Muon, batched expert stacks, the
+float32-emulated bf16 Newton-Schulz used on CPUs."""
 
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ def test_matches_torch_optim_muon_on_plain_matrices(adjust_lr, nesterov):
     init = [torch.randn(s, generator=g) for s in shapes]
     ours = [torch.nn.Parameter(p.clone()) for p in init]
     ref = [torch.nn.Parameter(p.clone()) for p in init]
-    opt = Muon(ours, lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov, adjust_lr=adjust_lr)
+    opt = Muon(ours, lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov, adjust_lr=adjust_lr,
+               ns_emulate=False)                           # native bf16, torch.optim.Muon's path
     torch_opt = torch.optim.Muon(ref, lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov,
                                  adjust_lr_fn=adjust_lr)
     for _ in range(4):
@@ -83,7 +85,7 @@ def test_expert_stack_is_each_expert_orthogonalised_separately_with_its_own_scal
     g = torch.Generator().manual_seed(0)
     stack = torch.nn.Parameter(torch.randn(3, 8, 24, generator=g))
     singles = [torch.nn.Parameter(stack[e].detach().clone()) for e in range(3)]
-    opt_stack = Muon([stack], lr=0.01, weight_decay=0.05)
+    opt_stack = Muon([stack], lr=0.01, weight_decay=0.05, ns_emulate=False)
     opt_single = torch.optim.Muon(singles, lr=0.01, weight_decay=0.05, adjust_lr_fn="match_rms_adamw")
     for _ in range(3):
         grad = torch.randn(3, 8, 24, generator=g)
@@ -202,7 +204,7 @@ def test_chunked_stack_still_matches_torch_optim_muon_per_expert():
     g = torch.Generator().manual_seed(0)
     stack = torch.nn.Parameter(torch.randn(4, 8, 24, generator=g))
     singles = [torch.nn.Parameter(stack[e].detach().clone()) for e in range(4)]
-    opt_stack = Muon([stack], lr=0.01, weight_decay=0.05, ns_chunk_bytes=8 * 24 * 4)     # one expert a chunk
+    opt_stack = Muon([stack], lr=0.01, weight_decay=0.05, ns_chunk_bytes=8 * 24 * 4, ns_emulate=False)     # one expert a chunk
     opt_single = torch.optim.Muon(singles, lr=0.01, weight_decay=0.05, adjust_lr_fn="match_rms_adamw")
     for _ in range(3):
         grad = torch.randn(4, 8, 24, generator=g)
@@ -215,14 +217,17 @@ def test_chunked_stack_still_matches_torch_optim_muon_per_expert():
         torch.testing.assert_close(stack[e], singles[e], rtol=1e-5, atol=2e-6)
 
 
-def test_step_memory_is_bounded_by_the_chunk_not_the_stack():
+@pytest.mark.parametrize("emulate, chunks", [(False, 4), (True, 6)])
+def test_step_memory_is_bounded_by_the_chunk_not_the_stack(emulate, chunks):
     """Peak bytes allocated inside step() (MemTracker) for a 64-expert stack: with chunks of 4
-    experts well under a quarter of the one-batch step's, which copies the whole stack."""
+    experts well under a quarter of the one-batch step's, which copies the whole stack. Native bf16
+    Newton-Schulz holds under 4 chunks' bytes; the float32 emulation (CPU) under 6 (its iterate and
+    Gram matrices are float32, measured 5.5)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     def peak(chunk_bytes: int) -> int:
         p = torch.nn.Parameter(torch.randn(64, 32, 64))
-        opt = Muon([p], lr=0.01, ns_chunk_bytes=chunk_bytes)
+        opt = Muon([p], lr=0.01, ns_chunk_bytes=chunk_bytes, ns_emulate=emulate)
         p.grad = torch.randn(64, 32, 64)
         opt.step()                                      # momentum state exists before measuring
         p.grad = torch.randn(64, 32, 64)
@@ -235,7 +240,7 @@ def test_step_memory_is_bounded_by_the_chunk_not_the_stack():
     resident = 3 * stack_bytes                          # parameter, gradient, momentum (tracked too)
     unbounded, bounded = peak(1 << 40) - resident, peak(chunk_bytes) - resident
     assert unbounded > stack_bytes                      # the whole stack's update is live at once
-    assert bounded < 4 * chunk_bytes < unbounded / 2, (bounded, unbounded)
+    assert bounded < chunks * chunk_bytes < unbounded / 2, (bounded, unbounded)
 
 
 def _dist_chunk_worker(rank: int, world: int) -> None:
@@ -278,3 +283,69 @@ def test_dist_muon_in_bounded_batches_equals_one_batch():
     from tests.rungs.dist.spawn import run_ranks
 
     run_ranks(_dist_chunk_worker, 3)
+
+
+# --- bf16 Newton-Schulz emulated in float32 on CPU (rungs.muon._rounded_newton_schulz) -----------------
+
+EMULATION_SHAPES = [(96, 96), (40, 24), (3, 24, 40), (8, 48, 48)]
+
+
+def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How many bf16 values lie between a and b (both bf16), elementwise, via their ordered int16 bits."""
+    def ordered(t):
+        i = t.view(torch.int16).to(torch.int32)
+        return torch.where(i < 0, -32768 - i, i)
+    return (ordered(a) - ordered(b)).abs()
+
+
+def test_newton_schulz_on_cpu_emulates_bf16_by_default():
+    G = torch.randn(3, 24, 40, generator=torch.Generator().manual_seed(0))
+    auto = newton_schulz(G)
+    assert auto.dtype == torch.bfloat16
+    assert torch.equal(auto, newton_schulz(G, emulate=True))
+    assert torch.equal(newton_schulz(G, dtype=torch.float32), newton_schulz(G, dtype=torch.float32, emulate=True))
+
+
+@pytest.mark.parametrize("shape", EMULATION_SHAPES)
+def test_one_emulated_step_rounds_where_native_bf16_does(shape):
+    """One iteration: each op's float32 sums round once to bf16 as the native GEMM's do, so values are
+    equal but for the sum order inside a product (measured: 0-0.1% of values one unit apart)."""
+    G = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    native, emulated = (newton_schulz(G, steps=1, emulate=e) for e in (False, True))
+    apart = _ulps_apart(native, emulated)
+    assert apart.max() <= 1
+    assert apart.float().mean() <= 0.01
+
+
+@pytest.mark.parametrize("shape", EMULATION_SHAPES)
+def test_emulated_newton_schulz_is_as_accurate_as_native_bf16(shape):
+    """Five iterations in bf16 amplify a one-unit difference (after five, a third of the values differ
+    between the two paths, as between two summation orders), so the paths are compared by their
+    error against the same iteration in float64: the emulated one is no worse."""
+    G = torch.randn(shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    exact = newton_schulz(G, dtype=None)
+    err = {e: (newton_schulz(G, emulate=e).double() - exact).norm() / exact.norm() for e in (False, True)}
+    assert err[True] <= 1.5 * err[False] + 1e-3, err
+    assert err[True] < 0.05
+
+
+def test_muon_on_cpu_tracks_torch_optim_muon_within_bf16_rounding():
+    """The default (emulated) path against torch.optim.Muon's native bf16 for 4 steps: each step's
+    update moves by at most a few bf16 roundings of a unit-scale entry."""
+    g = torch.Generator().manual_seed(0)
+    shapes = [(16, 32), (32, 16), (24, 24)]
+    init = [torch.randn(s, generator=g) for s in shapes]
+    ours = [torch.nn.Parameter(p.clone()) for p in init]
+    ref = [torch.nn.Parameter(p.clone()) for p in init]
+    opt = Muon(ours, lr=0.02, weight_decay=0.1, adjust_lr="original")
+    torch_opt = torch.optim.Muon(ref, lr=0.02, weight_decay=0.1, adjust_lr_fn="original")
+    steps = 4
+    for _ in range(steps):
+        for a, b in zip(ours, ref):
+            a.grad = torch.randn(a.shape, generator=g)
+            b.grad = a.grad.clone()
+        opt.step()
+        torch_opt.step()
+    for (m, n), a, b in zip(shapes, ours, ref):
+        bound = steps * 0.02 * math.sqrt(max(1, m / n)) * 4 * 2.0 ** -8
+        assert (a - b).abs().max() <= bound
