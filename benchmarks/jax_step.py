@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,11 @@ def _one_xla_thread() -> None:
 
 
 def _child(rung: int, repeats: int, cache: str, time_steps: bool) -> dict:
+    # Both engines with freed host memory kept for reuse, as the `ladder` command and the sweep's
+    # workers run them (rungs.host_memory): first, before any library starts a thread.
+    from rungs.host_memory import keep_freed_host_memory
+
+    host_memory_kept = keep_freed_host_memory()
     _one_xla_thread()
     import jax
     import jax.numpy as jnp
@@ -82,6 +88,7 @@ def _child(rung: int, repeats: int, cache: str, time_steps: bool) -> dict:
     # Compile time as process CPU seconds (one compiler thread): on a shared, loaded machine the wall
     # clock (the engine's own compile_seconds, also reported) counts the neighbours' time too.
     out = {"rung": rung, "compile_seconds": time.process_time() - cpu0, "compile_wall_seconds": engine.compile_seconds,
+           "host_memory_kept": host_memory_kept,
            "jax_version": jax.__version__,
            "batch_tokens": cfg.batch_tokens}
     if not time_steps:
@@ -121,21 +128,29 @@ def _child(rung: int, repeats: int, cache: str, time_steps: bool) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
         optimizer.step()
 
-    def timed(fn):
+    faults: dict[str, list[int]] = {"torch": [], "jax": []}
+
+    def timed(fn, name=None):
+        faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.process_time()
         fn()
-        return time.process_time() - t0
+        seconds = time.process_time() - t0
+        if name is not None:  # pages the step touched for the first time (minor page faults)
+            faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0)
+        return seconds
 
     torch_step(), jax_step(), jax_update(), torch_update()
     samples: dict[str, list[float]] = {"torch": [], "jax": [], "update": [], "torch_update": []}
     for _ in range(repeats):
-        samples["torch"].append(timed(torch_step))
-        samples["jax"].append(timed(jax_step))
+        samples["torch"].append(timed(torch_step, "torch"))
+        samples["jax"].append(timed(jax_step, "jax"))
         samples["update"].append(timed(jax_update))
         samples["torch_update"].append(timed(torch_update))
     med = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
     return out | {"torch_step_seconds": med["torch"], "jax_step_seconds": med["jax"],
-                  "jax_update_seconds": med["update"], "torch_update_seconds": med["torch_update"]}
+                  "jax_update_seconds": med["update"], "torch_update_seconds": med["torch_update"],
+                  "torch_step_page_faults": sorted(faults["torch"])[repeats // 2],
+                  "jax_step_page_faults": sorted(faults["jax"])[repeats // 2]}
 
 
 def _spawn(rung: int, repeats: int, cache: str, time_steps: bool) -> dict:
@@ -167,6 +182,8 @@ def run(quick: bool) -> Report:
         "jax_over_torch_step_time": ratio, "optimizer_share_of_jax_step": share,
         "optimizer_share_of_torch_step": cold["torch_update_seconds"] / cold["torch_step_seconds"],
         "jax_over_torch_update_time": cold["jax_update_seconds"] / cold["torch_update_seconds"],
+        "host_memory_kept": cold["host_memory_kept"], "torch_step_page_faults": cold["torch_step_page_faults"],
+        "jax_step_page_faults": cold["jax_step_page_faults"],
         "cold_compile_seconds": cold["compile_seconds"], "warm_compile_seconds": warm["compile_seconds"],
         "cold_compile_wall_seconds": cold["compile_wall_seconds"], "warm_compile_wall_seconds": warm["compile_wall_seconds"],
     }

@@ -44,6 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        # This process is the `ladder` command: before any library starts its threads, keep freed host
+        # memory for reuse, so a training step does not fault its temporaries in again each step
+        # (rungs.host_memory). A caller that passes argv (a test, a notebook) keeps its own allocator.
+        from rungs.host_memory import keep_freed_host_memory
+
+        keep_freed_host_memory()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -28,6 +28,7 @@ from ladder.run.sweep_runs import (TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME,
                                stored_result_run_id, trial_state)
 from ladder.run.sweep_runs import reregister as register_result
 from ladder.run.tracking_server import TrackingServer, is_local_store
+from rungs.host_memory import ALLOCATOR_ENV
 from rungs.tracking import store_lock, sqlite_path
 from rungs.tracking_uri import DEFAULT_TRACKING_URI
 from sweeps.spec import SweepSpec
@@ -121,8 +122,10 @@ def connect_ray(address: str | None) -> bool:
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # The trial workers keep freed host memory for reuse (rungs.host_memory): glibc reads
+    # ALLOCATOR_ENV when a worker process starts.
     kwargs = dict(log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING,
-                  runtime_env={"env_vars": {"RAY_CHDIR_TO_TRIAL_DIR": "0"}})
+                  runtime_env={"env_vars": {"RAY_CHDIR_TO_TRIAL_DIR": "0", **ALLOCATOR_ENV}})
     if address:
         ray.init(address=address, **kwargs)
     else:

@@ -1,4 +1,4 @@
-"""The private local Ray a sweep starts (`connect_ray(None)`): who can talk to it.
+"""The private local Ray a sweep starts (`connect_ray(None)`): who can talk to it, and its workers' env.
 
 Ray 2.60 cannot be told to listen on loopback only: `ray.init` maps 127.0.0.1 to the machine's
 address, and its GCS, raylet and worker gRPC servers listen on every interface (measured: `::`).
@@ -30,8 +30,11 @@ PROBE = textwrap.dedent("""
         except psutil.Error:
             pass
     import ray
+    from rungs.host_memory import ALLOCATOR_ENV
+    worker_env = ray.get(ray.remote(lambda: {k: os.environ.get(k) for k in ALLOCATOR_ENV}).remote())
     ray.shutdown()
-    print(json.dumps({"auth_mode": os.environ.get("RAY_AUTH_MODE"), "listening": listening}))
+    print(json.dumps({"auth_mode": os.environ.get("RAY_AUTH_MODE"), "listening": listening,
+                      "worker_env": worker_env}))
 """)
 
 
@@ -44,3 +47,7 @@ def test_the_private_local_ray_requires_its_token(tmp_path):
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["auth_mode"] == "token", report
     assert report["listening"], "found none of Ray's listening sockets"
+    # and its workers start with the allocator policy that keeps a step's freed memory (rungs.host_memory)
+    from rungs.host_memory import ALLOCATOR_ENV
+
+    assert report["worker_env"] == ALLOCATOR_ENV
