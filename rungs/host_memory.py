@@ -18,7 +18,9 @@ BFC) do with device memory. GPU jobs' host temporaries are small; this matters f
 How: glibc reads `MALLOC_ARENA_MAX`, `MALLOC_MMAP_MAX_` and `MALLOC_TRIM_THRESHOLD_` when a process
 starts (`ALLOCATOR_ENV`: what the sweep passes to its Ray workers), and `mallopt` sets the same at run
 time (`keep_freed_host_memory`), which holds for threads that have not allocated yet: call it before
-jax, torch or numpy start their threads (the `ladder` command does, first thing).
+jax, torch or numpy start their threads (the `ladder` commands that train do, first thing: `train`,
+`sweep`, `demo`, `nightly`). Not `ladder data`: one arena for every thread would serialise the
+tokenizer's parallel allocations.
 """
 
 from __future__ import annotations

@@ -43,11 +43,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+TRAINING_COMMANDS = frozenset({"train", "sweep", "demo", "nightly"})
+
+
+def _command(args: list[str]) -> str | None:
+    """The subcommand of a command line (its first word that is not an option), before parsing."""
+    return next((a for a in args if not a.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:
-        # This process is the `ladder` command: before any library starts its threads, keep freed host
-        # memory for reuse, so a training step does not fault its temporaries in again each step
-        # (rungs.host_memory). A caller that passes argv (a test, a notebook) keeps its own allocator.
+    if argv is None and _command(sys.argv[1:]) in TRAINING_COMMANDS:
+        # This process is a `ladder` command that trains: before any library starts its threads, keep
+        # freed host memory for reuse, so a training step does not fault its temporaries in again each
+        # step (rungs.host_memory). Not for `ladder data` (the tokenizer's threads would share one
+        # arena), nor for a caller that passes argv (a test, a notebook), which keeps its allocator.
         from rungs.host_memory import keep_freed_host_memory
 
         keep_freed_host_memory()

@@ -83,22 +83,35 @@ def test_the_environment_a_worker_starts_with_does_the_same():
     assert all(f < 0.01 * PAGES for f in got["faults"]), got
 
 
-def test_the_ladder_command_applies_it_and_an_in_process_caller_is_left_alone():
+@pytest.mark.parametrize("args, applied", [
+    (["train", "--help"], True), (["-v", "sweep", "--help"], True), (["data", "--help"], None),
+    (["plan", "--help"], None)])
+def test_the_ladder_commands_that_train_apply_it_and_others_do_not(args, applied):
+    # As the `ladder` console script runs: main() with no argv reads sys.argv.
     probe = textwrap.dedent("""
         import sys
         import rungs.host_memory as hm
         from ladder.cli import main
+        sys.argv = ["ladder", *sys.argv[1:]]
         try:
-            main(sys.argv[1:] or None)
+            main()
         except SystemExit:
             pass
         print(hm._applied)
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    as_command = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO,
-                                timeout=GUARD_SECONDS)
-    in_process = subprocess.run([sys.executable, "-c", probe, "plan", "cpu-demo", "--json"], capture_output=True,
-                                text=True, env=env, cwd=REPO, timeout=GUARD_SECONDS)
-    expected = "True" if platform.libc_ver()[0] == "glibc" else "False"
-    assert as_command.stdout.strip().splitlines()[-1] == expected, as_command.stderr[-2000:]
-    assert in_process.stdout.strip().splitlines()[-1] == "None", in_process.stderr[-2000:]
+    out = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, env=env, cwd=REPO,
+                         timeout=GUARD_SECONDS)
+    expected = applied if applied is None or platform.libc_ver()[0] == "glibc" else False
+    assert out.stdout.strip().splitlines()[-1] == str(expected), out.stderr[-2000:]
+
+
+def test_an_in_process_caller_keeps_its_allocator():
+    probe = textwrap.dedent("""
+        import rungs.host_memory as hm
+        from ladder.cli import main
+        main(["plan", "cpu-demo", "--json"])
+        print(hm._applied)
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=GUARD_SECONDS)
+    assert out.stdout.strip().splitlines()[-1] == "None", out.stderr[-2000:]
