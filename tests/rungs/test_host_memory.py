@@ -53,11 +53,16 @@ PROBE = textwrap.dedent(f"""
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the policy is glibc's malloc")
 
 
-def _probe(policy: str, env_extra: dict[str, str] | None = None) -> dict:
+def _python(code: str, *args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter whose environment sets no MALLOC_* variable beyond `env_extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env.update(env_extra or {})
-    out = subprocess.run([sys.executable, "-c", PROBE, policy], capture_output=True, text=True, env=env, cwd=REPO,
-                         timeout=GUARD_SECONDS)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=GUARD_SECONDS)
+
+
+def _probe(policy: str, env_extra: dict[str, str] | None = None) -> dict:
+    out = _python(PROBE, policy, env_extra=env_extra)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -99,9 +104,7 @@ def test_the_ladder_commands_that_train_apply_it_and_others_do_not(args, applied
             pass
         print(hm._applied)
     """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, env=env, cwd=REPO,
-                         timeout=GUARD_SECONDS)
+    out = _python(probe, *args)
     expected = applied if applied is None or platform.libc_ver()[0] == "glibc" else False
     assert out.stdout.strip().splitlines()[-1] == str(expected), out.stderr[-2000:]
 
@@ -113,5 +116,5 @@ def test_an_in_process_caller_keeps_its_allocator():
         main(["plan", "cpu-demo", "--json"])
         print(hm._applied)
     """)
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=GUARD_SECONDS)
+    out = _python(probe)
     assert out.stdout.strip().splitlines()[-1] == "None", out.stderr[-2000:]
