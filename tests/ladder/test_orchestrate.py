@@ -131,9 +131,15 @@ def _sweep(args: list[str], **kw) -> subprocess.CompletedProcess:
 KILL_STEPS = 60
 
 
+# What these tests check is where trials end up (finished, resumed, retried, diverged), never their BPB:
+# each trial's final evaluation reads the first held-out document of each domain (the whole held-out
+# sets cost ~9 s a trial).
+SMALL_EVAL = {"eval_max_docs_per_domain": 1, "final_eval_max_docs_per_domain": 1}
+
+
 def _kill_spec(tmp_path: Path) -> str:
     spec = yaml.safe_load((SWEEPS_DIR / "smoke.yaml").read_text())
-    spec.update(max_steps=KILL_STEPS, max_concurrent=1)
+    spec.update(max_steps=KILL_STEPS, max_concurrent=1, overrides={**spec["overrides"], **SMALL_EVAL})
     path = tmp_path / "smoke.yaml"
     path.write_text(yaml.safe_dump(spec))
     return str(path)
@@ -148,7 +154,7 @@ def test_killed_driver_rerun_finishes_every_trial_exactly_once(ray_cluster, tmp_
     # Kill once two trials are finished and the third has a checkpoint (every 5 steps) to resume from.
     deadline = time.monotonic() + GUARD_SECONDS
     while time.monotonic() < deadline and driver.poll() is None:
-        time.sleep(1)
+        time.sleep(0.2)  # many polls in the window (~4 s of steps on the idle machine, longer under load)
         dirs = list((tmp_path / "sweeps" / "smoke").glob("*"))
         done = [d for d in dirs if (d / "result.json").exists()]
         resumable = [d for d in dirs if (d / "checkpoint.pt").exists() and not (d / "result.json").exists()]
@@ -206,7 +212,7 @@ def test_killed_driver_rerun_finishes_every_trial_exactly_once(ray_cluster, tmp_
 
 FAULTS = {
     "name": "faults", "recipe": "cpu-demo", "max_steps": 6, "max_failures": 1, "max_concurrent": 3,
-    "resources": {"cpus": 1},
+    "resources": {"cpus": 1}, "overrides": SMALL_EVAL,
     "blocks": [{"name": "f", "rungs": [3], "arms": {
         "ok": {},
         "broken": {"data_manifest": "/nonexistent/manifest.yaml"},  # resolves, then raises at run time
@@ -314,11 +320,11 @@ def test_multi_worker_trial_runs_as_one_torchtrainer_job_and_one_mlflow_run(ray_
     path = tmp_path / "two.yaml"
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # A batch the two ranks cannot split evenly is refused before launch; an even one runs.
-    spec["overrides"] = {"batch_sequences": 7}
+    spec["overrides"] = {"batch_sequences": 7, **SMALL_EVAL}
     path.write_text(yaml.safe_dump(spec))
     refused = _sweep(["run", str(path), "--address", ray_cluster, "--tracking-uri", store, "--json"])
     assert refused.returncode == 2 and "does not split over 2 workers" in refused.stderr
-    spec["overrides"] = {"batch_sequences": 8}
+    spec["overrides"] = {"batch_sequences": 8, **SMALL_EVAL}
     path.write_text(yaml.safe_dump(spec))
     out = _sweep(["run", str(path), "--address", ray_cluster, "--tracking-uri", store, "--new-store", "--json"])
     assert out.returncode == 0, out.stderr
@@ -342,7 +348,7 @@ def test_status_progress_marks_a_silent_running_run_as_stale(tmp_path):
 
 
 TWIN = {"name": "twin", "recipe": "cpu-demo", "max_steps": 6, "max_failures": 0, "max_concurrent": 1,
-        "resources": {"cpus": 1}, "overrides": {"checkpoint_interval": 3},
+        "resources": {"cpus": 1}, "overrides": {"checkpoint_interval": 3, **SMALL_EVAL},
         "blocks": [{"name": "lr", "rungs": [3], "lr_wd": {"log_lr": {"spacing": 0.7, "points": 2}}}]}
 
 
