@@ -1,6 +1,4 @@
 # Two entry points, each sets up .venv/ on a fresh machine first.
-# --no-compile: pip byte-compiles every installed module (torch, jax, ray, mlflow: 73 of the 113 s of a
-# fresh install here); Python compiles the modules a process imports on first import instead.
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
@@ -10,7 +8,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet --no-compile -e '.[dev]'
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
