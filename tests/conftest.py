@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections import Counter
 
 import pytest
@@ -19,3 +20,14 @@ def longest_file_first(items: list[pytest.Item], rootpath, file_seconds: dict[st
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items[:] = longest_file_first(items, config.rootpath, load_file_seconds())
+
+
+# Test processes start children with fork, not vfork. A fresh-clone run (2026-12-03) failed once with
+# `OSError: [Errno 14] Bad address` from execve of sys.executable in a vfork child
+# (tests/ladder/test_tracking_server.py, 4 writers started at once). A vfork child runs on its
+# parent's memory, and with env=None execve reads the parent's shared `environ` while the parent's
+# other threads keep running (JAX, MLflow, Ray threads live in these workers); a fork child has its
+# own copy. Cost: copying the worker's page tables (~milliseconds) per child. The cause was not
+# reproduced; this removes the one mechanism that could produce it. (`subprocess._USE_VFORK` is the
+# documented switch, Python 3.11+.)
+subprocess._USE_VFORK = False
