@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # (tests/ladder/test_tracking_server.py, 4 writers started at once). A vfork child runs on its
 # parent's memory, and with env=None execve reads the parent's shared `environ` while the parent's
 # other threads keep running (JAX, MLflow, Ray threads live in these workers); a fork child has its
-# own copy. Cost: copying the worker's page tables (~milliseconds) per child. The cause was not
-# reproduced; this removes the one mechanism that could produce it. (`subprocess._USE_VFORK` is the
-# documented switch, Python 3.11+.)
+# own copy. Cost: copying the worker's page tables per child (20 children of a 2 GB process: no more wall
+# time than vfork). The cause was not reproduced; this removes the mechanism suspected, not a proven one.
+# (`subprocess._USE_VFORK` is the documented switch, Python 3.11+.)
 subprocess._USE_VFORK = False

@@ -22,7 +22,7 @@ from ladder.run.nightly import (GOLDENS_DIR, NOT_COMPARABLE, THROUGHPUT_METRIC, 
 from ladder.run.sweep_runs import find_runs
 from sweeps.plan import plan_sweep
 from sweeps.spec import load_spec
-from tests.rungs.train_helpers import DATA_CACHE, REPO
+from tests.rungs.train_helpers import DATA_CACHE, ONE_DOC_EVAL, REPO
 
 LADDER = [sys.executable, "-m", "ladder"]
 GUARD_SECONDS = 3600  # ends a hung run; never a judgement of speed
@@ -32,8 +32,7 @@ BACKEND_TAGS = {"backend", "jax_version", "jax_platform", "jax_compile_seconds"}
 
 def _spec() -> dict:
     rung = min(load_recipe("cpu-demo").ladder_rungs)
-    small = {"data_cache_root": str(DATA_CACHE), "eval_max_docs_per_domain": 1, "final_eval_max_docs_per_domain": 1,
-             "checkpoint_interval": 1000, "eval_interval": 1000}
+    small = {"data_cache_root": str(DATA_CACHE), **ONE_DOC_EVAL, "checkpoint_interval": 1000, "eval_interval": 1000}
     return {"name": "jax_smoke", "recipe": "cpu-demo", "seeds": [0], "max_concurrent": 1, "max_failures": 0,
             "resources": {"cpus": 1}, "overrides": small,
             "blocks": [{"name": "short", "rungs": [rung], "max_steps": 3, "arms": {"torch": {}}},

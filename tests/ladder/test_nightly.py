@@ -18,6 +18,7 @@ from ladder.run.nightly import (FLOOR_BPB_ABS, FLOOR_TOKENS_PER_SECOND_LOG_RATIO
                             GOLDENS_DIR, TrialMeasurement, build_golden, compare, load_golden)
 from ladder.run.nightly_report import write_report
 from sweeps.spec import load_spec
+from tests.rungs.train_helpers import ONE_DOC_EVAL
 
 
 def m(bpb: dict, tps: float, rounds: float) -> TrialMeasurement:
@@ -166,7 +167,7 @@ def test_missing_golden_exits_2_before_running_anything(tmp_path, capsys):
 # (the full held-out sets cost ~12 s a trial and prove nothing more here).
 TINY = {"name": "tiny_nightly", "recipe": "cpu-demo", "max_steps": 6, "seeds": [0], "max_concurrent": 1,
         "resources": {"cpus": 1},
-        "overrides": {"deterministic": True, "final_eval_max_docs_per_domain": 1, "eval_max_docs_per_domain": 1},
+        "overrides": {"deterministic": True, **ONE_DOC_EVAL},
         "blocks": [{"name": "rungs", "rungs": [3]}]}
 # A guard against a hung command, not a speed limit: each command takes ~1 min on the idle 2-core box.
 HUNG_COMMAND_S = 3600

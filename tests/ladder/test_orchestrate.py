@@ -29,6 +29,7 @@ from ladder.run.orchestrate import STALE_AFTER_SECONDS, _progress
 from ladder.run.sweep_runs import find_runs, trial_state
 from ladder.run.tracking_server import free_port
 from sweeps.spec import SWEEPS_DIR
+from tests.rungs.train_helpers import ONE_DOC_EVAL
 
 RAY = str(Path(sys.executable).parent / "ray")
 LADDER = [sys.executable, "-m", "ladder"]
@@ -131,10 +132,8 @@ def _sweep(args: list[str], **kw) -> subprocess.CompletedProcess:
 KILL_STEPS = 60
 
 
-# What these tests check is where trials end up (finished, resumed, retried, diverged), never their BPB:
-# each trial's final evaluation reads the first held-out document of each domain (the whole held-out
-# sets cost ~9 s a trial).
-SMALL_EVAL = {"eval_max_docs_per_domain": 1, "final_eval_max_docs_per_domain": 1}
+# What these tests check is where trials end up (finished, resumed, retried, diverged), never their BPB.
+SMALL_EVAL = ONE_DOC_EVAL
 
 
 def _kill_spec(tmp_path: Path) -> str:

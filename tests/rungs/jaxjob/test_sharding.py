@@ -52,7 +52,7 @@ def _worker(out: str) -> None:
         for step in range(STEPS):
             stats.append(engine.train_step(step, schedule(step)))
             engine.update_router_bias()
-            if mesh == SAVED_ON and step + 1 == SAVED_AT:  # the checkpoint the loop writes (rungs.loop)
+            if mesh == SAVED_ON and step + 1 == SAVED_AT:  # as rungs.loop saves after a step (its state: the step)
                 engine.save(run / "moved", {"step": SAVED_AT})
         result[str(mesh)] = {"loss": [s["loss"] for s in stats], "rounds": [s["moe_rounds_max"] for s in stats],
                              "params": {n: float(abs(p).sum()) for n, p in engine.host_params().items()},
