@@ -91,6 +91,16 @@ def fit_lr_wd_surfaces(runs: pd.DataFrame) -> tuple[list[Any], list[dict[str, An
     return surfaces, errors
 
 
+def demo_cards(recipe_ref: str, target_rung: int, laws: dict) -> dict[str, dict]:
+    """The demo's recipe cards: its own recipe's at `target_rung` with the laws it fitted, and MAI-Base-2
+    L102's. `recipe_ref` is the spec's `recipe` as written, a shipped name or a path to a recipe file
+    (a recipe loaded from a path is not found again by its name)."""
+    own = load_recipe(recipe_ref)
+    # A CPU ladder cannot fit a 2.8T model's laws: the L102 card uses the report's, labelled as such.
+    return {f"{own.name} L{target_rung}": build_card(recipe_ref, target_rung, laws),
+            "mai-base-2 L102": build_card("mai-base-2", 102, {"power_law": {}, "hparams": None, "files": []})}
+
+
 def run_demo(*, out_dir: Path = Path("runs/demo"), tracking_uri: str | None = None, spec_name: str = DEMO_SPEC,
              bootstrap: int = 1000, progress: Callable[[str], None] = log.info) -> DemoResult:
     from ladder.run.orchestrate import run_sweep
@@ -126,9 +136,7 @@ def run_demo(*, out_dir: Path = Path("runs/demo"), tracking_uri: str | None = No
     laws = {"power_law": result.power_laws, "hparams": None, "files": [],
             "experiment": {"experiment": outcome.experiment, "tracking_uri": uri, "n_runs": len(runs),
                            "run_ids": runs["run_id"].tolist()}}
-    result.cards[f"{recipe.name} L{target_rung}"] = build_card(recipe.name, target_rung, laws)
-    # A CPU ladder cannot fit a 2.8T model's laws: the L102 card uses the report's, labelled as such.
-    result.cards["mai-base-2 L102"] = build_card("mai-base-2", 102, {"power_law": {}, "hparams": None, "files": []})
+    result.cards = demo_cards(spec.recipe, target_rung, laws)
 
     progress("[5/5] figures and report")
     from ladder.analysis.report import write_figures, write_report

@@ -4,6 +4,7 @@ demo puts it in its report; both show the same rows (`card_rows`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ladder.plan.compute import plan_compute
@@ -11,11 +12,12 @@ from ladder.plan.generator import plan_rung
 from ladder.plan.recipe import load_recipe
 
 
-def build_card(recipe_name: str, rung: int, laws: dict[str, Any], tpp: float | None = None) -> dict[str, Any]:
-    """The recipe card of one target rung: the plan's numbers plus what the given laws predict."""
+def build_card(recipe_ref: str | Path, rung: int, laws: dict[str, Any], tpp: float | None = None) -> dict[str, Any]:
+    """The recipe card of one target rung of a recipe (a shipped name or a path to a recipe file): the
+    plan's numbers plus what the given laws predict."""
     from fits.extrapolate import recipe_card  # the fitting stack loads only when a card is built
 
-    recipe = load_recipe(recipe_name)
+    recipe = load_recipe(recipe_ref)
     spec = plan_rung(recipe, rung, tpp)
     pool = recipe.gpu_pool
     compute = plan_compute(spec.train_flops, gpus=pool.default_gpus, peak_flops_per_gpu=pool.peak_bf16_flops_per_gpu,

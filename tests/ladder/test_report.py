@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from ladder.analysis.demo import fit_compute_laws, summary
+from ladder.analysis.demo import demo_cards, fit_compute_laws, summary
 from ladder.analysis.demo_result import DemoResult
 from ladder.analysis.report import write_figures, write_report
 
@@ -78,3 +78,17 @@ def test_the_report_and_ladder_extrapolate_show_the_same_card_rows(tmp_path, cap
     page = html.unescape(write_report(result, pd.DataFrame()).read_text())
     for name, value, _ in rows:
         assert value in table and f"<td>{value}</td>" in page, name
+
+
+def test_a_demo_whose_spec_names_its_recipe_by_path_gets_its_cards(tmp_path):
+    """A spec's `recipe` may be a path; the demo built its card from the loaded recipe's name, which
+    no shipped recipe has, and failed after the whole sweep had trained (2026-12-03)."""
+    from ladder.plan.recipe import RECIPES_DIR
+
+    text = (RECIPES_DIR / "cpu-demo-d2.yaml").read_text(encoding="utf-8")
+    path = tmp_path / "my-d2.yaml"
+    path.write_text(text.replace("name: cpu-demo-d2", "name: my-d2", 1).replace("full_scale_tokens: 7.0e6",
+                                                                               "full_scale_tokens: 9.0e6", 1))
+    cards = demo_cards(str(path), 15, {"power_law": {}, "hparams": None, "files": []})
+    assert set(cards) == {"my-d2 L15", "mai-base-2 L102"}
+    assert cards["my-d2 L15"]["target"]["recipe"] == "my-d2" and cards["my-d2 L15"]["target"]["L"] == 15
