@@ -2,6 +2,7 @@
 
 import html
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -87,8 +88,8 @@ def test_a_demo_whose_spec_names_its_recipe_by_path_gets_its_cards(tmp_path):
 
     text = (RECIPES_DIR / "cpu-demo-d2.yaml").read_text(encoding="utf-8")
     path = tmp_path / "my-d2.yaml"
-    path.write_text(text.replace("name: cpu-demo-d2", "name: my-d2", 1).replace("full_scale_tokens: 7.0e6",
-                                                                               "full_scale_tokens: 9.0e6", 1))
+    text = re.sub(r"(?m)^full_scale_tokens: .*$", "full_scale_tokens: 1.0e8", text)  # room for L15's tokens
+    path.write_text(text.replace("name: cpu-demo-d2", "name: my-d2", 1))
     cards = demo_cards(str(path), 15, {"power_law": {}, "hparams": None, "files": []})
     assert set(cards) == {"my-d2 L15", "mai-base-2 L102"}
     assert cards["my-d2 L15"]["target"]["recipe"] == "my-d2" and cards["my-d2 L15"]["target"]["L"] == 15
