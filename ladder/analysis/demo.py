@@ -95,9 +95,9 @@ def demo_cards(recipe_ref: str, target_rung: int, laws: dict) -> dict[str, dict]
     """The demo's recipe cards: its own recipe's at `target_rung` with the laws it fitted, and MAI-Base-2
     L102's. `recipe_ref` is the spec's `recipe` as written, a shipped name or a path to a recipe file
     (a recipe loaded from a path is not found again by its name)."""
-    own = load_recipe(recipe_ref)
+    own = build_card(recipe_ref, target_rung, laws)
     # A CPU ladder cannot fit a 2.8T model's laws: the L102 card uses the report's, labelled as such.
-    return {f"{own.name} L{target_rung}": build_card(recipe_ref, target_rung, laws),
+    return {f"{own['target']['recipe']} L{target_rung}": own,
             "mai-base-2 L102": build_card("mai-base-2", 102, {"power_law": {}, "hparams": None, "files": []})}
 
 

@@ -29,6 +29,8 @@ from ladder.run.orchestrate import STALE_AFTER_SECONDS, _progress
 from ladder.run.sweep_runs import find_runs, trial_state
 from ladder.run.tracking_server import free_port
 from sweeps.spec import SWEEPS_DIR
+# What these tests check is where trials end up (finished, resumed, retried, diverged), never their BPB:
+# their trials evaluate one held-out document per domain.
 from tests.rungs.train_helpers import ONE_DOC_EVAL
 
 RAY = str(Path(sys.executable).parent / "ray")
@@ -132,13 +134,9 @@ def _sweep(args: list[str], **kw) -> subprocess.CompletedProcess:
 KILL_STEPS = 60
 
 
-# What these tests check is where trials end up (finished, resumed, retried, diverged), never their BPB.
-SMALL_EVAL = ONE_DOC_EVAL
-
-
 def _kill_spec(tmp_path: Path) -> str:
     spec = yaml.safe_load((SWEEPS_DIR / "smoke.yaml").read_text())
-    spec.update(max_steps=KILL_STEPS, max_concurrent=1, overrides={**spec["overrides"], **SMALL_EVAL})
+    spec.update(max_steps=KILL_STEPS, max_concurrent=1, overrides={**spec["overrides"], **ONE_DOC_EVAL})
     path = tmp_path / "smoke.yaml"
     path.write_text(yaml.safe_dump(spec))
     return str(path)
@@ -211,7 +209,7 @@ def test_killed_driver_rerun_finishes_every_trial_exactly_once(ray_cluster, tmp_
 
 FAULTS = {
     "name": "faults", "recipe": "cpu-demo", "max_steps": 6, "max_failures": 1, "max_concurrent": 3,
-    "resources": {"cpus": 1}, "overrides": SMALL_EVAL,
+    "resources": {"cpus": 1}, "overrides": ONE_DOC_EVAL,
     "blocks": [{"name": "f", "rungs": [3], "arms": {
         "ok": {},
         "broken": {"data_manifest": "/nonexistent/manifest.yaml"},  # resolves, then raises at run time
@@ -319,11 +317,11 @@ def test_multi_worker_trial_runs_as_one_torchtrainer_job_and_one_mlflow_run(ray_
     path = tmp_path / "two.yaml"
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # A batch the two ranks cannot split evenly is refused before launch; an even one runs.
-    spec["overrides"] = {"batch_sequences": 7, **SMALL_EVAL}
+    spec["overrides"] = {"batch_sequences": 7, **ONE_DOC_EVAL}
     path.write_text(yaml.safe_dump(spec))
     refused = _sweep(["run", str(path), "--address", ray_cluster, "--tracking-uri", store, "--json"])
     assert refused.returncode == 2 and "does not split over 2 workers" in refused.stderr
-    spec["overrides"] = {"batch_sequences": 8, **SMALL_EVAL}
+    spec["overrides"] = {"batch_sequences": 8, **ONE_DOC_EVAL}
     path.write_text(yaml.safe_dump(spec))
     out = _sweep(["run", str(path), "--address", ray_cluster, "--tracking-uri", store, "--new-store", "--json"])
     assert out.returncode == 0, out.stderr
@@ -347,7 +345,7 @@ def test_status_progress_marks_a_silent_running_run_as_stale(tmp_path):
 
 
 TWIN = {"name": "twin", "recipe": "cpu-demo", "max_steps": 6, "max_failures": 0, "max_concurrent": 1,
-        "resources": {"cpus": 1}, "overrides": {"checkpoint_interval": 3, **SMALL_EVAL},
+        "resources": {"cpus": 1}, "overrides": {"checkpoint_interval": 3, **ONE_DOC_EVAL},
         "blocks": [{"name": "lr", "rungs": [3], "lr_wd": {"log_lr": {"spacing": 0.7, "points": 2}}}]}
 
 
