@@ -2,7 +2,7 @@
 
 Why: the embedded store is one SQLite file (`runs/mlflow.db`), and SQLite takes one writer at a
 time: many trials writing the file directly at once get "database is locked" and lose points. So
-the driver starts one `mlflow server` (one worker process: the file's only writer) on 127.0.0.1,
+the driver starts one MLflow server (one process, `ladder.run.mlflow_server`: the file's only writer) on 127.0.0.1,
 and trials log over HTTP through it; the server serialises the writes and the MLflow client
 retries transient HTTP errors.
 
@@ -59,7 +59,7 @@ class TrackingServer:
     """`with TrackingServer("sqlite:///runs/mlflow.db") as uri:` → an http:// URI trials log to."""
 
     def __init__(self, store_uri: str = DEFAULT_TRACKING_URI, *, artifacts_dir: Path | None = None,
-                 host: str = "127.0.0.1", port: int | None = None) -> None:
+                 host: str = "127.0.0.1", port: int | None = None, via_cli: bool = False) -> None:
         if not is_local_store(store_uri):
             raise LadderInputError(f"{store_uri} is already a server or database; trials can log to it directly",
                                    field="--tracking-uri")
@@ -69,6 +69,7 @@ class TrackingServer:
         self.artifacts_dir = Path(artifacts_dir) if artifacts_dir else base / "mlartifacts"
         self.host = host
         self.port = port
+        self.via_cli = via_cli  # serve through the `mlflow server` CLI (ladder.run.mlflow_server says why not by default)
         self.uri: str | None = None
         self._proc: subprocess.Popen | None = None
         self._log_path = base / "mlflow-server.log"
@@ -80,9 +81,9 @@ class TrackingServer:
         self.artifacts_dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port(self.host)
         self.uri = f"http://{self.host}:{self.port}"
-        server = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.store_uri,
-                  "--host", self.host, "--port", str(self.port), "--workers", "1",
-                  "--serve-artifacts", "--artifacts-destination", str(self.artifacts_dir.resolve())]
+        server = [sys.executable, "-m", "ladder.run.mlflow_server", "--backend-store-uri", self.store_uri,
+                  "--host", self.host, "--port", str(self.port),
+                  "--artifacts-destination", str(self.artifacts_dir.resolve()), *(["--cli"] if self.via_cli else [])]
         cmd = [sys.executable, "-m", "ladder.run.tracking_server", "--watch-pid", str(os.getpid()), "--", *server]
         log_file = open(self._log_path, "ab")  # noqa: SIM115 (the child owns it for its lifetime)
         t0 = time.monotonic()

@@ -99,10 +99,33 @@ def _listening_addresses(pid: int) -> set[tuple[str, int]]:
     return out
 
 
-def test_server_listens_on_loopback_only(tmp_path):
-    server = TrackingServer(f"sqlite:///{tmp_path / 'mlflow.db'}")
+@pytest.mark.parametrize("via_cli", [False, True], ids=["one-process", "mlflow-cli"])
+def test_server_listens_on_loopback_only(tmp_path, via_cli):
+    server = TrackingServer(f"sqlite:///{tmp_path / 'mlflow.db'}", via_cli=via_cli)
     with server as uri:
         listening = _listening_addresses(server._proc.pid)
         assert listening, "the server listens on no TCP socket"
         assert {ip for ip, _ in listening} == {"127.0.0.1"}, listening
         assert ("127.0.0.1", server.port) in listening and uri == f"http://127.0.0.1:{server.port}"
+
+
+def test_one_process_serves_the_store_and_its_artifacts_as_the_mlflow_cli_would(tmp_path):
+    import psutil
+
+    server = TrackingServer(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    payload = tmp_path / "eval.json"
+    payload.write_text('{"bpb": 1.25}')
+    with server as uri:
+        (served,) = psutil.Process(server._proc.pid).children()  # the watchdog's one child
+        assert served.children() == []  # no second (uvicorn) process: the store opened once
+        client = MlflowClient(uri)
+        run = client.create_run(client.create_experiment("artifacts"))
+        assert run.info.artifact_uri.startswith("mlflow-artifacts:/")  # --serve-artifacts
+        client.log_artifact(run.info.run_id, str(payload))
+        client.log_metric(run.info.run_id, "bpb", 1.25, step=3)
+        fetched = client.download_artifacts(run.info.run_id, "eval.json", str(tmp_path))
+        assert open(fetched).read() == payload.read_text()
+    # where the CLI's --artifacts-destination puts it, beside the database
+    assert [p.read_text() for p in server.artifacts_dir.rglob("eval.json")] == [payload.read_text()]
+    assert MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(run.info.run_id, "bpb")[0].step == 3
+    assert "in one process" in server._log_path.read_text()
