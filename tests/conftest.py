@@ -1,13 +1,16 @@
-"""Suite-wide: the collection runs longest file first (see tests/file_seconds.py for why)."""
+"""Suite-wide: the collection runs longest file first (see tests/file_seconds.py for why); JAX compiles
+under the suite's XLA flags (tests/xla_flags.py) in this process and every process it starts."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections import Counter
 
 import pytest
 
 from tests.file_seconds import load_file_seconds
+from tests.xla_flags import with_suite_flags
 
 
 def longest_file_first(items: list[pytest.Item], rootpath, file_seconds: dict[str, float]) -> list[pytest.Item]:
@@ -31,3 +34,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # time than vfork). The cause was not reproduced; this removes the mechanism suspected, not a proven one.
 # (`subprocess._USE_VFORK` is the documented switch, Python 3.11+.)
 subprocess._USE_VFORK = False
+
+# Before any test imports jax (XLA reads its flags once, at backend start-up); children inherit it.
+os.environ["XLA_FLAGS"] = with_suite_flags(os.environ.get("XLA_FLAGS", ""))

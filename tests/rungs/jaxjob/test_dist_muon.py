@@ -11,7 +11,6 @@ Four host devices need XLA_FLAGS set before jax is imported, so the work runs in
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 
 from tests.rungs.train_helpers import REPO
+from tests.xla_flags import jax_subprocess_env
 
 MESHES = [(4, 1), (2, 2)]
 E = 8
@@ -91,7 +91,7 @@ def _loop_computations(hlo: str) -> set[str]:
 @pytest.mark.slow
 def test_distributed_muon_equals_one_device_with_whole_matrices_on_owners(tmp_path):
     out = tmp_path / "result.json"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = jax_subprocess_env(4)
     code = ("import json; from tests.rungs.jaxjob.test_dist_muon import _worker; "
             f"open({str(out)!r}, 'w').write(json.dumps(_worker()))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)

@@ -15,7 +15,6 @@ Four host devices need XLA_FLAGS set before jax is imported, so the work runs in
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -24,6 +23,7 @@ import pytest
 
 from rungs.moe import plan_rounds
 from tests.rungs.train_helpers import REPO
+from tests.xla_flags import jax_subprocess_env
 
 MESHES = [(4, 1), (2, 2), (1, 4)]
 T, K, E, LATENT, HIDDEN, CAPACITY, GROUP = 64, 2, 8, 16, 24, 2, 4
@@ -89,7 +89,7 @@ def _worker() -> dict:
 @pytest.mark.slow
 def test_sharded_experts_equal_one_device_and_memory_does_not_grow_with_skew(tmp_path):
     out = tmp_path / "result.json"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = jax_subprocess_env(4)
     code = ("import json; from tests.rungs.jaxjob.test_expert_parallel import _worker; "
             f"open({str(out)!r}, 'w').write(json.dumps(_worker()))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
@@ -193,8 +193,7 @@ def test_peak_memory_under_worst_skew_within_10_percent_of_balanced(tmp_path):
     an earlier run grew. The control shows the instrument sees the round buffers: the same call
     with twice the capacity (round buffers twice as large) peaks clearly higher."""
     out = tmp_path / "result.json"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               MALLOC_MMAP_THRESHOLD_="65536")
+    env = jax_subprocess_env(4, MALLOC_MMAP_THRESHOLD_="65536")
     code = ("import json; from tests.rungs.jaxjob.test_expert_parallel import _peak_worker; "
             f"open({str(out)!r}, 'w').write(json.dumps(_peak_worker()))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)

@@ -9,7 +9,6 @@ Four host devices need XLA_FLAGS set before jax is imported, so the work runs in
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.rungs.train_helpers import REPO, tiny_config
+from tests.xla_flags import jax_subprocess_env
 
 STEPS = 4
 MESHES = [(4, 1), (2, 2), (1, 4)]
@@ -86,7 +86,7 @@ def _worker(out: str) -> None:
 @pytest.mark.slow
 def test_sharded_meshes_equal_one_device_a_trial_shards_over_every_device_and_4_devices_resume_on_2(tmp_path):
     out = tmp_path / "result.json"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = jax_subprocess_env(4)
     proc = subprocess.run([sys.executable, "-c", f"from tests.rungs.jaxjob.test_sharding import _worker; "
                                                  f"_worker({str(out)!r})"],
                           cwd=REPO, env=env, capture_output=True, text=True)

@@ -9,7 +9,6 @@ readout gathered across processes) is tests/rungs/dist/test_one_loop.py's JAX te
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.rungs.train_helpers import REPO, tiny_config
+from tests.xla_flags import jax_subprocess_env
 
 STEPS = 3
 
@@ -65,8 +65,7 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_two_processes_train_as_one(tmp_path):
     port = _free_port()
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
+    env = jax_subprocess_env()
     outs = [tmp_path / f"losses{i}.json" for i in range(2)]
     procs = [subprocess.Popen([sys.executable, "-c", "from tests.rungs.jaxjob.test_sharding_multiprocess import "
                                f"_worker; _worker({i}, {port}, {str(outs[i])!r})"],
