@@ -46,6 +46,11 @@ def _in_process_settings(args: argparse.Namespace) -> tuple[dict[str, str], str]
 
 def serve(args: argparse.Namespace) -> None:
     """Serve until stopped (SIGTERM: uvicorn shuts down cleanly)."""
+    # uvicorn before anything of mlflow.server: that package decides at import whether it runs as a
+    # server (uvicorn loaded, as in the CLI's worker) and only then installs its Flask security
+    # middleware (allowed hosts, CORS).
+    import uvicorn
+
     try:
         if args.cli:
             raise ImportError("--cli given")
@@ -60,7 +65,6 @@ def serve(args: argparse.Namespace) -> None:
     # Opens the stores once, creating a fresh SQLite schema before the port opens: a client that
     # finds the server healthy finds the schema there. The app's handlers reuse these stores.
     initialize_backend_stores(args.backend_store_uri, args.backend_store_uri, artifact_root)
-    import uvicorn
     from mlflow.server.fastapi_app import app
 
     print(f"ladder.run.mlflow_server: MLflow {_mlflow_version()} serving {args.backend_store_uri} on "

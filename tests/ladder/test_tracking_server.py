@@ -107,6 +107,24 @@ def test_server_listens_on_loopback_only(tmp_path, via_cli):
         assert listening, "the server listens on no TCP socket"
         assert {ip for ip, _ in listening} == {"127.0.0.1"}, listening
         assert ("127.0.0.1", server.port) in listening and uri == f"http://127.0.0.1:{server.port}"
+        # MLflow's own guards stay on: a request naming another host (DNS rebinding) or coming from
+        # another origin (a web page's script) is refused, as `mlflow server` refuses it
+        assert _search_status(server.port, host=f"127.0.0.1:{server.port}") == 200
+        assert _search_status(server.port, host="evil.example.com") == 403
+        assert _search_status(server.port, host=f"127.0.0.1:{server.port}", origin="http://evil.example.com") == 403
+
+
+def _search_status(port: int, *, host: str, origin: str | None = None) -> int:
+    import http.client
+    import json
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=GUARD_SECONDS)
+    headers = {"Host": host, "Content-Type": "application/json", **({"Origin": origin} if origin else {})}
+    conn.request("POST", "/api/2.0/mlflow/experiments/search", body=json.dumps({"max_results": 1}), headers=headers)
+    try:
+        return conn.getresponse().status
+    finally:
+        conn.close()
 
 
 def test_one_process_serves_the_store_and_its_artifacts_as_the_mlflow_cli_would(tmp_path):
