@@ -10,18 +10,15 @@ What runs is MLflow's own app (`mlflow.server.fastapi_app:app`) configured the w
 --backend-store-uri S --serve-artifacts --artifacts-destination D --workers 1` configures it: the
 server's settings go in the environment variables MLflow's handlers read, the stores are opened (and
 a fresh SQLite schema created) before the port opens, then uvicorn serves on the given host. Those
-settings' names are MLflow internals: where this MLflow lacks one, the module runs the `mlflow
+settings' names are MLflow internals: where this MLflow lacks one (or a signature differs), the module runs the `mlflow
 server` CLI instead (`--cli` asks for it), so a changed MLflow costs start-up time, never a server.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
-
-log = logging.getLogger(__name__)
 
 
 def cli_command(args: argparse.Namespace) -> list[str]:
@@ -56,15 +53,17 @@ def serve(args: argparse.Namespace) -> None:
             raise ImportError("--cli given")
         settings, artifact_root = _in_process_settings(args)
         from mlflow.server.handlers import initialize_backend_stores
-    except ImportError as err:
+
+        os.environ.update(settings)
+        os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")  # (the CLI's job runner; unused)
+        # Opens the stores once, creating a fresh SQLite schema before the port opens: a client that
+        # finds the server healthy finds the schema there. The app's handlers reuse these stores.
+        initialize_backend_stores(args.backend_store_uri, args.backend_store_uri, artifact_root)
+    except (ImportError, TypeError) as err:  # a name or a signature this MLflow does not have
         command = cli_command(args)
-        print(f"ladder.run.mlflow_server: serving through the mlflow server CLI ({err})", file=sys.stderr, flush=True)
+        print(f"ladder.run.mlflow_server: serving through the mlflow server CLI ({err!r})", file=sys.stderr,
+              flush=True)
         os.execv(command[0], command)  # the same process: a watchdog ending its session ends the server
-    os.environ.update(settings)
-    os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")  # (the CLI's job runner; never used here)
-    # Opens the stores once, creating a fresh SQLite schema before the port opens: a client that
-    # finds the server healthy finds the schema there. The app's handlers reuse these stores.
-    initialize_backend_stores(args.backend_store_uri, args.backend_store_uri, artifact_root)
     from mlflow.server.fastapi_app import app
 
     print(f"ladder.run.mlflow_server: MLflow {_mlflow_version()} serving {args.backend_store_uri} on "
