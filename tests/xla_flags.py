@@ -8,9 +8,9 @@ JAX test files (tests/rungs/jaxjob, the JAX golden, one-loop, loop and sweep fil
 test time. The level changes the generated code's rounding, not what it computes: the golden config's
 20 JAX losses differ between levels 0 and 3 by at most 3.7e-4 (7.7e-5 relative), the size of the
 variation measured between single- and multi-threaded Eigen (4e-4), which the golden tolerance covers
-10 times. The JAX test files pass at both levels (run at 0 and at 3, 2026-12-03). Benchmarks and the product compile at XLA's default: nothing outside
-tests/ reads this. A flag given in XLA_FLAGS wins: run the suite at XLA's default with
-`XLA_FLAGS=--xla_backend_optimization_level=3 make test`.
+10 times. The JAX test files pass at both levels (run at 0 and at 3, 2026-12-03). Benchmarks and the
+product compile at XLA's default: nothing outside tests/ reads this. A flag given in XLA_FLAGS wins:
+run the suite at XLA's default with `XLA_FLAGS=--xla_backend_optimization_level=3 make test`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 SUITE_XLA_FLAGS = ("--xla_backend_optimization_level=0",)
+_DEVICE_COUNT = "--xla_force_host_platform_device_count"
 
 
 def with_suite_flags(flags: str = "") -> str:
@@ -34,6 +35,3 @@ def jax_subprocess_env(host_devices: int | None = None, **extra: str) -> dict[st
     if host_devices:
         given.append(f"{_DEVICE_COUNT}={host_devices}")
     return {**os.environ, "XLA_FLAGS": with_suite_flags(" ".join(given)), "JAX_PLATFORMS": "cpu", **extra}
-
-
-_DEVICE_COUNT = "--xla_force_host_platform_device_count"

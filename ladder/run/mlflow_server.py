@@ -10,8 +10,9 @@ What runs is MLflow's own app (`mlflow.server.fastapi_app:app`) configured the w
 --backend-store-uri S --serve-artifacts --artifacts-destination D --workers 1` configures it: the
 server's settings go in the environment variables MLflow's handlers read, the stores are opened (and
 a fresh SQLite schema created) before the port opens, then uvicorn serves on the given host. Those
-settings' names are MLflow internals: where this MLflow lacks one (or a signature differs), the module runs the `mlflow
-server` CLI instead (`--cli` asks for it), so a changed MLflow costs start-up time, never a server.
+settings' names are MLflow internals: where this MLflow lacks one (or a signature differs), the
+module runs the `mlflow server` CLI instead (`--cli` asks for it), so a changed MLflow costs start-up
+time, never a server.
 """
 
 from __future__ import annotations
@@ -41,6 +42,22 @@ def _in_process_settings(args: argparse.Namespace) -> tuple[dict[str, str], str]
             ARTIFACTS_DESTINATION_ENV_VAR: args.artifacts_destination}, artifact_root
 
 
+def _open_stores_in_process(args: argparse.Namespace) -> str | None:
+    """Set the worker's environment and open the stores here (a fresh SQLite schema is created before
+    the port opens: a client that finds the server healthy finds the schema there; the app's handlers
+    reuse these stores). None when done; else why not: a name or a signature this MLflow lacks."""
+    try:
+        settings, artifact_root = _in_process_settings(args)
+        from mlflow.server.handlers import initialize_backend_stores
+
+        os.environ.update(settings)
+        os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")  # (the CLI's job runner; unused)
+        initialize_backend_stores(args.backend_store_uri, args.backend_store_uri, artifact_root)
+    except (ImportError, TypeError) as err:
+        return repr(err)
+    return None
+
+
 def serve(args: argparse.Namespace) -> None:
     """Serve until stopped (SIGTERM: uvicorn shuts down cleanly)."""
     # uvicorn before anything of mlflow.server: that package decides at import whether it runs as a
@@ -48,33 +65,18 @@ def serve(args: argparse.Namespace) -> None:
     # middleware (allowed hosts, CORS).
     import uvicorn
 
-    try:
-        if args.cli:
-            raise ImportError("--cli given")
-        settings, artifact_root = _in_process_settings(args)
-        from mlflow.server.handlers import initialize_backend_stores
-
-        os.environ.update(settings)
-        os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")  # (the CLI's job runner; unused)
-        # Opens the stores once, creating a fresh SQLite schema before the port opens: a client that
-        # finds the server healthy finds the schema there. The app's handlers reuse these stores.
-        initialize_backend_stores(args.backend_store_uri, args.backend_store_uri, artifact_root)
-    except (ImportError, TypeError) as err:  # a name or a signature this MLflow does not have
+    why_not = "--cli given" if args.cli else _open_stores_in_process(args)
+    if why_not is not None:
         command = cli_command(args)
-        print(f"ladder.run.mlflow_server: serving through the mlflow server CLI ({err!r})", file=sys.stderr,
+        print(f"ladder.run.mlflow_server: serving through the mlflow server CLI ({why_not})", file=sys.stderr,
               flush=True)
         os.execv(command[0], command)  # the same process: a watchdog ending its session ends the server
+    import mlflow
     from mlflow.server.fastapi_app import app
 
-    print(f"ladder.run.mlflow_server: MLflow {_mlflow_version()} serving {args.backend_store_uri} on "
+    print(f"ladder.run.mlflow_server: MLflow {mlflow.__version__} serving {args.backend_store_uri} on "
           f"http://{args.host}:{args.port} in one process", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, workers=1, log_level="warning")
-
-
-def _mlflow_version() -> str:
-    import mlflow
-
-    return mlflow.__version__
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -69,7 +69,7 @@ class TrackingServer:
         self.artifacts_dir = Path(artifacts_dir) if artifacts_dir else base / "mlartifacts"
         self.host = host
         self.port = port
-        self.via_cli = via_cli  # serve through the `mlflow server` CLI (ladder.run.mlflow_server says why not by default)
+        self.via_cli = via_cli  # through the `mlflow server` CLI (why not by default: ladder.run.mlflow_server)
         self.uri: str | None = None
         self._proc: subprocess.Popen | None = None
         self._log_path = base / "mlflow-server.log"
