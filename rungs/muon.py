@@ -18,8 +18,8 @@ Same-shape matrices are orthogonalised in batches (one batched Newton-Schulz cal
 `ns_chunk_bytes` of fp32 matrices (default NS_CHUNK_BYTES, 1 GiB): a stack of 512 experts or a
 model's 27,648 same-shape expert matrices is cut into slices of whole matrices, and momentum,
 Nesterov update, decay and apply run slice by slice, so the optimizer's working memory is one
-chunk (its fp32 update, the bf16 Newton-Schulz iterate and its Gram matrices, float32 on CPU), not a copy of every
-same-shape matrix. Each matrix's result does not depend on the chunking (batched matmuls compute
+chunk (its fp32 update, the bf16 Newton-Schulz iterate and its Gram matrices, float32 on CPUs
+without bf16 units), not a copy of every same-shape matrix. Each matrix's result does not depend on the chunking (batched matmuls compute
 each batch element on its own).
 
 Newton-Schulz is scale-invariant: X / ||X||_F with the norm clamped only at the smallest normal
@@ -35,6 +35,8 @@ from collections.abc import Iterable
 
 import torch
 from torch import Tensor
+
+from rungs.cpu_bf16 import cpu_has_bf16_units
 
 __all__ = ["CONVENTIONS", "Muon", "MuonConfigError", "NS_CHUNK_BYTES", "NS_PRESETS", "SIMPLE_COEFFICIENTS",
            "adjust_lr", "matrix_chunks", "newton_schulz"]
@@ -90,14 +92,15 @@ def newton_schulz(G: Tensor, steps: int = 5, coefficients=SIMPLE_COEFFICIENTS, *
     The Gram matrix is formed on the smaller side (transpose when m > n). The same ops as
     torch.optim.Muon (addmm; baddbmm for batches), so 2-D results match it bit for bit in bf16.
 
-    emulate (None: on a CPU tensor when `dtype` is narrower than float32): the same steps with every
-    value that torch would hold in `dtype` held in float32 instead, rounded to `dtype` after each op
-    where torch rounds (`_rounded_newton_schulz`). CPUs without bf16 units (AVX2) multiply bf16 15-17x
-    slower than float32 (cpu-demo L6 matrices, one thread: 103 ms vs 6.7 ms for twelve 96x96), which
-    made Newton-Schulz 62% of a cpu-demo training step; CPUs with them gain nothing from bf16 at
-    these sizes. The results are bf16 values either way, equal to the native ones but for the order
-    of the float32 sums inside a product (tests/rungs/test_muon.py measures how often a value moves
-    by one bf16 unit in the last place).
+    emulate (None: on a CPU tensor when `dtype` is narrower than float32 and the CPU has no bf16
+    units, `rungs.cpu_bf16`): the same steps with every value that torch would hold in `dtype` held
+    in float32 instead, rounded to `dtype` after each op where torch rounds (`_rounded_newton_schulz`).
+    CPUs without bf16 units (AVX2) multiply bf16 15-17x slower than float32 (cpu-demo L6 matrices, one
+    thread: 103 ms vs 6.7 ms for twelve 96x96), which made Newton-Schulz 62% of a cpu-demo training
+    step. CPUs with them (AVX512-BF16) run the native path 2.2-2.9x faster than the emulated one at
+    cpu-demo-d2 L13's matrices (208x208, 8x104x208; one thread). The results are bf16 values either
+    way, equal to the native ones but for the order of the float32 sums inside a product
+    (tests/rungs/test_muon.py measures how often a value moves by one bf16 unit in the last place).
     """
     if G.ndim < 2:
         raise MuonConfigError(f"newton_schulz needs a matrix or a batch of matrices, got shape {tuple(G.shape)}")
@@ -105,7 +108,7 @@ def newton_schulz(G: Tensor, steps: int = 5, coefficients=SIMPLE_COEFFICIENTS, *
     safety = preset_safety if safety is None else safety
     narrow = dtype is not None and dtype.is_floating_point and torch.finfo(dtype).bits < 32
     if emulate is None:
-        emulate = narrow and G.device.type == "cpu"
+        emulate = narrow and G.device.type == "cpu" and not cpu_has_bf16_units()
     if emulate and narrow:
         return _rounded_newton_schulz(G, per_step, safety, dtype)
     lead = G.shape[:-2]

@@ -1,13 +1,15 @@
 """Muon: scale-invariant Newton-Schulz, agreement with torch.optim.Muon, batched expert stacks, the
-float32-emulated bf16 Newton-Schulz used on CPUs."""
+float32-emulated bf16 Newton-Schulz used on CPUs without bf16 units."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
+from rungs.cpu_bf16 import cpu_has_bf16_units
 from rungs.muon import CONVENTIONS, Muon, MuonConfigError, newton_schulz
 
 torch.set_num_threads(1)
@@ -298,12 +300,29 @@ def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (ordered(a) - ordered(b)).abs()
 
 
-def test_newton_schulz_on_cpu_emulates_bf16_by_default():
+def test_newton_schulz_on_cpu_emulates_bf16_only_without_bf16_units():
     G = torch.randn(3, 24, 40, generator=torch.Generator().manual_seed(0))
     auto = newton_schulz(G)
     assert auto.dtype == torch.bfloat16
-    assert torch.equal(auto, newton_schulz(G, emulate=True))
+    assert torch.equal(auto, newton_schulz(G, emulate=not cpu_has_bf16_units()))
     assert torch.equal(newton_schulz(G, dtype=torch.float32), newton_schulz(G, dtype=torch.float32, emulate=True))
+
+
+def _cpuinfo_flags() -> set[str] | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+def test_bf16_units_are_what_the_kernel_reports():
+    """torch's dispatch view of the CPU against the kernel's: AVX512-BF16 or AMX (the tiles come with
+    AMX-BF16 on every CPU that has them) in /proc/cpuinfo's flags."""
+    flags = _cpuinfo_flags()
+    if flags is None:
+        pytest.skip("no /proc/cpuinfo on this OS")
+    assert cpu_has_bf16_units() == bool({"avx512_bf16", "amx_tile"} & flags), sorted(f for f in flags if "bf16" in f or "amx" in f)
 
 
 @pytest.mark.parametrize("shape", EMULATION_SHAPES)
@@ -330,14 +349,15 @@ def test_emulated_newton_schulz_is_as_accurate_as_native_bf16(shape):
 
 
 def test_muon_on_cpu_tracks_torch_optim_muon_within_bf16_rounding():
-    """The default (emulated) path against torch.optim.Muon's native bf16 for 4 steps: each step's
-    update moves by at most a few bf16 roundings of a unit-scale entry."""
+    """The emulated path (the default on CPUs without bf16 units, forced here so every host tests it)
+    against torch.optim.Muon's native bf16 for 4 steps: each step's update moves by at most a few bf16
+    roundings of a unit-scale entry."""
     g = torch.Generator().manual_seed(0)
     shapes = [(16, 32), (32, 16), (24, 24)]
     init = [torch.randn(s, generator=g) for s in shapes]
     ours = [torch.nn.Parameter(p.clone()) for p in init]
     ref = [torch.nn.Parameter(p.clone()) for p in init]
-    opt = Muon(ours, lr=0.02, weight_decay=0.1, adjust_lr="original")
+    opt = Muon(ours, lr=0.02, weight_decay=0.1, adjust_lr="original", ns_emulate=True)
     torch_opt = torch.optim.Muon(ref, lr=0.02, weight_decay=0.1, adjust_lr_fn="original")
     steps = 4
     for _ in range(steps):
