@@ -16,4 +16,3 @@ def cpu_has_bf16_units() -> bool:
     """AVX512-BF16 or AMX on this CPU, as torch's own dispatch sees it (False if torch no longer says)."""
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
-

@@ -19,8 +19,8 @@ Same-shape matrices are orthogonalised in batches (one batched Newton-Schulz cal
 model's 27,648 same-shape expert matrices is cut into slices of whole matrices, and momentum,
 Nesterov update, decay and apply run slice by slice, so the optimizer's working memory is one
 chunk (its fp32 update, the bf16 Newton-Schulz iterate and its Gram matrices, float32 on CPUs
-without bf16 units), not a copy of every same-shape matrix. Each matrix's result does not depend on the chunking (batched matmuls compute
-each batch element on its own).
+without bf16 units), not a copy of every same-shape matrix. Each matrix's result does not depend on
+the chunking (batched matmuls compute each batch element on its own).
 
 Newton-Schulz is scale-invariant: X / ||X||_F with the norm clamped only at the smallest normal
 float (a divide-by-zero guard), unlike the 1e-7 eps clamp that silently shrinks tiny updates; an
