@@ -48,7 +48,9 @@ def _seed_everything(seed: int, deterministic: bool) -> None:
     torch.manual_seed(seed)
     if deterministic:  # cuBLAS needs a fixed workspace to be deterministic (ignored on CPU)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(deterministic)
+    # Only on a change: the call imports torch._inductor (~2 s a process), and every job sets it.
+    if torch.are_deterministic_algorithms_enabled() != deterministic:
+        torch.use_deterministic_algorithms(deterministic)
 
 
 def resolve_device(cfg: TrainConfig) -> str:
