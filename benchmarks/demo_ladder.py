@@ -8,7 +8,7 @@ reference's step rate here / that idle rate): a ratio, so other jobs on the shar
 Steps only: the held-out evaluations every `eval_interval` steps and the job's set-up are not in it.
 Timed in process CPU seconds with one thread, the rungs interleaved, the median of the repeats.
 
-    python -m benchmarks.demo_ladder --quick --json [--spec sweeps/demo_d2.yaml]
+    python -m benchmarks.demo_ladder --quick --json [--spec sweeps/demo_cpu_demo.yaml]
 """
 
 from __future__ import annotations

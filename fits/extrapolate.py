@@ -77,7 +77,7 @@ def dropout_from_law(dropout: dict[str, Any], params_active: float, level: float
 
 def bpb_from_law(law: PowerLawResult, train_flops: float, level: float = 0.95) -> dict[str, Any]:
     out = {"value": float(law.predict([train_flops])[0]), "interval": None, "ci_level": level,
-           "law": law.params, "n_points": law.n_points,
+           "law": law.params, "n_points": law.n_points, "floor_at_zero": bool(law.extra.get("floor_at_zero")),
            "extrapolation_factor": train_flops / law.extra["x_range"][1] if "x_range" in law.extra else None}
     if law.bootstrap_params is not None:
         lo, hi = law.predict_interval([train_flops], level)

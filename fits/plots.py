@@ -52,26 +52,32 @@ def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_f
         xs, ys = part[x].to_numpy(float), part[y].to_numpy(float)
         levels = np.unique(xs)
         held = xs >= levels[-holdout_top] if holdout_top and len(levels) > holdout_top else np.zeros(len(xs), bool)
+        no_floor = law is not None and bool(law.extra.get("floor_at_zero"))
         if law is not None:
             grid = np.geomspace(xs.min(), xs.max() * extend, 200)
-            ax.plot(grid, law.predict(grid), color="C0", label=f"E + A·C^-α, α={law.params['alpha']:.3g}")
+            form = "A·C^-α (E=0: no floor)" if no_floor else "E + A·C^-α"
+            ax.plot(grid, law.predict(grid), color="C0", label=f"{form}, α={law.params['alpha']:.3g}")
             if law.bootstrap_params is not None:
                 lo, hi = law.predict_interval(grid)
                 ax.fill_between(grid, lo, hi, color="C0", alpha=0.2, label=f"{(law.ci_level or 0.95):.0%} band")
-            ax.axhline(law.params["E"], color="grey", lw=0.8, ls=":")
+            if not no_floor:  # a floor at zero would only stretch the log axis
+                ax.axhline(law.params["E"], color="grey", lw=0.8, ls=":")
         ax.scatter(xs[~held], ys[~held], color="k", s=14, zorder=3, label="runs")
         if held.any():
             ax.scatter(xs[held], ys[held], facecolors="none", edgecolors="C3", s=40, zorder=4, label="held-out rung")
         backtest = (backtests or {}).get(name) or {}
         for row in backtest.get("predictions", []):
             label = "predicted without it" + (" (E=0)" if backtest.get("floor_at_zero") else "")
+            if "rel_error" in row:  # the backtest's numbers on the figure itself
+                inside = row.get("inside") and row.get("interval_available", True)
+                label += f": {100 * row['rel_error']:+.1f}%" + (", inside 95%" if inside else "")
             ax.errorbar(row["x"], row["predicted"], yerr=[[row["predicted"] - row["lo"]], [row["hi"] - row["predicted"]]],
                         fmt="_", color="C3", capsize=4, ms=12, zorder=5, label=label)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel(x)
         ax.set_ylabel(y)
-        ax.set_title(str(name) if law is not None else f"{name} (law not identified)")
+        ax.set_title(f"{name} (law not identified)" if law is None else f"{name} (E = 0)" if no_floor else str(name))
         ax.legend(fontsize=7)
     for ax in axes[len(names):]:
         ax.set_visible(False)

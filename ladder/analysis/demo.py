@@ -52,12 +52,22 @@ def ladder_runs(runs: pd.DataFrame, spec) -> pd.DataFrame:
 
 def fit_compute_laws(long: pd.DataFrame, *, bootstrap: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Each domain's compute law (`fits.compute_laws.fit_power_laws`, its default selection) and the
-    backtest of its top rung on the same rows; a domain whose law is not fitted says why."""
+    backtest of its top rung on the same rows; a domain whose law is not fitted says why.
+
+    A domain whose rungs show no loss floor gets the nested law A·C^(−α) (E on its lower bound,
+    `extra["floor_at_zero"]`, said in the log, the figure, the report and the card): a demo ladder spans
+    two decades of compute, where a floor is rarely visible, and its card at two rungs above the top
+    needs a law; its predictions near the fitted range are identified, E is not (`fits.power_law`)."""
     from fits.backtest import holdout_backtest
     from fits.compute_laws import fit_power_laws
     from fits.errors import FitError
 
-    laws = fit_power_laws(long, "train_flops", "bpb", group="domain", bootstrap=bootstrap)
+    laws = fit_power_laws(long, "train_flops", "bpb", group="domain", bootstrap=bootstrap, zero_floor=True)
+    for domain, law in sorted(laws.laws.items()):
+        if law.extra.get("floor_at_zero"):
+            log.warning("power law for %s: E = 0, no loss floor over these rungs: the nested law A·C^-α "
+                        "(α = %.3g); its predictions near the range are identified, E is not", domain,
+                        law.params["alpha"])
     backtests = {}
     for domain in laws.names:
         # The top rung is predicted even where E is not identified (E = 0 below the top, flagged).

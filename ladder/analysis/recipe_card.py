@@ -71,5 +71,6 @@ def card_rows(card: dict[str, Any]) -> list[list[str]]:
             rows.append([label, f"{hp[name]['value']:.4g}", _interval(hp[name].get("interval95"))])
     for domain, b in card["predicted_bpb"].items():
         ext = f" (×{b['extrapolation_factor']:.3g} beyond the data)" if b.get("extrapolation_factor") else ""
+        ext += " (E = 0: no floor seen)" if b.get("floor_at_zero") else ""
         rows.append([f"BPB {domain}", f"{b['value']:.4f}{ext}", _interval(b.get("interval"))])
     return rows

@@ -111,18 +111,23 @@ th{background:#f3f3f3}img{max-width:100%;margin:0.5em 0}code{background:#f5f5f5;
 
 def write_report(result: DemoResult, best: pd.DataFrame) -> Path:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>ladder demo report</title><style>{CSS}</style>"
-             "</head><body>", "<h1>Scaling-ladder demo: cpu-demo ladder → laws → recipe cards</h1>",
+             "</head><body>", "<h1>Scaling-ladder demo: ladder → laws → recipe cards</h1>",
              f"<p class='note'>MLflow experiment <code>{html.escape(result.experiment)}</code> in "
              f"<code>{html.escape(result.tracking_uri)}</code>; sweep: {html.escape(str(result.sweep))}; "
              f"wall-clock {result.wall_seconds:.0f} s.</p>"]
     parts.append("<h2>BPB vs training FLOPs, per held-out domain</h2>")
     parts.append("<p class='note'>BPB(C) = E + A·C<sup>−α</sup>, summed Huber (δ=1e-3) on log residuals, "
-                 "bootstrap over runs for the 95% band; open red markers: the held-out top rung.</p>")
+                 "bootstrap over runs for the 95% band; open red markers: the held-out top rung. Where the rungs "
+                 "show no loss floor, E is at zero and the law is A·C<sup>−α</sup> (marked E = 0).</p>")
     parts.append(_img(result.figures["bpb_vs_flops"]))
     law_rows = [[d, "", "", "", "", "", b.get("law_error") or b.get("error", "")]
                 for d, b in sorted(result.backtests.items()) if d not in result.power_laws]
     for d, law in sorted(result.power_laws.items()):
         ci = law.ci
+        if law.extra.get("floor_at_zero"):  # E on its bound: no value to report, nor an interval
+            law_rows.append([d, "0 (no floor seen: A·C^−α)", law.params["A"], law.params["alpha"], "not identified",
+                             ci.get("alpha", ""), law.n_points])
+            continue
         law_rows.append([d, law.params["E"], law.params["A"], law.params["alpha"], ci.get("E", ""), ci.get("alpha", ""),
                          law.n_points])
     parts.append(_table(["domain", "E", "A", "α", "E 95% CI", "α 95% CI", "rungs / why not fitted"], law_rows))

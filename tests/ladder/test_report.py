@@ -22,10 +22,13 @@ def two_domain_ladder() -> pd.DataFrame:
     return df
 
 
-def test_report_backtests_a_domain_whose_floor_is_not_identified(tmp_path):
+def test_report_fits_a_domain_without_a_floor_as_the_nested_law_and_says_so(tmp_path):
     best = two_domain_ladder()
     laws, backtests = fit_compute_laws(best, bootstrap=100)
-    assert set(laws) == {"code"} and "law not fitted" in backtests["math"]["law_error"]
+    # math has no floor (40·C^-0.07): its law is A·C^-α with E on its bound, flagged, not refused.
+    assert set(laws) == {"code", "math"} and laws["math"].extra["floor_at_zero"]
+    assert not laws["code"].extra["floor_at_zero"] and abs(laws["code"].params["E"] - 0.8) < 0.1
+    assert abs(laws["math"].params["alpha"] - 0.07) < 0.005 and laws["math"].params["E"] < 1e-3
     assert backtests["math"]["floor_at_zero"] and abs(backtests["math"]["predictions"][0]["rel_error"]) < 0.01
     assert not backtests["code"]["floor_at_zero"] and backtests["code"]["all_inside"]
 
@@ -33,10 +36,23 @@ def test_report_backtests_a_domain_whose_floor_is_not_identified(tmp_path):
                         power_laws=laws, backtests=backtests)
     result.figures = write_figures(result, best, best)
     html = write_report(result, best).read_text()
-    assert "law not fitted" in html and "E = 0: no floor below the top" in html
+    assert "no floor seen" in html and "E = 0: no floor below the top" in html and "law not fitted" not in html
     assert all(p.stat().st_size > 0 for p in result.figures.values())
     out = json.loads(json.dumps(summary(result), default=str))
-    assert out["backtest"]["math"]["floor_at_zero"] and "math" not in out["laws"]
+    assert out["backtest"]["math"]["floor_at_zero"] and "math" in out["laws"]
+
+
+def test_the_card_of_a_law_without_a_floor_predicts_and_says_e_is_zero():
+    from ladder.analysis.recipe_card import build_card, card_rows
+
+    laws, _ = fit_compute_laws(two_domain_ladder(), bootstrap=100)
+    card = build_card("cpu-demo", 8, {"power_law": laws, "hparams": None, "files": []})
+    math = card["predicted_bpb"]["math"]
+    assert math["floor_at_zero"] and not card["predicted_bpb"]["code"]["floor_at_zero"]
+    C = card["target"]["train_flops"]
+    assert abs(math["value"] / (40.0 * C ** -0.07) - 1) < 0.01 and math["interval"][0] < math["value"] < math["interval"][1]
+    row = next(r for r in card_rows(card) if r[0] == "BPB math")
+    assert "E = 0" in row[1]
 
 
 def test_the_reports_laws_are_written_once_from_the_recipe_defaults():
