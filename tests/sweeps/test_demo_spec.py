@@ -18,7 +18,7 @@ EARLIER_DEMO_EXPERIMENTS = {"sweep-demo", "sweep-demo-tpp1", "sweep-demo-d2"}
 # the ladder than at the bottom): cpu-demo-d2 L4 and L5 at TPP 4 (325k, 488k tokens); from 666k on (L2 at
 # TPP 30, L2 at 40, L3 at 20, L4 at 10) they were not (docs/backtest_diagnosis/).
 MIN_RUNG_TOKENS = 600_000
-# On two cores the sweep is throughput-bound: 1,290 core-seconds for 2.9e13 FLOPs of training measured
+# On two cores the sweep is throughput-bound: 1,277 trial-seconds for 2.9e13 FLOPs of training measured
 # (2026-12-03), 11 minutes of `make demo`'s 15. More compute than this does not fit.
 MAX_TOTAL_TRAIN_FLOPS = 3.2e13
 
