@@ -66,6 +66,7 @@ def _child(rung: int, repeats: int, cache: str, time_steps: bool) -> dict:
     from rungs.agc import ActivationGradClipper
     from rungs.config import parse_config
     from rungs.jaxjob.engine import JaxEngine
+    from rungs.jaxjob.muon import narrow_products_native
     from rungs.jaxjob.params import from_torch_state_dict
     from rungs.jaxjob.train import enable_compilation_cache
     from rungs.model import Transformer
@@ -90,6 +91,7 @@ def _child(rung: int, repeats: int, cache: str, time_steps: bool) -> dict:
     out = {"rung": rung, "compile_seconds": time.process_time() - cpu0, "compile_wall_seconds": engine.compile_seconds,
            "host_memory_kept": host_memory_kept,
            "jax_version": jax.__version__,
+           "jax_newton_schulz": "native" if narrow_products_native() else "emulated",
            "batch_tokens": cfg.batch_tokens}
     if not time_steps:
         return out
@@ -176,6 +178,7 @@ def run(quick: bool) -> Report:
     share = cold["jax_update_seconds"] / cold["jax_step_seconds"]
     report.results = {
         "rung": rung, "threads": 1, "clock": "process_time", "jax_version": cold["jax_version"],
+        "jax_newton_schulz": cold["jax_newton_schulz"],
         "batch_tokens": cold["batch_tokens"], "torch_step_seconds": cold["torch_step_seconds"],
         "jax_step_seconds": cold["jax_step_seconds"], "jax_update_seconds": cold["jax_update_seconds"],
         "torch_update_seconds": cold["torch_update_seconds"],

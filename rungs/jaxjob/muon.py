@@ -55,14 +55,30 @@ def _lerp(start: jax.Array, end: jax.Array, weight: float) -> jax.Array:
     return end - (end - start) * (np.float32(1.0) - w)
 
 
+def narrow_products_native() -> bool:
+    """Whether bf16 x bf16 -> float32 dots run natively on JAX's default backend: on a GPU or TPU,
+    and on a CPU with bf16 units (AVX512-BF16 or AMX, the probe `rungs.muon` uses, so both engines
+    take the same path on one machine). Measured on an AVX512-BF16 EPYC, one thread, 512^2: 191
+    GFLOP/s against 97 for float32; on AVX2 CPUs XLA converts the operands around every product."""
+    if jax.default_backend() != "cpu":
+        return True
+    from rungs.cpu_bf16 import cpu_has_bf16_units
+
+    return cpu_has_bf16_units()
+
+
 def newton_schulz(G: jax.Array, steps: int = 5, coefficients=SIMPLE_COEFFICIENTS, *,
-                  dtype: Any = jnp.bfloat16, safety: float | None = None) -> jax.Array:
+                  dtype: Any = jnp.bfloat16, safety: float | None = None,
+                  native: bool | None = None) -> jax.Array:
     """Orthogonalise G (..., m, n), batched over leading dims; returns `dtype` (None: G's dtype).
 
     The same steps as `rungs.muon.newton_schulz`: Gram matrix on the smaller side, an exact
     power-of-two prescale to max |x| in [0.5, 1), X / max(||X||_F * safety, tiny), then per step
     A = X X^T, B = b A + c A A, X = a X + B X. Products accumulate in float32 and round to `dtype`
     where torch's addmm rounds (once per fused op), so bf16 results track torch's closely.
+    `native` (None: `narrow_products_native()`): the products take `dtype` operands (torch's
+    bf16 path) instead of float32 operands holding `dtype` values (its CPU emulation); the same
+    products, summed in float32 in a possibly different order.
     """
     if G.ndim < 2:
         raise MuonConfigError(f"newton_schulz needs a matrix or a batch of matrices, got shape {tuple(G.shape)}")
@@ -91,19 +107,41 @@ def newton_schulz(G: jax.Array, steps: int = 5, coefficients=SIMPLE_COEFFICIENTS
     denom = rnd(norm * safety) if safety != 1.0 else norm
     X = rnd(X / jnp.maximum(denom, _TINY))
 
+    if native is None:
+        native = narrow_products_native()
+    native = native and dt != wide
+    if native:
+        # The same arithmetic with the operands stored in `dt`: a dt x dt -> wide dot, whose
+        # products are exact in wide (only the order of the float32 sums may differ), at the
+        # native rate, and the iterate carried in `dt` (half the memory traffic). The barrier keeps
+        # XLA:CPU from fusing a result's rounding into its consumer and then feeding that dot
+        # float32 operands (it did for A A and B X: 9.7 -> 7.7 ms for cpu-demo L6's 156 matrices
+        # of 48 x 96, one thread); it changes no value.
+        def out(v):
+            return jax.lax.optimization_barrier(v.astype(dt))
+        X = X.astype(dt)                                                     # exact: already rounded
+    else:
+        out = rnd
+
     def mm(p, q):
         # (..., i, k) @ (..., k, j) of operands already rounded to dt (X, A and B are: every value
-        # that reaches a product went through rnd), multiplied and accumulated in `wide`. The same
-        # arithmetic as a dt x dt -> wide dot, whose products are exact in wide; XLA:CPU has no
-        # such dot and converted the operands around every product (NS 65 -> 50 ms a step at
-        # cpu-demo L6, one thread).
+        # that reaches a product went through rnd or is stored in dt), multiplied and accumulated
+        # in `wide`. Emulated, it is the arithmetic of a dt x dt -> wide dot in wide operands:
+        # XLA:CPU on a CPU without bf16 units converts the operands around every product of such
+        # a dot (NS 65 -> 50 ms a step at cpu-demo L6 on an AVX2 core, one thread).
         return jnp.matmul(p, q, preferred_element_type=wide)
+
+    def gram(p):
+        # p p^T as one dot contracting both operands' last axes: XLA:CPU then needs no transposed
+        # copy of p in bf16 (native: 11.5 -> 9.5 ms for cpu-demo L6's 156 matrices of 48 x 96, one
+        # thread); with float32 operands it compiles to the same code as matmul(p, p^T).
+        return jnp.einsum("...ik,...jk->...ij", p, p, preferred_element_type=wide)
 
     def iteration(X, abc):
         a, b, c = abc[0], abc[1], abc[2]
-        A = rnd(mm(X, jnp.swapaxes(X, -1, -2)))
-        B = rnd(b * A + c * mm(A, A))
-        return rnd(a * X + mm(B, X)), None
+        A = out(gram(X))
+        B = out(b * A + c * mm(A, A))
+        return out(a * X + mm(B, X)), None
 
     # A scan over the per-step coefficients, not an unrolled loop: the same arithmetic, and XLA
     # compiles one iteration instead of five (the optimizer's compile time is most of a CPU step's).
@@ -119,32 +157,40 @@ def update_scale(shape: tuple[int, ...], mode: str = "match_rms_adamw") -> float
 
 def _orthogonalise(leaves: list[jax.Array], ns_steps: int, ns_coefficients, ns_dtype: Any,
                    adjust_lr: str) -> list[jax.Array]:
-    """NS(u) * scale for each leaf. Matrices of the same (out, in) and dtype go through one batched
-    Newton-Schulz, as rungs.muon.Muon batches them: at cpu-demo L6 that is 5 calls instead of 72,
-    which cuts the optimizer's compile time and its share of a CPU step (see the README).
+    """NS(u) * scale for each leaf. Matrices of the same shape up to a transpose and the same dtype
+    go through one batched Newton-Schulz (tall ones transposed first: Newton-Schulz orthogonalises
+    the wide side, as it would have inside), as rungs.muon.Muon batches same-shape matrices: at
+    cpu-demo L6 that is 4 calls instead of 72, which cuts the optimizer's compile time and its share
+    of a CPU step (see the README). The update scale is each leaf's own (it depends on out vs in).
     Traced on a mesh (`sharding.use_mesh`), each batch is laid out so that every device
     orthogonalises whole matrices of its own (`_on_owners`)."""
     mesh = active_mesh()
     groups: dict[tuple, list[int]] = {}
     for i, u in enumerate(leaves):
-        groups.setdefault((tuple(u.shape[-2:]), u.dtype), []).append(i)
-    out: list[Any] = [None] * len(leaves)
-    for (shape, dtype), members in groups.items():
-        def ortho(batch, shape=shape, dtype=dtype):
-            got = newton_schulz(batch, ns_steps, ns_coefficients, dtype=ns_dtype).astype(dtype)
-            return got * jnp.asarray(update_scale(shape, adjust_lr), dtype)
+        rows, cols = u.shape[-2:]
+        groups.setdefault((min(rows, cols), max(rows, cols), u.dtype), []).append(i)
 
+    def wide(u: jax.Array, like: jax.Array) -> jax.Array:     # transposed iff `like` is tall
+        return jnp.swapaxes(u, -1, -2) if like.shape[-2] > like.shape[-1] else u
+
+    out: list[Any] = [None] * len(leaves)
+    for (_, _, dtype), members in groups.items():
+        def ortho(batch, dtype=dtype):
+            return newton_schulz(batch, ns_steps, ns_coefficients, dtype=ns_dtype).astype(dtype)
+
+        wides = [wide(leaves[i], leaves[i]) for i in members]
         if mesh is not None:
-            for i, o in zip(members, _on_owners([leaves[i] for i in members], ortho, mesh)):
-                out[i] = o
-            continue
-        batch = jnp.concatenate([leaves[i].reshape(-1, *shape) for i in members])
-        done = ortho(batch)
-        start = 0
-        for i in members:
-            n = leaves[i].size // (shape[0] * shape[1])
-            out[i] = done[start:start + n].reshape(leaves[i].shape)
-            start += n
+            done = _on_owners(wides, ortho, mesh)
+        else:
+            flat = ortho(jnp.concatenate([w.reshape(-1, *w.shape[-2:]) for w in wides]))
+            done, start = [], 0
+            for w in wides:
+                n = w.size // (w.shape[-2] * w.shape[-1])
+                done.append(flat[start:start + n].reshape(w.shape))
+                start += n
+        for i, o in zip(members, done):
+            u = leaves[i]
+            out[i] = wide(o, u) * jnp.asarray(update_scale(u.shape[-2:], adjust_lr), dtype)
     return out
 
 

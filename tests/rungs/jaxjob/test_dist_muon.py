@@ -3,7 +3,7 @@ on their owners and equals single-device Muon within 1e-5 over 3 steps.
 
 "On their owners" is read off the compiled step: no collective inside any loop (Newton-Schulz is a
 scan: its iterations run on local, whole matrices), and the expert stacks' Newton-Schulz matmuls
-are batched over E / expert matrices only (each device those of its own experts), not over all E.
+are batched over E / expert matrices of each stack a device owns (those of its own experts), not over all E.
 
 Four host devices need XLA_FLAGS set before jax is imported, so the work runs in a subprocess.
 """
@@ -107,7 +107,11 @@ def test_distributed_muon_equals_one_device_with_whole_matrices_on_owners(tmp_pa
         assert loops, "Newton-Schulz runs as a loop"
         for name in loops:
             assert not any(c + "(" in comps[name] for c in COLLECTIVES), (shape, name)
-        # the stacks' (m, m) Gram products: batched over this device's experts only
-        expert = shape[1]
-        grams = re.findall(r"= f32\[(\d+),16,16\]\{[\d,]+\} dot\(", hlo)
-        assert grams and {int(b) for b in grams} == {E // expert}, (shape, grams)
+        # the stacks' (m, m) Gram products: batched over the stacks this device owns (the three
+        # 16 x 24 stacks, tall ones transposed, form one group) and within each over this device's
+        # experts only: the expert axis is E / expert, never all E when experts are split
+        expert, data = shape[1], shape[0]
+        grams = [[int(d) for d in dims.split(",")]
+                 for dims in re.findall(r"= f32\[((?:\d+,)*\d+),16,16\]\{[\d,]+\} dot\(", hlo)]
+        assert grams and {g[-1] for g in grams} == {E // expert}, (shape, grams)
+        assert all(int(np.prod(g[:-1])) == -(-3 // data) for g in grams), (shape, grams)

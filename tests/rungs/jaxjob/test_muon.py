@@ -10,15 +10,17 @@ import optax
 import pytest
 import torch
 
-from rungs.jaxjob.muon import MuonConfigError, muon, newton_schulz, scale_by_muon, update_scale
+from rungs.jaxjob.muon import (MuonConfigError, muon, narrow_products_native, newton_schulz, scale_by_muon,
+                               update_scale)
 from rungs.muon import Muon
 from rungs.muon import adjust_lr as torch_adjust_lr
 from rungs.muon import newton_schulz as torch_newton_schulz
 
 torch.set_num_threads(1)
 
-# Leaves sharing an (out, in) go through one batched Newton-Schulz: "wide", "wide_again" and
-# "wide_stack" exercise the grouping and the split back.
+# Leaves sharing an (out, in) up to a transpose go through one batched Newton-Schulz: "wide", "tall",
+# "wide_again" and "wide_stack" (and "stack" with "tall_stack") exercise the grouping, the transposes
+# and the split back, each leaf with its own update scale.
 SHAPES = {"wide": (16, 32), "tall": (32, 16), "square": (24, 24), "stack": (4, 8, 24), "tall_stack": (3, 24, 8),
           "wide_again": (16, 32), "wide_stack": (2, 16, 32)}
 
@@ -48,22 +50,43 @@ def _run_both(shapes, torch_opt_factory, jax_tx, steps=10, seed=0):
 BF16_ULP_AT_ONE = 2.0 ** -7  # bf16 spacing in [1, 2); Newton-Schulz outputs stay below 1.5
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "emulated"])
 @pytest.mark.parametrize(("shape", "preset"), [(s, "simple") for s in SHAPES.values()]
                          + [((96, 96), "quintic"), ((8, 96, 48), "polar_express")])
-def test_newton_schulz_bf16_matches_torch_to_bf16_rounding_eager_and_jitted(shape, preset):
+def test_newton_schulz_bf16_matches_torch_to_bf16_rounding_eager_and_jitted(shape, preset, native):
     """bf16 results are not bit for bit: the two matmul libraries sum in different orders, and a
     one-ulp flip carries through the iterations. Every element stays within one bf16 ulp at 1.
     Under jit XLA may skip a float32 -> bf16 -> float32 rounding (excess precision); the explicit
-    reduce_precision keeps each rounding torch does, so jit is held to the same bound."""
+    reduce_precision keeps each rounding torch does, so jit is held to the same bound. Both paths
+    on every host: bf16 operands (torch's native path) and float32 operands holding bf16 values
+    (its CPU emulation), each against torch's own same path."""
     G = np.random.default_rng(1).standard_normal(shape).astype(np.float32) * 3.0
-    want = torch_newton_schulz(torch.from_numpy(G), coefficients=preset).float().numpy()
-    eager = newton_schulz(jnp.asarray(G), coefficients=preset)
-    jitted = jax.jit(lambda g: newton_schulz(g, coefficients=preset))(jnp.asarray(G))
+    want = torch_newton_schulz(torch.from_numpy(G), coefficients=preset, emulate=not native).float().numpy()
+    eager = newton_schulz(jnp.asarray(G), coefficients=preset, native=native)
+    jitted = jax.jit(lambda g: newton_schulz(g, coefficients=preset, native=native))(jnp.asarray(G))
     assert eager.dtype == jitted.dtype == jnp.bfloat16
     for got in (eager, jitted):
         diff = np.abs(np.asarray(got.astype(jnp.float32)) - want)
         assert diff.max() <= BF16_ULP_AT_ONE
         assert diff.mean() < 1e-3
+
+
+def test_newton_schulz_default_path_is_the_hosts_and_the_paths_agree():
+    """The default takes bf16 operands where they multiply natively (a GPU, a CPU with bf16 units;
+    the probe rungs.muon uses) and is then that path exactly; the two paths differ only in the
+    order of float32 sums, so within one bf16 ulp."""
+    G = jnp.asarray(np.random.default_rng(3).standard_normal((5, 48, 96)).astype(np.float32))
+    auto = jax.jit(lambda g: newton_schulz(g))(G)
+    native = jax.jit(lambda g: newton_schulz(g, native=True))(G)
+    emulated = jax.jit(lambda g: newton_schulz(g, native=False))(G)
+    same = native if narrow_products_native() else emulated
+    assert np.array_equal(np.asarray(auto.astype(jnp.float32)), np.asarray(same.astype(jnp.float32)))
+    diff = np.abs(np.asarray(native.astype(jnp.float32)) - np.asarray(emulated.astype(jnp.float32)))
+    assert diff.max() <= BF16_ULP_AT_ONE
+    if jax.default_backend() == "cpu":
+        from rungs.cpu_bf16 import cpu_has_bf16_units
+
+        assert narrow_products_native() == cpu_has_bf16_units()
 
 
 @pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
