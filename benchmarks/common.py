@@ -106,12 +106,16 @@ def main_for(name: str, run: Callable[[bool], Report], argv: list[str] | None = 
     parser.add_argument("--quick", action="store_true", help="small sizes, a minute or less")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = parser.parse_args(argv)
-    report = run(args.quick)
-    payload = report.to_dict(quick=args.quick)
-    if args.json:
-        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
-    else:
-        for c in payload["checks"]:
-            mark = "ok " if c["ok"] else "FAIL"
-            sys.stdout.write(f"[{mark}] {c['name']}: {c['value']:.4g} {c['op']} {c['target']:g}\n")
+    print_report(run(args.quick), quick=args.quick, as_json=args.json)
     return 0
+
+
+def print_report(report: Report, *, quick: bool, as_json: bool) -> None:
+    """The contract's JSON object on stdout (indented), or one line per check."""
+    payload = report.to_dict(quick=quick)
+    if as_json:
+        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+        return
+    for c in payload["checks"]:
+        mark = "ok " if c["ok"] else "FAIL"
+        sys.stdout.write(f"[{mark}] {c['name']}: {c['value']:.4g} {c['op']} {c['target']:g}\n")

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import math
 import sys
 import time
@@ -43,7 +42,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import Report
+from benchmarks.common import Report, print_report
 from ladder.plan.counting import count_flops_per_token
 from ladder.plan.generator import plan_rung
 from ladder.plan.recipe import load_recipe
@@ -316,12 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-seconds", type=float, help="time steps for at least this long (default 60 on a GPU)")
     args = parser.parse_args(argv)
     report = run(args.quick, layers=args.layers, batch_sequences=args.batch_sequences, min_seconds=args.min_seconds)
-    payload = report.to_dict(quick=args.quick)
-    if args.json:
-        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
-    else:
-        for c in payload["checks"]:
-            sys.stdout.write(f"[{'ok ' if c['ok'] else 'FAIL'}] {c['name']}: {c['value']:.4g} {c['op']} {c['target']:g}\n")
+    print_report(report, quick=args.quick, as_json=args.json)
     return 0
 
 

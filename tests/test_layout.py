@@ -19,6 +19,7 @@ KNOWN = {
     ("benchmarks/train_step.py", "rungs.train", "_pick_threads"),
     ("benchmarks/train_step.py", "rungs.train", "_train_step"),
     ("benchmarks/jax_step.py", "rungs.torch_engine", "_train_step"),
+    ("benchmarks/jax_gpu_rung.py", "rungs.torch_engine", "_train_step"),
     ("benchmarks/demo_ladder.py", "rungs.train", "_train_step"),
 }
 
