@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from ladder.machine import machine_info as ladder_machine_info
@@ -88,6 +89,27 @@ def measured_peak_bf16_flops(size: int = PEAK_MATMUL_SIZE, repeats: int = 5) -> 
         seconds = time_call(lambda: a @ b, repeats=repeats, warmup=2)
         _PEAK_CACHE[size] = 2.0 * size**3 / seconds
     return _PEAK_CACHE[size]
+
+
+def random_token_batch(tokens: Any) -> SimpleNamespace:
+    """A batch for the torch engine's training step from random tokens (B, T + 1): inputs, targets, and
+    `locate`, which activation clipping asks where a clipped token came from (no document behind it)."""
+    return SimpleNamespace(inputs=tokens[:, :-1], targets=tokens[:, 1:],
+                           locate=lambda r, p: SimpleNamespace(source="random", doc_id=-1, token_offset=p))
+
+
+def torch_train_step(cfg: Any, model: Any, optimizer: Any, batch: Any, clipper: Any) -> dict[str, Any]:
+    """The torch engine's own training step (`rungs.torch_engine._train_step`) as a job runs it: inside
+    the activation clipper's step (if any), its clip events drained and dropped. Returns the step's stats."""
+    from rungs.torch_engine import _train_step
+
+    if clipper is not None:
+        clipper.begin_step(0)
+    out = _train_step(cfg, model, optimizer, batch, clipper, None)
+    if clipper is not None:
+        clipper.end_step()
+        clipper.drain_events()
+    return out
 
 
 def machine_info(*, quick: bool = False) -> dict[str, Any]:

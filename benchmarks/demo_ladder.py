@@ -16,17 +16,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from types import SimpleNamespace
 
 import torch
 
-from benchmarks.common import Report, main_for
+from benchmarks.common import Report, main_for, random_token_batch, torch_train_step
 from ladder.plan.resolve import resolve_train_config
 from rungs.agc import ActivationGradClipper
 from rungs.config import parse_config
 from rungs.model import Transformer
 from rungs.optim import build_optimizer
-from rungs.train import _train_step
 from sweeps.plan import plan_sweep
 from sweeps.spec import load_spec
 
@@ -45,9 +43,7 @@ class Stepper:
         self.cfg = parse_config({**config, "tracking_uri": None})
         torch.manual_seed(0)
         tokens = torch.randint(0, self.cfg.vocab_size, (self.cfg.batch_sequences, self.cfg.seq_len + 1))
-        # Random tokens: activation clipping may fire, and asks where a clipped token came from.
-        origin = SimpleNamespace(source="random", doc_id="random", token_offset=0)
-        self.batch = SimpleNamespace(inputs=tokens[:, :-1], targets=tokens[:, 1:], locate=lambda r, p: origin)
+        self.batch = random_token_batch(tokens)
         self.model = Transformer(self.cfg.architecture())
         self.optimizer = build_optimizer(self.model, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
         self.clipper = ActivationGradClipper(self.cfg.agc_settings())
@@ -58,10 +54,7 @@ class Stepper:
 
     def step(self) -> float:
         t0 = time.process_time()
-        self.clipper.begin_step(0)
-        _train_step(self.cfg, self.model, self.optimizer, self.batch, self.clipper, None)
-        self.clipper.end_step()
-        self.clipper.drain_events()
+        torch_train_step(self.cfg, self.model, self.optimizer, self.batch, self.clipper)
         return time.process_time() - t0
 
     @property

@@ -37,7 +37,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from benchmarks.common import Report, print_report
+from benchmarks.common import Report, print_report, random_token_batch, torch_train_step
 
 RECIPE, RUNG = "mai-base-2", 18
 RATIO_TARGET = 0.9
@@ -68,7 +68,6 @@ def _torch_stepper(cfg: Any) -> tuple[Any, dict[str, Any]]:
     from benchmarks.gpu_rung import build
     from rungs.agc import ActivationGradClipper
     from rungs.optim import build_optimizer
-    from rungs.torch_engine import _train_step
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
@@ -78,23 +77,10 @@ def _torch_stepper(cfg: Any) -> tuple[Any, dict[str, Any]]:
                                 muon_momentum=cfg.muon_momentum, adjust_lr=cfg.adjust_lr)
     clipper = ActivationGradClipper(cfg.agc_settings()) if cfg.agc else None
     model.activation_clip = clipper
-    tokens = torch.from_numpy(_tokens(cfg))
-
-    class Batch:
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-
-        @staticmethod
-        def locate(r, p):  # random tokens: no document behind a clipped token
-            return SimpleNamespace(source="random", doc_id=-1, token_offset=p)
+    batch = random_token_batch(torch.from_numpy(_tokens(cfg)))
 
     def step() -> float:
-        if clipper is not None:
-            clipper.begin_step(0)
-        out = _train_step(cfg, model, optimizer, Batch, clipper, None)
-        if clipper is not None:
-            clipper.end_step()
-            clipper.drain_events()
-        return out["loss"]
+        return torch_train_step(cfg, model, optimizer, batch, clipper)["loss"]
 
     def peak() -> int | None:
         return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None

@@ -25,9 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
-from benchmarks.common import Report, main_for
+from benchmarks.common import Report, main_for, random_token_batch, torch_train_step
 
 # Only XLA flags here: a token that is not one ("intra_op_parallelism_threads=1" stood here) made XLA
 # ignore the flags after it.
@@ -71,7 +70,6 @@ def _child(rung: int, repeats: int, cache: str, time_steps: bool) -> dict:
     from rungs.jaxjob.train import enable_compilation_cache
     from rungs.model import Transformer
     from rungs.optim import build_optimizer
-    from rungs.torch_engine import _train_step
 
     enable_compilation_cache(Path(cache))
     torch.set_num_threads(1)
@@ -97,20 +95,11 @@ def _child(rung: int, repeats: int, cache: str, time_steps: bool) -> dict:
         return out
     tokens = torch.randint(0, cfg.vocab_size, (cfg.batch_sequences, cfg.seq_len + 1))
 
-    class Batch:
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-
-        @staticmethod
-        def locate(r, p):  # a random batch: no document behind a clipped token
-            return SimpleNamespace(source="random", doc_id=-1, token_offset=p)
-
-    inputs, targets = (t.numpy().astype(np.int32) for t in (Batch.inputs, Batch.targets))
+    batch = random_token_batch(tokens)
+    inputs, targets = (t.numpy().astype(np.int32) for t in (batch.inputs, batch.targets))
 
     def torch_step():
-        clipper.begin_step(0)
-        _train_step(cfg, model, optimizer, Batch, clipper, None)
-        clipper.end_step()
-        clipper.drain_events()
+        torch_train_step(cfg, model, optimizer, batch, clipper)
 
     def jax_step():
         engine.step_on(0, inputs, targets)

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import sys
 import time
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.common import Report, main_for
+from benchmarks.common import Report, main_for, random_token_batch, torch_train_step
 from ladder.plan.counting import count_flops_per_token
 from ladder.plan.generator import plan_rung
 from ladder.plan.recipe import load_recipe
@@ -29,7 +28,7 @@ from rungs.attention import causal_attention
 from rungs.config import parse_config
 from rungs.model import RMSNorm, Transformer, apply_rope, rope_tables
 from rungs.optim import build_optimizer
-from rungs.train import _pick_threads, _train_step
+from rungs.train import _pick_threads
 
 
 class DenseBlock(nn.Module):
@@ -105,7 +104,7 @@ def run(quick: bool) -> Report:
     torch.manual_seed(0)
     tokens = torch.randint(0, cfg.vocab_size, (cfg.batch_sequences, cfg.seq_len + 1))
     batch_tokens = cfg.batch_sequences * cfg.seq_len
-    batch = SimpleNamespace(inputs=tokens[:, :-1], targets=tokens[:, 1:], locate=lambda r, p: None)
+    batch = random_token_batch(tokens)
 
     model = Transformer(cfg.architecture())
     optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -113,10 +112,7 @@ def run(quick: bool) -> Report:
     model.activation_clip = clipper
 
     def moe_step():
-        clipper.begin_step(0)
-        _train_step(cfg, model, optimizer, batch, clipper, None)
-        clipper.end_step()
-        clipper.drain_events()
+        torch_train_step(cfg, model, optimizer, batch, clipper)
 
     hidden, dense_flops_per_token = dense_hidden_for(spec.arch)
     dense = DenseModel(spec.arch, hidden)

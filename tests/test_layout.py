@@ -17,10 +17,7 @@ PACKAGES = ("ladder", "sweeps", "fits", "rungs", "benchmarks", "provenance")
 KNOWN = {
     ("benchmarks/dist_muon.py", "rungs.parallel.dist_muon", "_local"),
     ("benchmarks/train_step.py", "rungs.train", "_pick_threads"),
-    ("benchmarks/train_step.py", "rungs.train", "_train_step"),
-    ("benchmarks/jax_step.py", "rungs.torch_engine", "_train_step"),
-    ("benchmarks/jax_gpu_rung.py", "rungs.torch_engine", "_train_step"),
-    ("benchmarks/demo_ladder.py", "rungs.train", "_train_step"),
+    ("benchmarks/common.py", "rungs.torch_engine", "_train_step"),
 }
 
 
