@@ -32,27 +32,8 @@ log = logging.getLogger(__name__)
 
 # The settings live apart from the clipper so that config validation imports no torch.
 from rungs.agc_settings import GRANULARITIES, MODES, POINTS, AGCConfigError, AGCSettings  # noqa: E402,F401
-from rungs.agc_history import ClipHistory  # noqa: E402
+from rungs.agc_history import ClipEvent, ClipHistory  # noqa: E402
 from rungs.run_files import append_jsonl, drop_jsonl_after  # noqa: E402
-
-
-@dataclass
-class ClipEvent:
-    step: int
-    layer: int
-    point: str
-    row: int
-    position: int  # first token of the sequence when granularity is "sequence"
-    norm: float
-    threshold: float
-    source: str | None = None
-    doc_id: Any = None
-    token_offset: int | None = None
-    text: str | None = None
-
-    @property
-    def ratio(self) -> float:
-        return self.norm / self.threshold
 
 
 # (row, position) -> an object with .source, .doc_id, .token_offset (the sampler's TokenOrigin)

@@ -1,6 +1,6 @@
 """The host-side statistics of activation gradient clipping that both engines keep identically: the
 running history of per-step median norms per (layer, point), this step's clipped and measured unit
-counts, the per-step event budget, the job-wide merge of a sharded step, and the checkpointed state.
+counts, the clip events (`ClipEvent`, one record per clip) and the per-step event budget, the job-wide merge of a sharded step, and the checkpointed state.
 
 `rungs.agc.ActivationGradClipper` (torch, measured in an autograd Function) and
 `rungs.jaxjob.agc.ClipRecorder` (JAX, measured in a custom_vjp and read back on the host) differ only
@@ -14,12 +14,30 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import median
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rungs.agc_settings import AGCSettings
 
-if TYPE_CHECKING:
-    from rungs.agc import ClipEvent
+
+@dataclass
+class ClipEvent:
+    """One clip: where it happened, how far over its threshold, and the sample it came from."""
+
+    step: int
+    layer: int
+    point: str
+    row: int
+    position: int  # first token of the sequence when granularity is "sequence"
+    norm: float
+    threshold: float
+    source: str | None = None
+    doc_id: Any = None
+    token_offset: int | None = None
+    text: str | None = None
+
+    @property
+    def ratio(self) -> float:
+        return self.norm / self.threshold
 
 
 @dataclass

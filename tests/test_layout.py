@@ -61,3 +61,41 @@ def test_the_cli_output_module_loads_no_fitting_stack():
 
     code = "import sys, ladder.cli.output; heavy = {'scipy', 'fits.power_law'} & set(sys.modules); assert not heavy, heavy"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+PRODUCT = ("ladder", "sweeps", "fits", "rungs", "provenance")
+
+
+def import_cycle(graph) -> list[str] | None:
+    """One import cycle of the graph's modules (each module importing the next, the last the first),
+    or None when its imports form no circle."""
+    import graphlib
+
+    order = graphlib.TopologicalSorter({m: graph.find_modules_directly_imported_by(m) for m in graph.modules})
+    try:
+        order.prepare()
+    except graphlib.CycleError as err:
+        return list(reversed(err.args[1][:-1]))
+    return None
+
+
+def test_the_cycle_finder_finds_a_circle_hidden_behind_type_checking():
+    import grimp
+
+    graph = grimp.ImportGraph()
+    for importer, imported in (("p.a", "p.b"), ("p.b", "p.c"), ("p.c", "p.a"), ("p.c", "p.d")):
+        graph.add_import(importer=importer, imported=imported)
+    cycle = import_cycle(graph)
+    assert cycle is not None and set(cycle) == {"p.a", "p.b", "p.c"}
+    graph.remove_import(importer="p.c", imported="p.a")
+    assert import_cycle(graph) is None
+
+
+def test_the_product_code_has_no_import_cycle():
+    """No circle among the product's modules, counting lazy imports and those under TYPE_CHECKING
+    (import-linter's contracts leave the latter out, and check siblings only)."""
+    import grimp
+
+    graph = grimp.build_graph(*PRODUCT, exclude_type_checking_imports=False, cache_dir=None)
+    cycle = import_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle + cycle[:1])

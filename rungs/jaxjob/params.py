@@ -2,7 +2,7 @@
 
 Names, shapes and layouts are those of `rungs.model.Transformer` (Linear weights are (out, in),
 expert stacks (E, hidden, latent) and (E, latent, hidden)), so the shapes come straight from
-`ladder.plan.counting.parameter_shapes` and a torch state dict converts by identity. The routers'
+`rungs.architecture.parameter_shapes` and a torch state dict converts by identity. The routers'
 aux-loss-free expert biases are buffers, not parameters: they live in a second dict under their
 state-dict names (`layers.{i}.moe.router.expert_bias`), which no optimizer sees.
 
@@ -34,7 +34,7 @@ def architecture(cfg: Any) -> Architecture:
 
 
 def shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
-    """Every trainable tensor by state-dict name: `ladder.plan.counting.parameter_shapes` by identity."""
+    """Every trainable tensor by state-dict name: `rungs.architecture.parameter_shapes` by identity."""
     return parameter_shapes(architecture(cfg))
 
 
