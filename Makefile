@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench docs clean
 
 # --no-compile, then byte-compile only what the platform imports (scripts/warm_bytecode.py): pip compiles
 # every file of every package, 66 of the 103 s of an idle install here, mostly modules nothing imports.
@@ -30,5 +30,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/python -m benchmarks --quick --json
 
+# The documentation site from docs/ (MkDocs Material; the CLI reference is generated from the parsers),
+# served with live reload. make test builds it with warnings as errors (tests/test_docs.py).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
 clean:
-	rm -rf $(VENV) runs/ .pytest_cache
+	rm -rf $(VENV) runs/ site/ .pytest_cache
