@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import operator
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -24,19 +26,53 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 }
 
 
+# A check whose name says it is a utilisation (achieved over peak) measures a fraction of what the
+# hardware can do: above 1 the measurement or its peak is wrong (a CPU without bf16 units "measured"
+# its bf16 peak at ~1 GFLOP/s and a step then read 95x of it), so such a value fails whatever its op.
+_UTILISATION = re.compile(r"(^|_)(mfu|utilisation|utilization)(_|$)")
+
+
+def valid_range(name: str) -> tuple[float, float] | None:
+    """The physically possible values of a check named `name`: [0, 1] for a utilisation, else None."""
+    return (0.0, 1.0) if _UTILISATION.search(name) else None
+
+
 @dataclass
 class Check:
+    """A target an issue sets. `valid`: the values a correct measurement can take (a utilisation's
+    [0, 1]); a value outside it, or not finite, fails as a failed measurement, never passes."""
+
     name: str
     value: float
     op: str
     target: float
+    valid: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.op not in _OPS:
+            raise ValueError(f"check {self.name!r}: op must be one of {sorted(_OPS)}, got {self.op!r}")
+        if self.valid is None:
+            self.valid = valid_range(self.name)
+
+    @property
+    def invalid(self) -> str | None:
+        """Why the value cannot be a correct measurement, or None."""
+        if not math.isfinite(self.value):
+            return f"not a finite measurement ({self.value})"
+        if self.valid is not None and not self.valid[0] <= self.value <= self.valid[1]:
+            return (f"{self.value:.4g} is outside the possible [{self.valid[0]:g}, {self.valid[1]:g}]: "
+                    "a failed measurement (a wrong peak or clock)")
+        return None
 
     @property
     def ok(self) -> bool:
-        return bool(_OPS[self.op](self.value, self.target))
+        return self.invalid is None and bool(_OPS[self.op](self.value, self.target))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "value": self.value, "op": self.op, "target": self.target, "ok": self.ok}
+        out = {"name": self.name, "value": self.value, "op": self.op, "target": self.target, "ok": self.ok}
+        if self.invalid is not None:
+            out["invalid"] = self.invalid
+        return out
 
 
 @dataclass
@@ -44,15 +80,19 @@ class Report:
     benchmark: str
     results: dict[str, Any] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
+    # where the benchmark computed: machine_info times its reference matmul there ("cuda": on the
+    # GPU, with CUDA events; never on the host CPU while a GPU run waits)
+    device: str = "cpu"
 
-    def check(self, name: str, value: float, op: str, target: float) -> Check:
-        c = Check(name, float(value), op, float(target))
+    def check(self, name: str, value: float, op: str, target: float, *,
+              valid: tuple[float, float] | None = None) -> Check:
+        c = Check(name, float(value), op, float(target), valid)
         self.checks.append(c)
         return c
 
     def to_dict(self, *, quick: bool = False) -> dict[str, Any]:
-        return {"benchmark": self.benchmark, "machine": machine_info(quick=quick), "results": self.results,
-                "checks": [c.to_dict() for c in self.checks]}
+        return {"benchmark": self.benchmark, "machine": machine_info(quick=quick, device=self.device),
+                "results": self.results, "checks": [c.to_dict() for c in self.checks]}
 
 
 def time_call(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1,
@@ -76,19 +116,43 @@ QUICK_PEAK_MATMUL_SIZE = 512
 PEAK_MATMUL_SIZE = 2048
 
 
-_PEAK_CACHE: dict[int, float] = {}
+# 8192^3 on a GPU: large enough for the tensor cores' full rate (805 TFLOP/s on an H200), ~1.4 ms a call.
+GPU_PEAK_MATMUL_SIZE = 8192
+
+_PEAK_CACHE: dict[tuple[int, str], float] = {}
 
 
-def measured_peak_bf16_flops(size: int = PEAK_MATMUL_SIZE, repeats: int = 5) -> float:
-    """bf16 matmul FLOP/s on this device, measured with size x size matrices (the MFU denominator)."""
-    if size not in _PEAK_CACHE:
+def measured_peak_bf16_flops(size: int = PEAK_MATMUL_SIZE, repeats: int = 5, device: str = "cpu") -> float:
+    """bf16 matmul FLOP/s on `device`, measured with size x size matrices: on the CPU by the host clock,
+    on CUDA by CUDA events around each call (the host never waits inside the timed region)."""
+    key = (size, device)
+    if key not in _PEAK_CACHE:
         import torch
 
-        a = torch.randn(size, size, dtype=torch.bfloat16)
-        b = torch.randn(size, size, dtype=torch.bfloat16)
-        seconds = time_call(lambda: a @ b, repeats=repeats, warmup=2)
-        _PEAK_CACHE[size] = 2.0 * size**3 / seconds
-    return _PEAK_CACHE[size]
+        a = torch.randn(size, size, dtype=torch.bfloat16, device=device)
+        b = torch.randn(size, size, dtype=torch.bfloat16, device=device)
+        if device == "cuda":
+            seconds = _cuda_seconds(lambda: a @ b, repeats=repeats, warmup=2)
+        else:
+            seconds = time_call(lambda: a @ b, repeats=repeats, warmup=2)
+        _PEAK_CACHE[key] = 2.0 * size**3 / seconds
+    return _PEAK_CACHE[key]
+
+
+def _cuda_seconds(fn: Callable[[], Any], *, repeats: int, warmup: int) -> float:
+    """Median device seconds of `fn` by CUDA events (one synchronisation, after all the calls)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    samples = sorted(start.elapsed_time(end) / 1e3 for start, end in events)
+    return samples[len(samples) // 2]
 
 
 def random_token_batch(tokens: Any) -> SimpleNamespace:
@@ -112,13 +176,18 @@ def torch_train_step(cfg: Any, model: Any, optimizer: Any, batch: Any, clipper: 
     return out
 
 
-def machine_info(*, quick: bool = False) -> dict[str, Any]:
-    """The machine (`ladder.machine`, shared with the nightly) plus the bf16 peak measured here."""
+def machine_info(*, quick: bool = False, device: str = "cpu") -> dict[str, Any]:
+    """The machine (`ladder.machine`, shared with the nightly) plus the bf16 peak measured on the
+    device the benchmark ran on (a CUDA run times the GPU, never the host CPU)."""
     info = ladder_machine_info()
     if "torch" in info:
-        size = QUICK_PEAK_MATMUL_SIZE if quick else PEAK_MATMUL_SIZE
-        info["peak_bf16_flops_measured"] = measured_peak_bf16_flops(size)
+        if device == "cuda":
+            size = GPU_PEAK_MATMUL_SIZE
+        else:
+            size = QUICK_PEAK_MATMUL_SIZE if quick else PEAK_MATMUL_SIZE
+        info["peak_bf16_flops_measured"] = measured_peak_bf16_flops(size, device=device)
         info["peak_bf16_matmul_size"] = size
+        info["peak_bf16_matmul_device"] = device
     return info
 
 

@@ -132,8 +132,10 @@ class ActivationGradClipper(ClipHistory):
         self.total_units += norms.numel()
         top = min(self.settings.max_logged_events_per_step, norms.numel())
         top_norms, top_index = norms.flatten().topk(top)
-        stats = torch.cat([torch.stack([median.double(), over.sum().double(), torch.as_tensor(thr, dtype=torch.float64,
-                                                                                                device=norms.device)]),
+        # A history threshold is a host float: made on the device by a fill (a blocking copy of the
+        # float would wait for every queued kernel, once per clip point and micro-batch).
+        thr_device = thr if isinstance(thr, torch.Tensor) else norms.new_full((), thr, dtype=torch.float64)
+        stats = torch.cat([torch.stack([median.double(), over.sum().double(), thr_device]),
                            top_norms.double(), top_index.double()])
         self._pending.append(_PendingClip(self._current, layer, point, norms.shape[1], stats))
         scale = torch.where(over, thr / norms, torch.ones_like(norms))  # (B, T) or (B, 1); 1 where not over

@@ -4,7 +4,12 @@ A CUDA step synchronises with the host when it reads a device value (`.item()`, 
 `float(t)`, `.tolist()`, `if t:`, all of which reach `aten._local_scalar_dense` or `aten.is_nonzero`),
 when an op's output size depends on the data (the host must learn the size before it can
 allocate: `nonzero`, `masked_select`, `unique`, boolean-mask indexing, `repeat_interleave`
-without `output_size`, `bincount`), or when it copies a device tensor to the host.
+without `output_size`, `bincount`), when it copies a device tensor to the host, or when it copies
+host memory to the device without `non_blocking` (`cpu_tensor.to("cuda")`, and a device tensor made
+from host data: `torch.as_tensor(0.5, device=x.device)`, `torch.tensor([...], device=...)`). The
+last kind waits for every kernel queued before it: CUDA copies pageable host memory with
+`cudaMemcpy` and a stream synchronisation (`torch.cuda.set_sync_debug_mode` flags it); a value the
+device needs is better made there (`torch.full((), 0.5, device=x.device)`: a fill kernel, no copy).
 `torch.cuda.set_sync_debug_mode` finds these on a GPU; `HostSyncCounter`, a `TorchDispatchMode`,
 finds them by op on any device, so a CPU test can assert that a training step has none.
 
@@ -48,8 +53,20 @@ def _device_to_host(func_name: str, args, kwargs) -> bool:
     return False
 
 
+def _host_to_device(func_name: str, args, kwargs) -> bool:
+    """A blocking copy of CPU memory into an accelerator tensor (`non_blocking` copies do not wait)."""
+    if func_name == "aten::_to_copy" and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "cpu":
+        device = kwargs.get("device")
+        return device is not None and torch.device(device).type != "cpu" and not kwargs.get("non_blocking", False)
+    if func_name == "aten::copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor):
+        blocking = not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+        return args[0].device.type != "cpu" and args[1].device.type == "cpu" and blocking
+    return False
+
+
 def sync_reason(func, args, kwargs) -> str | None:
-    """Why this op call synchronises host and device ("read", "data-sized", "to-host"), or None."""
+    """Why this op call synchronises host and device ("read", "data-sized", "to-host", "to-device"),
+    or None."""
     name = func._schema.name
     if name in _READS:
         return "read"
@@ -64,6 +81,8 @@ def sync_reason(func, args, kwargs) -> str | None:
             return "data-sized"                                       # a boolean mask: nonzero inside
     if _device_to_host(name, args, kwargs):
         return "to-host"
+    if _host_to_device(name, args, kwargs):
+        return "to-device"
     return None
 
 
@@ -73,15 +92,33 @@ _HOST_METHODS = {torch.Tensor.tolist: "Tensor.tolist", torch.Tensor.numpy: "Tens
                  torch.Tensor.__array__: "Tensor.__array__"}
 
 
+# Factories that build a tensor from host data (numbers, lists, arrays) and copy it to `device`
+# inside one C++ call: no aten op of theirs reaches a dispatch mode, only the function itself.
+_FROM_HOST_DATA = {torch.tensor: "torch.tensor", torch.as_tensor: "torch.as_tensor", torch.asarray: "torch.asarray"}
+
+
+def _device_argument(args, kwargs):
+    device = kwargs.get("device")
+    if device is None and len(args) > 2 and not isinstance(args[2], torch.Tensor):
+        device = args[2]                                   # as_tensor(data, dtype, device) positionally
+    return device
+
+
 class _MethodCounter(TorchFunctionMode):
     def __init__(self, record) -> None:
         super().__init__()
         self.record = record
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         if func in _HOST_METHODS:
             self.record(f"{_HOST_METHODS[func]} (read)")
-        return func(*args, **(kwargs or {}))
+        elif func in _FROM_HOST_DATA and _device_argument(args, kwargs) is not None and not (
+                args and isinstance(args[0], torch.Tensor)):
+            # host data sent to a device; on the CPU any device counts, as reads do (it is the
+            # device the tensors of a GPU run live on)
+            self.record(f"{_FROM_HOST_DATA[func]} (to-device)")
+        return func(*args, **kwargs)
 
 
 def _on_accelerator(args, kwargs) -> bool:
@@ -98,7 +135,9 @@ class HostSyncCounter(TorchDispatchMode):
     would live on the GPU cannot be told apart. accelerator_only=True (a GPU run): only ops on a
     non-CPU tensor count, so reading a CPU-resident scalar (AdamW's step counter) is not a sync;
     tensor methods are then seen as the to-host copies they make, and no torch-function mode is
-    pushed (under one, Dynamo would recompile every compiled function).
+    pushed (under one, Dynamo would recompile every compiled function): tensors made from host data
+    with a device (`torch.as_tensor(x, device=...)`), which no dispatch mode sees, are then left to
+    `torch.cuda.set_sync_debug_mode`. Blocking copies of CPU tensors to a device count in both modes.
 
     `uninspected` (name -> calls): higher-order ops that ran whole, their inner ops not counted."""
 
@@ -144,6 +183,6 @@ class HostSyncCounter(TorchDispatchMode):
             self.uninspected[func.name()] += 1
             return func(*args, **kwargs)
         reason = sync_reason(func, args, kwargs)
-        if reason is not None and (not self.accelerator_only or _on_accelerator(args, kwargs)):
+        if reason is not None and (not self.accelerator_only or reason == "to-device" or _on_accelerator(args, kwargs)):
             self._record(f"{func._schema.name} ({reason})")
         return func(*args, **kwargs)

@@ -84,13 +84,18 @@ def _pick_threads(cfg: TrainConfig) -> int:
     return max(1, min(cores, int(cores - busy + 0.5)))
 
 
-def _train_step(cfg: TrainConfig, model: Transformer, optimizer, batch, clipper, decode) -> dict[str, float]:
+# The statistics of one step, in the order `train_step_on_device` stacks them.
+STEP_STATS = ("loss", "aux_loss", "grad_norm", "moe_rounds_mean", "moe_rounds_max", "moe_overload_max")
+
+
+def train_step_on_device(cfg: TrainConfig, model: Transformer, optimizer, batch, clipper, decode) -> torch.Tensor:
     """Forward/backward over the micro-batches of one batch, then one optimizer step (the router-bias
-    step is `TorchEngine.update_router_bias`, which the loop calls after it)."""
+    step is `TorchEngine.update_router_bias`, which the loop calls after it), without reading anything
+    on the host: returns the step's statistics (`STEP_STATS`) as one fp32 device tensor, for
+    `read_step_stats` after the step. A GPU runs the whole step without waiting for the host."""
     micro = cfg.micro_batch_sequences or cfg.batch_sequences
     n_micro = cfg.accumulation_steps
-    # Statistics stay on the device during the step and are read once at its end (one host sync per
-    # step, after the optimizer: none inside forward, backward or the update; #21).
+    # Statistics stay on the device during the step and are read once, after it (#21).
     ce_parts: list[torch.Tensor] = []
     aux_parts: list[torch.Tensor] = []
     rounds: list[torch.Tensor] = []
@@ -126,11 +131,18 @@ def _train_step(cfg: TrainConfig, model: Transformer, optimizer, batch, clipper,
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     rounds_t = torch.stack(rounds)
-    loss, aux_loss, norm, rounds_mean, rounds_max, overload_max = torch.stack([
-        torch.stack(ce_parts).mean(), torch.stack(aux_parts).mean(), grad_norm.detach().float(), rounds_t.mean(),
-        rounds_t.max(), torch.stack(overload).max()]).tolist()  # the step's one host read
-    return {"loss": loss, "aux_loss": aux_loss, "grad_norm": norm, "moe_rounds_mean": rounds_mean,
-            "moe_rounds_max": rounds_max, "moe_overload_max": overload_max}
+    return torch.stack([torch.stack(ce_parts).mean(), torch.stack(aux_parts).mean(), grad_norm.detach().float(),
+                        rounds_t.mean(), rounds_t.max(), torch.stack(overload).max()])
+
+
+def read_step_stats(stats: torch.Tensor) -> dict[str, float]:
+    """The step's one host read: its statistics (`train_step_on_device`'s) after the optimizer step."""
+    return dict(zip(STEP_STATS, stats.tolist()))
+
+
+def _train_step(cfg: TrainConfig, model: Transformer, optimizer, batch, clipper, decode) -> dict[str, float]:
+    """One step and its statistics on the host (what the loop logs and checks for divergence)."""
+    return read_step_stats(train_step_on_device(cfg, model, optimizer, batch, clipper, decode))
 
 
 class TorchEngine:
@@ -173,7 +185,7 @@ class TorchEngine:
         self.model.train()
 
     def load(self, run_dir: Path) -> dict[str, Any] | None:
-        payload = load_checkpoint(run_dir, config_key=self.cfg.key())
+        payload = load_checkpoint(run_dir, config_key=self.cfg.resume_keys())
         if payload is None:
             return None
         restore(payload, model=self.model, optimizer=self.optimizer, sampler=self.sampler)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -101,6 +103,72 @@ def test_accelerator_only_ignores_reads_of_cpu_tensors():
         torch.ones(3).sum().item()
         torch.nonzero(torch.ones(3))
     assert counter.total == 0
+
+
+@pytest.mark.parametrize("accelerator_only", [False, True])
+def test_counter_sees_blocking_copies_of_host_memory_to_a_device(accelerator_only):
+    """A blocking host-to-device copy waits for every queued kernel (CUDA copies pageable memory with
+    a stream synchronisation). The meta device stands in for a GPU: the copies are the same aten calls."""
+    host = torch.ones(3)
+    with HostSyncCounter(accelerator_only=accelerator_only) as counter:
+        host.to("meta")
+        torch.empty(3, device="meta").copy_(host)
+    assert counter.counts == {"aten::_to_copy (to-device)": 1, "aten::copy_ (to-device)": 1}, counter.counts
+    with HostSyncCounter(accelerator_only=accelerator_only) as counter:     # what a step may do instead
+        host.to("meta", non_blocking=True)
+        torch.empty(3, device="meta").copy_(host, non_blocking=True)
+        torch.full((), 0.5, dtype=torch.float64, device="meta")             # a fill on the device, no copy
+        torch.ones(3, device="meta") * 0.5
+        host.to(torch.float64)
+    assert counter.total == 0, counter.counts
+
+
+def test_counter_sees_device_tensors_made_from_host_data():
+    """`torch.as_tensor(0.5, device=x.device)` copies inside one C++ call that no dispatch mode sees
+    (activation clipping's history threshold did this once per clip and micro-batch: a sync each on a
+    GPU); the counter sees the call itself, on the CPU with any device, as it sees reads."""
+    x = torch.ones(3)
+    with HostSyncCounter() as counter:
+        torch.as_tensor(0.5, dtype=torch.float64, device=x.device)
+        torch.tensor([1.0, 2.0], device="meta")
+        torch.asarray([3.0], device=x.device)
+    assert counter.counts == {"torch.as_tensor (to-device)": 1, "torch.tensor (to-device)": 1,
+                              "torch.asarray (to-device)": 1}, counter.counts
+    assert counter.where["torch.as_tensor (to-device)"].rsplit(":", 1)[0] == __file__
+    with HostSyncCounter() as counter:                                      # host tensors, device tensors
+        torch.as_tensor(0.5)
+        torch.tensor([1.0])
+        torch.as_tensor(x, device=x.device)
+    assert counter.total == 0, counter.counts
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA device: torch.cuda.set_sync_debug_mode exists only there; the CPU "
+                           "tests above count the same ops by dispatch")
+def test_a_cuda_training_step_never_synchronises():
+    """The job's step (micro-batches, activation clipping with a history threshold, grad-norm clip,
+    Muon + AdamW) under `set_sync_debug_mode("error")`, which raises at any synchronising CUDA call;
+    its statistics are read after it, as the loop reads them."""
+    from rungs.config import TrainConfig
+    from rungs.torch_engine import TorchEngine, read_step_stats, train_step_on_device
+    from tests.rungs.train_helpers import tiny_config
+
+    cfg = TrainConfig(**tiny_config(device="cuda", micro_batch_sequences=2, precision="bf16"))
+    engine = TorchEngine(cfg)
+    engine.build()
+    for step in range(2):          # optimizer state, AGC history, compiled attention, cuBLAS handles
+        engine.train_step(step, 1.0)
+    batch = engine.sampler.next_batch()
+    engine.clipper.begin_step(2)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        stats = train_step_on_device(cfg, engine.model, engine.optimizer, batch, engine.clipper, None)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert engine.clipper.history_threshold(0, "residual") is not None      # the history path ran
+    engine.clipper.end_step()
+    assert all(map(math.isfinite, read_step_stats(stats).values()))
 
 
 
@@ -232,4 +300,4 @@ def test_the_single_process_step_reads_the_host_once_after_the_optimizer(overrid
     outside_optimizer = [(k, where) for k, where in counter.places
                          if not where.startswith(("step:", "_single", "_record:ids = cur.inputs"))]
     agc_read = ["flush"] if engine.clipper is not None else []
-    assert [where.split(":")[0] for _, where in outside_optimizer] == ["_train_step", *agc_read], outside_optimizer
+    assert [where.split(":")[0] for _, where in outside_optimizer] == ["read_step_stats", *agc_read], outside_optimizer
