@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmarks contract (DESIGN.md):
+"""Shared pieces of the benchmarks contract (docs/architecture.md):
 
 `python -m benchmarks.NAME [--quick] --json` prints one JSON object
 {"benchmark", "machine", "results", "checks": [{"name", "value", "op", "target", "ok"}]}.

@@ -133,7 +133,7 @@ def run(quick: bool) -> Report:
                                     "data": "epoch 240" if EPOCH_CSV.is_file() else "synthetic 240",
                                     "starts": chin.extra["optimizer"]["starts"]}
     report.check("chinchilla_grid_fit_seconds", chin_seconds, "<=", 20.0)
-    if not quick:  # not timed: what the intervals are worth (the README's table used trials=100, ~10 min)
+    if not quick:  # not timed: what the intervals are worth (docs/fits.md's table used trials=100, ~10 min)
         report.results["interval_coverage"] = [interval_coverage(r, s, 40) for r in (4, 5, 6, 8) for s in (0.003, 0.01)]
     return report
 

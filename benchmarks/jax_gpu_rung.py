@@ -21,7 +21,7 @@ Without a GPU in torch, or without a CUDA jaxlib in JAX, the full mode reports `
 bf16 too: the contract and the code path, not the numbers (its test: tests/benchmarks).
 
 On the project's GPU machine (an image with torch, jax[cuda], optax, orbax, but not the project's
-other needs), see README "The JAX backend" for the one prepared command.
+other needs), see docs/performance/jax.md for the one prepared command.
 """
 
 from __future__ import annotations

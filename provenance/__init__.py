@@ -2,7 +2,7 @@
 golden files and the nightly report all carry.
 
 It lives in its own top-level package, importing nothing of the project, because both `rungs` (run
-tags) and `fits` (fit results) need it and neither may import the other (README: Layout).
+tags) and `fits` (fit results) need it and neither may import the other (docs/layout.md).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ step faulted 5,134 pages (its large activations are mmap'd from the main arena a
 mmap threshold). With every thread on the main arena, no mmap for allocations and freed memory kept
 at the top of the heap, both steps fault nothing: JAX 0.487-0.518 -> 0.402-0.440 s a step, PyTorch
 0.389-0.418 -> 0.412-0.428 s, within its spread (`python -m benchmarks.jax_step`, which runs both
-engines this way and reports the faults; README, JAX backend).
+engines this way and reports the faults; docs/performance/jax.md).
 
 The cost: a process keeps its high-water mark of freed heap (up to 2 GiB at the top of the heap)
 instead of returning it to the system, as the caching allocators of torch (CUDA) and XLA (GPU,

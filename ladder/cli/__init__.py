@@ -1,7 +1,7 @@
 """The `ladder` command line. Each subcommand is one module with a `register`:
 `ladder/cli/<name>.py` (`ladder/cli/fit/` for the fit family).
 
-Contract (DESIGN.md): a readable table by default, one JSON object with --json, logs on stderr,
+Contract (docs/architecture.md): a readable table by default, one JSON object with --json, logs on stderr,
 exit 0 on success, exit 2 with one clear paragraph (no traceback) on bad input.
 """
 

@@ -1,4 +1,4 @@
-"""`ladder sweep run SPEC` and `ladder sweep status SPEC` (DESIGN.md contract)."""
+"""`ladder sweep run SPEC` and `ladder sweep status SPEC` (docs/architecture.md contract)."""
 
 from __future__ import annotations
 

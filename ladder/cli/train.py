@@ -2,7 +2,7 @@
 
 Prepares the corpus on first use (cached under runs/data), trains in `runs/train/<recipe>-L<L>-<key>`
 (a rerun of the same config resumes or returns the finished result), tracks in MLflow.
-JSON (DESIGN.md): {run_id, final_loss, bpb: {DOMAIN: value}, tokens, train_flops, wall_seconds,
+JSON (docs/architecture.md): {run_id, final_loss, bpb: {DOMAIN: value}, tokens, train_flops, wall_seconds,
 tokens_per_second, mfu}, plus achieved_tflops_per_device, peak_flops_per_device and mfu_capped (MFU
 is against the device's specification peak, rungs.metrics). A damaged or unsafe checkpoint, a full
 disk or a run directory in use by another job exits 2 with one line naming the file.

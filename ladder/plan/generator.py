@@ -52,7 +52,7 @@ class RungSpec:
     sources: dict[str, SourceAllocation] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        """The JSON form of one rung (DESIGN.md `ladder plan` contract plus the extra architecture fields)."""
+        """The JSON form of one rung (docs/architecture.md `ladder plan` contract plus the extra architecture fields)."""
         a = self.arch
         return {
             "recipe": self.recipe,

@@ -161,7 +161,7 @@ def _orthogonalise(leaves: list[jax.Array], ns_steps: int, ns_coefficients, ns_d
     go through one batched Newton-Schulz (tall ones transposed first: Newton-Schulz orthogonalises
     the wide side, as it would have inside), as rungs.muon.Muon batches same-shape matrices: at
     cpu-demo L6 that is 4 calls instead of 72, which cuts the optimizer's compile time and its share
-    of a CPU step (see the README). The update scale is each leaf's own (it depends on out vs in).
+    of a CPU step (docs/performance/jax.md). The update scale is each leaf's own (it depends on out vs in).
     Traced on a mesh (`sharding.use_mesh`), each batch is laid out so that every device
     orthogonalises whole matrices of its own (`_on_owners`)."""
     mesh = active_mesh()

@@ -1,4 +1,4 @@
-"""`ladder train`: the DESIGN.md JSON contract, resolve_train_config overrides, exit 2 on bad input."""
+"""`ladder train`: the JSON contract of docs/architecture.md, resolve_train_config overrides, exit 2 on bad input."""
 
 from __future__ import annotations
 

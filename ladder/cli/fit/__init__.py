@@ -1,6 +1,6 @@
 """`ladder fit power-law|chinchilla|hparams`: fit laws to a CSV or straight to an MLflow experiment.
 
-JSON contracts (DESIGN.md): power-law → {"fits": [{"group", "E", "A", "alpha", "ci", "backtest"}]}, a
+JSON contracts (docs/architecture.md): power-law → {"fits": [{"group", "E", "A", "alpha", "ci", "backtest"}]}, a
 group whose law could not be fitted (E on its bound, too few or too narrow rungs, a bootstrap that
 cannot run) carrying E = A = alpha = null and its own reason, naming it, in "not_identified" and
 "reason" (exit 0 when any group was fitted, 1 when none was; bad input for the whole table exits 2);

@@ -1,4 +1,4 @@
-"""`ladder data prepare`: the DESIGN.md contract (table, one JSON object, exit 2 on bad input)."""
+"""`ladder data prepare`: the contract of docs/architecture.md (table, one JSON object, exit 2 on bad input)."""
 
 from __future__ import annotations
 
