@@ -6,14 +6,15 @@
   loop), predicting the next rung from those below it, so the error can be watched shrinking.
 
 The interval is a prediction interval for a new run: bootstrap draws of the law plus a resampled
-log residual of the fit (observation noise), at `ci_level`. Where the rungs below the top are too
-few for a bootstrap to mean anything (`fits.bootstrap.MIN_DISTINCT_FOR_INTERVAL`), each prediction
-says `interval_available: false` with the reason; lo/hi stay for compatibility and must not be
-read as a 95% interval.
+log residual of the fit (observation noise), at `ci_level`. It follows the one interval rule of the
+fit below the top (`FitResult.interval_note`): where that fit has no interval (its rungs are too few
+for a bootstrap to mean anything, `fits.bootstrap.MIN_DISTINCT_FOR_INTERVAL`, say), each prediction
+says `interval_available: false` with the reason, and `lo`, `hi` and `inside` are null.
 
 A backtest tests predictions, so rungs that show no loss floor still predict: the fit below the top
-is allowed to put E at zero (the nested law A·x^(−α), `zero_floor`), and the result says so in
-`floor_at_zero`. The main fit keeps refusing such an E as a value to report.
+uses floor "auto" by default (E at zero where no floor shows: the nested law A·x^(−α),
+`fits.floors`), and the result says so in `floor_at_zero`; floor "zero" may be asked
+for. A main fit with the default floor "fit" keeps refusing such an E as a value to report.
 """
 
 from __future__ import annotations
@@ -38,21 +39,35 @@ def prediction_interval(fit: PowerLawResult, x: np.ndarray, ci_level: float, see
     return np.percentile(draws, q, axis=0), np.percentile(draws, 100 - q, axis=0)
 
 
+def backtest_floor(floor: str) -> str:
+    """The floor rule a backtest fits the rungs below the top with, given the main fit's: "zero" stays
+    "zero" (E = 0 by assumption), otherwise "auto" (a backtest tests the prediction, not E)."""
+    return "zero" if floor == "zero" else "auto"
+
+
 def _predict_rows(fit: PowerLawResult, test: pd.DataFrame, x: str, y: str, ci_level: float, seed: int) -> list[dict[str, Any]]:
     actual = test.groupby(x)[y].mean()
     xs = actual.index.to_numpy(dtype=float)
     pred = fit.predict(xs)
+    note = fit.interval_note  # the one interval rule: no interval, no lo/hi to misread as one
+    if note is not None:
+        return [{"x": float(xv), "actual": float(a), "predicted": float(p), "lo": None, "hi": None,
+                 "rel_error": float((p - a) / a), "inside": None, "interval_available": False, "interval_reason": note}
+                for xv, a, p in zip(xs, actual.to_numpy(), pred)]
     lo, hi = prediction_interval(fit, xs, ci_level, seed)
-    interval = fit.extra.get("interval") or {}
-    available = bool(interval.get("available", True))
     return [{"x": float(xv), "actual": float(a), "predicted": float(p), "lo": float(low), "hi": float(high),
-             "rel_error": float((p - a) / a), "inside": bool(low <= a <= high), "interval_available": available,
-             **({} if available else {"interval_reason": interval.get("reason")})}
+             "rel_error": float((p - a) / a), "inside": bool(low <= a <= high), "interval_available": True}
             for xv, a, p, low, high in zip(xs, actual.to_numpy(), pred, lo, hi)]
 
 
+def _all_inside(rows: list[dict[str, Any]]) -> bool | None:
+    """Every held-out rung inside its interval; None where any has no interval to be inside of."""
+    return None if any(r["inside"] is None for r in rows) else all(r["inside"] for r in rows)
+
+
 def holdout_backtest(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, holdout_top: int = 1,
-                     bootstrap: int = 400, ci_level: float = 0.95, seed: int = 0, **fit_kwargs) -> dict[str, Any]:
+                     bootstrap: int = 400, ci_level: float = 0.95, seed: int = 0, floor: str = "auto",
+                     **fit_kwargs) -> dict[str, Any]:
     """Fit without the `holdout_top` largest x values and predict them."""
     require_columns(df, [x, y])
     xs = numeric_column(df, x, positive=True)
@@ -64,17 +79,16 @@ def holdout_backtest(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *
                             f"the power law needs {MIN_DISTINCT_X} to fit", column=x)
     cut = levels[-holdout_top]
     train, test = df[xs < cut], df[xs >= cut]
-    fit = fit_power_law(train, x, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed,
-                        **{"zero_floor": True, **fit_kwargs})
+    fit = fit_power_law(train, x, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor, **fit_kwargs)
     rows = _predict_rows(fit, test, x, y, ci_level, seed)
     return {"kind": "holdout", "holdout_top": holdout_top, "n_train": len(train), "ci_level": ci_level,
             "params_without_holdout": fit.params, "floor_at_zero": fit.extra["floor_at_zero"],
             "delta": fit.options["delta"], "predictions": rows,
-            "max_abs_rel_error": max(abs(r["rel_error"]) for r in rows), "all_inside": all(r["inside"] for r in rows)}
+            "max_abs_rel_error": max(abs(r["rel_error"]) for r in rows), "all_inside": _all_inside(rows)}
 
 
 def progressive_backtest(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, bootstrap: int = 200,
-                         ci_level: float = 0.95, seed: int = 0, **fit_kwargs) -> dict[str, Any]:
+                         ci_level: float = 0.95, seed: int = 0, floor: str = "auto", **fit_kwargs) -> dict[str, Any]:
     """For k = 3 … n−1 rungs: fit the k smallest, predict rung k+1."""
     require_columns(df, [x, y])
     xs = numeric_column(df, x, positive=True)
@@ -86,7 +100,7 @@ def progressive_backtest(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb
     for k in range(MIN_DISTINCT_X, len(levels)):
         try:
             fit = fit_power_law(df[xs < levels[k]], x, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed,
-                                **{"zero_floor": True, **fit_kwargs})
+                                floor=floor, **fit_kwargs)
         except FitError as err:  # a few low rungs often cannot pin the floor: report the step, go on
             steps.append({"n_rungs_fitted": k, "x": float(levels[k]), "error": str(err)})
             continue

@@ -1,9 +1,12 @@
 """Compute laws of many groups (one per eval domain): which runs they are fitted on, and the set of
 results, with the reason for each group that could not be fitted.
 
-`fit_power_laws` is the one step `ladder fit power-law`, `ladder extrapolate --experiment`,
-`ladder demo` and the notebooks take, so the same runs give the same laws whichever command reads
-them. Its row selection (`select`):
+`fit_power_laws` is the one step `ladder fit power-law`, `ladder extrapolate --experiment/--csv`,
+`ladder demo` (and its report) and the notebooks take, so the same runs give the same laws whichever
+command reads them. Two rules decide a law: which rows it is fitted on (`select`) and what an E that
+runs to zero becomes (`floor`).
+
+Its row selection (`select`):
 
 - "ladder" (the default): the runs of the sweep's ladder block (column `block` == "ladder"): one
   run per rung at the recipe's TPP with the law's LR/WD. A table without a `block` column is taken
@@ -22,6 +25,12 @@ normals] below their mean (1.5σ for k = 9), which lowers the small rungs only, 
 (α too small) and biases every prediction upwards; the bootstrap cannot see that selection, so the
 intervals do not cover it either. On the shipped demo fixture the best run at L3 is 0.026 BPB
 (0.8%) below the ladder's own L3 run.
+
+Its floor rule (`floor`, `fits.floors`; the fit's side in `fits.power_law`): "fit" (the default)
+refuses a group whose E runs to zero, "auto" gives it the nested law A·C^(−α), reported with E = 0
+and flagged `floor_at_zero` (what `ladder demo` fits: a ladder over two decades of compute rarely
+shows a floor, and its predictions near the range are identified where E is not), "zero" fixes
+E = 0 for every group. The default reports no E the data cannot show; "auto" is asked for by name.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from fits.errors import FitError, FitInputError
+from fits.floors import DEFAULT_FLOOR, FLOOR_RULES, check_floor
 from fits.results import jsonable
 from fits.validate import numeric_column, require_columns
 from provenance import code_version
@@ -121,14 +131,16 @@ class PowerLawSet:
 
 
 def fit_power_laws(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, group: str | None = "domain",
-                   select: str = DEFAULT_SELECT, **fit_options: Any) -> PowerLawSet:
+                   select: str = DEFAULT_SELECT, floor: str = DEFAULT_FLOOR, **fit_options: Any) -> PowerLawSet:
     """Select the rows (`select`, module docstring), then fit y = E + A·x^(−α) per value of `group`
-    (one law labelled `y` with group=None). A group whose law cannot be fitted (no floor in its data,
-    too few or too narrow rungs, a bootstrap that cannot run) is kept with its error, the others
-    fitted. A problem of the whole table (a missing or non-numeric column) raises instead.
-    `fit_options` go to `fits.power_law.fit_power_law` (bootstrap, ci_level, seed, delta, cluster...)."""
+    (one law labelled `y` with group=None), with the floor rule `floor` (module docstring). A group
+    whose law cannot be fitted (no floor in its data under floor "fit", too few or too narrow rungs, a
+    bootstrap that cannot run) is kept with its error, the others fitted. A problem of the whole table
+    (a missing or non-numeric column, an unknown rule) raises instead. `fit_options` go to
+    `fits.power_law.fit_power_law` (bootstrap, ci_level, seed, delta, cluster...)."""
     from fits.power_law import fit_power_law  # scipy loads when a law is fitted, not when the CLI parses flags
 
+    check_floor(floor)
     if group is not None and group not in df.columns:
         raise FitInputError(f"no such column; the table has {sorted(map(str, df.columns))}", column=group)
     rows, info = select_runs(df, x, y, group=group, select=select)
@@ -139,8 +151,9 @@ def fit_power_laws(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, 
     laws, errors = {}, {}
     for name, part in parts:
         try:
-            laws[name] = fit_power_law(part, x, y, group=None if group is None else name, **fit_options)
+            laws[name] = fit_power_law(part, x, y, group=None if group is None else name, floor=floor, **fit_options)
         except FitError as err:
             errors[name] = err
     info["n_points"] = {name: int(len(part)) for name, part in parts}
+    info["floor"] = {"rule": floor, "description": FLOOR_RULES[floor]}
     return PowerLawSet(names=tuple(name for name, _ in parts), laws=laws, errors=errors, rows=rows, group=group, x=x, y=y, selection=info)

@@ -8,7 +8,9 @@
   EG_FLOPs = C_base(y_cand) / C_cand, and EG_time the same with wall-clock seconds (the baseline's
   law refitted against wall seconds). EG > 1 means the change saves compute; the report quotes
   EG − 1 (activation gradient clipping: +2% at L18 growing to +28% at L42).
-Intervals come from the bootstrap draws of the laws (percentiles of the ratio).
+Intervals come from the bootstrap draws of the laws (percentiles of the ratio), where the one
+interval rule allows the law one (`FitResult.interval_note`); elsewhere the interval is null and
+`interval_note` says why.
 """
 
 from __future__ import annotations
@@ -67,10 +69,12 @@ def iso_bpb_multipliers(laws: dict[str, PowerLawResult], references: list[dict[s
             needed = float(law.inverse([bpb_ref])[0])
             row = {"bpb_reference": bpb_ref, "flops_needed": needed, "multiplier": ref["train_flops"] / needed,
                    "below_floor": bool(np.isinf(needed))}
-            if law.bootstrap_params is not None:
+            if law.interval_note is None:
                 mult = ref["train_flops"] / law.inverse_draws([bpb_ref])[:, 0]
                 lo, hi = percentile_interval(mult, ci_level)
                 row["interval"] = [float(lo), float(hi)]
+            else:
+                row["interval"], row["interval_note"] = None, law.interval_note
             rows[domain] = row
         values = [r["multiplier"] for r in rows.values()]
         out.append({"reference": ref["name"], "train_flops": ref["train_flops"], "domains": rows,
@@ -113,8 +117,11 @@ def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "bas
                 if law is None:
                     continue
                 row[key] = float(law.inverse([y_c])[0] / used)
-                lo, hi = percentile_interval(law.inverse_draws([y_c])[:, 0] / used, ci_level)
-                row[f"{key}_interval"] = [float(lo), float(hi)]
+                if law.interval_note is None:
+                    lo, hi = percentile_interval(law.inverse_draws([y_c])[:, 0] / used, ci_level)
+                    row[f"{key}_interval"] = [float(lo), float(hi)]
+                else:
+                    row[f"{key}_interval"], row[f"{key}_interval_note"] = None, law.interval_note
                 if wall and key == "eg_time":
                     row["wall_seconds"] = used
             rows.append(row)

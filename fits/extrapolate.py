@@ -7,8 +7,11 @@ command) supplies the target run: steps, TPP, active parameters, training FLOPs,
 - LR*, WD*: the selected hyperparameter laws, with 95% observation intervals (t-based, from the
   OLS coefficient covariance plus the residual variance);
 - dropout*: the sigmoid law with its interval;
-- BPB per domain: each domain's compute law at the target's FLOPs, with the bootstrap band, and
-  how far it extrapolates (target FLOPs over the largest fitted FLOPs).
+- BPB per domain: each domain's compute law at the target's FLOPs, with the bootstrap band where the
+  one interval rule allows one (`FitResult.interval_note`; otherwise `interval` is null and
+  `interval_note` says why), and how far it extrapolates (target FLOPs over the largest fitted
+  FLOPs). Beyond `FAR_EXTRAPOLATION` times the data's compute the card carries a warning: a law fitted
+  over two decades says little about six more, whatever its band.
 """
 
 from __future__ import annotations
@@ -75,14 +78,32 @@ def dropout_from_law(dropout: dict[str, Any], params_active: float, level: float
             "source": "fitted dropout law"}
 
 
+# Past this many times the largest fitted compute a prediction is flagged on the card (and on stderr).
+FAR_EXTRAPOLATION = 100.0
+
+
 def bpb_from_law(law: PowerLawResult, train_flops: float, level: float = 0.95) -> dict[str, Any]:
     out = {"value": float(law.predict([train_flops])[0]), "interval": None, "ci_level": level,
            "law": law.params, "n_points": law.n_points, "floor_at_zero": bool(law.extra.get("floor_at_zero")),
            "extrapolation_factor": train_flops / law.extra["x_range"][1] if "x_range" in law.extra else None}
-    if law.bootstrap_params is not None:
+    note = law.interval_note  # the one interval rule: a band only where the law has one
+    if note is None:
         lo, hi = law.predict_interval([train_flops], level)
         out["interval"] = [float(lo[0]), float(hi[0])]
+    else:
+        out["interval_note"] = note
     return out
+
+
+def extrapolation_warnings(predicted_bpb: dict[str, dict[str, Any]]) -> list[str]:
+    """A warning when any domain's prediction lies beyond FAR_EXTRAPOLATION × its data's compute."""
+    far = {d: b["extrapolation_factor"] for d, b in predicted_bpb.items()
+           if (b.get("extrapolation_factor") or 0.0) > FAR_EXTRAPOLATION}
+    if not far:
+        return []
+    where = ", ".join(f"{d} ×{f:.3g}" for d, f in far.items())
+    return [f"BPB extrapolated more than {FAR_EXTRAPOLATION:g}× beyond the largest fitted compute ({where}): the "
+            "laws and their bands are extended far past what the rungs measured; read them as a guess"]
 
 
 def recipe_card(target: dict[str, Any], *, power_laws: dict[str, PowerLawResult] | None = None,
@@ -105,4 +126,5 @@ def recipe_card(target: dict[str, Any], *, power_laws: dict[str, PowerLawResult]
                          "source": "the recipe's fixed dropout (no dropout law fitted)"}
     bpb = {d: bpb_from_law(law, target["train_flops"]) for d, law in sorted((power_laws or {}).items())}
     return jsonable({"target": target, "hyperparameters": hp, "predicted_bpb": bpb,
-                     "provenance": provenance or {}, "code_version": code_version()})
+                     "warnings": extrapolation_warnings(bpb), "provenance": provenance or {},
+                     "code_version": code_version()})

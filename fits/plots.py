@@ -4,6 +4,8 @@ the Figure, which a notebook shows as is.
 
 - `plot_power_laws`: BPB against FLOPs on log axes per domain, the bootstrap band, the held-out
   rung(s) marked, and the law continued past the data;
+- `plot_extrapolation`: each law and its band drawn on from the fitted range out to a target's FLOPs,
+  with the prediction there (`ladder extrapolate --plot`);
 - `plot_surface` / `plot_hparams`: loss contours in the diagonal coordinates (log LR, log LR·WD)
   with the sampled runs and the optimum; optima against steps and TPP with the fitted laws;
 - `plot_efficiency`: EG_FLOPs and EG_time against compute with intervals;
@@ -57,7 +59,7 @@ def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_f
             grid = np.geomspace(xs.min(), xs.max() * extend, 200)
             form = "A·C^-α (E=0: no floor)" if no_floor else "E + A·C^-α"
             ax.plot(grid, law.predict(grid), color="C0", label=f"{form}, α={law.params['alpha']:.3g}")
-            if law.bootstrap_params is not None:
+            if law.interval_note is None:  # the one interval rule: no band where the law has no interval
                 lo, hi = law.predict_interval(grid)
                 ax.fill_between(grid, lo, hi, color="C0", alpha=0.2, label=f"{(law.ci_level or 0.95):.0%} band")
             if not no_floor:  # a floor at zero would only stretch the log axis
@@ -71,6 +73,9 @@ def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_f
             if "rel_error" in row:  # the backtest's numbers on the figure itself
                 inside = row.get("inside") and row.get("interval_available", True)
                 label += f": {100 * row['rel_error']:+.1f}%" + (", inside 95%" if inside else "")
+            if row.get("lo") is None or not row.get("interval_available", True):
+                ax.plot(row["x"], row["predicted"], "_", color="C3", ms=12, zorder=5, label=label + " (interval n/a)")
+                continue
             ax.errorbar(row["x"], row["predicted"], yerr=[[row["predicted"] - row["lo"]], [row["hi"] - row["predicted"]]],
                         fmt="_", color="C3", capsize=4, ms=12, zorder=5, label=label)
         ax.set_xscale("log")
@@ -78,6 +83,51 @@ def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_f
         ax.set_xlabel(x)
         ax.set_ylabel(y)
         ax.set_title(f"{name} (law not identified)" if law is None else f"{name} (E = 0)" if no_floor else str(name))
+        ax.legend(fontsize=7)
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
+    return save_figure(fig, path)
+
+
+def plot_extrapolation(laws: dict[str, Any], target_x: float, data: pd.DataFrame | None = None, *,
+                       x: str = "train_flops", y: str = "bpb", group: str = "domain",
+                       path: str | Path | None = None, target_label: str = "target") -> Figure:
+    """One panel per law: its runs (where `data` holds them), the fitted range shaded, the law drawn on
+    out to `target_x` (dashed past the data), its band where the one interval rule allows one
+    (`FitResult.interval_note`), and the prediction at the target with its interval."""
+    names = sorted(laws)
+    fig, axes = new_figure(ncols=max(1, min(len(names), 4)), nrows=max(1, int(np.ceil(len(names) / 4))))
+    for ax, name in zip(axes, names):
+        law = laws[name]
+        x_lo, x_hi = law.extra.get("x_range") or (target_x, target_x)
+        fitted = np.geomspace(x_lo, x_hi, 60)
+        beyond = np.geomspace(x_hi, max(target_x, x_hi) * 1.5, 120)
+        form = "A·C^-α (E=0)" if law.extra.get("floor_at_zero") else "E + A·C^-α"
+        ax.axvspan(x_lo, x_hi, color="grey", alpha=0.1, label="fitted range")
+        ax.plot(fitted, law.predict(fitted), color="C0", label=f"{form}, α={law.params['alpha']:.3g}")
+        ax.plot(beyond, law.predict(beyond), color="C0", ls="--", label="extrapolated")
+        has_band = law.interval_note is None
+        if has_band:
+            grid = np.concatenate([fitted, beyond])
+            lo, hi = law.predict_interval(grid)
+            ax.fill_between(grid, lo, hi, color="C0", alpha=0.2, label=f"{(law.ci_level or 0.95):.0%} band")
+        if data is not None and group in data.columns:
+            part = data[data[group].astype(str) == name]
+            ax.scatter(part[x], part[y], color="k", s=14, zorder=3, label="runs")
+        value = float(law.predict([target_x])[0])
+        label = f"{target_label}: {value:.4g}" + ("" if has_band else " (interval n/a)")
+        if has_band:
+            lo, hi = law.predict_interval([target_x])
+            ax.errorbar(target_x, value, yerr=[[value - lo[0]], [hi[0] - value]], fmt="*", color="C3", ms=10,
+                        capsize=4, zorder=5, label=label)
+        else:
+            ax.plot(target_x, value, "*", color="C3", ms=10, zorder=5, label=label)
+        ax.axvline(target_x, color="C3", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ax.set_title(f"{name}: ×{target_x / x_hi:.3g} beyond the data", fontsize=9)
         ax.legend(fontsize=7)
     for ax in axes[len(names):]:
         ax.set_visible(False)
@@ -166,9 +216,12 @@ def plot_efficiency(eg: dict[str, Any], path: str | Path | None = None) -> Figur
             if key not in rows[0]:
                 continue
             val = np.array([r[key] for r in rows]) - 1
+            label = f"{arm} {key.replace('eg_', 'EG_')}"
+            if any(r.get(f"{key}_interval") is None for r in rows):  # the baseline law has no interval
+                ax.plot(C, 100 * val, style, color=f"C{i}", label=f"{label} (interval n/a)")
+                continue
             iv = np.array([r[f"{key}_interval"] for r in rows]) - 1
-            ax.errorbar(C, 100 * val, yerr=100 * np.abs(iv.T - val), fmt=style, color=f"C{i}", capsize=3,
-                        label=f"{arm} {key.replace('eg_', 'EG_')}")
+            ax.errorbar(C, 100 * val, yerr=100 * np.abs(iv.T - val), fmt=style, color=f"C{i}", capsize=3, label=label)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("training FLOPs")

@@ -6,11 +6,17 @@ geometric mean of the sampled compute). Objective: Huber(δ = 1e-3) on log resid
 
 Starts come from variable projection: for each α on a grid, E and A enter linearly, so they are
 solved exactly by least squares; the best few grid points then start L-BFGS-B with the analytic
-gradient. A solution on a bound raises `FitBoundaryError` (an E that wants to be 0, an α at the
-grid's end), a non-finite one `FitConvergenceError`; with `zero_floor=True` an E on its lower bound
-is kept instead: the constrained optimum under E ≥ 0 is the nested law A·x^(−α), reported with
-`extra["floor_at_zero"] = True` (the data show no floor; predictions inside and near the range are
-identified, E itself is not). Backtests use this: what is tested is the prediction, not E.
+gradient. A solution on a bound raises `FitBoundaryError` (an α at the grid's end), a non-finite one
+`FitConvergenceError`. What happens to an E that wants to be 0 is the floor rule (`fits.floors`):
+
+- "fit" (the default): E is fitted, and an E on its lower bound is refused (`FitBoundaryError` on
+  "log E"): these points show no loss floor, so E and α are not separately identified;
+- "auto": E is fitted, and where it runs to its lower bound the constrained optimum under E ≥ 0 is
+  kept, the nested law A·x^(−α), reported with E = 0 and `extra["floor_at_zero"] = True` (predictions
+  inside and near the range are identified, E itself is not). Its bootstrap leaves E free, so the band
+  also carries the floors the resamples find. `ladder demo` and every backtest fit this way: what a
+  backtest tests is the prediction, not E;
+- "zero": E is fixed at 0 for the fit and for every resample: the nested law A·x^(−α) by assumption.
 
 δ may be a number or "auto" (δ = 1.345 × the replicate noise of log y, `fits.robust`).
 """
@@ -26,8 +32,9 @@ from scipy.optimize import minimize
 
 from fits.bootstrap import bootstrap_power_law, judge_power_law_interval
 from fits.errors import FitBoundaryError, FitConvergenceError, FitInputError
+from fits.floors import DEFAULT_FLOOR, check_floor
 from fits.identify import require_span
-from fits.results import FitResult, bootstrap_fields, percentile_interval
+from fits.results import BootstrapDraws, FitResult, bootstrap_fields, percentile_interval
 from fits.robust import HUBER_DELTA, delta_from_replicates, huber, huber_grad, lse_terms, reduce_weight
 from fits.threads import one_blas_thread
 from fits.validate import numeric_column, require_columns, require_points, row_ids
@@ -87,22 +94,24 @@ def _grid_starts(z: np.ndarray, y: np.ndarray, log_y: np.ndarray, delta: float) 
     return np.column_stack([np.log(A), ALPHA_GRID, np.log(E)])[order]
 
 
-def _bounds(log_y: np.ndarray) -> list[tuple[float, float]]:
+def _bounds(log_y: np.ndarray, *, pin_floor: bool = False) -> list[tuple[float, float]]:
+    """Bounds on (a, α, e); with pin_floor, e is held on its lower bound (E ≈ 0: the nested law)."""
     lo, hi = float(log_y.min()), float(log_y.max())
-    return [(lo - 30.0, hi + 10.0), ALPHA_BOUNDS, (lo - LOG_E_SPAN_BELOW, hi + 1.0)]
+    e_lo = lo - LOG_E_SPAN_BELOW
+    return [(lo - 30.0, hi + 10.0), ALPHA_BOUNDS, (e_lo, e_lo if pin_floor else hi + 1.0)]
 
 
 def fit_arrays(x: np.ndarray, y: np.ndarray, *, delta: float = HUBER_DELTA, reduction: str = "sum",
                start: np.ndarray | None = None, log_x0: float | None = None, check: bool = True,
-               zero_floor: bool = False) -> RawFit:
+               floor: str = DEFAULT_FLOOR) -> RawFit:
     """Core fit on float arrays (already validated). `start` (optimiser space) skips the grid:
-    the bootstrap warm-starts every resample from the full-data solution."""
+    the bootstrap warm-starts every resample from the full-data solution. `floor`: `fits.floors`."""
     log_x = np.log(x)
     log_x0 = float(log_x.mean()) if log_x0 is None else log_x0
     z = log_x - log_x0
     log_y = np.log(y)
     weight = reduce_weight(len(y), reduction)
-    bounds = _bounds(log_y)
+    bounds = _bounds(log_y, pin_floor=floor == "zero")
     starts = [start] if start is not None else list(_grid_starts(z, y, log_y, delta)[:N_REFINED_STARTS])
     best = None
     with one_blas_thread():
@@ -114,10 +123,10 @@ def fit_arrays(x: np.ndarray, y: np.ndarray, *, delta: float = HUBER_DELTA, redu
                 best = res
     if best is None:
         raise FitConvergenceError(f"power law: every start ended non-finite ({FORMULA})")
-    if zero_floor and floor_at_bound(best.x, bounds):
+    if floor == "auto" and floor_at_bound(best.x, bounds):
         # The nested law: E pinned to its lower bound (≈ 0), A and α refitted to it, so that reporting
         # E = 0 moves no prediction.
-        pinned = list(bounds[:2]) + [(bounds[2][0], bounds[2][0])]
+        pinned = _bounds(log_y, pin_floor=True)
         start = np.clip(best.x, [b[0] for b in pinned], [b[1] for b in pinned])
         with one_blas_thread():
             nested = minimize(_objective, start, args=(z, log_y, delta, weight), jac=True, method="L-BFGS-B",
@@ -126,7 +135,7 @@ def fit_arrays(x: np.ndarray, y: np.ndarray, *, delta: float = HUBER_DELTA, redu
             best = nested
     raw = RawFit(theta=best.x, objective=float(best.fun), log_x0=log_x0)
     if check:
-        check_bounds(raw.theta, bounds, zero_floor=zero_floor)
+        check_bounds(raw.theta, bounds, zero_floor=floor != "fit")
     return raw
 
 
@@ -137,7 +146,8 @@ NEGLIGIBLE_FLOOR = 1e-2
 
 
 _NO_FLOOR_HINT = (" (E → 0: these points show no loss floor, so E and α are not separately identified; add rungs "
-                  "further up in compute or repeat runs to beat the noise)")
+                  "further up in compute or repeat runs to beat the noise, or fit with floor 'auto': the nested "
+                  "law A·x^(−α), flagged E = 0)")
 
 
 def floor_at_bound(theta: np.ndarray, bounds: list[tuple[float, float]]) -> bool:
@@ -183,6 +193,11 @@ class PowerLawResult(FitResult):
         return _inverse(np.atleast_1d(np.asarray(y, dtype=float))[None, :], E, A, alpha)
 
     def predict_interval(self, x, level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(low, high) of the law's bootstrap band at x. Raises where the interval rule
+        (`interval_note`) says there is none: callers show "not available" instead."""
+        note = self.interval_note
+        if note is not None:
+            raise ValueError(f"{self.law}: interval not available: {note}")
         return percentile_interval(self.predict_draws(x), level or self.ci_level or 0.95)
 
 
@@ -226,20 +241,21 @@ def _inverse(y, E, A, alpha):
 def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, delta: float | str = HUBER_DELTA,
                   reduction: str = "sum", bootstrap: int = 0, ci_level: float = 0.95, seed: int = 0,
                   id_column: str | None = "run_id", group: str | None = None,
-                  cluster: str | None = None, zero_floor: bool = False) -> PowerLawResult:
-    """Fit y = E + A·x^(−α) to the rows of `df` (one law; group the table yourself for several).
-    With `cluster`, the bootstrap draws whole clusters (rows sharing that column's value).
-    `delta="auto"` scales the Huber threshold to the replicate noise of these rows; `zero_floor`
-    keeps an E on its lower bound (the nested law A·x^(−α)) instead of raising."""
+                  cluster: str | None = None, floor: str = DEFAULT_FLOOR) -> PowerLawResult:
+    """Fit y = E + A·x^(−α) to the rows of `df` (one law; `fits.compute_laws.fit_power_laws` fits one per
+    group). With `cluster`, the bootstrap draws whole clusters (rows sharing that column's value).
+    `delta="auto"` scales the Huber threshold to the replicate noise of these rows; `floor` says what
+    an E that runs to zero becomes (`fits.floors`, module docstring)."""
+    check_floor(floor)
     require_columns(df, [x, y] + ([cluster] if cluster else []))
     xs = numeric_column(df, x, positive=True)
     ys = numeric_column(df, y, positive=True)
     require_points(len(np.unique(xs)), MIN_DISTINCT_X, "the power law E + A·x^(−α) (3 parameters)", x)
     require_span(xs, x, x)
     delta, delta_rule = resolve_delta(delta, xs, ys)
-    raw = fit_arrays(xs, ys, delta=delta, reduction=reduction, zero_floor=zero_floor)
+    raw = fit_arrays(xs, ys, delta=delta, reduction=reduction, floor=floor)
     E, A, alpha = raw.params
-    at_zero = zero_floor and floor_at_bound(raw.theta, _bounds(np.log(ys)))
+    at_zero = floor != "fit" and floor_at_bound(raw.theta, _bounds(np.log(ys)))
     if at_zero:
         E = 0.0
     residuals = np.log(ys) - np.log(E + A * xs ** (-alpha))
@@ -248,8 +264,11 @@ def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, d
              "floor_at_zero": at_zero}
     intervals: dict = {}
     if bootstrap > 0:
-        draws = bootstrap_power_law(raw, xs, ys, n=bootstrap, seed=seed, delta=delta, bounds=_bounds(np.log(ys)),
+        draws = bootstrap_power_law(raw, xs, ys, n=bootstrap, seed=seed, delta=delta,
+                                    bounds=_bounds(np.log(ys), pin_floor=floor == "zero"),
                                     min_distinct_x=MIN_DISTINCT_X, clusters=df[cluster].to_numpy() if cluster else None)
+        if floor == "zero":  # E is 0 by assumption in every resample, as in the law itself
+            draws = BootstrapDraws(params=draws.params * np.array([0.0, 1.0, 1.0]), failed=draws.failed)
         intervals = bootstrap_fields(list(PARAM_NAMES), draws, ci_level)
         judged = judge_power_law_interval(params, intervals["ci"], draws.params[:, PARAM_NAMES.index("alpha")],
                                           ci_level=ci_level, n_distinct=len(np.unique(xs)), alpha_bounds=ALPHA_BOUNDS,
@@ -260,8 +279,9 @@ def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, d
     return PowerLawResult(
         law="power_law", formula=FORMULA.replace("x", x).replace("y =", f"{y} ="), params=params,
         objective=raw.objective, n_points=len(ys), rows_used=row_ids(df, id_column), residuals=residuals.tolist(),
-        options={"x": x, "y": y, "delta": delta, "delta_rule": delta_rule, "zero_floor": zero_floor,
-                 "reduction": reduction, "bootstrap": bootstrap, "seed": seed, "ci_level": ci_level,
-                 "cluster": cluster, "alpha_grid": [float(ALPHA_GRID[0]), float(ALPHA_GRID[-1]), len(ALPHA_GRID)]},
+        options={"x": x, "y": y, "delta": delta, "delta_rule": delta_rule, "floor": floor,
+                 "zero_floor": floor != "fit", "reduction": reduction, "bootstrap": bootstrap, "seed": seed,
+                 "ci_level": ci_level, "cluster": cluster,
+                 "alpha_grid": [float(ALPHA_GRID[0]), float(ALPHA_GRID[-1]), len(ALPHA_GRID)]},
         extra=extra, **intervals,
     )

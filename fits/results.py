@@ -159,15 +159,26 @@ class FitResult:
             lines.append(f"  log residuals: rms {np.sqrt(np.mean(r**2)):.3g}, max |r| {np.max(np.abs(r)):.3g}")
         return "\n".join(lines)
 
-    def conf_int(self, level: float | None = None) -> dict[str, tuple[float, float]]:
-        """Each parameter's (low, high) percentile interval at `level` (default: the fit's ci_level),
-        from the stored bootstrap draws; equals `ci` at ci_level. Raises where there are no draws, or
-        where the law judged its bootstrap unreliable (`extra["interval"]["reason"]`)."""
+    @property
+    def interval_note(self) -> str | None:
+        """The one interval rule: None when this fit's intervals may be shown, otherwise why not. Every
+        interval drawn from the fit (its parameters', its predictions', a backtest's, a recipe card's, an
+        efficiency gain's) reads it: there are no draws, or the law judged its bootstrap unreliable at fit
+        time (`extra["interval"]`; a power law below 5 distinct x, say: `fits.bootstrap`)."""
         interval = self.extra.get("interval") or {}
         if interval.get("available") is False:
-            raise ValueError(f"{self.law}: interval not available: {interval.get('reason')}")
+            return str(interval.get("reason") or "the law judged its bootstrap unreliable")
         if self.bootstrap_params is None:
-            raise ValueError(f"{self.law}: no bootstrap draws; fit with bootstrap > 0")
+            return "no bootstrap draws (fit with bootstrap > 0)"
+        return None
+
+    def conf_int(self, level: float | None = None) -> dict[str, tuple[float, float]]:
+        """Each parameter's (low, high) percentile interval at `level` (default: the fit's ci_level),
+        from the stored bootstrap draws; equals `ci` at ci_level. Raises where the interval rule
+        (`interval_note`) says there is none."""
+        note = self.interval_note
+        if note is not None:
+            raise ValueError(f"{self.law}: interval not available: {note}")
         lo, hi = percentile_interval(self.bootstrap_params, level or self.ci_level or 0.95)
         return {k: (float(lo[i]), float(hi[i])) for i, k in enumerate(self.params)}
 

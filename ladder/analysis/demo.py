@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 DEMO_SPEC = "demo"
 STEPS_ABOVE_LADDER = 2
+DEMO_FLOOR = "auto"  # the floor rule of the demo's compute laws (fit_compute_laws says why)
 
 
 def ladder_runs(runs: pd.DataFrame, spec) -> pd.DataFrame:
@@ -54,15 +55,17 @@ def fit_compute_laws(long: pd.DataFrame, *, bootstrap: int) -> tuple[dict[str, A
     """Each domain's compute law (`fits.compute_laws.fit_power_laws`, its default selection) and the
     backtest of its top rung on the same rows; a domain whose law is not fitted says why.
 
-    A domain whose rungs show no loss floor gets the nested law A·C^(−α) (E on its lower bound,
-    `extra["floor_at_zero"]`, said in the log, the figure, the report and the card): a demo ladder spans
-    two decades of compute, where a floor is rarely visible, and its card at two rungs above the top
-    needs a law; its predictions near the fitted range are identified, E is not (`fits.power_law`)."""
-    from fits.backtest import holdout_backtest
+    The demo fits with floor DEMO_FLOOR ("auto", `fits.floors`): a domain whose rungs show no loss
+    floor gets the nested law A·C^(−α) (E on its lower bound, `extra["floor_at_zero"]`, said in the log,
+    the figure, the report and the card): a demo ladder spans two decades of compute, where a floor is
+    rarely visible, and its card at two rungs above the top needs a law; its predictions near the fitted
+    range are identified, E is not (`fits.power_law`). `ladder fit power-law --floor auto` and
+    `ladder extrapolate --floor auto` fit the same laws on the same runs."""
+    from fits.backtest import backtest_floor, holdout_backtest
     from fits.compute_laws import fit_power_laws
     from fits.errors import FitError
 
-    laws = fit_power_laws(long, "train_flops", "bpb", group="domain", bootstrap=bootstrap, zero_floor=True)
+    laws = fit_power_laws(long, "train_flops", "bpb", group="domain", floor=DEMO_FLOOR, bootstrap=bootstrap)
     for domain, law in sorted(laws.laws.items()):
         if law.extra.get("floor_at_zero"):
             log.warning("power law for %s: E = 0, no loss floor over these rungs: the nested law A·C^-α "
@@ -73,7 +76,7 @@ def fit_compute_laws(long: pd.DataFrame, *, bootstrap: int) -> tuple[dict[str, A
         # The top rung is predicted even where E is not identified (E = 0 below the top, flagged).
         try:
             backtests[domain] = holdout_backtest(laws.rows_of(domain), "train_flops", "bpb", holdout_top=1,
-                                                 bootstrap=min(bootstrap, 400))
+                                                 bootstrap=min(bootstrap, 400), floor=backtest_floor(DEMO_FLOOR))
         except FitError as err:
             backtests[domain] = {"error": str(err)}
         if domain in laws.errors:  # said in the report and on stderr, never papered over

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from fits.compute_laws import DEFAULT_SELECT, PowerLawSet, fit_power_laws
+from fits.floors import DEFAULT_FLOOR
 from ladder.errors import LadderInputError
 from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, fit_table, long_by_domain, read_runs
 
@@ -47,11 +48,13 @@ def load_runs(experiment: str, fixture: str, *, spec: str | None = None,
     return pd.read_csv(path), f"fixture {path.name} (real runs exported from this platform)"
 
 
-def compute_laws(runs: pd.DataFrame, *, bootstrap: int, select: str = DEFAULT_SELECT, **fit_options) -> PowerLawSet:
-    """Each domain's BPB-vs-FLOPs law from a runs table (`bpb_<domain>` columns), fitted on the runs
-    the one selection rule keeps (`fits.compute_laws`, as `ladder fit`, `extrapolate` and `demo` do);
-    `.rows` are those runs, one row per run and domain."""
-    return fit_power_laws(long_by_domain(runs), "train_flops", "bpb", group="domain", select=select,
+def compute_laws(runs: pd.DataFrame, *, bootstrap: int, select: str = DEFAULT_SELECT, floor: str = DEFAULT_FLOOR,
+                 **fit_options) -> PowerLawSet:
+    """Each domain's BPB-vs-FLOPs law from a runs table (`bpb_<domain>` columns), through the one step
+    `ladder fit`, `extrapolate` and `demo` take (`fits.compute_laws.fit_power_laws`: the runs `select`
+    keeps, the floor rule `floor`; the demo fits with floor "auto"); `.rows` are those runs, one row per
+    run and domain."""
+    return fit_power_laws(long_by_domain(runs), "train_flops", "bpb", group="domain", select=select, floor=floor,
                           bootstrap=bootstrap, **fit_options)
 
 

@@ -31,6 +31,7 @@ def build_card(recipe_ref: str | Path, rung: int, laws: dict[str, Any], tpp: flo
                          "goodput": pool.default_goodput, "wall_clock_days": compute.wall_clock_days,
                          "gpu_hours": compute.gpu_hours}
     provenance = {"laws_files": laws.get("files", []), "experiment": laws.get("experiment"),
+                  **({"runs": laws["runs"]} if laws.get("runs") else {}),
                   "hparam_laws": "fitted" if (laws.get("hparams") or {}).get("selected")
                   else f"recipe fallback: {recipe.hparam_laws.source}",
                   "dropout_law": "fitted" if (laws.get("hparams") or {}).get("dropout") else "recipe's fixed dropout",
@@ -72,5 +73,7 @@ def card_rows(card: dict[str, Any]) -> list[list[str]]:
     for domain, b in card["predicted_bpb"].items():
         ext = f" (×{b['extrapolation_factor']:.3g} beyond the data)" if b.get("extrapolation_factor") else ""
         ext += " (E = 0: no floor seen)" if b.get("floor_at_zero") else ""
-        rows.append([f"BPB {domain}", f"{b['value']:.4f}{ext}", _interval(b.get("interval"))])
+        # The one interval rule (fits: FitResult.interval_note): a law without an interval shows "n/a".
+        interval = "n/a" if b.get("interval") is None and b.get("interval_note") else _interval(b.get("interval"))
+        rows.append([f"BPB {domain}", f"{b['value']:.4f}{ext}", interval])
     return rows

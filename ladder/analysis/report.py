@@ -123,13 +123,13 @@ def write_report(result: DemoResult, best: pd.DataFrame) -> Path:
     law_rows = [[d, "", "", "", "", "", b.get("law_error") or b.get("error", "")]
                 for d, b in sorted(result.backtests.items()) if d not in result.power_laws]
     for d, law in sorted(result.power_laws.items()):
-        ci = law.ci
+        ci = law.ci if law.interval_note is None else {}  # the one interval rule: "n/a" where there is none
         if law.extra.get("floor_at_zero"):  # E on its bound: no value to report, nor an interval
             law_rows.append([d, "0 (no floor seen: A·C^−α)", law.params["A"], law.params["alpha"], "not identified",
-                             ci.get("alpha", ""), law.n_points])
+                             ci.get("alpha", "n/a"), law.n_points])
             continue
-        law_rows.append([d, law.params["E"], law.params["A"], law.params["alpha"], ci.get("E", ""), ci.get("alpha", ""),
-                         law.n_points])
+        law_rows.append([d, law.params["E"], law.params["A"], law.params["alpha"], ci.get("E", "n/a"),
+                         ci.get("alpha", "n/a"), law.n_points])
     parts.append(_table(["domain", "E", "A", "α", "E 95% CI", "α 95% CI", "rungs / why not fitted"], law_rows))
     parts.append("<h2>Backtest: the top rung predicted from the rungs below</h2>")
     parts.append(_img(result.figures["backtest"]))
@@ -159,6 +159,8 @@ def write_report(result: DemoResult, best: pd.DataFrame) -> Path:
         parts.append(f"<h3>{html.escape(name)}</h3>")
         rows = card_rows(card) + [["hyperparameters from", card["hyperparameters"].get("source", ""), ""]]
         parts.append(_table(["", "value", "95% interval"], rows))
+        for warning in card.get("warnings") or []:
+            parts.append(f"<p class='note'>warning: {html.escape(warning)}</p>")
     laws = HparamLaws()  # the report's laws, written once (ladder/plan/recipe.py)
     parts.append("<p class='note'>The mai-base-2 L102 card uses the MAI-Base-2 report's published laws "
                  f"(LR*·WD* = {laws.lr_wd_text()}, log LR* = {laws.log_lr_text()}): a CPU ladder cannot "

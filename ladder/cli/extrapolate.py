@@ -3,22 +3,27 @@
 Architecture, tokens, steps, batch and compute come from the plan (`ladder.plan.plan_rung`,
 `ladder.plan.compute.plan_compute` on the recipe's GPU pool). LR*, WD*, dropout* and the predicted
 BPB per domain come from fitted laws: a laws file (`ladder fit ... --save`, `--laws`, repeatable)
-and/or fits made here from an MLflow experiment (`--experiment`). With no fitted hyperparameter
-laws, the card falls back to the recipe's `hparam_laws` (the report's published laws) and says
-so on the card.
+and/or fits made here from an MLflow experiment (`--experiment`) or a runs CSV (`--csv`), through the
+one step `ladder fit power-law` takes (`fits.compute_laws.fit_power_laws`: `--select`, `--floor`), so
+the same runs give the same laws. With no fitted hyperparameter laws, the card falls back to the
+recipe's `hparam_laws` (the report's published laws) and says so on the card.
+
+A prediction beyond ~100× the largest fitted compute is flagged on the card and on stderr
+(`fits.extrapolate.FAR_EXTRAPOLATION`); `--plot` draws each law and its band out to the target.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-from pathlib import Path
+import sys
 from typing import Any
 
 from fits.compute_laws import DEFAULT_SELECT, SELECT_RULES
 from ladder.errors import LadderInputError
-from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, domains_of, fit_table, long_by_domain, read_runs
+from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, domains_of
+from ladder.cli.fit.inputs import NO_FLOOR_HINT, add_floor_arg, is_no_floor, load_input, per_domain_rows
+from ladder.cli.fit.laws_file import load_laws
 from ladder.cli.output import make_table, print_json, stdout_console
 from ladder.analysis.recipe_card import build_card, card_rows
 
@@ -31,116 +36,75 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rung", type=int, required=True, help="L of the target model (e.g. 102)")
     p.add_argument("--tpp", type=float, help="tokens per active parameter (default: the recipe's)")
     p.add_argument("--experiment", help="fit the laws from this MLflow experiment's runs")
-    p.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI)
+    p.add_argument("--csv", help="fit the laws from this runs table instead (bpb_<domain> columns, one row per run, "
+                                 "as `ladder fit power-law --group domain` reads it)")
+    p.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI, help=f"MLflow store (default {DEFAULT_TRACKING_URI})")
     p.add_argument("--laws", action="append", default=[], help="laws JSON from `ladder fit ... --save` (repeatable)")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for fits made here")
     p.add_argument("--select", choices=sorted(SELECT_RULES), default=DEFAULT_SELECT,
-                   help="with --experiment, the runs the BPB laws are fitted on (as `ladder fit power-law --select`)")
+                   help="with --experiment or --csv, the runs the BPB laws are fitted on (as `ladder fit power-law "
+                        "--select`)")
+    add_floor_arg(p)
+    p.add_argument("--plot", help="write a PNG figure of each domain's law and its band out to the target")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
 
-def load_laws(paths: list[str]) -> dict[str, Any]:
-    """Merge laws files: {"power_law": {domain: fit}, "hparams": {...}} (or a bare `fit hparams` JSON)."""
-    from fits.errors import FitInputError
-    from fits.power_law import power_law_from_dict
-
-    laws: dict[str, Any] = {"power_law": {}, "hparams": None, "files": list(paths)}
-    for path in paths:
-        try:
-            data = json.loads(Path(path).read_bytes().decode("utf-8"))
-        except FileNotFoundError:
-            raise LadderInputError("laws file not found; write one with `ladder fit ... --save FILE.json`", where=path) from None
-        except IsADirectoryError:
-            raise LadderInputError("is a directory, not a laws JSON file", where=path) from None
-        except UnicodeDecodeError as err:
-            raise LadderInputError(f"not UTF-8 text (byte {err.start}); a laws file is the JSON "
-                                   f"`ladder fit ... --save` writes", where=path) from None
-        except json.JSONDecodeError as err:
-            raise LadderInputError(f"not valid JSON: {err}", where=path) from None
-        if not isinstance(data, dict):
-            raise LadderInputError("expected a JSON object", where=path)
-        if "lr_wd_product" in data and "selected" in data:
-            data = {"hparams": data}
-        if not {"power_law", "hparams"} & set(data):
-            raise LadderInputError("no laws found: expected 'power_law' and/or 'hparams' keys (the files "
-                                   "`ladder fit power-law|hparams --save` write)", where=path)
-        power_laws = data.get("power_law") or {}
-        if not isinstance(power_laws, dict):
-            raise LadderInputError(f"expected an object of domain → fit, got {type(power_laws).__name__}",
-                                   where=path, field="power_law")
-        for domain, fit in power_laws.items():
-            if not isinstance(fit, dict):
-                raise LadderInputError(f"expected a fit object, got {type(fit).__name__}", where=path,
-                                       field=f"power_law.{domain}")
-            try:
-                laws["power_law"][domain] = power_law_from_dict(fit)
-            except FitInputError as err:
-                raise LadderInputError(err.detail, where=path, field=f"power_law.{domain}") from None
-            except (KeyError, TypeError, ValueError) as err:  # a field of the wrong type inside the fit
-                raise LadderInputError(f"not a power-law result the fits wrote ({type(err).__name__}: {err})",
-                                       where=path, field=f"power_law.{domain}") from None
-        if data.get("hparams") is not None and not isinstance(data["hparams"], dict):
-            raise LadderInputError(f"expected an object, got {type(data['hparams']).__name__}", where=path,
-                                   field="hparams")
-        if data.get("hparams"):
-            if "selected" not in data["hparams"] and "dropout" not in data["hparams"]:
-                raise LadderInputError("hparams laws lack 'selected' (re-fit with `ladder fit hparams --save`)",
-                                       where=path, field="hparams")
-            _check_hparams(data["hparams"], path)
-            laws["hparams"] = data["hparams"]
-    return laws
-
-
-def _check_hparams(hparams: dict[str, Any], path: str) -> None:
-    """Evaluate the laws once at a nominal point, so a file that has the keys but not the shapes the
-    fits write is refused here, naming the part, instead of failing deep inside the card."""
-    from fits.extrapolate import dropout_from_law, hparams_from_laws
-
-    for part, probe in (("selected", lambda h: hparams_from_laws(h, steps=1000.0, tpp=20.0, params_active=1e6)),
-                        ("dropout", lambda h: dropout_from_law(h["dropout"], 1e6))):
-        if not hparams.get(part):
-            continue
-        try:
-            probe(hparams)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
-            raise LadderInputError(f"not the laws `ladder fit hparams --save` writes ({type(err).__name__}: {err})",
-                                   where=path, field=f"hparams.{part}") from None
-
-
-def laws_from_experiment(args: argparse.Namespace, laws: dict[str, Any]) -> dict[str, Any]:
-    """Fit every domain's compute law on the runs the one rule selects (`fits.compute_laws`: by
-    default the ladder block), and the hyperparameter laws when the runs sweep LR/WD."""
+def laws_from_runs(args: argparse.Namespace, laws: dict[str, Any]) -> dict[str, Any]:
+    """Fit every domain's compute law from an experiment's or a CSV's runs, through the one step
+    (`fits.compute_laws.fit_power_laws`, with `--select` and `--floor`), and the hyperparameter laws
+    when the runs sweep LR/WD. `laws["rows"]` keeps the rows each law was fitted on (for `--plot`)."""
     from fits.compute_laws import fit_power_laws
     from fits.errors import FitError
     from fits.hparam_laws import fit_hparam_laws
 
-    runs = fit_table(read_runs(args.experiment, args.tracking_uri))
-    info = {"experiment": args.experiment, "tracking_uri": args.tracking_uri, "n_runs": len(runs),
-            "run_ids": runs["run_id"].tolist(), "domains": domains_of(runs)}
+    runs, source = load_input(args)
+    where = source.get("csv") or f"experiment {args.experiment}"
+    info = {**source, "run_ids": runs["run_id"].tolist() if "run_id" in runs else [], "domains": domains_of(runs)}
+    long = per_domain_rows(runs, "domain", "bpb", where=where)
     try:
-        power_laws = fit_power_laws(long_by_domain(runs), "train_flops", "bpb", group="domain", select=args.select,
+        power_laws = fit_power_laws(long, "train_flops", "bpb", group="domain", select=args.select, floor=args.floor,
                                     bootstrap=args.bootstrap)
     except FitError as err:  # the table as a whole (e.g. no ladder block): bad input for every domain
-        raise LadderInputError(str(err), where=f"experiment {args.experiment}", field="--select") from None
+        raise LadderInputError(getattr(err, "detail", str(err)), where=where,
+                               field=getattr(err, "column", None) or "--select") from None
     laws["power_law"].update(power_laws.laws)
+    laws["rows"] = power_laws.rows
     info["power_law_selection"] = power_laws.selection
     if power_laws.errors:
         info["power_law_errors"] = power_laws.reasons
-    if laws["hparams"] is None and {"lr", "wd"} <= set(runs.columns) and runs["lr"].nunique() > 2:
+        if any(is_no_floor(err) for err in power_laws.errors.values()):
+            info["hint"] = NO_FLOOR_HINT
+    wide = domains_of(runs)  # one row per run: the table the hyperparameter laws read
+    if wide and laws["hparams"] is None and {"lr", "wd"} <= set(runs.columns) and runs["lr"].nunique() > 2:
         try:
             laws["hparams"] = fit_hparam_laws(runs).to_dict()
         except FitError as err:
             info["hparams_error"] = str(err)
-    laws["experiment"] = info
+    laws["experiment" if args.experiment else "runs"] = info
     return laws
 
 
 def run(args: argparse.Namespace) -> int:
     laws = load_laws(args.laws)
-    if args.experiment:
-        laws = laws_from_experiment(args, laws)
+    if args.experiment or args.csv:
+        laws = laws_from_runs(args, laws)
     card = build_card(args.recipe, args.rung, laws, args.tpp)
+    fitted_here = laws.get("runs") or laws.get("experiment") or {}
+    for domain, reason in fitted_here.get("power_law_errors", {}).items():
+        print(f"BPB {domain} not predicted: {reason}", file=sys.stderr)
+    if fitted_here.get("hint"):
+        print(fitted_here["hint"], file=sys.stderr)
+    if args.plot and not laws["power_law"]:
+        print(f"no BPB laws to plot: {args.plot} not written", file=sys.stderr)
+    elif args.plot:
+        from fits.plots import plot_extrapolation
+
+        plot_extrapolation(laws["power_law"], card["target"]["train_flops"], laws.get("rows"), path=args.plot,
+                           target_label=f"{card['target']['recipe']} L{card['target']['L']}")
+        card["plot"] = args.plot
+    for warning in card["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
     if args.json:
         print_json(card)
         return 0
@@ -154,4 +118,5 @@ def render(card: dict[str, Any]) -> None:
                                     card_rows(card)))
     stdout_console.print(f"hyperparameters from: {hp['source']}")
     if not card["predicted_bpb"]:
-        stdout_console.print("no BPB laws given: pass --laws FILE.json (from `ladder fit power-law --save`) or --experiment")
+        stdout_console.print("no BPB laws given: pass --laws FILE.json (from `ladder fit power-law --save`), "
+                             "--experiment or --csv")

@@ -3,6 +3,7 @@
 import numpy as np
 import pandas as pd
 
+from fits.compute_laws import fit_power_laws
 from fits.efficiency import efficiency_gains
 from fits.hparam_laws import fit_hparam_laws
 from fits.plots import plot_efficiency, plot_power_laws
@@ -12,14 +13,38 @@ from tests.fits.hparam_synth import sweep
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def test_power_law_figure(tmp_path):
+def test_power_law_figure_draws_a_band_only_where_the_law_has_an_interval(tmp_path):
     C = np.repeat(np.geomspace(1e18, 1e21, 5), 2)
-    df = pd.DataFrame({"train_flops": C, "bpb": 0.6 + 30 * C**-0.08, "domain": "code"})
+    noise = np.exp(np.random.default_rng(0).normal(0, 0.002, len(C)))
+    df = pd.DataFrame({"train_flops": C, "bpb": (0.6 + 30 * C**-0.08) * noise, "domain": "code"})
     fit = fit_power_law(df, bootstrap=100)
+    assert fit.interval_note is None
     fig = plot_power_laws({"code": fit}, df, path=tmp_path / "pl.png")
     assert (tmp_path / "pl.png").read_bytes()[:8] == PNG
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "held-out rung" in labels and any("band" in t for t in labels)
+    four = df[df.train_flops < C.max()]  # 4 distinct x: no interval (fits.bootstrap), so no band either
+    fit4 = fit_power_law(four, bootstrap=100)
+    assert fit4.interval_note and "4 distinct x" in fit4.interval_note
+    fig = plot_power_laws({"code": fit4}, four)
+    assert not any("band" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
+
+
+def test_extrapolation_figure_draws_the_law_and_its_band_out_to_the_target(tmp_path):
+    from fits.plots import plot_extrapolation
+
+    C = np.repeat(np.geomspace(1e18, 1e21, 5), 2)
+    noise = np.exp(np.random.default_rng(0).normal(0, 0.002, len(C)))
+    df = pd.DataFrame({"train_flops": C, "bpb": (0.6 + 30 * C**-0.08) * noise, "domain": "code"})
+    fit = fit_power_laws(df, bootstrap=100).laws["code"]
+    fig = plot_extrapolation({"code": fit}, 1e24, df, path=tmp_path / "ex.png", target_label="L102")
+    assert (tmp_path / "ex.png").read_bytes()[:8] == PNG
+    ax = fig.axes[0]
+    assert ax.get_xlim()[1] >= 1e24 and "×1e+03 beyond the data" in ax.get_title()
+    band = next(c for c in ax.collections if c.get_label() == "95% band")
+    assert band.get_paths()[0].vertices[:, 0].max() >= 1e24  # the band reaches the target
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert f"L102: {float(fit.predict([1e24])[0]):.4g}" in labels and "runs" in labels
 
 
 def test_hparam_dropout_and_efficiency_figures(tmp_path):

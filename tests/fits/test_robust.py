@@ -48,7 +48,7 @@ def test_auto_delta_predicts_the_top_rung_better_than_a_median_fit_under_seed_no
         df = seeded_ladder(rng)
         train = df[df.train_flops < df.train_flops.max()]
         for delta, errs in (("auto", err_auto), (1e-3, err_fixed)):
-            fit = fit_power_law(train, delta=delta, zero_floor=True)
+            fit = fit_power_law(train, delta=delta, floor="auto")
             errs.append(float(fit.predict(5e13)) / truth - 1)
     rms_auto, rms_fixed = np.sqrt(np.mean(np.square(err_auto))), np.sqrt(np.mean(np.square(err_fixed)))
     assert rms_auto < 0.95 * rms_fixed  # measured: 0.0143 vs 0.0156 (ratio 0.92, stable from 60 to 200 ladders)
@@ -61,7 +61,7 @@ def test_zero_floor_keeps_the_nested_law_instead_of_refusing():
     df = pd.DataFrame({"train_flops": C, "bpb": 50.0 * C ** (-0.08)})  # no floor: E wants to be 0
     with pytest.raises(FitBoundaryError, match="E"):
         fit_power_law(df)
-    fit = fit_power_law(df, zero_floor=True, bootstrap=100)
+    fit = fit_power_law(df, floor="auto", bootstrap=100)
     assert fit.extra["floor_at_zero"] and fit.params["E"] == 0.0
     assert fit.params["alpha"] == pytest.approx(0.08, rel=1e-4) and fit.params["A"] == pytest.approx(50.0, rel=1e-3)
     assert fit.predict(1e23) == pytest.approx(50.0 * 1e23 ** -0.08, rel=1e-4)
@@ -69,7 +69,7 @@ def test_zero_floor_keeps_the_nested_law_instead_of_refusing():
     assert lo[0] * (1 - 1e-4) <= fit.predict(1e23) <= hi[0] * (1 + 1e-4)
     # a law with a real floor is not touched by the option
     floored = pd.DataFrame({"train_flops": C, "bpb": 0.7 + 50.0 * C ** (-0.08)})
-    fit = fit_power_law(floored, zero_floor=True)
+    fit = fit_power_law(floored, floor="auto")
     assert not fit.extra["floor_at_zero"] and fit.params["E"] == pytest.approx(0.7, rel=1e-3)
 
 

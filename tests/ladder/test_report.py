@@ -30,7 +30,8 @@ def test_report_fits_a_domain_without_a_floor_as_the_nested_law_and_says_so(tmp_
     assert not laws["code"].extra["floor_at_zero"] and abs(laws["code"].params["E"] - 0.8) < 0.1
     assert abs(laws["math"].params["alpha"] - 0.07) < 0.005 and laws["math"].params["E"] < 1e-3
     assert backtests["math"]["floor_at_zero"] and abs(backtests["math"]["predictions"][0]["rel_error"]) < 0.01
-    assert not backtests["code"]["floor_at_zero"] and backtests["code"]["all_inside"]
+    # four rungs below the top: no interval (the one rule), so nothing to be inside of
+    assert not backtests["code"]["floor_at_zero"] and backtests["code"]["all_inside"] is None
 
     result = DemoResult(out_dir=tmp_path, tracking_uri="sqlite:///x.db", experiment="e", sweep={},
                         power_laws=laws, backtests=backtests)
@@ -75,7 +76,8 @@ def test_a_held_out_rung_without_a_valid_interval_is_shown_as_n_a(tmp_path):
     result.figures = write_figures(result, best, best)
     html = write_report(result, best).read_text()
     row = html[html.rindex("<td>code</td>"):].split("</tr>")[0]  # the backtest table comes after the laws
-    assert "n/a" in row and "inside" not in row and f"{prediction['lo']:.4g}" not in row
+    assert prediction["lo"] is None and prediction["hi"] is None and prediction["inside"] is None
+    assert "n/a" in row and "inside" not in row and "4 distinct x" in row
 
 
 def test_the_report_and_ladder_extrapolate_show_the_same_card_rows(tmp_path, capsys):

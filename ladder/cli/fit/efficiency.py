@@ -10,6 +10,7 @@ Registered under `ladder fit` by `ladder/cli/fit/__init__.py`.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ladder.errors import LadderInputError
@@ -65,11 +66,16 @@ def run_efficiency(args: argparse.Namespace) -> int:
     rows = []
     for arm, arm_rows in out["arms"].items():
         for r in arm_rows:
-            iv = r["eg_flops_interval"]
-            rows.append([arm, str(r["rung"]), f"{r['eg_flops'] - 1:+.1%}", f"[{iv[0] - 1:+.1%}, {iv[1] - 1:+.1%}]",
+            iv = r["eg_flops_interval"]  # None where the baseline law has no interval (the one interval rule)
+            rows.append([arm, str(r["rung"]), f"{r['eg_flops'] - 1:+.1%}",
+                         f"[{iv[0] - 1:+.1%}, {iv[1] - 1:+.1%}]" if iv else "n/a",
                          f"{r['eg_time'] - 1:+.1%}" if "eg_time" in r else "-"])
     stdout_console.print(make_table(f"efficiency gain against {args.baseline} (EG − 1)",
                                     ["arm", "rung", "EG_FLOPs", "interval", "EG_time"], rows))
+    note = next((r.get("eg_flops_interval_note") for arm_rows in out["arms"].values() for r in arm_rows
+                 if r.get("eg_flops_interval_note")), None)
+    if note:
+        print(f"interval not available: {note}", file=sys.stderr)
     return 0
 
 
@@ -77,7 +83,7 @@ def run_iso_bpb(args: argparse.Namespace) -> int:
     from fits.efficiency import iso_bpb_multipliers, load_references
     from fits.errors import FitInputError
 
-    from ladder.cli.extrapolate import load_laws
+    from ladder.cli.fit.laws_file import load_laws
 
     laws = load_laws([args.laws])["power_law"]
     if not laws:

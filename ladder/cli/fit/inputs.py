@@ -1,5 +1,6 @@
-"""What every `ladder fit` subcommand shares: its input (a CSV or an MLflow experiment), its errors as
-the CLI's one-paragraph message, and its ending (--save, and the fit logged back to MLflow)."""
+"""What the `ladder fit` subcommands (and `ladder extrapolate`) share: their input (a CSV or an MLflow
+experiment), the flags of the fits they make, their errors as the CLI's one-paragraph message, and
+their ending (--save, and the fit logged back to MLflow)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,46 @@ from typing import Any
 
 import pandas as pd
 
+from fits.floors import DEFAULT_FLOOR, FLOOR_RULES
 from ladder.errors import LadderInputError
-from ladder.run.mlflow_runs import fit_table, log_fit_run, read_runs
+from ladder.run.mlflow_runs import domains_of, fit_table, log_fit_run, long_by_domain, read_runs
+
+
+def add_floor_arg(q: argparse.ArgumentParser) -> None:
+    q.add_argument("--floor", choices=sorted(FLOOR_RULES), default=DEFAULT_FLOOR,
+                   help="what the loss floor E becomes where the rungs show none: 'fit' (default) fit E and refuse a "
+                        "law whose E runs to zero; 'auto' fall back there to the nested law A·x^(−α), reported as "
+                        "E = 0 and flagged (what `ladder demo` fits); 'zero' fix E = 0 for every group")
+
+
+NO_FLOOR_HINT = ("hint: --floor auto fits the nested law A·x^(−α) where the rungs show no loss floor (reported as "
+                 "E = 0 and flagged, as `ladder demo` does); --floor zero fixes E = 0 for every group")
+
+
+def is_no_floor(err: Exception) -> bool:
+    """The refusal `--floor auto` answers: E ran to its lower bound (fits.power_law.check_bounds)."""
+    from fits.errors import FitBoundaryError
+
+    return isinstance(err, FitBoundaryError) and err.parameter == "log E"
+
+
+def add_ci_level_and_seed(q: argparse.ArgumentParser) -> None:
+    q.add_argument("--ci-level", type=float, default=0.95,
+                   help="coverage of every interval printed, in (0, 1) (default 0.95: percentiles 2.5 and 97.5 of the "
+                        "bootstrap draws)")
+    q.add_argument("--seed", type=int, default=0,
+                   help="seed of the bootstrap resamples (default 0): the same seed and runs give the same intervals")
+
+
+def per_domain_rows(df: pd.DataFrame, group: str | None, y: str, *, where: str | None) -> pd.DataFrame:
+    """The table a grouped fit reads: as given, or, for `--group domain` on a runs table with per-domain
+    `bpb_<domain>` columns and no `domain` column (an MLflow experiment's, the demo fixture), one row per
+    (run, domain) with the domain's BPB in `bpb`. A group column that is not there is refused."""
+    if group is None or group in df.columns:
+        return df
+    if group == "domain" and y == "bpb" and domains_of(df):
+        return long_by_domain(df)
+    raise LadderInputError(f"no such column; the table has {sorted(map(str, df.columns))}", where=where, field=group)
 
 
 def delta_arg(text: str) -> float | str:

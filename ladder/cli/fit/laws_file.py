@@ -1,0 +1,79 @@
+"""The laws file: what `ladder fit power-law|hparams --save` writes and `ladder extrapolate --laws` and
+`ladder fit iso-bpb --laws` read ({"power_law": {domain: fit}, "hparams": {...}}, or a bare `fit hparams`
+JSON). Every way a file can be wrong is refused here, naming the file and the part."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ladder.errors import LadderInputError
+
+
+def load_laws(paths: list[str]) -> dict[str, Any]:
+    """Merge laws files: {"power_law": {domain: fit}, "hparams": {...}} (or a bare `fit hparams` JSON)."""
+    from fits.errors import FitInputError
+    from fits.power_law import power_law_from_dict
+
+    laws: dict[str, Any] = {"power_law": {}, "hparams": None, "files": list(paths)}
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_bytes().decode("utf-8"))
+        except FileNotFoundError:
+            raise LadderInputError("laws file not found; write one with `ladder fit ... --save FILE.json`", where=path) from None
+        except IsADirectoryError:
+            raise LadderInputError("is a directory, not a laws JSON file", where=path) from None
+        except UnicodeDecodeError as err:
+            raise LadderInputError(f"not UTF-8 text (byte {err.start}); a laws file is the JSON "
+                                   f"`ladder fit ... --save` writes", where=path) from None
+        except json.JSONDecodeError as err:
+            raise LadderInputError(f"not valid JSON: {err}", where=path) from None
+        if not isinstance(data, dict):
+            raise LadderInputError("expected a JSON object", where=path)
+        if "lr_wd_product" in data and "selected" in data:
+            data = {"hparams": data}
+        if not {"power_law", "hparams"} & set(data):
+            raise LadderInputError("no laws found: expected 'power_law' and/or 'hparams' keys (the files "
+                                   "`ladder fit power-law|hparams --save` write)", where=path)
+        power_laws = data.get("power_law") or {}
+        if not isinstance(power_laws, dict):
+            raise LadderInputError(f"expected an object of domain → fit, got {type(power_laws).__name__}",
+                                   where=path, field="power_law")
+        for domain, fit in power_laws.items():
+            if not isinstance(fit, dict):
+                raise LadderInputError(f"expected a fit object, got {type(fit).__name__}", where=path,
+                                       field=f"power_law.{domain}")
+            try:
+                laws["power_law"][domain] = power_law_from_dict(fit)
+            except FitInputError as err:
+                raise LadderInputError(err.detail, where=path, field=f"power_law.{domain}") from None
+            except (KeyError, TypeError, ValueError) as err:  # a field of the wrong type inside the fit
+                raise LadderInputError(f"not a power-law result the fits wrote ({type(err).__name__}: {err})",
+                                       where=path, field=f"power_law.{domain}") from None
+        if data.get("hparams") is not None and not isinstance(data["hparams"], dict):
+            raise LadderInputError(f"expected an object, got {type(data['hparams']).__name__}", where=path,
+                                   field="hparams")
+        if data.get("hparams"):
+            if "selected" not in data["hparams"] and "dropout" not in data["hparams"]:
+                raise LadderInputError("hparams laws lack 'selected' (re-fit with `ladder fit hparams --save`)",
+                                       where=path, field="hparams")
+            _check_hparams(data["hparams"], path)
+            laws["hparams"] = data["hparams"]
+    return laws
+
+
+def _check_hparams(hparams: dict[str, Any], path: str) -> None:
+    """Evaluate the laws once at a nominal point, so a file that has the keys but not the shapes the
+    fits write is refused here, naming the part, instead of failing deep inside the card."""
+    from fits.extrapolate import dropout_from_law, hparams_from_laws
+
+    for part, probe in (("selected", lambda h: hparams_from_laws(h, steps=1000.0, tpp=20.0, params_active=1e6)),
+                        ("dropout", lambda h: dropout_from_law(h["dropout"], 1e6))):
+        if not hparams.get(part):
+            continue
+        try:
+            probe(hparams)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+            raise LadderInputError(f"not the laws `ladder fit hparams --save` writes ({type(err).__name__}: {err})",
+                                   where=path, field=f"hparams.{part}") from None
