@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rungs.identity import accepted_keys
 # Re-exported: the torch-free run-directory helpers live in rungs.run_files (the loop imports no torch).
 from rungs.run_files import (LOCK_FILE, CheckpointError, DiskFullError, RunDirBusyError, _fsync_dir, _write_atomic,  # noqa: F401
                              exclusive_run_dir, is_disk_full, write_json_atomic)
@@ -148,9 +149,10 @@ def _verified_path(run_dir: Path) -> Path | None:
                           "or start over with --fresh (resume=False)")
 
 
-def load_checkpoint(run_dir: Path, *, config_key: str) -> dict[str, Any] | None:
+def load_checkpoint(run_dir: Path, *, config_key: str | tuple[str, ...]) -> dict[str, Any] | None:
     """The checkpoint payload, or None when the run has none. Refuses a damaged or unsafe file and one
-    written by another config."""
+    written by another config (`config_key`: the job's key, or every key it accepts, its own first:
+    `TrainConfig.resume_keys()`)."""
     path = _verified_path(run_dir)
     if path is None:
         return None
@@ -166,9 +168,10 @@ def load_checkpoint(run_dir: Path, *, config_key: str) -> dict[str, Any] | None:
         raise CheckpointError(f"{path}: checkpoint format {version}, expected {FORMAT_VERSION}")
     if "config_key" not in payload or "step" not in payload:
         raise CheckpointError(f"{path}: checkpoint without config_key/step; not one this job wrote")
-    if payload["config_key"] != config_key:
+    accepted = accepted_keys(config_key)
+    if payload["config_key"] not in accepted:
         raise CheckpointError(
-            f"{path}: written by a different configuration (key {payload['config_key']}, this job {config_key}); "
+            f"{path}: written by a different configuration (key {payload['config_key']}, this job {accepted[0]}); "
             "use a fresh run directory or resume=False")
     return payload
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rungs.agc_settings import AGCSettings
 from rungs.architecture import ModelConfig
-from rungs.identity import CHECKPOINT, identity_key
+from rungs.identity import config_key, legacy_checkpoint_key
 from rungs.tracking_uri import DEFAULT_TRACKING_URI
 
 
@@ -262,9 +262,19 @@ class TrainConfig(BaseModel):
         return self.model_dump(mode="json")
 
     def key(self) -> str:
-        """The checkpoint identity (`rungs.identity.CHECKPOINT`): a stable hash of everything that
-        changes the trained model, not where it is tracked."""
-        return identity_key(self.to_dict(), CHECKPOINT, LEGACY_VALUES)
+        """The config's identity (`rungs.identity.config_key`, as a sweep's trial key): a stable hash of
+        everything that changes the trained model, not where it is tracked. Names the job's
+        checkpoints, its MLflow run and its `ladder train` run directory."""
+        return config_key(self.to_dict(), LEGACY_VALUES)
+
+    def legacy_key(self) -> str:
+        """The key checkpoints and run directories of this config carried before `key()` was the one
+        identity (`rungs.identity.legacy_checkpoint_key`): read, to resume them; never written."""
+        return legacy_checkpoint_key(self.to_dict(), LEGACY_VALUES)
+
+    def resume_keys(self) -> tuple[str, ...]:
+        """The stored config keys whose checkpoints this config resumes: its key, then its legacy key."""
+        return (self.key(), self.legacy_key())
 
 
 def field_names() -> list[str]:

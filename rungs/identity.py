@@ -1,24 +1,23 @@
 """The one definition of a config's identity: which keys are left out, and how the rest is hashed.
 
-Two identities are built from it, and they differ on purpose (each is frozen by the keys already
-written with it: run directories, checkpoints and MLflow tags carry the checkpoint key, sweep stores
-and `tests/sweeps/shipped_trial_keys.json` the trial key):
+`config_key` names a config everywhere the platform needs a name for it: a sweep's trial (of the
+resolved config the sweep plans, `sweeps.keys.trial_key`), a job's checkpoints, its MLflow run name
+and its `ladder train` run directory (of the validated config the job runs, `TrainConfig.key()`).
+One function, so a complete config gives the same key in both uses. Left out: where a run is
+tracked and cached, its checkpoint cadence and its thread count, none of which changes what is
+trained: pointing a sweep at a new server, cache or thread count reruns nothing and resumes the
+same checkpoint. A key whose value is its legacy default (`rungs.config.LEGACY_VALUES`) is left
+out too, so adding a config field with a default that reproduces old behaviour changes no key.
 
-- TRIAL identity (`sweeps.keys.trial_key`): of the resolved config a sweep plans, before the job
-  validates it. It names *what to train*: a sweep reruns a trial only when this key changes, so
-  where it is tracked, its data cache, its log and checkpoint cadence and its thread count are out.
-- CHECKPOINT identity (`rungs.config.TrainConfig.key()`): of the validated config (defaults filled
-  in) a job runs. It names *what a checkpoint may resume*: a checkpoint of another key is refused.
-  It leaves out where the run is tracked and cached, its checkpoint cadence and the spec peak
-  FLOP/s (an MFU denominator only); it keeps `threads`, which the trial identity leaves out
-  (a run's key has always included it; leaving it out now would orphan every existing run
-  directory and checkpoint).
+Stable means: the same config gives the same key in any process, on any machine, whatever the
+dict order, and any change to any other value gives a different key. Floats hash by their shortest
+round-trip repr, so 0.1 and 0.1000000001 differ and 1e-3 written two ways does not.
 
-Both drop a key whose value is its legacy default (`rungs.config.LEGACY_VALUES`), so adding a config
-field with a default that reproduces old behaviour changes no key. Stable means: the same config
-gives the same key in any process, on any machine, whatever the dict order, and any change to any
-other value gives a different key. Floats hash by their shortest round-trip repr, so 0.1 and
-0.1000000001 differ and 1e-3 written two ways does not.
+Compatibility: checkpoints, MLflow runs and `ladder train` run directories written before this one
+identity carry a checkpoint key of their own (`legacy_checkpoint_key`: the thread count kept, the
+MFU denominator `peak_flops_per_device` left out, other JSON separators). It is only read, never
+written: a job resumes a checkpoint that carries it (`accepted_keys`), and `ladder train` finds a
+run directory named by it; the next checkpoint the job writes carries its key.
 """
 
 from __future__ import annotations
@@ -26,32 +25,24 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
 from typing import Any
 
 KEY_HEX_CHARS = 16  # 64 bits: collision odds ~1e-10 at a million trials
 _NOT_TRAINED = frozenset({"tracking_uri", "experiment_name", "trial_key", "data_cache_root", "checkpoint_interval"})
+# Top-level keys no identity includes (`log_interval` is a removed field old configs may still carry).
+NON_IDENTITY_KEYS = _NOT_TRAINED | {"log_interval", "threads"}
+SEPARATORS = (",", ":")  # of the canonical JSON that is hashed (kept: no existing key changes)
 
-
-@dataclass(frozen=True)
-class Identity:
-    """Which top-level keys a hash leaves out, and the JSON separators it was first written with
-    (kept, so that no existing key changes)."""
-
-    name: str
-    excluded: frozenset[str]
-    separators: tuple[str, str]
-
-
-TRIAL = Identity("trial", _NOT_TRAINED | {"log_interval", "threads"}, (",", ":"))
-CHECKPOINT = Identity("checkpoint", _NOT_TRAINED | {"peak_flops_per_device"}, (", ", ": "))
+# The checkpoint identity before there was one identity: read, to resume what it named; never written.
+_LEGACY_CHECKPOINT_EXCLUDED = _NOT_TRAINED | {"peak_flops_per_device"}
+_LEGACY_CHECKPOINT_SEPARATORS = (", ", ": ")
 
 
 def canonical(obj: Any) -> Any:
     """A JSON-ready form that does not depend on container types or dict order. Not the output
-    normaliser (`fits.results.jsonable`, non-finite -> null): this one is hashed into every trial key,
-    so it keeps its own rules (keys sorted, non-finite -> repr, unknown types refused)."""
+    normaliser (`fits.results.jsonable`, non-finite -> null): this one is hashed into every key, so it
+    keeps its own rules (keys sorted, non-finite -> repr, unknown types refused)."""
     if isinstance(obj, dict):
         return {str(k): canonical(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
     if isinstance(obj, (list, tuple)):
@@ -71,13 +62,29 @@ def canonical(obj: Any) -> Any:
     raise TypeError(f"cannot key a config holding {type(obj).__name__}: {obj!r}")
 
 
-def canonical_json(config: dict, separators: tuple[str, str] = TRIAL.separators) -> str:
+def canonical_json(config: dict, separators: tuple[str, str] = SEPARATORS) -> str:
     return json.dumps(canonical(config), sort_keys=True, separators=separators, allow_nan=False)
 
 
-def identity_key(config: Mapping[str, Any], identity: Identity, legacy: Mapping[str, Any]) -> str:
-    """Hex digest of `config` under `identity`: its excluded top-level keys, and any key still at its
-    `legacy` value, left out."""
-    kept = {k: v for k, v in config.items()
-            if k not in identity.excluded and not (k in legacy and v == legacy[k])}
-    return hashlib.sha256(canonical_json(kept, identity.separators).encode()).hexdigest()[:KEY_HEX_CHARS]
+def _digest(config: Mapping[str, Any], excluded: Collection[str], legacy: Mapping[str, Any],
+            separators: tuple[str, str]) -> str:
+    kept = {k: v for k, v in config.items() if k not in excluded and not (k in legacy and v == legacy[k])}
+    return hashlib.sha256(canonical_json(kept, separators).encode()).hexdigest()[:KEY_HEX_CHARS]
+
+
+def config_key(config: Mapping[str, Any], legacy: Mapping[str, Any]) -> str:
+    """The key of `config`: hex digest of its canonical JSON, `NON_IDENTITY_KEYS` and any key still at
+    its `legacy` value left out."""
+    return _digest(config, NON_IDENTITY_KEYS, legacy, SEPARATORS)
+
+
+def legacy_checkpoint_key(config: Mapping[str, Any], legacy: Mapping[str, Any]) -> str:
+    """The key checkpoints, run names and `ladder train` run directories of `config` carried before
+    `config_key` named them too (read only, to find and resume what older code wrote)."""
+    return _digest(config, _LEGACY_CHECKPOINT_EXCLUDED, legacy, _LEGACY_CHECKPOINT_SEPARATORS)
+
+
+def accepted_keys(expected: str | Collection[str]) -> tuple[str, ...]:
+    """The stored config keys a job accepts: `expected` is its key, or its key first and then the keys
+    older code wrote for the same config (`TrainConfig.resume_keys()`)."""
+    return (expected,) if isinstance(expected, str) else tuple(expected)

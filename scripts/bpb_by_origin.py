@@ -49,7 +49,7 @@ def load_trial_model(run_dir: Path):
     raw = json.loads((run_dir / "config.json").read_text())
     raw.setdefault("subset", "prefix")  # written before the field existed: the plain prefix rule
     cfg = parse_config(raw)
-    payload = load_checkpoint(run_dir, config_key=cfg.key())
+    payload = load_checkpoint(run_dir, config_key=cfg.resume_keys())
     if payload is None:
         raise SystemExit(f"{run_dir}: no checkpoint")
     model = Transformer(cfg.architecture())

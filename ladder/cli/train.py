@@ -35,9 +35,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def default_run_dir(config: dict) -> Path:
+    """runs/train/<recipe>-L<L>-<config key>; or the directory older versions named by the config's
+    legacy key (`TrainConfig.legacy_key`) when that one exists and the current one does not, so a
+    rerun of the same config resumes it."""
+    from rungs.config import parse_config
+
+    cfg = parse_config(config)
+    current, legacy = (DEFAULT_RUNS_ROOT / f"{cfg.recipe}-L{cfg.L}-{key}" for key in (cfg.key(), cfg.legacy_key()))
+    return legacy if legacy.is_dir() and not current.exists() else current
+
+
 def run(args: argparse.Namespace) -> int:
     from rungs.checkpoint import CheckpointError, DiskFullError, RunDirBusyError
-    from rungs.config import TrainConfigError, parse_config
+    from rungs.config import TrainConfigError
     from rungs.data.errors import DataInputError
     from rungs.train import train
 
@@ -47,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tracking_uri:
         overrides.append(f"tracking_uri={args.tracking_uri}")
     config = resolve_train_config(args.recipe, args.rung, overrides, max_steps=args.max_steps)
-    key = parse_config(config).key()
-    run_dir = args.run_dir or DEFAULT_RUNS_ROOT / f"{config['recipe']}-L{args.rung}-{key}"
+    run_dir = args.run_dir or default_run_dir(config)
     try:
         result = train(config, run_dir=run_dir, resume=not args.fresh, progress=True)
     except (TrainConfigError, DataInputError, CheckpointError, RunDirBusyError) as err:

@@ -29,6 +29,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from rungs.identity import accepted_keys
 from rungs.run_files import CheckpointError
 
 # orbax logs every metadata-store open and close at INFO through absl (134 lines for one cpu-demo L3
@@ -87,7 +88,7 @@ def save(run_dir: Path, *, state: Any, config_key: str, meta: dict[str, Any]) ->
     return final
 
 
-def read_meta(run_dir: Path, config_key: str) -> dict[str, Any] | None:
+def read_meta(run_dir: Path, config_key: str | tuple[str, ...]) -> dict[str, Any] | None:
     """The checkpoint's meta record, None without a checkpoint; CheckpointError for another config."""
     path = Path(run_dir) / CHECKPOINT_DIR / META_FILE
     if not path.is_file():
@@ -96,13 +97,14 @@ def read_meta(run_dir: Path, config_key: str) -> dict[str, Any] | None:
         meta = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise CheckpointError(f"{path}: unreadable JAX checkpoint ({err}); start over with --fresh") from None
-    if meta.get("config_key") != config_key:
+    accepted = accepted_keys(config_key)  # the job's key first, then the keys older code wrote for it
+    if meta.get("config_key") not in accepted:
         raise CheckpointError(f"{path}: checkpoint of config {meta.get('config_key')}, this job's config is "
-                              f"{config_key}; use another run directory or start over with --fresh")
+                              f"{accepted[0]}; use another run directory or start over with --fresh")
     return meta
 
 
-def load(run_dir: Path, *, template: Any, config_key: str) -> tuple[Any, dict[str, Any]] | None:
+def load(run_dir: Path, *, template: Any, config_key: str | tuple[str, ...]) -> tuple[Any, dict[str, Any]] | None:
     """(state, meta) restored into `template`'s structure, dtypes and shardings; None without a checkpoint."""
     meta = read_meta(run_dir, config_key)
     if meta is None:

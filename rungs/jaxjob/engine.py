@@ -230,7 +230,7 @@ class JaxEngine:
         return {"params": self.params, "buffers": self.buffers, "opt_state": self.opt_state}
 
     def load(self, run_dir: Path) -> dict[str, Any] | None:
-        got = jax_ckpt.load(run_dir, template=self._state(), config_key=self.cfg.key())
+        got = jax_ckpt.load(run_dir, template=self._state(), config_key=self.cfg.resume_keys())
         if got is None:
             return None
         state, meta = got

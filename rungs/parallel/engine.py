@@ -120,7 +120,7 @@ class ShardedTorchEngine:
                                        "were not drawn, so the job cannot start fresh: rerun it")
             return None
         extra = dist_checkpoint.load(ckpt, self.model, self.optimizer, self.par)
-        if extra.get("config_key") != self.cfg.key():
+        if extra.get("config_key") not in self.cfg.resume_keys():  # its key, or the one older code wrote
             raise DistributedError(f"{ckpt} was written for another config ({extra.get('config_key')}, "
                                    f"now {self.cfg.key()})")
         self.sampler.load_state_dict(extra["sampler"])
