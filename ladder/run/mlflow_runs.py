@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ladder.errors import LadderInputError
+from ladder.run.stores import check_store
 from rungs.tracking_uri import DEFAULT_TRACKING_URI
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,10 @@ def _number(value: str) -> Any:
 
 
 def read_runs(experiment: str, tracking_uri: str = DEFAULT_TRACKING_URI, *, finished_only: bool = True) -> pd.DataFrame:
-    """All runs of `experiment` (fit runs excluded) as one row each."""
+    """All runs of `experiment` (fit runs excluded) as one row each. A store that is missing, damaged
+    or locked, or a server that does not answer, is refused first (`ladder.run.stores.check_store`):
+    reading must not create an empty store, nor wait on MLflow's retries."""
+    check_store(tracking_uri, create=False)
     client = _client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:

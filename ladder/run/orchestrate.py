@@ -24,12 +24,13 @@ from pathlib import Path
 
 from ladder.errors import StoreError
 from sweeps.plan import PlannedTrial, check_fits_cluster, plan_sweep, runs_root_for
-from ladder.run.sweep_runs import (TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, check_store, find_runs,
-                               stored_result_run_id, trial_state)
+from ladder.run.stores import check_store
+from ladder.run.sweep_runs import (TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, find_runs,
+                                   stored_result_run_id, trial_state)
 from ladder.run.sweep_runs import reregister as register_result
 from ladder.run.tracking_server import TrackingServer, is_local_store
 from rungs.host_memory import ALLOCATOR_ENV
-from rungs.tracking import store_lock, sqlite_path
+from rungs.tracking import store_lock
 from rungs.tracking_uri import DEFAULT_TRACKING_URI
 from sweeps.spec import SweepSpec
 
@@ -337,12 +338,8 @@ def sweep_status(spec: SweepSpec, *, where: str = "sweep spec", tracking_uri: st
     """Each trial's state from MLflow alone (no Ray, no server: a read)."""
     planned = plan_sweep(spec, where=where)
     store = default_store(tracking_uri)
-    db = sqlite_path(store)
-    if store == DEFAULT_TRACKING_URI and db is not None and not db.exists():
-        records = {}  # nothing has run yet; a status read must not create the store
-    else:
-        check_store(store, create=False)
-        records = find_runs(store, spec.experiment_name)
+    check_store(store, create=False)  # a missing store is refused: "pending" would claim what nobody knows
+    records = find_runs(store, spec.experiment_name)
     rows = [_row(p, records.get(p.key, [])) for p in planned]
     for p, row in zip(planned, rows):
         if row.state == "running" and row.run_id:

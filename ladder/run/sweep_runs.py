@@ -13,8 +13,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from ladder.errors import StoreError
-from rungs.tracking import sqlite_path
 
 TAG_KEY = "trial_key"
 TAG_SWEEP = "sweep"
@@ -104,95 +102,6 @@ def tag_run(tracking_uri: str, run_id: str, tags: dict, *, status: str | None = 
     client.log_batch(run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])  # one request, not one per tag
     if status is not None:
         client.set_terminated(run_id, status=status)
-
-
-# --- the store itself: missing, damaged, locked, or out of step with the run directories ---------
-
-SQLITE_MAGIC = b"SQLite format 3\x00"
-# How long a reader waits for another process's lock before calling the store locked. A tracking
-# server's writes hold it for milliseconds; a process holding it this long is not going to let go.
-LOCK_WAIT_SECONDS = 20.0
-
-
-def check_store(store: str, *, create: bool) -> None:
-    """Refuse a store that cannot be what the user meant, before anything reads or writes it.
-
-    A `sqlite:///` file or a store directory that does not exist is created only when `create` (the
-    default store, or `--new-store`): a mistyped path would otherwise become an empty store that
-    shows every trial pending. An existing SQLite file must be a whole, unlocked MLflow database.
-    Servers and databases behind URLs are checked by MLflow when first used.
-    """
-    if not store.strip():
-        raise StoreError("empty tracking URI; leave the flag out for the default store (sqlite:///runs/mlflow.db) "
-                         "or name one", field="--tracking-uri")
-    db = sqlite_path(store)
-    if db is None:
-        directory = _directory_store(store)
-        if directory is not None and not directory.exists() and not create:
-            raise StoreError(f"no MLflow store at {directory}: the directory does not exist. Check the path, or create a "
-                             f"new, empty store there with `ladder sweep run SPEC --tracking-uri {store} --new-store`", field="--tracking-uri")
-        return
-    if not str(db) or str(db) == ".":
-        raise StoreError(f"{store} names no database file; write sqlite:///path/to/mlflow.db", field="--tracking-uri")
-    if not db.exists():
-        if create:
-            return
-        raise StoreError(f"no MLflow store at {db}: the file does not exist. Check the path (a mistyped one would "
-                         f"start an empty store showing every trial pending), or create a new, empty store there with "
-                         f"`ladder sweep run SPEC --tracking-uri {store} --new-store`", field="--tracking-uri")
-    _check_sqlite(db)
-
-
-def _directory_store(store: str) -> Path | None:
-    """The directory of a file store (`./mlruns`, `file:///...`); None for servers and databases."""
-    if store.startswith("file:"):
-        return Path(store[len("file:"):].removeprefix("//"))
-    if "://" in store or store.startswith(("databricks", "uc:")):
-        return None
-    return Path(store)
-
-
-def _check_sqlite(db: Path) -> None:
-    import sqlite3
-
-    def damaged(why: str) -> StoreError:
-        return StoreError(f"the MLflow store {db} is damaged ({why}). Restore it from a copy; or move it aside and "
-                          f"rerun with --new-store, then `ladder sweep run SPEC --reregister` to record the finished "
-                          f"trials' results (kept in the run directories) in the new store", field="--tracking-uri")
-
-    if db.is_dir():
-        raise StoreError(f"{db} is a directory, not an SQLite file", field="--tracking-uri")
-    size = db.stat().st_size
-    with open(db, "rb") as fh:
-        header = fh.read(100)
-    if size == 0:
-        raise damaged("the file is empty")
-    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
-        raise damaged("not an SQLite database: its header is wrong or cut short")
-    page_size = int.from_bytes(header[16:18], "big")
-    page_size = 65536 if page_size == 1 else page_size
-    pages = int.from_bytes(header[28:32], "big")
-    # The header's page count is valid when its change counters agree (SQLite file format §1.3.7).
-    if header[24:28] == header[92:96] and pages and size < pages * page_size:
-        raise damaged(f"truncated: {size:,} bytes of the {pages * page_size:,} its header records")
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=LOCK_WAIT_SECONDS)
-        try:
-            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if {"experiments", "runs", "metrics"} - tables:
-                raise StoreError(f"{db} is an SQLite database but not an MLflow store (no experiments/runs/metrics "
-                                 f"tables); check --tracking-uri", field="--tracking-uri")
-            con.execute("SELECT COUNT(*) FROM runs").fetchone()
-        finally:
-            con.close()
-    except sqlite3.OperationalError as err:
-        if "locked" in str(err) or "busy" in str(err):
-            raise StoreError(f"the MLflow store {db} is locked by another process (waited {LOCK_WAIT_SECONDS:.0f} s). "
-                             f"Another sweep or `mlflow` process may be writing it: let it finish or stop it, then "
-                             f"rerun", field="--tracking-uri") from None
-        raise damaged(str(err)) from None
-    except sqlite3.DatabaseError as err:  # "file is not a database", "database disk image is malformed"
-        raise damaged(str(err)) from None
 
 
 RESULT_FILE = "result.json"  # the training job's record of a finished job (rungs.train)

@@ -87,6 +87,10 @@ def test_a_power_law_fit_imports_neither_torch_nor_ray(tmp_path):
 
 
 def test_sweep_status_imports_neither_torch_nor_ray(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    (tmp_path / "runs").mkdir()
+    MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}").create_experiment("sweep-other")  # the default store
     status = json.loads(_run(tmp_path, "ladder", "sweep", "status", "smoke", "--json").stdout)
     assert status["counts"] == {"pending": 3}
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-import ladder.run.sweep_runs as sweep_runs
+import ladder.run.stores as stores
 from ladder.cli import main
 from sweeps.plan import plan_sweep
 from ladder.run.sweep_runs import find_runs, trial_state
@@ -82,11 +82,89 @@ def test_a_missing_store_directory_and_an_empty_uri_are_refused(tmp_path, capsys
     assert sorted(os.listdir(tmp_path)) == []
 
 
-def test_status_of_the_default_store_before_anything_ran_creates_nothing(tmp_path, capsys):
-    assert main(["sweep", "status", "smoke", "--json"]) == 0
-    status = json.loads(capsys.readouterr().out)
-    assert status["counts"] == {"pending": 3}
+@pytest.mark.parametrize("argv", [
+    ["sweep", "status", "smoke"],
+    ["fit", "power-law", "--experiment", "sweep-smoke"],
+    ["fit", "hparams", "--experiment", "sweep-smoke"],
+    ["extrapolate", "cpu-demo", "--rung", "9", "--experiment", "sweep-smoke"],
+], ids=["sweep-status", "fit-power-law", "fit-hparams", "extrapolate"])
+def test_reading_the_default_store_before_anything_ran_is_refused_and_creates_nothing(tmp_path, capsys, argv):
+    """Not every trial "pending", not an empty runs/mlflow.db: the store is not there."""
+    _refused(capsys, argv, "no MLflow store", "runs/mlflow.db", "--tracking-uri")
     assert sorted(os.listdir(tmp_path)) == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["fit", "power-law", "--experiment", "sweep-smoke"],
+    ["extrapolate", "cpu-demo", "--rung", "9", "--experiment", "sweep-smoke"],
+], ids=["fit", "extrapolate"])
+def test_fits_refuse_a_missing_named_store_as_a_sweep_does(tmp_path, capsys, argv):
+    db = tmp_path / "mlfow.db"
+    _refused(capsys, [*argv, "--tracking-uri", f"sqlite:///{db}"], "no MLflow store", str(db))
+    _refused(capsys, [*argv, "--tracking-uri", str(tmp_path / "mlrns")], "does not exist")
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+HANG_GUARD_SECONDS = 60  # "well under a minute": MLflow's own retries took over 120 s
+
+
+@pytest.mark.parametrize("argv", [
+    ["sweep", "status", "smoke"],
+    ["sweep", "run", "smoke"],
+    ["fit", "power-law", "--experiment", "sweep-smoke"],
+    ["extrapolate", "cpu-demo", "--rung", "9", "--experiment", "sweep-smoke"],
+], ids=["sweep-status", "sweep-run", "fit", "extrapolate"])
+def test_a_tracking_server_that_is_not_there_fails_at_once_in_one_line(tmp_path, capsys, argv):
+    import time
+
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    t0 = time.monotonic()
+    _refused(capsys, [*argv, "--tracking-uri", uri], "does not answer", uri)
+    assert time.monotonic() - t0 < HANG_GUARD_SECONDS
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_tracking_server_that_accepts_but_never_answers_is_called_down_at_the_deadline(capsys, monkeypatch):
+    import socket
+    import time
+
+    import ladder.run.stores as stores
+
+    assert stores.SERVER_WAIT_SECONDS <= 10  # the promise: a dead server fails within 10 s
+    monkeypatch.setattr(stores, "SERVER_WAIT_SECONDS", 0.5)
+    with socket.socket() as mute:  # listens (the kernel completes the connection), never replies
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)
+        uri = f"http://127.0.0.1:{mute.getsockname()[1]}"
+        t0 = time.monotonic()
+        _refused(capsys, ["sweep", "status", "smoke", "--tracking-uri", uri], "does not answer", "0.5 s")
+        assert time.monotonic() - t0 < HANG_GUARD_SECONDS
+
+
+def test_runs_recorded_by_older_code_are_found(tmp_path, capsys, store_template):
+    """A store written before one identity: each trial's run carries the trial key it always had, a
+    config_key tag and a run name from the old checkpoint key. Status finds every trial finished."""
+    from rungs.config import parse_config
+
+    uri = _real_store(store_template, tmp_path / "mlflow.db")
+    client = MlflowClient(uri)
+    exp = client.create_experiment("sweep-smoke")
+    for p in plan_sweep(load_spec("smoke")):
+        cfg = parse_config(p.config)
+        run = client.create_run(exp, run_name=f"{cfg.recipe}-L{cfg.L}-{cfg.legacy_key()[:8]}",
+                                tags={"trial_key": p.key, "config_key": cfg.legacy_key(), "sweep": "smoke",
+                                      "attempt": "1", "outcome": "finished", "diverged": "false"})
+        client.set_terminated(run.info.run_id, "FINISHED")
+    assert main(["sweep", "status", "smoke", "--tracking-uri", uri, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["counts"] == {"finished": 3}
 
 
 @pytest.mark.parametrize("damage, says", [
@@ -125,7 +203,7 @@ def test_a_store_locked_by_another_process_is_a_clear_error(tmp_path, capsys, mo
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        monkeypatch.setattr(sweep_runs, "LOCK_WAIT_SECONDS", 0.5)  # the holder never lets go
+        monkeypatch.setattr(stores, "LOCK_WAIT_SECONDS", 0.5)  # the holder never lets go
         for command in ("run", "status"):
             _refused(capsys, ["sweep", command, "smoke", "--tracking-uri", uri], "locked by another process")
     finally:

@@ -1,0 +1,148 @@
+"""The MLflow store a command names, checked before anything reads or writes it: a file that is missing,
+empty, truncated, foreign or locked, a store directory that does not exist, or a tracking server that
+does not answer is refused in one line that says the way out (`StoreError`, exit 2).
+
+Every command that reads runs checks its store first (`ladder sweep run|status`, `ladder fit
+--experiment`, `ladder extrapolate --experiment`, through `ladder.run.mlflow_runs.read_runs`), so a
+mistyped path creates nothing and shows nothing as "pending", and a server that is down fails in
+seconds instead of after MLflow's minutes of retries.
+"""
+
+from __future__ import annotations
+
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ladder.errors import StoreError
+from rungs.tracking import sqlite_path
+from rungs.tracking_uri import DEFAULT_TRACKING_URI
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+# How long a reader waits for another process's lock before calling the store locked. A tracking
+# server's writes hold it for milliseconds; a process holding it this long is not going to let go.
+LOCK_WAIT_SECONDS = 20.0
+
+
+def check_store(store: str, *, create: bool) -> None:
+    """Refuse a store that cannot be what the user meant, before anything reads or writes it.
+
+    A `sqlite:///` file or a store directory that does not exist is created only when `create` (the
+    default store of `ladder sweep run`, or `--new-store`): a mistyped path would otherwise become an
+    empty store that shows every trial pending. An existing SQLite file must be a whole, unlocked
+    MLflow database. An HTTP(S) tracking server must answer within `SERVER_WAIT_SECONDS`; other
+    servers and databases behind URLs are checked by MLflow when first used.
+    """
+    if not store.strip():
+        raise StoreError("empty tracking URI; leave the flag out for the default store (sqlite:///runs/mlflow.db) "
+                         "or name one", field="--tracking-uri")
+    if store.startswith(("http://", "https://")):
+        check_server(store)
+        return
+    db = sqlite_path(store)
+    if db is None:
+        directory = _directory_store(store)
+        if directory is not None and not directory.exists() and not create:
+            raise StoreError(f"no MLflow store at {directory}: the directory does not exist. Check the path, or create a "
+                             f"new, empty store there with `ladder sweep run SPEC --tracking-uri {store} --new-store`", field="--tracking-uri")
+        return
+    if not str(db) or str(db) == ".":
+        raise StoreError(f"{store} names no database file; write sqlite:///path/to/mlflow.db", field="--tracking-uri")
+    if not db.exists():
+        if create:
+            return
+        if store == DEFAULT_TRACKING_URI:
+            raise StoreError(f"no MLflow store at {db}: nothing has been tracked from this directory yet. Run from the "
+                             f"directory whose runs/ holds the store, or point --tracking-uri at it; `ladder sweep run "
+                             f"SPEC` creates this one, and `ladder sweep plan SPEC` lists a sweep's trials without a "
+                             f"store", field="--tracking-uri")
+        raise StoreError(f"no MLflow store at {db}: the file does not exist. Check the path (a mistyped one would "
+                         f"start an empty store showing every trial pending), or create a new, empty store there with "
+                         f"`ladder sweep run SPEC --tracking-uri {store} --new-store`", field="--tracking-uri")
+    _check_sqlite(db)
+
+
+def _directory_store(store: str) -> Path | None:
+    """The directory of a file store (`./mlruns`, `file:///...`); None for servers and databases."""
+    if store.startswith("file:"):
+        return Path(store[len("file:"):].removeprefix("//"))
+    if "://" in store or store.startswith(("databricks", "uc:")):
+        return None
+    return Path(store)
+
+
+def _check_sqlite(db: Path) -> None:
+    import sqlite3
+
+    def damaged(why: str) -> StoreError:
+        return StoreError(f"the MLflow store {db} is damaged ({why}). Restore it from a copy; or move it aside and "
+                          f"rerun with --new-store, then `ladder sweep run SPEC --reregister` to record the finished "
+                          f"trials' results (kept in the run directories) in the new store", field="--tracking-uri")
+
+    if db.is_dir():
+        raise StoreError(f"{db} is a directory, not an SQLite file", field="--tracking-uri")
+    size = db.stat().st_size
+    with open(db, "rb") as fh:
+        header = fh.read(100)
+    if size == 0:
+        raise damaged("the file is empty")
+    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
+        raise damaged("not an SQLite database: its header is wrong or cut short")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    # The header's page count is valid when its change counters agree (SQLite file format §1.3.7).
+    if header[24:28] == header[92:96] and pages and size < pages * page_size:
+        raise damaged(f"truncated: {size:,} bytes of the {pages * page_size:,} its header records")
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=LOCK_WAIT_SECONDS)
+        try:
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if {"experiments", "runs", "metrics"} - tables:
+                raise StoreError(f"{db} is an SQLite database but not an MLflow store (no experiments/runs/metrics "
+                                 f"tables); check --tracking-uri", field="--tracking-uri")
+            con.execute("SELECT COUNT(*) FROM runs").fetchone()
+        finally:
+            con.close()
+    except sqlite3.OperationalError as err:
+        if "locked" in str(err) or "busy" in str(err):
+            raise StoreError(f"the MLflow store {db} is locked by another process (waited {LOCK_WAIT_SECONDS:.0f} s). "
+                             f"Another sweep or `mlflow` process may be writing it: let it finish or stop it, then "
+                             f"rerun", field="--tracking-uri") from None
+        raise damaged(str(err)) from None
+    except sqlite3.DatabaseError as err:  # "file is not a database", "database disk image is malformed"
+        raise damaged(str(err)) from None
+
+
+# How long a tracking server may take to answer one request before it is called down (MLflow itself
+# retries for minutes). DNS, connect and the reply all count: the probe runs in a thread that is
+# abandoned at the deadline.
+SERVER_WAIT_SECONDS = 5.0
+
+
+def _probe(url: str, outcome: dict) -> None:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=SERVER_WAIT_SECONDS):
+            pass
+        outcome["answered"] = True
+    except urllib.error.HTTPError:  # it answered: an error status is for MLflow to report (auth, a proxy)
+        outcome["answered"] = True
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        outcome["error"] = " ".join(str(reason).split()) or type(reason).__name__
+
+
+def check_server(store: str) -> None:
+    """Refuse an HTTP(S) tracking URI whose server does not answer within SERVER_WAIT_SECONDS."""
+    outcome: dict = {}
+    url = store.rstrip("/") + "/health"  # the MLflow server's liveness route; any HTTP answer will do
+    probe = threading.Thread(target=_probe, args=(url, outcome), daemon=True, name="tracking-server-probe")
+    probe.start()
+    probe.join(SERVER_WAIT_SECONDS)
+    if outcome.get("answered"):
+        return
+    why = outcome.get("error") or "no reply"
+    raise StoreError(f"the tracking server at {store} does not answer within {SERVER_WAIT_SECONDS:g} s ({why}). Start "
+                     f"it (cluster/mlflow/, or `mlflow server`), open the port-forward to it, or check the address",
+                     field="--tracking-uri")
