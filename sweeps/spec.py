@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ladder.errors import LadderInputError
+from ladder.plan.byte_sizes import parse_bytes
 from ladder.plan.yaml_input import read_yaml, validate_mapping
 
 SWEEPS_DIR = Path(__file__).parent
@@ -107,6 +108,23 @@ class Resources(_Strict):
     # A launch detail, not part of the trial key: None lets the memory planner choose
     # (ladder.plan.memory.planned_expert_parallel), so multi-worker trials get expert parallelism.
     ep: int | None = Field(default=None, ge=1, description="expert-parallel size of a multi-worker trial")
+    # The GPU a trial runs on, e.g. 186GB: `ladder sweep plan` and `sweep run` check each trial's per-rank
+    # peak (the memory planner, ladder.plan.memory) against it, less the planner's headroom, before launch.
+    gpu_memory: str | None = Field(default=None, description="memory of one GPU, e.g. 186GB or 80GiB")
+
+    @field_validator("gpu_memory")
+    @classmethod
+    def _a_memory_size(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_bytes(value, field="gpu_memory")
+            except LadderInputError as err:
+                raise ValueError(err.detail) from None
+        return value
+
+    @property
+    def gpu_memory_bytes(self) -> int | None:
+        return None if self.gpu_memory is None else parse_bytes(self.gpu_memory, field="gpu_memory")
 
     @model_validator(mode="after")
     def _one_gpu_per_worker(self) -> Resources:

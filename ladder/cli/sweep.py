@@ -1,4 +1,4 @@
-"""`ladder sweep run SPEC` and `ladder sweep status SPEC` (docs/architecture.md contract)."""
+"""`ladder sweep run SPEC`, `ladder sweep status SPEC` and `ladder sweep plan SPEC` (docs/architecture.md contract)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import argparse
 import sys
 
 from ladder.errors import LadderInputError
+from ladder.analysis.recipe_card import human_count
 from ladder.cli.output import make_table, print_json, progress_line, stdout_console
+from ladder.plan.byte_sizes import format_bytes
 from sweeps.spec import load_spec, resolve_spec_path
 
 # Exit codes of `ladder sweep run`: 0 every trial finished or diverged (a divergence is a result),
@@ -37,6 +39,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--tracking-uri", help="MLflow store or server (default: sqlite:///runs/mlflow.db)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.set_defaults(handler=status)
+    q = ss.add_parser("plan", help="what a sweep will run and cost, before it runs: its trials, training FLOPs and "
+                                   "GPU-hours (no Ray, no store)")
+    q.add_argument("spec", help="sweep spec: a name or a path")
+    q.add_argument("--mfu", type=float, help="model FLOPs utilisation the GPU-hours assume (default: the recipe "
+                                            "pool's)")
+    q.add_argument("--goodput", type=float, help="fraction of wall time making progress (default: the recipe pool's)")
+    q.add_argument("--json", action="store_true", help="print one JSON object")
+    q.set_defaults(handler=plan)
 
 
 def _load(name: str):
@@ -79,6 +89,41 @@ def status(args: argparse.Namespace) -> int:
                     "counts": by_state, "trials": [_row_json(r) for r in outcome.rows]})
     else:
         _render(outcome, f"sweep {outcome.sweep}: " + ", ".join(f"{k} {v}" for k, v in sorted(by_state.items())))
+    return 0
+
+
+def plan(args: argparse.Namespace) -> int:
+    from ladder.plan.recipe import load_recipe
+    from sweeps.cost import check_fits_memory, cost_sweep
+    from sweeps.plan import plan_sweep
+
+    for flag in ("mfu", "goodput"):
+        value = getattr(args, flag)
+        if value is not None and not 0 < value <= 1:
+            raise LadderInputError(f"must be a fraction in (0, 1], got {value:g}", field=f"--{flag}")
+    spec, where = _load(args.spec)
+    planned = plan_sweep(spec, where=where)
+    cost = cost_sweep(planned, load_recipe(spec.recipe), mfu=args.mfu, goodput=args.goodput)
+    check_fits_memory(cost, where=where)
+    if args.json:
+        print_json({"sweep": spec.name, "spec": where, "recipe": spec.recipe, "experiment": spec.experiment_name,
+                    **cost.to_dict()})
+        return 0
+    totals = cost.totals()
+    with_memory = any(t.peak_bytes is not None for t in cost.trials)
+    columns = ["name", "key", "L", "lr", "wd", "steps", "tokens", "FLOPs", "GPUs", "GPU-h", "days"]
+    rows = []
+    for t in cost.trials:
+        row = [t.trial, t.key, t.L, f"{t.lr:.3g}", f"{t.weight_decay:.3g}", t.steps, human_count(t.tokens),
+               f"{t.train_flops:.3e}", f"{t.gpus:g}", human_count(t.gpu_hours),
+               "-" if t.wall_clock_days is None else f"{t.wall_clock_days:.2f}"]
+        if with_memory:
+            row.append("-" if t.peak_bytes is None else f"{format_bytes(t.peak_bytes)} / {format_bytes(t.usable_bytes)}")
+        rows.append(row)
+    title = (f"sweep plan {spec.name}: {totals['trials']} trials, {totals['train_flops']:.3e} training FLOPs, "
+             f"{human_count(totals['gpu_hours'])} GPU-hours on {cost.pool} ({cost.peak_flops_per_gpu:.3g} FLOP/s "
+             f"per GPU) at MFU {cost.mfu:.0%} and goodput {cost.goodput:.0%}")
+    stdout_console.print(make_table(title, columns + (["peak / usable"] if with_memory else []), rows))
     return 0
 
 

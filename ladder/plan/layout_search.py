@@ -15,12 +15,13 @@ from typing import Any
 
 from ladder.errors import LadderInputError
 from ladder.plan.byte_sizes import format_bytes
+from ladder.plan.compute import plan_compute
 from ladder.plan.expert_memory import planned_capacity_factor
 from ladder.plan.rank_memory import CHECKPOINTING, PRECISIONS, Layout, MemoryBreakdown, memory_breakdown
 from rungs.architecture import Architecture
 
-__all__ = ["DEFAULT_HEADROOM", "DEFAULT_MAX_GPUS", "LayoutChoice", "candidate_worlds", "choose_layout",
-           "planned_expert_parallel", "trial_capacity_factor"]
+__all__ = ["DEFAULT_HEADROOM", "DEFAULT_MAX_GPUS", "LayoutChoice", "candidate_worlds", "choose_layout", "gpus_for_days",
+           "planned_expert_parallel", "trial_capacity_factor", "trial_memory"]
 
 DEFAULT_HEADROOM = 0.10  # of device memory, kept for the CUDA context, NCCL and fragmentation
 DEFAULT_MAX_GPUS = 4096
@@ -84,8 +85,9 @@ def _valid_eps(arch: Architecture, world: int, group_size: int | None) -> list[i
 def choose_layout(arch: Architecture, *, batch_sequences: int, gpu_memory_bytes: int, gpus_per_node: int = 8,
                   precision: str = "bf16", headroom: float = DEFAULT_HEADROOM, max_gpus: int = DEFAULT_MAX_GPUS,
                   checkpointing: tuple[str, ...] = CHECKPOINTING, lb_loss: bool = True, z_loss: bool = False,
-                  loss: str | None = None) -> LayoutChoice:
-    """The smallest layout whose per-rank peak fits `gpu_memory_bytes` × (1 − headroom).
+                  loss: str | None = None, min_gpus: int = 1) -> LayoutChoice:
+    """The smallest layout of at least `min_gpus` GPUs whose per-rank peak fits `gpu_memory_bytes` ×
+    (1 − headroom) (`min_gpus`: e.g. the GPUs a wall-clock budget needs, `gpus_for_days`).
 
     Order: fewest GPUs; then the least recompute (checkpointing none, selective, full); then the
     largest micro-batch (fewest accumulation steps); then ep within one node before ep across
@@ -93,7 +95,8 @@ def choose_layout(arch: Architecture, *, batch_sequences: int, gpu_memory_bytes:
     (`ladder.plan.expert_memory.PLANNED_CAPACITY_FACTOR`): all-to-all buffers and send volume at
     1.5x the balanced load instead of ep x. Raises LadderInputError saying why when nothing fits.
     """
-    for name, value in (("gpus_per_node", gpus_per_node), ("max_gpus", max_gpus), ("batch_sequences", batch_sequences)):
+    for name, value in (("gpus_per_node", gpus_per_node), ("max_gpus", max_gpus), ("batch_sequences", batch_sequences),
+                        ("min_gpus", min_gpus)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise LadderInputError(f"must be a positive integer, got {value!r}", field=name)
     if not 0 <= headroom < 1:
@@ -104,7 +107,7 @@ def choose_layout(arch: Architecture, *, batch_sequences: int, gpu_memory_bytes:
         raise LadderInputError(f"must be some of {list(CHECKPOINTING)}, got {checkpointing!r}", field="checkpointing")
     usable = gpu_memory_bytes * (1 - headroom)
     best_miss: tuple[int, Layout, MemoryBreakdown] | None = None
-    for world in candidate_worlds(batch_sequences, gpus_per_node, max_gpus):
+    for world in (w for w in candidate_worlds(batch_sequences, gpus_per_node, max_gpus) if w >= min_gpus):
         fits: list[tuple[tuple, Layout, MemoryBreakdown]] = []
         per_rank = batch_sequences // world
         for ckpt_rank, ckpt in enumerate(c for c in CHECKPOINTING if c in checkpointing):
@@ -124,7 +127,7 @@ def choose_layout(arch: Architecture, *, batch_sequences: int, gpu_memory_bytes:
             _, layout, mem = min(fits, key=lambda item: item[0])
             return LayoutChoice(layout, mem, batch_sequences, gpus_per_node, gpu_memory_bytes, headroom)
     if best_miss is None:
-        raise LadderInputError(f"no layout: none of 1..{max_gpus} GPUs splits batch_sequences={batch_sequences} "
+        raise LadderInputError(f"no layout: none of {min_gpus}..{max_gpus} GPUs splits batch_sequences={batch_sequences} "
                                f"evenly in steps of {gpus_per_node} per node", field="--gpus-per-node")
     total, layout, mem = best_miss
     raise LadderInputError(
@@ -136,6 +139,14 @@ def choose_layout(arch: Architecture, *, batch_sequences: int, gpu_memory_bytes:
         f"{format_bytes(mem.buffers)})", field="--gpu-memory")
 
 
+def gpus_for_days(train_flops: float, days: float, *, peak_flops_per_gpu: float, mfu: float, goodput: float) -> int:
+    """The fewest GPUs that train `train_flops` within `days` at `mfu` and `goodput` (`ladder.plan.compute`)."""
+    if not (days > 0 and math.isfinite(days)):
+        raise LadderInputError(f"must be a positive number of days, got {days!r}", field="days")
+    per_gpu = plan_compute(train_flops, gpus=1, peak_flops_per_gpu=peak_flops_per_gpu, mfu=mfu, goodput=goodput)
+    return max(1, math.ceil(per_gpu.wall_clock_days / days - 1e-9))
+
+
 def trial_capacity_factor(config: dict[str, Any], ep: int) -> float | None:
     """The capacity factor a torch trial of `ep` runs with: its config's, none when the config fixes
     `capacity_per_expert` (or runs the JAX job, which does not read it), else the planner's."""
@@ -145,16 +156,13 @@ def trial_capacity_factor(config: dict[str, Any], ep: int) -> float | None:
                                    capacity_factor=config.get("capacity_factor"))
 
 
-def planned_expert_parallel(config: dict[str, Any], *, workers: int, gpu: bool) -> int:
-    """The ep a multi-worker trial runs with when its spec does not set one: among the ep sizes the
-    trial's workers and experts allow, the one with the least per-rank peak for the trial's own
-    micro-batch (the config's `micro_batch_sequences`, whole batch when unset), precision and
-    capacity factor (`trial_capacity_factor`; a fixed `capacity_per_expert` is counted as the
-    default's buffers, an upper bound)."""
+def _trial_layouts(config: dict[str, Any], workers: int, gpu: bool, ep: int | None = None):
+    """(layout, memory) of a multi-worker trial at each ep its workers and experts allow (only `ep` when
+    given): the trial's own micro-batch (the config's `micro_batch_sequences`, whole batch when unset),
+    checkpointing, precision and capacity factor (`trial_capacity_factor`; a fixed
+    `capacity_per_expert` is counted as the default's buffers, an upper bound)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise LadderInputError(f"must be a positive integer, got {workers!r}", field="resources.workers")
-    if workers == 1:
-        return 1
     arch = Architecture(**{k: config[k] for k in Architecture.__dataclass_fields__})
     batch = int(config["batch_sequences"])
     micro_global = int(config.get("micro_batch_sequences") or batch)
@@ -165,10 +173,23 @@ def planned_expert_parallel(config: dict[str, Any], *, workers: int, gpu: bool) 
     z_loss = float(config.get("z_loss_coef", 0.0)) > 0
     accumulation = max(1, batch // micro_global)
     checkpointing = config.get("activation_checkpointing", "none")
-    options = []
-    for ep in _valid_eps(arch, workers, config.get("group_size")):
-        layout = Layout(dp=workers // ep, ep=ep, micro_batch_sequences=micro, checkpointing=checkpointing,
-                        precision=precision, capacity_factor=trial_capacity_factor(config, ep))
-        mem = memory_breakdown(arch, layout, accumulation_steps=accumulation, lb_loss=lb_loss, z_loss=z_loss)
-        options.append((mem.total, -ep, ep))
-    return min(options)[2]
+    for size in [ep] if ep is not None else _valid_eps(arch, workers, config.get("group_size")):
+        layout = Layout(dp=workers // size, ep=size, micro_batch_sequences=micro, checkpointing=checkpointing,
+                        precision=precision, capacity_factor=trial_capacity_factor(config, size))
+        yield layout, memory_breakdown(arch, layout, accumulation_steps=accumulation, lb_loss=lb_loss, z_loss=z_loss)
+
+
+def planned_expert_parallel(config: dict[str, Any], *, workers: int, gpu: bool) -> int:
+    """The ep a multi-worker trial runs with when its spec does not set one: among the ep sizes the
+    trial's workers and experts allow, the one with the least per-rank peak (`_trial_layouts`)."""
+    if not isinstance(workers, bool) and workers == 1:
+        return 1
+    return min((mem.total, -layout.ep, layout.ep) for layout, mem in _trial_layouts(config, workers, gpu))[2]
+
+
+def trial_memory(config: dict[str, Any], *, workers: int, gpu: bool, ep: int | None = None) -> tuple[Layout, MemoryBreakdown]:
+    """The layout a sweep trial launches with and its per-rank bytes: `ep` as the spec sets it, else
+    the planner's (`planned_expert_parallel`)."""
+    size = ep if ep is not None else planned_expert_parallel(config, workers=workers, gpu=gpu)
+    ((layout, mem),) = _trial_layouts(config, workers, gpu, size)
+    return layout, mem

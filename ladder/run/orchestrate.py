@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ladder.errors import StoreError
+from ladder.plan.recipe import load_recipe
+from sweeps.cost import check_fits_memory, cost_sweep
 from sweeps.plan import PlannedTrial, check_fits_cluster, plan_sweep, runs_root_for
 from ladder.run.stores import check_store
 from ladder.run.sweep_runs import (TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, find_runs,
@@ -231,6 +233,8 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
     in it as new runs (else that is refused: it means the store was replaced or mistyped).
     """
     planned = plan_sweep(spec, where=where)  # bad specs fail here, before anything starts
+    if any(p.trial.resources.gpu_memory for p in planned):  # a trial that cannot fit its GPU: before launch
+        check_fits_memory(cost_sweep(planned, load_recipe(spec.recipe)), where=where)
     store = default_store(tracking_uri)
     check_store(store, create=create_store)  # a missing, damaged or locked store: before anything is written
     runs_root = runs_root_for(store)

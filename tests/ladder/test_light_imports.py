@@ -95,6 +95,11 @@ def test_sweep_status_imports_neither_torch_nor_ray(tmp_path):
     assert status["counts"] == {"pending": 3}
 
 
+def test_a_sweep_plan_imports_neither_torch_nor_ray(tmp_path):
+    plan = json.loads(_run(tmp_path, "ladder", "sweep", "plan", "mai_base_2_ladder", "--json").stdout)
+    assert plan["trials"] and plan["totals"]["gpu_hours"] > 0
+
+
 def test_sweep_status_on_a_store_imports_neither_torch_nor_ray(tmp_path):
     from mlflow.tracking import MlflowClient
 
