@@ -177,6 +177,7 @@ def test_nightly_runs_the_regression_against_the_cluster_with_the_pools_golden()
         assert "ladder nightly nightly --address auto" in command
         assert "--baseline /runs/goldens/nightly-gb200.json" in command
     assert "ray job submit" in submit and "--no-wait" not in submit  # waits: the Job's status is the verdict
+    assert "-- bash -c 'cd /runs && " in submit  # Ray quotes each word after --: a shell runs the `&&`
     assert "ladder-gb200-head-svc" in submit and cron["spec"]["jobTemplate"]["spec"]["backoffLimit"] == 0
 
 
