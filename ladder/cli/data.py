@@ -19,7 +19,7 @@ from ladder.cli.output import make_table, print_json, stdout_console
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.errors import DataDiskFullError, DataInputError
 from rungs.data.manifest import DEMO_MANIFEST
-from rungs.data.prepare import prepare
+from rungs.data.prepare import SHARD_BYTES, prepare
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,10 +35,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="'bpe' (train a byte-level BPE, default), 'byte', or the path of a Hugging Face tokenizer.json "
                         "with an <|endoftext|> token (a fixed vocabulary; over 65,536 entries the shards are uint32)")
     p.add_argument("--workers", type=int, default=None,
-                   help="parallel workers (Ray tasks, one input file each); default: every core when the inputs "
+                   help="parallel workers (Ray tasks, one segment of an input file each); default: every core when the inputs "
                         f"exceed {AUTO_PARALLEL_BYTES >> 20} MB, else 1 (in this process: Ray's start-up would cost "
                         "more than it saves). The output is the same bytes for any number")
     p.add_argument("--address", default=None, help="a Ray cluster to run the workers on (e.g. ray://head:10001)")
+    p.add_argument("--shard-bytes", type=int, default=SHARD_BYTES,
+                   help=f"input bytes per shard (default {SHARD_BYTES >> 20} MiB): a large file is cut into segments "
+                        "of this size, one shard each; another size gives other shards")
+    p.add_argument("--split-bytes", type=int, default=None,
+                   help="input bytes per task (default: one shard); the output is the same for any value")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
     i = data_sub.add_parser("inspect", help="print a prepared directory's shard manifest and decode sample documents")
@@ -63,7 +68,9 @@ def auto_workers(manifest_path: Path) -> int:
         manifest = load_manifest(manifest_path)
     except DataInputError:
         return 1
-    size = sum(f.stat().st_size for ds in manifest.sources + manifest.eval_sets for f in ds.files)
+    from rungs.data.storage import size_of
+
+    size = sum(size_of(f) for ds in manifest.sources + manifest.eval_sets for f in ds.files)
     return (os.cpu_count() or 1) if size > AUTO_PARALLEL_BYTES else 1
 
 
@@ -107,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         workers = args.workers if args.workers is not None else (1 if args.address else auto_workers(manifest))
         out = prepare(manifest, Path(args.out), vocab_size=vocab_size, tokenizer=args.tokenizer,
-                      workers=workers, address=args.address)
+                      workers=workers, address=args.address, shard_bytes=args.shard_bytes,
+                      split_bytes=args.split_bytes)
     except DataInputError as err:
         raise LadderInputError(err.detail, where=err.where or args.manifest, field=err.field) from None
     except DataDiskFullError as err:

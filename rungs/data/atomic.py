@@ -23,10 +23,20 @@ def is_disk_full(err: BaseException) -> bool:
     return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
+def temporary_for(path: Path) -> Path:
+    """The hidden temporary `path` is written to before its rename (marked with this process's id)."""
+    return path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}")
+
+
+def disk_full_error(err: OSError, path: Path) -> DataDiskFullError:
+    return DataDiskFullError(err.errno, f"disk full writing {path} ({os.strerror(err.errno)}); free space "
+                                        f"on {path.parent} and rerun: finished steps are kept")
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` via a hidden temporary and a rename: `path` is never half-written, and
     a failed write (a full disk) removes its temporary."""
-    tmp = path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}")
+    tmp = temporary_for(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -34,8 +44,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException as err:
         tmp.unlink(missing_ok=True)
         if is_disk_full(err):
-            raise DataDiskFullError(err.errno, f"disk full writing {path} ({os.strerror(err.errno)}); free space "
-                                               f"on {path.parent} and rerun: finished steps are kept") from None
+            raise disk_full_error(err, path) from None
         raise
 
 

@@ -65,7 +65,8 @@ def test_hashed_ngrams_find_planted_contamination_on_the_demo_corpus_exactly_as_
     import random
 
     from rungs.data.manifest import DEMO_MANIFEST, load_manifest
-    from rungs.data.prepare import _scan
+    from rungs.data.prepare import plan_inputs
+    from rungs.data.scanning import scan
 
     demo = load_manifest(DEMO_MANIFEST)
     rng = random.Random(7)
@@ -100,7 +101,7 @@ def test_hashed_ngrams_find_planted_contamination_on_the_demo_corpus_exactly_as_
     manifest = load_manifest(tmp_path / "m.yaml")
     assert abs(sum(s.share for s in manifest.sources) - 1) < 1e-9
 
-    hashed, _ = _scan(manifest, 1, None)
+    hashed = scan(manifest, plan_inputs(manifest, 32 << 20), 1, 1, None).report
     exact = decontaminate({s.name: [(d.doc_id, d.text) for d in s.documents()] for s in manifest.sources},
                           {e.name: [(d.doc_id, d.text) for d in e.documents()] for e in manifest.eval_sets},
                           manifest.ngram_words).to_json()

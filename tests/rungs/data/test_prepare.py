@@ -60,7 +60,7 @@ def test_an_interrupted_prepare_continues_without_redoing_finished_shards(tiny_m
     from rungs.data.tokenizer import ByteTokenizer
 
     reference = prepare(tiny_manifest, tmp_path / "reference", vocab_size=257, tokenizer="byte",
-                        shard_text_bytes=2_000)
+                        shard_bytes=2_000)
     real = ByteTokenizer.encode_many
     calls = []
 
@@ -73,7 +73,7 @@ def test_an_interrupted_prepare_continues_without_redoing_finished_shards(tiny_m
     monkeypatch.setattr(ByteTokenizer, "encode_many", fail_on_third)
     out = tmp_path / "resumed"
     with pytest.raises(RuntimeError, match="simulated"):
-        prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte", shard_text_bytes=2_000)
+        prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte", shard_bytes=2_000)
     assert not (out / "meta.json").exists()
     finished = {p.name: p.stat().st_ino for p in (out / "train" / "a").iterdir()}
     assert sorted(finished) == ["00000-0000.ids.json", "00000-0000.index.npy", "00000-0000.json",
@@ -81,7 +81,7 @@ def test_an_interrupted_prepare_continues_without_redoing_finished_shards(tiny_m
                                 "00000-0001.json", "00000-0001.tokens.npy"]
     calls.clear()
     monkeypatch.setattr(ByteTokenizer, "encode_many", lambda self, texts: calls.append(len(texts)) or real(self, texts))
-    prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte", shard_text_bytes=2_000)
+    prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte", shard_bytes=2_000)
     assert {p.name: p.stat().st_ino for p in (out / "train" / "a").iterdir() if p.name in finished} == finished
     total = sum(len(json.loads(p.read_text())["ids"]) for p in reference.rglob("*.ids.json"))
     done_before = sum(len(json.loads((out / "train" / "a" / f"00000-000{k}.ids.json").read_text())["ids"])

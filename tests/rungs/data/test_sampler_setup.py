@@ -63,7 +63,7 @@ def collections_corpus(tmp_path_factory):
     write_jsonl(root / "held.jsonl", make_docs("x", 4, seed=3, span=(12_000, 20_000)))
     (root / "m.yaml").write_text("sources:\n  - {name: m, share: 1.0, files: ['part-*.jsonl']}\n"
                                  "eval:\n  - {domain: x, files: [held.jsonl]}\n")
-    return prepare(root / "m.yaml", root / "out", vocab_size=257, tokenizer="byte", shard_text_bytes=5_000)
+    return prepare(root / "m.yaml", root / "out", vocab_size=257, tokenizer="byte", shard_bytes=5_000)
 
 
 @pytest.mark.parametrize("stratified", [True, False])

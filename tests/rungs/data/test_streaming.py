@@ -41,8 +41,8 @@ def _many_files_manifest(root: Path) -> Path:
 
 def test_one_and_two_ray_workers_write_identical_shards_and_indices(tmp_path):
     manifest = _many_files_manifest(tmp_path / "corpus")
-    one = prepare(manifest, tmp_path / "one", vocab_size=300, shard_text_bytes=4_000)
-    two = prepare(manifest, tmp_path / "two", vocab_size=300, shard_text_bytes=4_000, workers=2)
+    one = prepare(manifest, tmp_path / "one", vocab_size=300, shard_bytes=4_000)
+    two = prepare(manifest, tmp_path / "two", vocab_size=300, shard_bytes=4_000, workers=2)
     assert _files(one) == _files(two)
     meta = json.loads((one / "meta.json").read_text())
     a_shards = meta["sources"][0]["shards"]
@@ -132,7 +132,7 @@ def test_files_outside_the_manifests_folder_are_keyed_and_prepared(tmp_path):
 def test_progress_reports_documents_megabytes_and_tokens_per_second_per_source(tmp_path, caplog):
     manifest = _many_files_manifest(tmp_path / "corpus")
     with caplog.at_level(logging.INFO, logger="rungs.data.prepare"):
-        prepare(manifest, tmp_path / "out", vocab_size=257, tokenizer="byte", shard_text_bytes=4_000)
+        prepare(manifest, tmp_path / "out", vocab_size=257, tokenizer="byte", shard_bytes=4_000)
     lines = [r.getMessage() for r in caplog.records if "tokens/s" in r.getMessage()]
     last_a = [line for line in lines if line.startswith("prepare: tokenize train/a:")][-1]
     assert last_a.startswith("prepare: tokenize train/a: 120 docs, ") and " MB, " in last_a
@@ -181,10 +181,10 @@ def test_bad_input_found_by_a_ray_worker_is_the_same_typed_error_and_nothing_is_
 def test_a_rerun_with_another_shard_size_redoes_the_shards(tmp_path):
     """Shard boundaries depend on the shard size: a finished shard of another size is not reused."""
     manifest = _many_files_manifest(tmp_path / "corpus")
-    out = prepare(manifest, tmp_path / "out", vocab_size=257, tokenizer="byte", shard_text_bytes=4_000)
+    out = prepare(manifest, tmp_path / "out", vocab_size=257, tokenizer="byte", shard_bytes=4_000)
     (out / "meta.json").unlink()  # as if killed before the end
-    prepare(manifest, out, vocab_size=257, tokenizer="byte", shard_text_bytes=1_000_000)
-    fresh = prepare(manifest, tmp_path / "fresh", vocab_size=257, tokenizer="byte", shard_text_bytes=1_000_000)
+    prepare(manifest, out, vocab_size=257, tokenizer="byte", shard_bytes=1_000_000)
+    fresh = prepare(manifest, tmp_path / "fresh", vocab_size=257, tokenizer="byte", shard_bytes=1_000_000)
     assert _files(out).keys() == _files(fresh).keys()
     assert {k: v for k, v in _files(out).items() if k != "progress.json"} == \
         {k: v for k, v in _files(fresh).items() if k != "progress.json"}
@@ -193,11 +193,11 @@ def test_a_rerun_with_another_shard_size_redoes_the_shards(tmp_path):
 def test_the_tokenizer_is_loaded_once_per_process_not_once_per_file(tmp_path, monkeypatch):
     """A HF tokenizer loaded per input file is not all given back: +7 MB of RSS per file, which made peak
     RSS grow with the corpus (16x the demo: 96 files)."""
-    import rungs.data.prepare as prepare_mod
+    import rungs.data.vocabulary as vocabulary
 
     loads = []
-    real = prepare_mod.load_tokenizer
-    monkeypatch.setattr(prepare_mod, "load_tokenizer", lambda *a, **k: loads.append(a) or real(*a, **k))
+    real = vocabulary.load_tokenizer
+    monkeypatch.setattr(vocabulary, "load_tokenizer", lambda *a, **k: loads.append(a) or real(*a, **k))
     manifest = _many_files_manifest(tmp_path / "corpus")
     prepare(manifest, tmp_path / "out", vocab_size=300)
     assert len(loads) == 1  # 8 input files
