@@ -147,13 +147,18 @@ class FitResult:
         return text
 
     def summary(self) -> str:
-        lines = [f"{self.law}: {self.formula}", f"  {self.n_points} points, objective {self.objective:.6g}, "
-                 f"code {self.code_version}"]
+        group = self.extra.get("group")
+        lines = [f"{self.law}{f' [{group}]' if group else ''}: {self.formula}",
+                 f"  {self.n_points} points, objective {self.objective:.6g}, code {self.code_version}"]
         level = f"{self.ci_level:.0%} CI" if self.ci_level else "CI"
         for name, value in self.params.items():
             ci = self.ci.get(name)
             ci_text = f"  {level} [{ci[0]:.6g}, {ci[1]:.6g}]" if ci else ""
             lines.append(f"  {name:>10} = {value:.6g}{ci_text}")
+        if self.extra.get("floor_at_zero"):
+            lines.append("  E = 0: no loss floor over these points (the nested law); E itself is not identified")
+        if self.interval_note is not None and self.n_bootstrap:
+            lines.append(f"  intervals not available: {self.interval_note}")
         if self.residuals:
             r = np.asarray(self.residuals)
             lines.append(f"  log residuals: rms {np.sqrt(np.mean(r**2)):.3g}, max |r| {np.max(np.abs(r)):.3g}")

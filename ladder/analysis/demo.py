@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -23,6 +23,9 @@ from ladder.analysis.recipe_card import build_card
 from ladder.errors import LadderInputError
 from ladder.run.mlflow_runs import fit_table, long_by_domain, read_runs
 from ladder.plan.recipe import load_recipe
+
+if TYPE_CHECKING:
+    from fits.compute_laws import PowerLawSet
 
 log = logging.getLogger(__name__)
 
@@ -51,19 +54,15 @@ def ladder_runs(runs: pd.DataFrame, spec) -> pd.DataFrame:
     return chosen
 
 
-def fit_compute_laws(long: pd.DataFrame, *, bootstrap: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Each domain's compute law (`fits.compute_laws.fit_power_laws`, its default selection) and the
-    backtest of its top rung on the same rows; a domain whose law is not fitted says why.
-
-    The demo fits with floor DEMO_FLOOR ("auto", `fits.floors`): a domain whose rungs show no loss
-    floor gets the nested law A·C^(−α) (E on its lower bound, `extra["floor_at_zero"]`, said in the log,
-    the figure, the report and the card): a demo ladder spans two decades of compute, where a floor is
-    rarely visible, and its card at two rungs above the top needs a law; its predictions near the fitted
-    range are identified, E is not (`fits.power_law`). `ladder fit power-law --floor auto` and
-    `ladder extrapolate --floor auto` fit the same laws on the same runs."""
-    from fits.backtest import backtest_floor, holdout_backtest
+def demo_compute_laws(long: pd.DataFrame, *, bootstrap: int) -> PowerLawSet:
+    """Each domain's compute law as the demo fits it: the one step (`fits.compute_laws.fit_power_laws`)
+    with its default selection and the floor rule DEMO_FLOOR ("auto", `fits.floors`). A domain whose
+    rungs show no loss floor gets the nested law A·C^(−α) (E on its lower bound, `extra["floor_at_zero"]`,
+    said in the log, the figure, the report and the card): a demo ladder spans two decades of compute,
+    where a floor is rarely visible, and its card at two rungs above the top needs a law; its predictions
+    near the fitted range are identified, E is not (`fits.power_law`). `ladder fit power-law --floor auto`
+    and `ladder extrapolate --floor auto` fit the same laws on the same runs."""
     from fits.compute_laws import fit_power_laws
-    from fits.errors import FitError
 
     laws = fit_power_laws(long, "train_flops", "bpb", group="domain", floor=DEMO_FLOOR, bootstrap=bootstrap)
     for domain, law in sorted(laws.laws.items()):
@@ -71,6 +70,16 @@ def fit_compute_laws(long: pd.DataFrame, *, bootstrap: int) -> tuple[dict[str, A
             log.warning("power law for %s: E = 0, no loss floor over these rungs: the nested law A·C^-α "
                         "(α = %.3g); its predictions near the range are identified, E is not", domain,
                         law.params["alpha"])
+    return laws
+
+
+def fit_compute_laws(long: pd.DataFrame, *, bootstrap: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each domain's compute law (`demo_compute_laws`) and the backtest of its top rung on the same rows;
+    a domain whose law is not fitted says why."""
+    from fits.backtest import backtest_floor, holdout_backtest
+    from fits.errors import FitError
+
+    laws = demo_compute_laws(long, bootstrap=bootstrap)
     backtests = {}
     for domain in laws.names:
         # The top rung is predicted even where E is not identified (E = 0 below the top, flagged).

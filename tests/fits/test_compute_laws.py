@@ -88,3 +88,36 @@ def test_fit_results_are_frozen_and_read_intervals_off_their_draws():
     assert few.ci == {} and not few.extra["interval"]["available"]
     with pytest.raises(ValueError, match="interval not available"):
         few.conf_int()
+
+
+def test_the_floor_rule_refuses_falls_back_to_or_assumes_the_nested_law():
+    """floor 'fit' (the default) refuses an E that runs to zero, naming the way out; 'auto' keeps the
+    nested law A·C^−α there and leaves a real floor alone; 'zero' fixes E = 0 in the fit and every
+    resample: on pure power-law data (noise inside Huber's quadratic arm) it is least squares of log y
+    on log C, checked against numpy's polyfit."""
+    from fits.errors import FitBoundaryError
+
+    rng = np.random.default_rng(2)
+    flops = np.repeat(FLOPS, 2)
+    no_floor = pd.DataFrame({"train_flops": flops, "bpb": 40.0 * flops ** -0.07 * np.exp(rng.normal(0, 1e-4, 10))})
+    refused = fit_power_laws(no_floor, group=None)
+    err = refused.errors["bpb"]
+    assert isinstance(err, FitBoundaryError) and err.parameter == "log E" and "floor 'auto'" in str(err)
+    auto = fit_power_laws(no_floor, group=None, floor="auto")
+    law_auto = auto.laws["bpb"]
+    assert law_auto.extra["floor_at_zero"] and law_auto.params["E"] == 0.0 and auto.selection["floor"]["rule"] == "auto"
+    zero = fit_power_laws(no_floor, group=None, floor="zero", bootstrap=100).laws["bpb"]
+    slope, intercept = np.polyfit(np.log(flops), np.log(no_floor["bpb"]), 1)
+    assert zero.params["alpha"] == pytest.approx(-slope, rel=1e-5) and zero.params["A"] == pytest.approx(
+        np.exp(intercept), rel=1e-4)
+    assert law_auto.params["alpha"] == pytest.approx(zero.params["alpha"], rel=1e-5)
+    assert np.all(zero.bootstrap_column("E") == 0.0) and zero.conf_int()["E"] == (0.0, 0.0)
+    assert zero.options["floor"] == "zero" and zero.options["zero_floor"]
+
+    floored = sweep_table()[lambda t: t["block"] == "ladder"]
+    assert fit_power_laws(floored, group=None, floor="auto").laws["bpb"].params["E"] == pytest.approx(E, rel=1e-3)
+    assumed = fit_power_laws(floored, group=None, floor="zero").laws["bpb"]
+    free = fit_power_laws(floored, group=None).laws["bpb"]
+    assert assumed.params["E"] == 0.0 and assumed.extra["floor_at_zero"] and assumed.objective > 10 * free.objective
+    with pytest.raises(FitInputError, match="floor must be one of"):
+        fit_power_laws(floored, group=None, floor="none")

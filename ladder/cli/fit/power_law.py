@@ -143,7 +143,7 @@ def _table_row(f: dict[str, Any], y: str, law) -> list[Any]:
     pred = max(bt.get("predictions") or [{}], key=lambda p: p.get("x", 0.0))  # the TOP held-out rung
     held_out = bt.get("skipped", "-")
     if pred:
-        band = f"[{pred['lo']:.4g}, {pred['hi']:.4g}]" if pred.get("interval_available", True) else "[interval n/a]"
+        band = f"[{pred['lo']:.4g}, {pred['hi']:.4g}]" if pred.get("interval_available", True) else "(interval n/a)"
         held_out = (f"{pred['actual']:.4g} vs {pred['predicted']:.4g} {band} "
                     f"{pred['rel_error']:+.2%}" + (" (E=0)" if bt.get("floor_at_zero") else ""))
     inside = str(pred.get("inside", "-")) if pred.get("interval_available", True) else "n/a"
