@@ -35,7 +35,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import torch
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
@@ -51,7 +50,9 @@ from rungs.jaxjob import checkpoint as jax_ckpt
 from rungs.jaxjob import model as jmodel
 from rungs.jaxjob import sharding
 from rungs.jaxjob.agc import AGC, ClipRecorder
-from rungs.jaxjob.optim import Schedule, build_optimizer, clip_by_global_norm, global_norm, with_hyperparams
+from rungs.jaxjob.moe import BACKENDS
+from rungs.jaxjob.optim import Schedule, build_optimizer, with_hyperparams
+from rungs.jaxjob.programs import MemoryFigures, grads_function, memory_figures, update_function
 from rungs.jaxjob.params import init_buffers, init_params
 from rungs.metrics import DevicePeak, device_peak
 from rungs.torch_engine import _pick_threads, muon_update_scale, resolve_device
@@ -69,12 +70,20 @@ class JaxEngine:
     `mesh`: a (data, expert) `jax.sharding.Mesh` (None: one device). `ns_dtype`: Muon's
     Newton-Schulz dtype (bf16 as rungs.muon; fp32 for parity tests against a fp32 torch Muon).
     `initial_params`: (params, buffers) to start from instead of a fresh init (e.g. a torch state
-    dict converted with `rungs.jaxjob.params.from_torch_state_dict`).
+    dict converted with `rungs.jaxjob.params.from_torch_state_dict`). `moe_backend`: the routed
+    experts' grouped-matmul path (`rungs.jaxjob.moe.BACKENDS`; None: the platform's default).
+    `phase` names what the engine is doing (set-up, compiling which program, stepping), so a
+    failure can say where it happened; `memory` holds XLA's memory analysis of each compiled program.
     """
 
     def __init__(self, cfg: TrainConfig, *, mesh: Any = None, ns_dtype: Any = jnp.bfloat16,
-                 initial_params: tuple[dict, dict] | None = None) -> None:
+                 initial_params: tuple[dict, dict] | None = None, moe_backend: str | None = None) -> None:
+        if moe_backend is not None and moe_backend not in BACKENDS:
+            raise ValueError(f"moe_backend must be one of {BACKENDS} or None, got {moe_backend!r}")
         self.cfg = cfg
+        self.moe_backend = moe_backend
+        self.phase = "set-up"
+        self.memory: dict[str, MemoryFigures] = {}
         self.mesh = mesh
         self.rank = jax.process_index()
         self.processes = jax.process_count()
@@ -178,38 +187,18 @@ class JaxEngine:
     def _compile(self) -> None:
         cfg, arch, agc, dtype = self.cfg, self.arch, self.agc, self.compute_dtype
         micro = cfg.micro_batch_sequences or cfg.batch_sequences
-        scale = 1.0 / cfg.accumulation_steps
-
-        def objective(params, probes, buffers, thresholds, inputs, targets):
-            params = jmodel.compute_params(params, dtype)  # bf16: matmuls in bf16, master weights fp32
-            clip = agc.bind(probes, thresholds) if agc is not None else None
-            total, stats = jmodel.loss(params, buffers, inputs, targets, arch, cfg.lb_loss_coef, cfg.z_loss_coef,
-                                       clip=clip)
-            return total * scale, stats
-
         p_shardings = None if self.mesh is None else sharding.param_shardings(self.params, self.mesh)
-
-        def grads(params, probes, buffers, thresholds, inputs, targets):
-            (_, stats), (g, readout) = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)(
-                params, probes, buffers, thresholds, inputs, targets)
-            if p_shardings is not None:  # gradients laid out as their parameters (reduce-scattered)
-                g = jax.lax.with_sharding_constraint(g, p_shardings)
-            return g, readout, stats
-
-        def update(params, opt_state, g):
-            if cfg.grad_clip is not None:
-                g, norm = clip_by_global_norm(g, cfg.grad_clip)
-            else:
-                norm = global_norm(g)
-            updates, opt_state = self.tx.update(g, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, norm
+        grads = grads_function(cfg, agc, dtype, param_shardings=p_shardings, moe_backend=self.moe_backend)
+        update = update_function(cfg, self.tx)
 
         L = arch.n_layers
         probes = agc.probes(L, micro, cfg.seq_len) if agc is not None else None
         thresholds = self._replicated_put(np.zeros((L, len(agc.points)), np.float32)) if agc is not None else None
         tokens = self._batch_put(np.zeros((micro, cfg.seq_len), np.int32))
         self._probes = probes
+        self.phase = "compile: gradient program"
         self._grads = jax.jit(grads).lower(self.params, probes, self.buffers, thresholds, tokens, tokens).compile()
+        self.memory = {"grads": memory_figures(self._grads)}
         out_shardings = None
         if self.mesh is not None:  # the state keeps its layout from step to step (the compiled step expects it)
             # leaves made from constants (step counts, LR) come out on one device: replicate them
@@ -218,11 +207,14 @@ class JaxEngine:
                 self.opt_state)
             self.opt_state = jax.device_put(self.opt_state, self._opt_shardings)
             out_shardings = (p_shardings, self._opt_shardings, sharding.replicated(self.mesh))
+        self.phase = "compile: update program"
         self._update = jax.jit(update, donate_argnums=(0, 1), out_shardings=out_shardings).lower(
             self.params, self.opt_state, self.params).compile()
+        self.memory["update"] = memory_figures(self._update)
+        self.phase = "compiled"
         self._add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b))
         self._logits = jax.jit(lambda params, buffers, x: jmodel.forward(
-            jmodel.compute_params(params, dtype), buffers, x, arch)[0].astype(jnp.float32))
+            jmodel.compute_params(params, dtype), buffers, x, arch, backend=self.moe_backend)[0].astype(jnp.float32))
         self._bias_rate = float(cfg.bias_update_rate)
 
     # --- checkpoints ------------------------------------------------------------------------
@@ -275,6 +267,9 @@ class JaxEngine:
             thresholds = None
             if self.recorder is not None:
                 thresholds = self._replicated_put(self.recorder.thresholds(self.arch.n_layers))
+            # the phase a failure reports: the program runs asynchronously, so a device error (out
+            # of memory) surfaces at the host read of its statistics, still in this phase
+            self.phase = f"step {step}: gradient program, micro-batch {m}"
             g, readout, stats = self._grads(self.params, self._probes, self.buffers, thresholds,
                                             self._batch_put(inputs), self._batch_put(targets))
             total_grads = g if total_grads is None else self._add(total_grads, g)
@@ -289,8 +284,10 @@ class JaxEngine:
             counts_sum = counts if counts_sum is None else counts_sum + counts
             rounds += [int(r) for r in np.asarray(stats["rounds"])]
             overload += [float(c.max()) / max(float(c.astype(np.float64).mean()), 1e-9) for c in counts]
+        self.phase = f"step {step}: update program"
         self.params, self.opt_state, norm = self._update(self.params, self.opt_state, total_grads)
         norm = self._host(norm)
+        self.phase = f"step {step}: done"
         self._counts = counts_sum
         n = cfg.accumulation_steps
         return {"loss": ce_sum / n, "aux_loss": aux_sum / n, "grad_norm": float(norm),

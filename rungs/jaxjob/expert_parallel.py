@@ -94,8 +94,8 @@ class EPLayout:
 
     def local(self) -> Dispatch:
         """The grouped matmul's sizes over this device's experts and its compute buffer."""
-        return Dispatch(self.local_experts, self.group_size, self.capacity, self.compute_rows,
-                        min(self.block_rows, self.compute_rows), self.backend)
+        rows = self.block_rows if self.backend == "pallas" else min(self.block_rows, self.compute_rows)
+        return Dispatch(self.local_experts, self.group_size, self.capacity, self.compute_rows, rows, self.backend)
 
 
 def ep_layout(d: Dispatch, n_tokens: int, top_k: int, data: int, expert: int) -> EPLayout:

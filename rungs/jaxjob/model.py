@@ -25,10 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from rungs.jaxjob.expert_parallel import routed_experts_with_rounds
+from rungs.jaxjob.loss import linear_cross_entropy
 from rungs.jaxjob.moe import count_per_expert, dispatch_for
 from rungs.jaxjob.params import Buffers, Params, bias_name
 
-__all__ = ["Routing", "block", "compute_params", "forward", "loss", "rms_norm", "apply_rope", "rope_tables", "attention", "latent_moe",
+__all__ = ["Routing", "block", "compute_params", "forward", "loss", "hidden", "rms_norm", "apply_rope", "rope_tables", "attention", "latent_moe",
            "attention_core", "fused_attention_available", "load_balancing_loss", "z_loss",
            "update_expert_bias"]
 
@@ -64,18 +65,23 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float = 1e-6) -> jax.Array:
     return (xf * weight.astype(jnp.float32)).astype(x.dtype)
 
 
+_EXPERT_STACKS = ("experts.w_gate", "experts.w_up", "experts.w_down")
+
+
 def compute_params(params: Params, dtype: Any = jnp.float32) -> Params:
     """The parameters a forward in `dtype` reads: every matmul weight (the router's too, as
     `rungs.router` under autocast) cast to `dtype` (the compute dtype: bf16 for mixed precision,
     where the master weights stay fp32); the embedding table (a lookup into the fp32 residual
-    stream) and norm weights as they are. The model casts each matmul's input to its weight's
+    stream), the LM head and the expert stacks (cast where they are multiplied, inside
+    `loss.linear_cross_entropy` and the routed experts' custom VJP, so their gradients are summed
+    in fp32 and no bf16 copy of them outlives the layer) and norm weights as they are. The model casts each matmul's input to its weight's
     dtype, so outputs of the attention, the experts and the head are in `dtype` while the residual
     stream and the router's logits stay fp32, as under torch's autocast. The gradient flows back to
     the fp32 parameters through the casts."""
     dtype = jnp.dtype(dtype)
 
     def cast(name: str, p: jax.Array) -> jax.Array:
-        keep = p.ndim < 2 or name == "embed.weight"
+        keep = p.ndim < 2 or name in ("embed.weight", "lm_head.weight") or name.endswith(_EXPERT_STACKS)
         return p if keep or p.dtype == dtype else p.astype(dtype)
 
     return {name: cast(name, p) for name, p in params.items()}
@@ -275,7 +281,7 @@ def latent_moe(p: Params, prefix: str, bias, x: jax.Array, cfg: Any,
     flat = x.reshape(B * T, d)                                                # (N, d)
     r = route(p[prefix + "router.weight"], bias, flat, cfg)
     latent = prefix + "latent_down.weight" in p
-    expert_dtype = p[prefix + "experts.w_up"].dtype                          # the compute dtype
+    expert_dtype = p[prefix + "router.weight"].dtype                         # the compute dtype
     h = flat.astype(expert_dtype) @ p[prefix + "latent_down.weight"].T if latent else flat.astype(expert_dtype)
     disp = dispatch_for(B * T, cfg.top_k, cfg.n_experts, capacity_per_expert=cfg.capacity_per_expert,
                         group_size=cfg.group_size, backend=backend)
@@ -299,9 +305,9 @@ def block(params: Params, layer: int, x: jax.Array, cos, sin, bias, cfg: Any, *,
     return x + y, r
 
 
-def forward(params: Params, buffers: Buffers | None, tokens: jax.Array, cfg: Any, *,
-            clip: ActivationClip | None = None, backend: str | None = None) -> tuple[jax.Array, list[Routing]]:
-    """tokens (B, T) int → logits (B, T, V), and each layer's routing."""
+def hidden(params: Params, buffers: Buffers | None, tokens: jax.Array, cfg: Any, *,
+           clip: ActivationClip | None = None, backend: str | None = None) -> tuple[jax.Array, list[Routing]]:
+    """tokens (B, T) int → the final norm's output (B, T, d) in the compute dtype, and each layer's routing."""
     _check(cfg)
     B, T = tokens.shape
     if T > cfg.seq_len:
@@ -314,9 +320,18 @@ def forward(params: Params, buffers: Buffers | None, tokens: jax.Array, cfg: Any
         x, r = block(params, i, x, cos, sin, bias, cfg, clip=clip or _no_clip, backend=backend)
         routes.append(r)
     x = rms_norm(x, params["final_norm.weight"])
-    head = params["embed.weight"] if cfg.tied_embeddings else params["lm_head.weight"]
-    dtype = params["layers.0.attn.wq.weight"].dtype                           # the compute dtype
-    return x.astype(dtype) @ head.astype(dtype).T, routes                     # (B, T, V)
+    return x.astype(params["layers.0.attn.wq.weight"].dtype), routes          # the compute dtype
+
+
+def _head(params: Params, cfg: Any) -> jax.Array:
+    return params["embed.weight"] if cfg.tied_embeddings else params["lm_head.weight"]
+
+
+def forward(params: Params, buffers: Buffers | None, tokens: jax.Array, cfg: Any, *,
+            clip: ActivationClip | None = None, backend: str | None = None) -> tuple[jax.Array, list[Routing]]:
+    """tokens (B, T) int → logits (B, T, V) in the compute dtype, and each layer's routing."""
+    x, routes = hidden(params, buffers, tokens, cfg, clip=clip, backend=backend)
+    return x @ _head(params, cfg).astype(x.dtype).T, routes                   # (B, T, V)
 
 
 def load_balancing_loss(routes: list[Routing], n_experts: int) -> jax.Array:
@@ -341,10 +356,8 @@ def loss(params: Params, buffers: Buffers | None, inputs: jax.Array, targets: ja
     Returns (total, aux) with aux = {ce, aux_loss, tokens_per_expert (L, E), rounds (L,)}. The
     coefficients may be traced, so one compiled step serves any of them.
     """
-    logits, routes = forward(params, buffers, inputs, cfg, clip=clip, backend=backend)
-    logits = logits.astype(jnp.float32)
-    lse = jax.nn.logsumexp(logits, -1)                                         # (B, T)
-    ce = (lse - jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]).mean()
+    x, routes = hidden(params, buffers, inputs, cfg, clip=clip, backend=backend)
+    ce = linear_cross_entropy(x.reshape(-1, x.shape[-1]), _head(params, cfg), targets.reshape(-1))
     aux = lb_loss_coef * load_balancing_loss(routes, cfg.n_experts) + z_loss_coef * z_loss(routes)
     stats = {"ce": ce, "aux_loss": aux,
              "tokens_per_expert": jnp.stack([r.tokens_per_expert for r in routes]),

@@ -14,12 +14,17 @@ rounds again, recomputes each round's activations and pulls the cotangent throug
 `jax.vjp`, accumulating weight gradients in fp32. Input and gate gradients land in per-pair rows
 and the k slots of a token are summed in slot order, as in the torch module.
 
-Grouped matmul, two paths chosen by `default_backend()`:
-- "ragged": `jax.lax.ragged_dot` over the round's rows packed in expert order. It lowers to a
-  grouped kernel on GPU; on XLA:CPU it multiplies every group densely (E x the FLOPs).
+Grouped matmul, three paths (`default_backend()` picks by platform):
 - "blocks": each expert's rows of the round padded to a multiple of `block_rows`, the buffer cut
   into blocks that each belong to one expert, and one batched einsum per projection against the
-  blocks' gathered weights. At most E partial blocks of padding per round; the XLA:CPU path.
+  blocks' gathered weights (`grouped.gmm`, impl "xla"). At most E partial blocks of padding per
+  round; the XLA:CPU path.
+- "pallas": the same blocks, multiplied by Pallas kernels that read each block's expert matrix in
+  place (`grouped.gmm`, impl "pallas": Triton on a CUDA GPU, interpreted elsewhere); the GPU path.
+- "ragged": `jax.lax.ragged_dot` over the round's rows packed in expert order. A grouped kernel
+  on TPU; XLA on NVIDIA GPUs and XLA:CPU expand it into a dense dot over an (E, rows, K) operand
+  (E x the FLOPs, and 84 GiB per operand at L18 widths: docs/performance/jax.md), so it is kept as
+  a reference and a benchmark candidate, never chosen by default.
 """
 
 from __future__ import annotations
@@ -32,15 +37,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Dispatch", "dispatch_for", "default_backend", "round_take", "plan_rounds",
+from rungs.jaxjob.grouped import gmm
+
+__all__ = ["BACKENDS", "Dispatch", "dispatch_for", "default_backend", "round_take", "plan_rounds",
            "count_per_expert", "rounds_needed", "row_layout", "expert_rows", "sorted_pairs", "local_routed_experts"]
 
 _ROW_ALIGN = 8  # the torch module's buffer rounding, kept so buffer sizes agree
 
 
+BACKENDS = ("blocks", "pallas", "ragged")
+
+
 def default_backend() -> str:
-    """ragged_dot where it lowers to a grouped kernel (GPU), padded blocks elsewhere (XLA:CPU)."""
-    return "ragged" if jax.default_backend() in ("gpu", "cuda", "rocm") else "blocks"
+    """The Pallas grouped kernels on a CUDA GPU, the batched einsum over padded blocks elsewhere."""
+    return "pallas" if jax.default_backend() in ("gpu", "cuda") else "blocks"
 
 
 @dataclass(frozen=True)
@@ -51,8 +61,8 @@ class Dispatch:
     group_size: int
     capacity: int        # per-expert guaranteed rows per round
     buffer_rows: int     # rows every round computes on (ragged path)
-    block_rows: int      # rows per block (blocks path)
-    backend: str         # "ragged" | "blocks"
+    block_rows: int      # rows per block (blocks and pallas paths)
+    backend: str         # one of BACKENDS
     capacity_per_expert: int | None = None  # as configured (None: one round fits all pairs of the call)
 
     @property
@@ -74,16 +84,17 @@ def dispatch_for(n_tokens: int, top_k: int, n_experts: int, *, capacity_per_expe
     if capacity_per_expert is not None and capacity_per_expert < 1:
         raise ValueError(f"capacity_per_expert must be >= 1 or None, got {capacity_per_expert}")
     backend = backend or default_backend()
-    if backend not in ("ragged", "blocks"):
-        raise ValueError(f"backend must be 'ragged' or 'blocks', got {backend!r}")
-    if block_rows < 1:
-        raise ValueError(f"block_rows must be >= 1, got {block_rows}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if block_rows < 1 or (backend == "pallas" and (block_rows < 16 or block_rows & (block_rows - 1))):
+        raise ValueError(f"block_rows must be >= 1 (a power of two >= 16 for pallas), got {block_rows}")
     n_pairs = n_tokens * top_k
     capacity = capacity_per_expert or max(1, math.ceil(n_pairs / group_size))
     buffer_rows = min((n_experts // group_size) * group_size * capacity, max(n_pairs, 1))
     buffer_rows = -(-buffer_rows // _ROW_ALIGN) * _ROW_ALIGN
-    return Dispatch(n_experts, group_size, capacity, buffer_rows, min(block_rows, buffer_rows), backend,
-                    capacity_per_expert)
+    # pallas keeps its block size (the kernels' tile); blocks need not be larger than the buffer
+    rows = block_rows if backend == "pallas" else min(block_rows, buffer_rows)
+    return Dispatch(n_experts, group_size, capacity, buffer_rows, rows, backend, capacity_per_expert)
 
 
 def count_per_expert(expert_idx: jax.Array, n_experts: int) -> jax.Array:
@@ -123,8 +134,8 @@ def row_layout(take, done, starts, order, n_pairs, d: Dispatch):
     """Pair id of every buffer row of one round (n_pairs where the row is unused) and the grouping.
 
     ragged: rows packed in expert order, (buffer_rows,) pair ids, group sizes (E,) with the unused
-    tail given to the last expert. blocks: (n_blocks * block_rows,) pair ids, each expert's rows
-    starting on a block boundary, and the (n_blocks,) expert of each block.
+    tail given to the last expert. blocks, pallas: (n_blocks * block_rows,) pair ids, each expert's
+    rows starting on a block boundary, and the (n_blocks,) expert of each block (E: unused).
     """
     if d.backend == "ragged":
         per_expert, n_rows = take, d.buffer_rows
@@ -140,7 +151,8 @@ def row_layout(take, done, starts, order, n_pairs, d: Dispatch):
     if d.backend == "ragged":
         groups = take.at[-1].add(d.buffer_rows - take.sum())
     else:
-        groups = e[:: d.block_rows]  # (n_blocks,)
+        first = row[:: d.block_rows]                                          # (n_blocks,)
+        groups = jnp.where(first < ends[-1], e[:: d.block_rows], d.n_experts)
     return pair, valid, groups
 
 
@@ -148,8 +160,7 @@ def _gmm(a: jax.Array, w: jax.Array, groups: jax.Array, d: Dispatch) -> jax.Arra
     """Rows of a (R, K) times their expert's w[e].T, w (E, N, K) (torch Linear layout) → (R, N)."""
     if d.backend == "ragged":
         return jax.lax.ragged_dot(a, jnp.swapaxes(w, 1, 2), groups)
-    blocks = a.reshape(d.n_blocks, d.block_rows, a.shape[1])                 # (nb, b, K)
-    return jnp.einsum("brk,bnk->brn", blocks, w[groups]).reshape(a.shape[0], w.shape[1])
+    return gmm(a, w, groups, block_rows=d.block_rows, impl="pallas" if d.backend == "pallas" else "xla")
 
 
 def expert_rows(xin, g_rows, w_gate, w_up, w_down, groups, d: Dispatch):

@@ -32,7 +32,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from rungs.muon import CONVENTIONS, NS_PRESETS, SIMPLE_COEFFICIENTS, MuonConfigError, _schedule
+from rungs.muon import CONVENTIONS, NS_CHUNK_BYTES, NS_PRESETS, SIMPLE_COEFFICIENTS, MuonConfigError, _schedule
 from rungs.jaxjob.sharding import DATA, EXPERT, active_mesh
 from rungs.muon import adjust_lr as _adjust_lr
 
@@ -179,19 +179,44 @@ def _orthogonalise(leaves: list[jax.Array], ns_steps: int, ns_coefficients, ns_d
             return newton_schulz(batch, ns_steps, ns_coefficients, dtype=ns_dtype).astype(dtype)
 
         wides = [wide(leaves[i], leaves[i]) for i in members]
+        per_chunk = max(1, NS_CHUNK_BYTES // (4 * wides[0].shape[-2] * wides[0].shape[-1]))
         if mesh is not None:
             done = _on_owners(wides, ortho, mesh)
+        elif sum(_count(w) for w in wides) > per_chunk:
+            # More than one chunk of matrices (expert stacks): each leaf on its own, a chunk of
+            # its matrices at a time, so the working memory is one chunk's, not a concatenated
+            # copy of every same-shape matrix (rungs.muon's ns_chunk_bytes, the same bound).
+            done = [_chunked(ortho, w, per_chunk) for w in wides]
         else:
             flat = ortho(jnp.concatenate([w.reshape(-1, *w.shape[-2:]) for w in wides]))
             done, start = [], 0
             for w in wides:
-                n = w.size // (w.shape[-2] * w.shape[-1])
+                n = _count(w)
                 done.append(flat[start:start + n].reshape(w.shape))
                 start += n
         for i, o in zip(members, done):
             u = leaves[i]
             out[i] = wide(o, u) * jnp.asarray(update_scale(u.shape[-2:], adjust_lr), dtype)
     return out
+
+
+def _count(u: jax.Array) -> int:
+    """How many matrices a 2-D or 3-D leaf holds."""
+    return u.size // (u.shape[-2] * u.shape[-1])
+
+
+def _chunked(ortho, u: jax.Array, per_chunk: int) -> jax.Array:
+    """`ortho` of u's matrices, `per_chunk` (at most, evened out) at a time; each matrix's result
+    does not depend on the chunking (a batched product computes every batch element on its own)."""
+    count = _count(u)
+    steps = -(-count // per_chunk)
+    per = -(-count // steps)
+    flat = u.reshape(count, *u.shape[-2:])
+    if steps == 1:
+        return ortho(flat).reshape(u.shape)
+    padded = jnp.concatenate([flat, jnp.zeros((steps * per - count, *flat.shape[1:]), flat.dtype)])
+    done = jax.lax.map(ortho, padded.reshape(steps, per, *flat.shape[1:]))    # zero matrices stay zero
+    return done.reshape(steps * per, *flat.shape[1:])[:count].reshape(u.shape)
 
 
 def _round_robin(count: int, owners: int) -> tuple[np.ndarray, np.ndarray]:
