@@ -19,7 +19,7 @@ MAX_BYTES = 20_000
 
 # Every command of the README's shell blocks is run here or names where it is tested: a new command
 # that is neither fails test_every_readme_command_is_run_here_or_tested_elsewhere.
-RUN_HERE = ("ladder --help", "ladder plan ")
+RUN_HERE = ("ladder --help", "ladder plan ", "ladder sweep plan ")
 TESTED_ELSEWHERE = {
     "make demo": "the main job itself (minutes of training); its parts: tests/ladder/test_report.py",
     "make test": "the suite this test is part of",
@@ -33,7 +33,7 @@ TESTED_ELSEWHERE = {
 
 
 def _shell_blocks(text: str) -> list[str]:
-    return re.findall(r"^```(?:bash|sh|shell|console)\n(.*?)^```", text, flags=re.M | re.S)
+    return re.findall(r"^ *```(?:bash|sh|shell|console)\n(.*?)^ *```", text, flags=re.M | re.S)
 
 
 def _commands(block: str) -> list[str]:

@@ -158,6 +158,22 @@ def test_raycluster_worker_gpus_are_declared_to_ray_and_to_kubernetes():
         assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/runs"}  # shared run directories
 
 
+def test_the_pool_holds_every_trial_of_the_shipped_gpu_ladder():
+    """sweeps/mai_base_2_ladder.yaml's trials fit the pool's pods: the CPUs of the workers a pod's GPUs
+    host, and enough pods (KubeRay) or nodes (the launcher) for the largest trial."""
+    spec = yaml.safe_load((ROOT / "sweeps" / "mai_base_2_ladder.yaml").read_text())
+    cluster = next(d for d in _docs("kuberay/raycluster-gb200.yaml") if d["kind"] == "RayCluster")
+    group = cluster["spec"]["workerGroupSpecs"][0]
+    pod_gpus, pod_cpus = int(group["rayStartParams"]["num-gpus"]), int(group["rayStartParams"]["num-cpus"])
+    launcher = _docs("ray-gb200.yaml")[0]["available_node_types"]["gb200"]
+    for block in spec["blocks"]:
+        res = {**spec.get("resources", {}), **block.get("resources", {})}
+        assert pod_gpus % res["gpus"] == 0, block["name"]
+        assert pod_gpus // res["gpus"] * res["cpus"] <= min(pod_cpus, launcher["resources"]["CPU"]), block["name"]
+        pods = -(-res["workers"] * res["gpus"] // pod_gpus)
+        assert pods <= group["maxReplicas"] and pods <= launcher["max_workers"], block["name"]
+
+
 def test_launcher_declares_gpus_and_keeps_trials_off_the_head():
     cfg = _docs("ray-gb200.yaml")[0]
     types = cfg["available_node_types"]
