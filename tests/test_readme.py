@@ -19,7 +19,8 @@ MAX_BYTES = 20_000
 
 # Every command of the README's shell blocks is run here or names where it is tested: a new command
 # that is neither fails test_every_readme_command_is_run_here_or_tested_elsewhere.
-RUN_HERE = ("ladder --help", "ladder plan ", "ladder sweep plan ")
+RUN_HERE = ("ladder --help", "ladder --version", "ladder plan ", "ladder sweep plan ",
+            'eval "$(register-python-argcomplete ladder)"')
 TESTED_ELSEWHERE = {
     "make demo": "the main job itself (minutes of training); its parts: tests/ladder/test_report.py",
     "make test": "the suite this test is part of",
@@ -106,8 +107,10 @@ def fresh_copy(tmp_path_factory) -> Path:
 def test_readme_command_runs_as_written(command, fresh_copy):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "COLUMNS": "200"}
-    proc = subprocess.run(["bash", "-c", command], cwd=fresh_copy, env=env, capture_output=True, text=True,
-                          timeout=600)
+    # The completion set-up prints nothing: what it did is asked of the shell after it.
+    check = "\ncomplete -p ladder" if "register-python-argcomplete" in command else ""
+    proc = subprocess.run(["bash", "-c", command + check], cwd=fresh_copy, env=env, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip()
     assert not (fresh_copy / "runs").exists()  # a dry run writes nothing
