@@ -28,8 +28,8 @@ TESTED_ELSEWHERE = {
     "source .venv/bin/activate": "shell set-up: this test puts .venv/bin on PATH instead",
     "ladder sweep run ": "trains (about two minutes): tests/ladder/test_orchestrate.py",
     "ladder sweep status ": "needs the store the sweep writes: tests/ladder/test_orchestrate.py",
-    "ladder fit ": "the fit -> extrapolate tour on the demo fixture: tests/fits/",
-    "ladder extrapolate ": "the fit -> extrapolate tour on the demo fixture: tests/fits/",
+    "ladder fit ": "the fit -> extrapolate tour on the demo fixture: tests/fits/test_tour.py",
+    "ladder extrapolate ": "the fit -> extrapolate tour on the demo fixture: tests/fits/test_tour.py",
 }
 
 
@@ -82,6 +82,14 @@ def test_every_readme_command_is_run_here_or_tested_elsewhere():
     commands = _readme_commands()
     assert any(_where(c) == "here" for c in commands)
     assert not [c for c in commands if _where(c) is None]
+
+
+def test_the_readme_fit_commands_are_the_ones_the_tour_test_runs():
+    """tests/fits/test_tour.py runs docs/fits.md's Quick start as written: the README's fit and extrapolate
+    commands must be those, word for word."""
+    quick_start = [c for block in _shell_blocks((ROOT / "docs" / "fits.md").read_text()) for c in _commands(block)]
+    tour = [c for c in _readme_commands() if c.startswith(("ladder fit ", "ladder extrapolate "))]
+    assert tour and set(tour) <= set(quick_start)
 
 
 def test_the_checker_finds_commands_and_flags_a_new_one():
