@@ -165,3 +165,23 @@ def test_update_scale_is_rungs_muon_formula_and_errors_are_typed():
         scale_by_muon(adjust_lr="spectral")
     with pytest.raises(MuonConfigError, match="momentum"):
         scale_by_muon(momentum=1.0)
+
+
+def test_stacks_over_one_chunk_are_orthogonalised_a_chunk_at_a_time_with_the_same_result(monkeypatch):
+    import rungs.jaxjob.muon as jmuon
+
+    rng = np.random.default_rng(3)
+    grads = {k: jnp.asarray(rng.standard_normal(s), jnp.float32) for k, s in SHAPES.items()}
+    tx = scale_by_muon(ns_dtype=jnp.float32)
+
+    def updates():
+        return jax.jit(lambda g: tx.update(g, tx.init(g))[0])(grads)
+    whole = updates()
+    loops = jax.jit(lambda g: tx.update(g, tx.init(g))[0]).lower(grads).as_text().count("stablehlo.while")
+    # 3 matrices of 24 x 8 (or 8 x 24) per chunk: "stack" (4) and "tall_stack" (3) take 2 and 1
+    # steps of lax.map (the first padded), the 16 x 32 group (1 + 1 + 2) 2 steps of 2
+    monkeypatch.setattr(jmuon, "NS_CHUNK_BYTES", 3 * 4 * 24 * 8)
+    hlo = jax.jit(lambda g: tx.update(g, tx.init(g))[0]).lower(grads).as_text()
+    assert hlo.count("stablehlo.while") > loops        # the chunks' loops around the Newton-Schulz ones
+    for name, got in updates().items():
+        np.testing.assert_allclose(np.asarray(got), np.asarray(whole[name]), rtol=1e-6, atol=1e-6, err_msg=name)
