@@ -1,32 +1,26 @@
-"""mai-base-2's L18 at its real widths on one GPU: MFU against the spec peak, tokens/s, peak memory,
-host synchronisations per training step (issue #21's benchmark; one prepared script, <= 8 minutes).
+"""mai-base-2's L18 on one GPU, stepped as the job steps it: MFU of the whole step and of forward +
+backward, tokens/s, the step's phases, peak memory against the planner's estimate, top kernels, host
+synchronisations, and the loss against its GEMMs (one prepared script, <= 8 minutes on an H200).
 
-The model is L18's architecture from the planner (`ladder plan mai-base-2 --rungs 18`: d_model 1536,
-512 experts of width 768, top-7, latent 768, seq 4096 with a 1024-token window on 5 of every 6
-layers, vocab 131,072) with as many of its 18 layers as fit the device (estimated from the
-parameter shapes: fp32 parameters, gradients and optimizer states, plus activations per token;
-`--layers` overrides). One training step = forward of `--batch-sequences` sequences of 4096 tokens
-under bf16 autocast (loss in token chunks, `rungs.loss`), load-balancing and z losses, backward,
-the project's Muon + AdamW step (`rungs.optim.build_optimizer`), zero_grad. Measured:
+- The layout is the memory planner's for L18 (`ladder.plan.memory.choose_layout` on this device's
+  memory: 8 sequences of 4,096 tokens a micro-batch and 16 micro-batches a step per rank on a 141-GB
+  GPU); the model is L18's architecture with as many of its 18 layers as the planner says fit one
+  device (`--layers` overrides); the config is the job's (`ladder.plan.resolve`), bf16 on a GPU.
+- The step is the job's own (`rungs.torch_engine.train_step_on_device`: every micro-batch's forward
+  and backward, activation gradient clipping, the global grad-norm clip, one Muon + AdamW step), its
+  statistics read after it (`read_step_stats`), as `TorchEngine.train_step` does.
+- Timed: 2 warm-up steps (optimizer state, compiled kernels), then `--steps` steps; phases by CUDA
+  events from hooks (`benchmarks.step_phases`), nothing timed on the host during a GPU run. MFU =
+  the planner's model FLOPs (`flops_per_token`, 6N-style, of this many layers) / seconds / the
+  device's dense bf16 spec peak (`rungs.metrics.device_peak`).
+- Beside the step: the loss at one micro-batch's shapes with its alternatives (`benchmarks.loss`),
+  the optimizer's time over its Newton-Schulz GEMMs at the measured bf16 rate, host syncs counted by
+  op (`rungs.host_sync.HostSyncCounter`) and by `torch.cuda.set_sync_debug_mode` (with the lines
+  that made them), `torch.profiler`'s top kernels of one micro-batch.
 
-- seconds per step (CUDA-synchronised wall clock over the timed steps, after two warm-up steps that
-  create the optimizer state), tokens/s, and MFU = model FLOPs (the planner's 6·N-style count of
-  this many layers, `ladder.plan.counting`) / seconds / the device's spec peak
-  (`rungs.metrics.device_peak`: dense bf16 from the datasheet, never a timed matmul);
-- peak memory: `torch.cuda.max_memory_allocated` over the timed steps (on the CPU, torch's
-  MemTracker over one step);
-- host synchronisations per step, two ways: `rungs.host_sync.HostSyncCounter` (reads of device
-  values and data-sized ops, by op, any device; forward+backward and optimizer step apart, since
-  on the CPU it cannot tell AdamW's CPU-resident step counter from a device value) and, on CUDA,
-  the warnings of `torch.cuda.set_sync_debug_mode("warn")` during one step.
-
-Weights are drawn on the device (N(0, init_std), norms 1): the model's own `init_weights` draws on
-the CPU for reproducibility, minutes for 5B parameters, and a throughput benchmark needs no
-particular values. `--quick` runs the same script at reduced widths on the CPU (the benchmarks
-suite and its test); without a GPU the full mode reports that it did not run.
-Checks: no host synchronisation in forward+backward; on a GPU, none in the whole step (both
-counters) and MFU >= 0.30 (the issue's target,
-beyond torchtitan's ~20% for a comparable MoE).
+Weights are drawn on the device (the model's init rule, `rungs.architecture.init_std`): drawing on
+the CPU takes minutes for 5B parameters. `--quick` runs the same script on the CPU at reduced widths
+with 2 micro-batches a step; without a GPU the full mode reports that it did not run.
 """
 
 from __future__ import annotations
@@ -37,177 +31,192 @@ import gc
 import math
 import sys
 import time
-import warnings
+import traceback
 from typing import Any
 
 import torch
 
-from benchmarks.common import Report, print_report
-from ladder.plan.counting import count_flops_per_token
+from benchmarks import loss as loss_bench
+from benchmarks.common import GPU_PEAK_MATMUL_SIZE, Report, measured_peak_bf16_flops, print_report, random_token_batch
+from benchmarks.step_phases import PhaseClock, cuda_syncs, kernel_table
 from ladder.plan.generator import plan_rung
+from ladder.errors import LadderInputError
+from ladder.plan.memory import DEFAULT_HEADROOM, Layout, choose_layout, memory_breakdown, parse_bytes
 from ladder.plan.recipe import load_recipe
-from rungs.architecture import init_std, parameter_shapes
+from ladder.plan.resolve import resolve_train_config
+from rungs.agc import ActivationGradClipper
+from rungs.architecture import ModelConfig, init_std
+from rungs.config import TrainConfig, parse_config
 from rungs.host_sync import HostSyncCounter
+from rungs.loss import loss_chunk_tokens
 from rungs.metrics import device_peak, utilisation
-from rungs.model import ModelConfig, Transformer, rope_tables
+from rungs.model import Transformer
 from rungs.optim import build_optimizer
-from rungs.router import load_balancing_loss, z_loss
+from rungs.torch_engine import read_step_stats, train_step_on_device
 
 RECIPE, RUNG = "mai-base-2", 18
-MFU_TARGET = 0.30
-LB_COEF, Z_COEF = 0.01, 1e-3
+TARGETS = {"whole_step_mfu": 0.30, "forward_backward_mfu": 0.35, "optimizer_over_newton_schulz_gemms": 1.5,
+           "optimizer_share_of_step": 0.05, "peak_memory_error_vs_planner": 0.15}
 # Reduced widths for --quick (CPU): L18's structure (top-7 of many experts, latent experts, a
 # window on 5 of 6 layers, one global layer) at a size a CPU steps through in seconds.
 QUICK_WIDTHS = dict(n_layers=6, d_model=64, n_heads=4, head_dim=16, n_kv_heads_global=1, n_kv_heads_local=4,
                     window_tokens=32, seq_len=128, n_experts=16, top_k=7, latent_dim=32, expert_hidden=32,
                     shared_hidden=64, vocab_size=512)
+QUICK_MICRO_SEQUENCES, QUICK_ACCUMULATION = 1, 2
 
 
-def rung_config(quick: bool, n_layers: int | None = None) -> ModelConfig:
-    arch = dataclasses.asdict(plan_rung(load_recipe(RECIPE), RUNG).arch)
-    if quick:
-        arch |= QUICK_WIDTHS
-    if n_layers is not None:
-        arch["n_layers"] = n_layers
-    return ModelConfig(**arch)
+def planned_layout(device_bytes: int) -> dict[str, Any]:
+    """The planner's L18 layout for GPUs of `device_bytes` (`LayoutChoice.to_dict()`): per-rank
+    micro-batch sequences and accumulation steps."""
+    spec = plan_rung(load_recipe(RECIPE), RUNG)
+    return choose_layout(spec.arch, batch_sequences=spec.batch_sequences, gpu_memory_bytes=device_bytes).to_dict()
 
 
-def estimate_bytes(cfg: ModelConfig, tokens_per_step: int) -> dict[str, int]:
-    """Device bytes of one training step: fp32 parameters and gradients, Muon momentum (matrices) or
-    AdamW moments (embeddings, head, vectors), activations kept for backward, and transients (the
-    bf16 expert weights of one layer in forward and backward, one Muon chunk, a loss chunk)."""
-    from rungs.loss import LOGITS_PER_CHUNK
-    from rungs.muon import NS_CHUNK_BYTES
-
-    state = 0
-    for name, shape in parameter_shapes(cfg).items():
-        n = math.prod(shape)
-        adam = len(shape) < 2 or name.startswith(("embed.", "lm_head."))
-        state += n * (16 if adam else 12)
-    # bf16 values kept per token and layer, roughly: the MoE's one-round slab (k pairs x (latent +
-    # 2 hidden)), attention, norms and the residual stream (~24 d_model values)
-    per_token_layer = cfg.top_k * (cfg.latent_dim + 2 * cfg.expert_hidden) + 24 * cfg.d_model
-    activations = 2 * per_token_layer * tokens_per_step * cfg.n_layers + 4 * tokens_per_step * cfg.d_model * 4
-    expert_bf16 = 2 * 3 * cfg.n_experts * cfg.latent_dim * cfg.expert_hidden * 2
-    muon_chunk = min(NS_CHUNK_BYTES, 4 * 3 * cfg.n_experts * cfg.latent_dim * cfg.expert_hidden * cfg.n_layers)
-    loss_chunk = min(LOGITS_PER_CHUNK, tokens_per_step * cfg.vocab_size) * 4 * 2
-    transient = expert_bf16 + 3 * muon_chunk + loss_chunk
-    return {"states": state, "activations": activations, "transient": transient,
-            "total": state + activations + transient}
+def train_config(quick: bool, n_layers: int, micro: int, accumulation: int, cuda: bool) -> TrainConfig:
+    """The job's config of L18 (quick: reduced widths) with `n_layers` layers and this accumulation."""
+    overrides: dict[str, Any] = dict(QUICK_WIDTHS) if quick else {}
+    overrides |= {"n_layers": n_layers, "micro_batch_sequences": micro, "batch_sequences": micro * accumulation,
+                  "tracking_uri": None, "device": "cuda" if cuda else "cpu", "precision": "bf16" if cuda else "fp32"}
+    return parse_config(resolve_train_config(RECIPE, RUNG, overrides))
 
 
-def fit_layers(device_bytes: int, batch_sequences: int, fraction: float = 0.85) -> int:
-    """The most of L18's layers (at least 1) whose estimated step fits `fraction` of the device."""
+def planner_estimate(cfg: TrainConfig, cuda: bool) -> dict[str, Any]:
+    """`memory_breakdown` of this model on one process (dp = ep = 1) at the config's micro-batch."""
+    layout = Layout(dp=1, ep=1, micro_batch_sequences=cfg.micro_batch_sequences, precision="bf16" if cuda else "fp32")
+    return memory_breakdown(cfg.architecture(), layout, accumulation_steps=cfg.accumulation_steps,
+                            lb_loss=cfg.lb_loss_coef > 0, z_loss=cfg.z_loss_coef > 0).to_dict()
+
+
+def fit_layers(device_bytes: int, micro: int, accumulation: int) -> int:
+    """The most of L18's layers (at least 1) whose planned peak fits the device less the planner's headroom."""
+    arch = train_config(False, 1, micro, accumulation, True).architecture()
+    layout = Layout(dp=1, ep=1, micro_batch_sequences=micro, precision="bf16")
     fitted = 1
     for n in range(1, RUNG + 1):
-        cfg = rung_config(False, n)
-        if estimate_bytes(cfg, batch_sequences * cfg.seq_len)["total"] <= fraction * device_bytes:
+        planned = memory_breakdown(dataclasses.replace(arch, n_layers=n), layout, accumulation_steps=accumulation)
+        if planned.total <= (1 - DEFAULT_HEADROOM) * device_bytes:
             fitted = n
     return fitted
 
 
 @torch.no_grad()
 def init_on_device(model: Transformer) -> None:
-    """The model's init policy (`rungs.architecture.init_std`) drawn on the model's device; RoPE tables,
-    router buffers 0."""
+    """The model's init policy (`rungs.architecture.init_std`) drawn on the model's device; the buffers
+    as the model sets them (`Transformer.init_buffers`)."""
     for name, p in model.named_parameters():
         std = init_std(name, model.cfg)
         if std is None:
             p.fill_(1.0)
         else:
             p.normal_(0.0, std)
-    for name, buf in model.named_buffers():
-        if name in ("rope_cos", "rope_sin"):
-            cos, sin = rope_tables(model.cfg.seq_len, model.cfg.head_dim, model.cfg.rope_theta)
-            buf.copy_(cos if name == "rope_cos" else sin)
-        elif name.endswith(("router.expert_bias", "router.pending_counts")):
-            buf.zero_()
-        else:
-            raise ValueError(f"init_on_device has no rule for buffer {name!r}")
+    model.init_buffers()
 
 
-def build(cfg: ModelConfig, device: torch.device):
+def build_model(arch: ModelConfig, device: torch.device) -> Transformer:
+    """The model of `arch` in training mode, built on the meta device and drawn on `device`."""
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = Transformer(arch)
     model.to_empty(device=device)
     init_on_device(model)
-    model.train()
-    optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.1)
-    return model, optimizer
+    return model.train()
 
 
-def forward_backward(model: Transformer, tokens: torch.Tensor) -> torch.Tensor:
-    """Loss of (B, T+1) tokens and its backward; returns the loss as a device tensor (not read)."""
-    cfg = model.cfg
-    with torch.autocast(tokens.device.type, dtype=torch.bfloat16):
-        ce, routes = model(tokens[:, :-1], tokens[:, 1:])
-    loss = ce + LB_COEF * load_balancing_loss(routes, cfg.n_experts, cfg.top_k) + Z_COEF * z_loss(routes)
-    loss.backward()
-    return loss.detach()
+def build(cfg: TrainConfig, device: torch.device):
+    """Model, optimizer and activation clipper as `TorchEngine.build` makes them (weights drawn on the device)."""
+    model = build_model(cfg.architecture(), device)
+    optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,
+                                muon_momentum=cfg.muon_momentum, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                adjust_lr=cfg.adjust_lr)
+    settings = cfg.agc_settings()
+    clipper = ActivationGradClipper(settings) if settings else None
+    if clipper is not None:
+        model.activation_clip = clipper
+    return model, optimizer, clipper
 
 
-def optimizer_step(optimizer) -> None:
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+def newton_schulz_flops(optimizer) -> float:
+    """GEMM FLOPs of one Muon step's Newton-Schulz: per iteration and (m, n) matrix, s = min(m, n),
+    l = max: X Xᵀ (2 s² l), A·A (2 s³), B X (2 s² l)."""
+    total = 0.0
+    for group in optimizer.muon.param_groups if optimizer.muon is not None else []:
+        for p in group["params"]:
+            m, n = p.shape[-2:]
+            s, big = min(m, n), max(m, n)
+            total += (p.shape[0] if p.ndim == 3 else 1) * group["ns_steps"] * (4.0 * s * s * big + 2.0 * s**3)
+    return total
 
 
-def train_step(model: Transformer, optimizer, tokens: torch.Tensor) -> torch.Tensor:
-    loss = forward_backward(model, tokens)
-    optimizer_step(optimizer)
-    return loss
+class _NoOptimizerStep:
+    """The optimizer with its update left out: the profile of one micro-batch's forward and backward."""
+
+    def __init__(self, optimizer) -> None:
+        self.optimizer = optimizer
+
+    def step(self) -> None:
+        pass
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class _SyncPlaces(HostSyncCounter):
+    """HostSyncCounter that keeps every place (innermost frame outside torch: file, function, line)."""
+
+    def __init__(self, accelerator_only: bool) -> None:
+        super().__init__(accelerator_only=accelerator_only)
+        self.places: list[tuple[str, str]] = []
+
+    def _record(self, key: str) -> None:
+        super()._record(key)
+        frames = [f for f in traceback.extract_stack() if "/torch/" not in f.filename
+                  and not f.filename.endswith(("host_sync.py", "gpu_rung.py"))]
+        f = frames[-1] if frames else None
+        self.places.append((key, f"{f.filename}:{f.name}:{f.lineno}" if f else "?"))
 
 
-def cuda_sync_warnings(step) -> int:
-    """Synchronising CUDA calls during `step()`, as `torch.cuda.set_sync_debug_mode("warn")` reports them."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            step()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+def _in_optimizer_step(where: str) -> bool:
+    path, function, _ = where.rsplit(":", 2)
+    return path.endswith("rungs/optim.py") and function == "step"
 
 
-def cpu_peak_bytes(step) -> int:
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    tracker = MemTracker()
-    with tracker:
-        step()
-    return int(sum(v["Total"] for v in tracker.get_tracker_snapshot("peak").values()))
-
-
-def run(quick: bool, *, layers: int | None = None, batch_sequences: int | None = None,
-        min_seconds: float | None = None, max_steps: int | None = None) -> Report:
+def run(quick: bool, *, layers: int | None = None, micro: int | None = None, accumulation: int | None = None,
+        steps: int | None = None, gpu_memory_bytes: int | None = None, max_seconds: float = 480.0) -> Report:
+    """`gpu_memory_bytes`: the memory the planner lays L18 out for (default: this device's);
+    `max_seconds`: the timed steps stop early (after one) when the run would pass it."""
+    deadline = time.perf_counter() + max_seconds
     cuda = torch.cuda.is_available() and not quick
     if not quick and not cuda:
         return Report("gpu_rung", {"ran": False, "reason": "no CUDA device: run `python -m benchmarks.gpu_rung "
                                    "--json` on a GPU machine (--quick runs reduced widths on the CPU)"})
     threads = torch.get_num_threads()
-    if not cuda:
-        torch.set_num_threads(1)            # tiny CPU ops: idle-spinning workers only add noise
-    batch_sequences = batch_sequences or (8 if cuda else 2)
+    layout: dict[str, Any] | None = None
     if cuda:
-        layers = layers or fit_layers(torch.cuda.get_device_properties(0).total_memory, batch_sequences)
+        device_bytes = torch.cuda.get_device_properties(0).total_memory
+        layout = planned_layout(gpu_memory_bytes or device_bytes)
+        own = planned_layout(device_bytes) if gpu_memory_bytes else layout
+        layout["for_this_devices_memory"] = {k: own[k] for k in ("gpus", "dp", "ep", "micro_batch_sequences",
+                                                                 "accumulation_steps", "checkpointing")}
+        micro = micro or layout["micro_batch_sequences"]
+        accumulation = accumulation or layout["accumulation_steps"]
+        layers = layers or fit_layers(device_bytes, micro, accumulation)
+    else:
+        torch.set_num_threads(1)            # tiny CPU ops: idle-spinning workers only add noise
+        micro, accumulation = micro or QUICK_MICRO_SEQUENCES, accumulation or QUICK_ACCUMULATION
+        layers = layers or QUICK_WIDTHS["n_layers"]
     out_of_memory_at: list[int] = []
     try:
         while True:
             try:
-                report = _run(quick, cuda, layers, batch_sequences, min_seconds, max_steps)
+                report = _run(quick, cuda, layers, micro, accumulation, steps or (3 if cuda else 2), deadline)
             except torch.OutOfMemoryError:
                 # The estimate was short: one layer fewer (a one-shot GPU run should still report).
-                if not cuda or layers is None or layers <= 1 or len(out_of_memory_at) >= 3:
+                if not cuda or layers <= 1 or len(out_of_memory_at) >= 3:
                     raise
                 out_of_memory_at.append(layers)
                 layers -= 1
             else:
                 report.results["out_of_memory_at_layers"] = out_of_memory_at
+                report.results["planned_layout"] = layout
                 return report
             gc.collect()                    # outside the except block: the traceback no longer holds the model
             torch.cuda.empty_cache()
@@ -215,94 +224,128 @@ def run(quick: bool, *, layers: int | None = None, batch_sequences: int | None =
         torch.set_num_threads(threads)
 
 
-def _run(quick: bool, cuda: bool, layers: int | None, batch_sequences: int | None, min_seconds: float | None,
-         max_steps: int | None) -> Report:
+def _run(quick: bool, cuda: bool, layers: int, micro: int, accumulation: int, steps: int, deadline: float) -> Report:
     device = torch.device("cuda" if cuda else "cpu")
     torch.manual_seed(0)
-    batch_sequences = batch_sequences or 2
-    results: dict[str, Any] = {"ran": True, "quick": quick, "device": torch.cuda.get_device_name() if cuda else "cpu",
-                               "recipe": RECIPE, "rung": RUNG, "precision": "bf16 autocast, fp32 master weights"}
+    cfg = train_config(quick, layers, micro, accumulation, cuda)
+    tokens_per_micro = micro * cfg.seq_len
+    tokens_per_step = tokens_per_micro * accumulation
+    r: dict[str, Any] = {"ran": True, "quick": quick, "device": torch.cuda.get_device_name() if cuda else "cpu",
+                         "recipe": RECIPE, "rung": RUNG, "precision": "bf16 autocast, fp32 master weights" if cuda
+                         else "fp32", "n_layers": layers, "of_layers": RUNG, "micro_batch_sequences": micro,
+                         "accumulation_steps": accumulation, "seq_len": cfg.seq_len, "tokens_per_step": tokens_per_step,
+                         "d_model": cfg.d_model, "n_experts": cfg.n_experts, "top_k": cfg.top_k,
+                         "vocab_size": cfg.vocab_size, "agc": cfg.agc, "grad_clip": cfg.grad_clip,
+                         "loss_chunk_tokens": loss_chunk_tokens(tokens_per_micro, cfg.vocab_size, device),
+                         "planner_estimate_bytes": planner_estimate(cfg, cuda)}
     if cuda:
         torch.set_float32_matmul_precision("high")              # TF32 for the fp32 GEMMs (the router's)
-        results["device_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.reset_peak_memory_stats(device)
-        n_layers = layers or 1
-    else:
-        n_layers = layers or QUICK_WIDTHS["n_layers"]
-    cfg = rung_config(quick, n_layers)
-    tokens_per_step = batch_sequences * cfg.seq_len
-    results |= {"n_layers": n_layers, "of_layers": RUNG, "batch_sequences": batch_sequences, "seq_len": cfg.seq_len,
-                "tokens_per_step": tokens_per_step, "d_model": cfg.d_model, "n_experts": cfg.n_experts,
-                "top_k": cfg.top_k, "expert_hidden": cfg.expert_hidden, "vocab_size": cfg.vocab_size,
-                "float32_matmul_precision": torch.get_float32_matmul_precision(),
-                "estimated_bytes": estimate_bytes(cfg, tokens_per_step)}
-    t0 = time.perf_counter()
-    model, optimizer = build(cfg, device)
-    _synchronize(device)
-    results["build_seconds"] = time.perf_counter() - t0
-    results["params"] = sum(p.numel() for p in model.parameters())
+        r["device_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
+        r["measured_bf16_flops"] = measured_peak_bf16_flops(GPU_PEAK_MATMUL_SIZE, device="cuda")
+        # the loss's candidates first, while the device's memory is free
+        r["loss"] = loss_bench.measure(device, tokens_per_micro, cfg.d_model, cfg.vocab_size, repeats=5,
+                                       budget_seconds=150.0)
+        torch.cuda.empty_cache()
+    model, optimizer, clipper = build(cfg, device)
+    r["params"] = sum(p.numel() for p in model.parameters())
     gen = torch.Generator().manual_seed(1)
-    batches = [torch.randint(0, cfg.vocab_size, (batch_sequences, cfg.seq_len + 1), generator=gen).to(device)
-               for _ in range(2)]
+    # host batches, as the sampler hands them to the step (which copies each micro-batch to the device)
+    batches = [random_token_batch(torch.randint(0, cfg.vocab_size, (micro * accumulation, cfg.seq_len + 1),
+                                                generator=gen)) for _ in range(2)]
+    step_no = 0
 
-    def step(i: int = 0) -> torch.Tensor:
-        return train_step(model, optimizer, batches[i % 2])
+    def device_step(step_cfg: TrainConfig = cfg, opt=optimizer) -> torch.Tensor:
+        if clipper is not None:
+            clipper.begin_step(step_no)
+        return train_step_on_device(step_cfg, model, opt, batches[step_no % 2], clipper, None)
 
-    for i in range(2):                                           # optimizer state, allocator, kernels
-        step(i)
-    _synchronize(device)
-    # On a GPU only ops on device tensors count; on the CPU every read does, which includes
-    # AdamW's step counters (CPU tensors on a GPU too, so no device sync there): reported apart.
-    counters = {"forward_backward": HostSyncCounter(accelerator_only=cuda),
-                "optimizer_step": HostSyncCounter(accelerator_only=cuda)}
-    with counters["forward_backward"]:
-        forward_backward(model, batches[0])
-    with counters["optimizer_step"]:
-        optimizer_step(optimizer)
-    for phase, counter in counters.items():
-        results[f"host_syncs_{phase}"] = counter.total
-        results[f"host_sync_ops_{phase}"] = {op: [n, counter.where[op]] for op, n in counter.counts.items()}
-        # higher-order ops run whole, uncounted inside (FlexAttention if it ran uncompiled)
-        results[f"host_sync_uninspected_{phase}"] = dict(counter.uninspected)
-    results["host_syncs_per_step"] = sum(c.total for c in counters.values())
+    def finish(stats: torch.Tensor) -> dict[str, float]:
+        nonlocal step_no
+        values = read_step_stats(stats)                 # the step's one host read, after it
+        if clipper is not None:
+            clipper.end_step()
+            clipper.drain_events()
+        if cfg.expert_bias:
+            for block in model.layers:
+                block.moe.router.update_bias()
+        step_no += 1
+        return values
+
+    for _ in range(2 if cuda else 1):                   # optimizer state, compiled kernels, AGC history
+        finish(device_step())
+    counter = _SyncPlaces(accelerator_only=cuda)
+    with counter:
+        stats = device_step()
+    finish(stats)
+    # on the CPU the counter sees every read, AdamW's CPU step counters too (CPU tensors on a GPU as
+    # well, where the counter does not count them): their reads come from inside MuonAdamW.step
+    outside_adamw = [k for k, where in counter.places if cuda or not _in_optimizer_step(where)]
+    r |= {"host_syncs_per_step": counter.total, "host_sync_places": sorted(set(w for _, w in counter.places)),
+          "host_syncs_outside_adamw_step_counters": len(outside_adamw),
+          "host_sync_uninspected": dict(counter.uninspected)}
     if cuda:
-        results["cuda_sync_debug_syncs_per_step"] = cuda_sync_warnings(step)
+        holder: dict[str, torch.Tensor] = {}
+        n_syncs, places = cuda_syncs(lambda: holder.setdefault("stats", device_step()))
+        finish(holder["stats"])
+        r |= {"cuda_syncs_per_step": n_syncs, "cuda_sync_places": places}
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
-    min_seconds = min_seconds if min_seconds is not None else (60.0 if cuda else 0.0)
-    max_steps, min_steps = max_steps or (30 if cuda else 2), 3 if cuda else 1
-    _synchronize(device)
-    t0, steps, last = time.perf_counter(), 0, None
-    while True:                  # at least min_steps, then until min_seconds have passed or max_steps ran
-        last = step(steps)
-        steps += 1
-        if steps >= max_steps or (steps >= min_steps and time.perf_counter() - t0 >= min_seconds):
+    phases: list[dict[str, float]] = []
+    for _ in range(steps):
+        with PhaseClock(model, optimizer, cuda) as clock:
+            stats = device_step()
+        values = finish(stats)
+        phases.append(clock.seconds())
+        # the host clock only decides whether one more step fits the script's budget (2 steps: the profile's)
+        if time.perf_counter() + 2 * phases[-1]["step"] > deadline:
             break
-    _synchronize(device)
-    seconds = (time.perf_counter() - t0) / steps
-    results["final_loss"] = float(last) if last is not None else math.nan
-    results["timed_steps"] = steps
-    results["seconds_per_step"] = seconds
-    results["tokens_per_second"] = tokens_per_step / seconds
-    flops = count_flops_per_token(cfg)
-    results["model_flops_per_token"] = 3 * flops.forward
-    peak = device_peak(device.type)
-    util = utilisation(3 * flops.forward * tokens_per_step, seconds, devices=1, peak=peak)
-    results |= {"mfu": util.mfu, "achieved_tflops": util.achieved_flops_per_device / 1e12,
-                "peak_tflops": (peak.flops or math.nan) / 1e12, "peak_source": peak.source, "mfu_capped": util.mfu_capped}
+    r["final_loss"] = values["loss"]
+    r["timed_steps"] = len(phases)
+    r["phase_seconds"] = {k: sorted(p[k] for p in phases)[len(phases) // 2] for k in phases[0]}
+    r["phase_seconds_per_micro_batch"] = {k: r["phase_seconds"][k] / accumulation
+                                          for k in ("forward", "loss", "backward")}
     if cuda:
-        results["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
-        results["peak_memory_source"] = "torch.cuda.max_memory_allocated"
-    else:
-        results["peak_memory_bytes"] = cpu_peak_bytes(step)
-        results["peak_memory_source"] = "MemTracker, one step"
-    results["estimate_over_peak"] = results["estimated_bytes"]["total"] / results["peak_memory_bytes"]
+        r["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
+        r["peak_over_planner_estimate"] = r["peak_memory_bytes"] / r["planner_estimate_bytes"]["total"]
+    # (on the CPU tests/ladder/plan/test_memory.py holds the planner to torch's MemTracker at small shapes)
+    _utilisation(r, cfg, optimizer, device, tokens_per_step)
+    one_micro = cfg.model_copy(update={"batch_sequences": micro})
+    r["top_kernels_one_micro_batch"] = kernel_table(
+        lambda: finish(device_step(one_micro, _NoOptimizerStep(optimizer))), cuda)
+    return _checks(Report("gpu_rung", r, device=device.type), r, cuda)
 
-    report = Report("gpu_rung", results)
-    report.check("host_syncs_forward_backward", results["host_syncs_forward_backward"], "==", 0)
-    if cuda:
-        report.check("host_syncs_per_step", results["host_syncs_per_step"], "==", 0)
-        report.check("cuda_sync_debug_syncs_per_step", results["cuda_sync_debug_syncs_per_step"], "==", 0)
-        report.check("mfu", util.mfu, ">=", MFU_TARGET)
+
+def _utilisation(r: dict[str, Any], cfg: TrainConfig, optimizer, device: torch.device, tokens: int) -> None:
+    ph = r["phase_seconds"]
+    flops = cfg.flops_per_token * tokens
+    peak = device_peak(device.type, cores=torch.get_num_threads())
+    whole = utilisation(flops, ph["step"], devices=1, peak=peak)
+    fb_seconds = ph["forward"] + ph["loss"] + ph["backward"]
+    fb = utilisation(flops, fb_seconds, devices=1, peak=peak)
+    rate = r.get("measured_bf16_flops")
+    ns = newton_schulz_flops(optimizer)
+    r |= {"model_flops_per_step": flops, "seconds_per_step": ph["step"], "tokens_per_second": tokens / ph["step"],
+          "whole_step_mfu": whole.mfu, "forward_backward_mfu": fb.mfu, "mfu_capped": whole.mfu_capped or fb.mfu_capped,
+          "achieved_tflops": whole.achieved_flops_per_device / 1e12, "peak_tflops": (peak.flops or math.nan) / 1e12,
+          "peak_source": peak.source, "newton_schulz_flops": ns,
+          "optimizer_share_of_step": ph["optimizer"] / ph["step"],
+          "optimizer_over_newton_schulz_gemms": ph["optimizer"] / (ns / rate) if rate and ns else None}
+
+
+def _checks(report: Report, r: dict[str, Any], cuda: bool) -> Report:
+    report.check("host_syncs_per_step", r["host_syncs_outside_adamw_step_counters"], "==", 0)
+    if not cuda:
+        return report
+    report.check("cuda_syncs_per_step", r["cuda_syncs_per_step"], "==", 0)
+    for name in ("whole_step_mfu", "forward_backward_mfu"):
+        report.check(name, r[name], ">=", TARGETS[name])
+    loss_bench.loss_report(report, r["loss"])
+    if r["optimizer_over_newton_schulz_gemms"] is not None:
+        report.check("optimizer_over_newton_schulz_gemms", r["optimizer_over_newton_schulz_gemms"], "<=",
+                     TARGETS["optimizer_over_newton_schulz_gemms"])
+    report.check("optimizer_share_of_step", r["optimizer_share_of_step"], "<=", TARGETS["optimizer_share_of_step"])
+    report.check("peak_memory_error_vs_planner", abs(r["peak_over_planner_estimate"] - 1), "<=",
+                 TARGETS["peak_memory_error_vs_planner"])
     return report
 
 
@@ -311,10 +354,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="reduced widths on the CPU")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--layers", type=int, help="layers of L18 to build (default: as many as fit)")
-    parser.add_argument("--batch-sequences", type=int, help="sequences per step (default 8 on a GPU, 2 quick)")
-    parser.add_argument("--min-seconds", type=float, help="time steps for at least this long (default 60 on a GPU)")
+    parser.add_argument("--micro-batch-sequences", type=int, help="sequences per micro-batch (default: the planner's)")
+    parser.add_argument("--accumulation-steps", type=int, help="micro-batches per step (default: the planner's)")
+    parser.add_argument("--steps", type=int, help="timed steps (default 3 on a GPU, 2 quick)")
+    parser.add_argument("--gpu-memory", help="the GPU memory the planner lays L18 out for, e.g. 141GB "
+                                             "(default: this device's)")
+    parser.add_argument("--max-seconds", type=float, default=480.0, help="stop timing steps (after one) "
+                                                                          "before this (default 480)")
     args = parser.parse_args(argv)
-    report = run(args.quick, layers=args.layers, batch_sequences=args.batch_sequences, min_seconds=args.min_seconds)
+    for name in ("layers", "micro_batch_sequences", "accumulation_steps", "steps"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    try:
+        gpu_memory = parse_bytes(args.gpu_memory) if args.gpu_memory is not None else None
+    except LadderInputError as err:
+        parser.error(str(err))
+    report = run(args.quick, layers=args.layers, micro=args.micro_batch_sequences, accumulation=args.accumulation_steps,
+                 steps=args.steps, gpu_memory_bytes=gpu_memory, max_seconds=args.max_seconds)
     print_report(report, quick=args.quick, as_json=args.json)
     return 0
 

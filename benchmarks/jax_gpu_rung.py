@@ -65,14 +65,14 @@ def _tokens(cfg: Any):
 def _torch_stepper(cfg: Any) -> tuple[Any, dict[str, Any]]:
     import torch
 
-    from benchmarks.gpu_rung import build
+    from benchmarks.gpu_rung import build_model
     from rungs.agc import ActivationGradClipper
     from rungs.optim import build_optimizer
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         torch.set_num_threads(1)
-    model, _ = build(cfg.architecture(), device)          # the init policy, drawn on the device
+    model = build_model(cfg.architecture(), device)       # the init policy, drawn on the device
     optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,
                                 muon_momentum=cfg.muon_momentum, adjust_lr=cfg.adjust_lr)
     clipper = ActivationGradClipper(cfg.agc_settings()) if cfg.agc else None

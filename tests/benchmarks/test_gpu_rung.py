@@ -1,29 +1,42 @@
-"""benchmarks/gpu_rung.py end to end in --quick mode (reduced widths, CPU), and its layer fitting."""
+"""benchmarks/gpu_rung.py end to end in --quick mode (reduced widths, CPU, 2 micro-batches a step),
+its layout and layer fitting from the memory planner, and its out-of-memory retry."""
 
 from __future__ import annotations
 
 import json
+import math
 
+import pytest
 import torch
 
 from benchmarks import gpu_rung
 
 
-def test_quick_mode_prints_the_contract_json_with_no_host_sync_in_forward_backward(capsys):
-    assert gpu_rung.main(["--quick", "--json", "--batch-sequences", "1"]) == 0
+def test_quick_mode_steps_the_jobs_step_with_accumulation_and_reports_the_contract_json(capsys):
+    assert gpu_rung.main(["--quick", "--json", "--steps", "1"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert set(payload) == {"benchmark", "machine", "results", "checks"} and payload["benchmark"] == "gpu_rung"
-    # --quick times the bf16 reference matmul at 512, not 2048 (~100 s of CPU without bf16 units)
-    assert payload["machine"]["peak_bf16_matmul_size"] == 512 and payload["machine"]["peak_bf16_flops_measured"] > 0
-    results = payload["results"]
-    assert results["ran"] and results["n_layers"] == 6 and results["top_k"] == 7
-    for key in ("tokens_per_second", "seconds_per_step", "mfu", "achieved_tflops", "peak_memory_bytes"):
-        assert results[key] > 0, key
-    assert 0 < results["mfu"] < 1 and results["peak_source"].startswith("cpu nominal")
-    assert torch.isfinite(torch.tensor(results["final_loss"]))
-    # the MoE model's forward and backward read nothing on the host
-    assert results["host_syncs_forward_backward"] == 0, results["host_sync_ops_forward_backward"]
-    assert [c["name"] for c in payload["checks"]] == ["host_syncs_forward_backward"] and payload["checks"][0]["ok"]
+    # --quick times the bf16 reference matmul at 512, on the CPU it ran on
+    assert payload["machine"]["peak_bf16_matmul_size"] == 512 and payload["machine"]["peak_bf16_matmul_device"] == "cpu"
+    r = payload["results"]
+    assert r["ran"] and r["n_layers"] == 6 and r["top_k"] == 7 and r["accumulation_steps"] == 2
+    assert r["tokens_per_step"] == 2 * r["micro_batch_sequences"] * r["seq_len"]
+    phases = r["phase_seconds"]
+    for name in ("forward", "loss", "backward", "optimizer"):
+        assert phases[name] > 0, name
+    assert sum(phases[k] for k in ("forward", "loss", "backward", "optimizer", "other")) == pytest.approx(phases["step"])
+    assert phases["forward"] == pytest.approx(2 * r["phase_seconds_per_micro_batch"]["forward"])
+    for key in ("whole_step_mfu", "forward_backward_mfu"):
+        assert 0 < r[key] < 1 and r["peak_source"].startswith("cpu nominal")
+    assert r["forward_backward_mfu"] > r["whole_step_mfu"]                         # the optimizer takes time too
+    assert r["tokens_per_second"] == pytest.approx(r["tokens_per_step"] / phases["step"])
+    assert math.isfinite(r["final_loss"]) and r["newton_schulz_flops"] > 0
+    assert r["planner_estimate_bytes"]["total"] > 0 and "peak_memory_bytes" not in r      # measured on a GPU
+    kernels = r["top_kernels_one_micro_batch"]
+    assert kernels and all(k["ms"] > 0 and 0 < k["share"] <= 1 for k in kernels)
+    # the job's step reads nothing on the host but AdamW's CPU step counters (read after it)
+    assert r["host_syncs_outside_adamw_step_counters"] == 0, r["host_sync_places"]
+    assert [c["name"] for c in payload["checks"]] == ["host_syncs_per_step"] and payload["checks"][0]["ok"]
 
 
 def test_full_mode_without_a_gpu_reports_that_it_did_not_run():
@@ -33,12 +46,15 @@ def test_full_mode_without_a_gpu_reports_that_it_did_not_run():
     assert report.results["ran"] is False and not report.checks
 
 
-def test_fitted_layers_grow_with_device_memory_and_stay_within_l18():
-    small, large = gpu_rung.fit_layers(80 * 2**30, 8), gpu_rung.fit_layers(141 * 2**30, 8)
+def test_the_layout_is_the_planners_and_the_fitted_layers_grow_with_device_memory():
+    layout = gpu_rung.planned_layout(141 * 10**9)
+    assert (layout["micro_batch_sequences"], layout["accumulation_steps"]) == (8, 16)   # L18 on 141-GB GPUs
+    small, large = gpu_rung.fit_layers(80 * 2**30, 8, 16), gpu_rung.fit_layers(141 * 10**9, 8, 16)
     assert 1 <= small < large <= 18
-    cfg = gpu_rung.rung_config(False, large)
+    cfg = gpu_rung.train_config(False, large, 8, 16, True)
     assert (cfg.d_model, cfg.n_experts, cfg.top_k, cfg.seq_len, cfg.vocab_size) == (1536, 512, 7, 4096, 131072)
-    assert gpu_rung.estimate_bytes(cfg, 8 * 4096)["total"] <= 0.85 * 141 * 2**30
+    assert cfg.accumulation_steps == 16 and cfg.n_layers == large and cfg.bf16_on("cuda")
+    assert gpu_rung.planner_estimate(cfg, True)["total"] <= 0.9 * 141 * 10**9
 
 
 def test_an_out_of_memory_run_retries_with_one_layer_fewer(monkeypatch):
@@ -48,7 +64,7 @@ def test_an_out_of_memory_run_retries_with_one_layer_fewer(monkeypatch):
     from benchmarks.common import Report
 
     monkeypatch.setattr(gpu_rung.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(gpu_rung.torch.cuda, "get_device_properties", lambda _: SimpleNamespace(total_memory=141 * 2**30))
+    monkeypatch.setattr(gpu_rung.torch.cuda, "get_device_properties", lambda _: SimpleNamespace(total_memory=141 * 10**9))
     monkeypatch.setattr(gpu_rung.torch.cuda, "empty_cache", lambda: None)
     tried = []
 
@@ -59,7 +75,8 @@ def test_an_out_of_memory_run_retries_with_one_layer_fewer(monkeypatch):
         return Report("gpu_rung", {"n_layers": layers})
 
     monkeypatch.setattr(gpu_rung, "_run", fake_run)
-    fitted = gpu_rung.fit_layers(141 * 2**30, 8)
+    fitted = gpu_rung.fit_layers(141 * 10**9, 8, 16)
     report = gpu_rung.run(False)
     assert tried == list(range(fitted, 4, -1)) and report.results["n_layers"] == 5
     assert report.results["out_of_memory_at_layers"] == tried[:-1]
+    assert report.results["planned_layout"]["accumulation_steps"] == 16
