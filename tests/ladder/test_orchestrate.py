@@ -377,12 +377,14 @@ def test_two_drivers_of_one_spec_on_one_fresh_store_train_each_trial_once(ray_cl
 
 @pytest.mark.slow
 def test_data_prepare_on_the_cluster_writes_the_same_bytes_as_one_process(ray_cluster, tmp_path):
-    """`ladder data prepare --address`: the per-file work runs as tasks on the two-node cluster (the
-    sweep's cluster) and the shards, indices and manifest are the bytes a single process writes."""
+    """`ladder data prepare --address`: the segments of each file (several per file at this shard size) run
+    as tasks on the two-node cluster (the sweep's cluster) and the shards, indices and manifest are the
+    bytes a single process writes."""
     from rungs.data.prepare import prepare
 
-    words = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8").split()
-    words = (words * (1 + 8_000 // len(words)))[:8_000]
+    from tests.rungs.data.conftest import demo_words
+
+    words = demo_words()[:8_000]  # real text without repeats: the held-out document shares no 13-gram with b
     corpus = tmp_path / "corpus"
     for k in range(3):  # source a: 3 files, source b: 2; each file is one unit of work
         lines = [json.dumps({"id": f"a{k}-{i}", "text": " ".join(words[(k * 40 + i) * 25:(k * 40 + i + 1) * 25])})
@@ -400,9 +402,9 @@ def test_data_prepare_on_the_cluster_writes_the_same_bytes_as_one_process(ray_cl
                         "  - {name: a, share: 0.6, files: ['a/*.jsonl']}\n"
                         "  - {name: b, share: 0.4, files: ['b/*.txt']}\n"
                         "eval:\n  - {domain: x, files: [held.jsonl]}\n")
-    local = prepare(manifest, tmp_path / "local", vocab_size=300)
+    local = prepare(manifest, tmp_path / "local", vocab_size=300, shard_bytes=2_000)
     out = subprocess.run([*LADDER, "data", "prepare", str(manifest), "--out", str(tmp_path / "cluster"),
-                          "--vocab-size", "300", "--address", ray_cluster, "--json"],
+                          "--vocab-size", "300", "--address", ray_cluster, "--shard-bytes", "2000", "--json"],
                          capture_output=True, text=True, timeout=GUARD_SECONDS,
                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert out.returncode == 0, out.stderr
@@ -412,4 +414,4 @@ def test_data_prepare_on_the_cluster_writes_the_same_bytes_as_one_process(ray_cl
         return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
     assert files(remote) == files(local)
-    assert len(json.loads((local / "meta.json").read_text())["sources"][0]["shards"]) >= 3
+    assert len(json.loads((local / "meta.json").read_text())["sources"][0]["shards"]) >= 6  # 3 files, split

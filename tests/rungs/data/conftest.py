@@ -73,3 +73,24 @@ def tiny_byte(tiny_manifest, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_bpe(tiny_manifest, tmp_path_factory) -> Path:
     return prepare(tiny_manifest, tmp_path_factory.mktemp("tiny_bpe"), vocab_size=300, tokenizer="bpe")
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def many_files_manifest(root: Path) -> Path:
+    """Source a in 4 JSONL files, source b in 3 text files (a glob), one held-out file."""
+    for k in range(4):
+        write_jsonl(root / "a" / f"part-{k}.jsonl", make_docs(f"a{k}", 30, seed=10 + k))
+    for k in range(3):
+        (root / "b").mkdir(parents=True, exist_ok=True)
+        (root / "b" / f"doc-{k}.txt").write_text(" ".join(d["text"] for d in make_docs(f"b{k}", 5, seed=20 + k,
+                                                                                       span=(7_000, 12_000))))
+    write_jsonl(root / "held.jsonl", make_docs("x", 10, seed=3, span=(12_000, 20_000)))
+    manifest = root / "manifest.yaml"
+    manifest.write_text("name: many\nsources:\n"
+                        "  - {name: a, share: 0.7, files: ['a/*.jsonl']}\n"
+                        "  - {name: b, share: 0.3, files: ['b/*.txt']}\n"
+                        "eval:\n  - {domain: x, files: [held.jsonl]}\n")
+    return manifest

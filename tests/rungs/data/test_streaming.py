@@ -1,12 +1,11 @@
-"""Prepare at scale (#20): many files per source, bounded shards, Ray workers, zstd and Parquet streams,
-the cheap cache key and per-source progress."""
+"""Prepare at scale (#20): many files per source, bounded shards, zstd and Parquet streams, the cheap cache
+key and per-source progress (the same on Ray workers: test_parallel)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,48 +14,7 @@ from rungs.data.corpus import PreparedCorpus
 from rungs.data.manifest import load_manifest
 from rungs.data.prepare import prepare
 
-from .conftest import make_docs, write_jsonl
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def _many_files_manifest(root: Path) -> Path:
-    """Source a in 4 JSONL files, source b in 3 text files (a glob), one held-out file."""
-    for k in range(4):
-        write_jsonl(root / "a" / f"part-{k}.jsonl", make_docs(f"a{k}", 30, seed=10 + k))
-    for k in range(3):
-        (root / "b").mkdir(parents=True, exist_ok=True)
-        (root / "b" / f"doc-{k}.txt").write_text(" ".join(d["text"] for d in make_docs(f"b{k}", 5, seed=20 + k,
-                                                                                       span=(7_000, 12_000))))
-    write_jsonl(root / "held.jsonl", make_docs("x", 10, seed=3, span=(12_000, 20_000)))
-    manifest = root / "manifest.yaml"
-    manifest.write_text("name: many\nsources:\n"
-                        "  - {name: a, share: 0.7, files: ['a/*.jsonl']}\n"
-                        "  - {name: b, share: 0.3, files: ['b/*.txt']}\n"
-                        "eval:\n  - {domain: x, files: [held.jsonl]}\n")
-    return manifest
-
-
-def test_one_and_two_ray_workers_write_identical_shards_and_indices(tmp_path):
-    manifest = _many_files_manifest(tmp_path / "corpus")
-    one = prepare(manifest, tmp_path / "one", vocab_size=300, shard_bytes=4_000)
-    two = prepare(manifest, tmp_path / "two", vocab_size=300, shard_bytes=4_000, workers=2)
-    assert _files(one) == _files(two)
-    meta = json.loads((one / "meta.json").read_text())
-    a_shards = meta["sources"][0]["shards"]
-    assert len({s["stem"].rsplit("-", 1)[0] for s in a_shards}) == 4 and len(a_shards) > 4  # 4 files, cut further
-    assert sum(s["docs"] for s in a_shards) == meta["sources"][0]["docs"] == 120
-    corpus = PreparedCorpus.open(two)
-    shard = corpus.train_shard("a")
-    ids = [d.doc_id for d in load_manifest(manifest).sources[0].documents()]
-    assert list(shard.doc_ids) == ids
-    texts = {d.doc_id: d.text for d in load_manifest(manifest).sources[0].documents()}
-    for i in (0, 29, 30, 119):  # across file and shard boundaries
-        assert corpus.tokenizer.decode(shard.document_tokens(i).tolist()) == texts[ids[i]]
-        start, n, _ = shard.index[i]
-        assert shard.tokens[start + n - 1] == corpus.eos_id
+from .conftest import make_docs, many_files_manifest, tree_bytes, write_jsonl
 
 
 def test_zstd_jsonl_and_parquet_are_read_as_streams(tmp_path):
@@ -130,7 +88,7 @@ def test_files_outside_the_manifests_folder_are_keyed_and_prepared(tmp_path):
 
 
 def test_progress_reports_documents_megabytes_and_tokens_per_second_per_source(tmp_path, caplog):
-    manifest = _many_files_manifest(tmp_path / "corpus")
+    manifest = many_files_manifest(tmp_path / "corpus")
     with caplog.at_level(logging.INFO, logger="rungs.data.prepare"):
         prepare(manifest, tmp_path / "out", vocab_size=257, tokenizer="byte", shard_bytes=4_000)
     lines = [r.getMessage() for r in caplog.records if "tokens/s" in r.getMessage()]
@@ -142,7 +100,7 @@ def test_progress_reports_documents_megabytes_and_tokens_per_second_per_source(t
 def test_the_bpe_sample_is_bounded_and_deterministic(tmp_path):
     from rungs.data.prepare import bpe_sample
 
-    manifest = load_manifest(_many_files_manifest(tmp_path / "corpus"))
+    manifest = load_manifest(many_files_manifest(tmp_path / "corpus"))
     small = list(bpe_sample(manifest, {}, sample_bytes=4_000))
     assert small == list(bpe_sample(manifest, {}, sample_bytes=4_000))
     per_source = {ds.name: [d.text for d in ds.documents()] for ds in manifest.sources}
@@ -154,7 +112,7 @@ def test_the_bpe_sample_is_bounded_and_deterministic(tmp_path):
 
 
 def test_inputs_changed_since_a_finished_prepare_are_prepared_again(tmp_path):
-    manifest = _many_files_manifest(tmp_path / "corpus")
+    manifest = many_files_manifest(tmp_path / "corpus")
     out = prepare(manifest, tmp_path / "out", vocab_size=257, tokenizer="byte")
     write_jsonl(tmp_path / "corpus" / "a" / "part-9.jsonl", make_docs("a9", 3, seed=99))
     prepare(manifest, out, vocab_size=257, tokenizer="byte")
@@ -165,29 +123,19 @@ def test_inputs_changed_since_a_finished_prepare_are_prepared_again(tmp_path):
     (out / "train" / "old.tokens.npy").write_bytes(b"the layout before #20")
     prepare(manifest, out, vocab_size=257, tokenizer="byte")
     fresh = prepare(manifest, tmp_path / "fresh", vocab_size=257, tokenizer="byte")
-    assert sorted(_files(out)) == sorted(_files(fresh))
-
-
-def test_bad_input_found_by_a_ray_worker_is_the_same_typed_error_and_nothing_is_written(tmp_path):
-    from rungs.data.errors import DataInputError
-
-    manifest = _many_files_manifest(tmp_path / "corpus")
-    (tmp_path / "corpus" / "a" / "part-2.jsonl").write_bytes(b'{"id": "ok", "text": "fine"}\n\xff\xfe bad bytes\n')
-    with pytest.raises(DataInputError, match=r"part-2\.jsonl: a: is not UTF-8 text \(byte 0xff at offset 29\)"):
-        prepare(manifest, tmp_path / "out", vocab_size=257, tokenizer="byte", workers=2)
-    assert not (tmp_path / "out").exists()
+    assert sorted(tree_bytes(out)) == sorted(tree_bytes(fresh))
 
 
 def test_a_rerun_with_another_shard_size_redoes_the_shards(tmp_path):
     """Shard boundaries depend on the shard size: a finished shard of another size is not reused."""
-    manifest = _many_files_manifest(tmp_path / "corpus")
+    manifest = many_files_manifest(tmp_path / "corpus")
     out = prepare(manifest, tmp_path / "out", vocab_size=257, tokenizer="byte", shard_bytes=4_000)
     (out / "meta.json").unlink()  # as if killed before the end
     prepare(manifest, out, vocab_size=257, tokenizer="byte", shard_bytes=1_000_000)
     fresh = prepare(manifest, tmp_path / "fresh", vocab_size=257, tokenizer="byte", shard_bytes=1_000_000)
-    assert _files(out).keys() == _files(fresh).keys()
-    assert {k: v for k, v in _files(out).items() if k != "progress.json"} == \
-        {k: v for k, v in _files(fresh).items() if k != "progress.json"}
+    assert tree_bytes(out).keys() == tree_bytes(fresh).keys()
+    assert {k: v for k, v in tree_bytes(out).items() if k != "progress.json"} == \
+        {k: v for k, v in tree_bytes(fresh).items() if k != "progress.json"}
 
 
 def test_the_tokenizer_is_loaded_once_per_process_not_once_per_file(tmp_path, monkeypatch):
@@ -198,6 +146,6 @@ def test_the_tokenizer_is_loaded_once_per_process_not_once_per_file(tmp_path, mo
     loads = []
     real = vocabulary.load_tokenizer
     monkeypatch.setattr(vocabulary, "load_tokenizer", lambda *a, **k: loads.append(a) or real(*a, **k))
-    manifest = _many_files_manifest(tmp_path / "corpus")
+    manifest = many_files_manifest(tmp_path / "corpus")
     prepare(manifest, tmp_path / "out", vocab_size=300)
     assert len(loads) == 1  # 8 input files
