@@ -1,5 +1,6 @@
-"""Data pipeline speed and memory (issues 3 and 20): tokenization into shards, prepare at scale, the
-source-scaled sampler and the cache key.
+"""Data pipeline speed and memory (issues 3, 20 and 41): tokenization into shards, prepare at scale (many
+files, one large file in each format, split over workers, from an object store), the source-scaled
+sampler and the cache key.
 
 Checks, each against a reference measured in the same run where one exists:
 - `tokenize_speed_over_raw_batch_encode` >= 0.8: `rungs.data.prepare.tokenize_documents` (encode,
@@ -8,13 +9,17 @@ Checks, each against a reference measured in the same run where one exists:
 - `sampler_time_over_train_step_time` < 0.01: the sampler's seconds per 1M tokens against a
   forward+backward of a small dense torch transformer (the size of the cpu-demo ladder's smallest
   rung, a dense 4x FFN in place of the MoE) on 1M tokens;
-- `tokenize_file_per_worker_over_raw_encode` >= 0.8: one worker (one Rust thread) reading a JSONL file
-  into a shard (`rungs.data.filework.tokenize_file`) against raw `encode_batch_fast` of the same texts
-  with one thread;
-- `two_workers_over_one` >= 1.6: the tokenize phase of prepare over 8 files, 2 Ray workers against 1
-  (Ray started and warm before timing; both with one Rust thread per worker);
 - `peak_rss_16x_over_1x` <= 1.2 and `peak_rss_16x_gb` <= 2: peak RSS of a whole `prepare` (one worker,
   BPE-512) on 16x the demo's training text (16 files per source; --quick: 4x) against 1x;
+- `one_{jsonl,zst,parquet}_file_rss_growth_bytes_per_text_byte` <= 0.25 and `one_*_file_8x_peak_rss_gb` <= 2:
+  the demo's text as ONE file of one source, prepared at 1x and 8x (--quick: 2x): extra peak RSS per
+  extra byte of text, and the peak;
+- `tokenize_per_worker_over_raw_encode` >= 0.8: one process (one Rust thread) tokenizing the 8x JSONL
+  file's segments into shards against raw `encode_batch_fast` of the same texts (process CPU seconds);
+- `one_file_two_workers_over_one` >= 1.6: the tokenize stage of that one file, cut into 8 MiB segments
+  (--quick: 2x, 2 MiB), on 2 Ray workers against 1 (wall, warm workers; needs two idle cores);
+- `s3_over_local_disk_throughput` >= 0.8: prepare of the 1x one-file corpus from a moto S3 server on
+  loopback (its own process) against the same file on local disk (wall, best of 2 each);
 - `sampler_setup_us_per_doc` <= 1 and `sampler_setup_bytes_per_doc` <= 16: choosing half the tokens of
   a 10^6-document source from its memory-mapped orders (stratified, 3 collections);
 - `cache_key_seconds_per_gb` <= 1: `Manifest.content_hash` over 1 GB of input files (8 x 128 MB).
@@ -23,12 +28,8 @@ The results carry the measured rates and a linear extrapolation to 1 TB of text.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import tracemalloc
 from pathlib import Path
@@ -39,6 +40,8 @@ import torch
 from torch import nn
 
 from benchmarks.common import Report, main_for, time_call
+from benchmarks.data_inputs import CHILD_PREPARE, CHILD_SPLIT, ONE_FILE, moto_s3, run_child, text_bytes, \
+    write_one_file_corpus, write_scaled_corpus
 
 
 def demo_texts(max_bytes: int) -> list[str]:
@@ -142,7 +145,10 @@ def run(quick: bool) -> Report:
 
     with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
         root = Path(tmp)
-        scaled(report, root, quick, tok)
+        scaled(report, root, quick)
+        large = one_file(report, root, quick)
+        split_workers(report, root, large, quick)
+        from_s3(report, root, quick)
         setup_us, setup_bytes = sampler_setup(root / "setup", 10**5 if quick else 10**6)
         report.results["sampler_setup"] = {"docs": 10**5 if quick else 10**6, "us_per_doc": setup_us,
                                            "bytes_per_doc": setup_bytes}
@@ -155,109 +161,67 @@ def run(quick: bool) -> Report:
     return report
 
 
-def write_scaled_corpus(root: Path, copies: int) -> Path:
-    """The demo's training sources as `copies` JSONL files each (ids suffixed, text repeated), its held-out
-    sets as they are: `copies` x the demo's training text."""
-    from rungs.data.manifest import DEMO_MANIFEST, load_manifest
-
-    demo = load_manifest(DEMO_MANIFEST)
-    lines = [f"name: demo{copies}x", "sources:"]
-    for s in demo.sources:
-        rows = [json.dumps({"id": d.doc_id, "text": d.text}, ensure_ascii=False) for d in s.documents()]
-        (root / s.name).mkdir(parents=True, exist_ok=True)
-        for k in range(copies):
-            with open(root / s.name / f"part-{k:03d}.jsonl", "w", encoding="utf-8") as f:
-                for row in rows:
-                    doc = json.loads(row)
-                    f.write(json.dumps({"id": f"{doc['id']}@{k}", "text": doc["text"]}, ensure_ascii=False) + "\n")
-        lines.append(f"  - {{name: {s.name}, domain: {s.domain}, share: {s.share}, files: ['{s.name}/*.jsonl']}}")
-    lines.append("eval:")
-    lines += [f"  - {{domain: {e.name}, files: ['{e.files[0]}']}}" for e in demo.eval_sets]
-    (root / "manifest.yaml").write_text("\n".join(lines) + "\n")
-    return root / "manifest.yaml"
-
-
-_CHILD_PREPARE = textwrap.dedent("""
-    import json, sys, time
-    from rungs.data.prepare import prepare
-    t0 = time.perf_counter()
-    prepare(sys.argv[1], sys.argv[2], vocab_size=512, workers=1)
-    # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss across exec from the forking parent.
-    hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-    print(json.dumps({"seconds": time.perf_counter() - t0, "peak_rss_bytes": int(hwm.split()[1]) * 1024}))
-""")
-
-_CHILD_THROUGHPUT = textwrap.dedent("""
-    import json, sys, time
-    from pathlib import Path
-    from rungs.data.corpus import PreparedCorpus
-    from rungs.data.filework import tokenize_file
-    from rungs.data.manifest import load_manifest
-    from rungs.data.prepare import _run_units, _ray_session, _TokenizerLoader
-
-    prepared, manifest_path, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-    tok = PreparedCorpus.open(prepared).tokenizer
-    ds = load_manifest(manifest_path).sources[0]
-    texts = [d.text for d in ds.file_documents(ds.files[0])]
-    mb = sum(len(t.encode()) for t in texts) / 1e6
-
-    def best(fn, n=3):  # process CPU seconds: one worker's throughput, whatever else runs on the machine
-        times = []
-        for _ in range(n):
-            t0 = time.process_time(); fn(); times.append(time.process_time() - t0)
-        return min(times)
-
-    raw = best(lambda: tok.hf.encode_batch_fast(texts, add_special_tokens=False))
-    k = iter(range(100))
-    ours = best(lambda: tokenize_file(ds, ds.files[0], split="train", file_index=0, tokenizer=tok,
-                                      out=out / f"one{next(k)}", key="bench"))
-    sources = load_manifest(manifest_path).sources
-    calls = [((s, p), {"split": "train", "file_index": i, "tokenizer": _TokenizerLoader(prepared, "bpe"),
-                       "out": out / f"w{{w}}", "key": "bench"}) for s in sources[:1] for i, p in enumerate(s.files)]
-    files_mb = sum(sum(len(d.text.encode()) for d in s.file_documents(p)) for (s, p), _ in calls) / 1e6
-    seconds = {}
-    with _ray_session(2, None):
-        for w in (2, 1, 2):  # the first round warms the Ray workers (imports, tokenizer load)
-            kw = [(a, dict(c, out=Path(str(c["out"]).format(w=f"{w}-{time.time_ns()}")))) for a, c in calls]
-            t0 = time.perf_counter()
-            list(_run_units(tokenize_file, kw, w, None))
-            seconds[w] = time.perf_counter() - t0
-    print(json.dumps({"megabytes": mb, "raw_mb_per_s": mb / raw, "tokenize_file_mb_per_s": mb / ours,
-                      "files": len(calls), "files_mb": files_mb, "one_worker_s": seconds[1],
-                      "two_workers_s": seconds[2]}))
-""")
-
-
-def _child(script: str, *args: str, env: dict | None = None) -> dict:
-    done = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"benchmark child failed: {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def scaled(report: Report, root: Path, quick: bool, tok) -> None:
-    """Prepare at 1x and 16x (4x with --quick) the demo text: peak RSS; per-worker and 2-worker throughput."""
+def scaled(report: Report, root: Path, quick: bool) -> None:
+    """Prepare at 1x and 16x (4x with --quick) the demo text in many files: peak RSS."""
     big = 4 if quick else 16
     runs = {}
     for copies in (1, big):
         manifest = write_scaled_corpus(root / f"corpus{copies}", copies)
         text_mb = sum(f.stat().st_size for f in (root / f"corpus{copies}").rglob("*.jsonl")) / 1e6
-        runs[copies] = {"jsonl_mb": text_mb, **_child(_CHILD_PREPARE, manifest, root / f"prepared{copies}")}
+        runs[copies] = {"jsonl_mb": text_mb, **run_child(CHILD_PREPARE, manifest, root / f"prepared{copies}", 1)}
     report.results["prepare"] = {f"{k}x": v for k, v in runs.items()}
     report.check(f"peak_rss_{big}x_over_1x", runs[big]["peak_rss_bytes"] / runs[1]["peak_rss_bytes"], "<=", 1.2)
     report.check(f"peak_rss_{big}x_gb", runs[big]["peak_rss_bytes"] / 1e9, "<=", 2.0)
-    # One source of the big corpus in `big` files: per-worker throughput and 1 vs 2 workers.
-    manifest = root / f"corpus{big}" / "one.yaml"
-    files = sorted((root / f"corpus{big}" / "web").glob("*.jsonl"))[:8]
-    manifest.write_text("sources:\n  - {name: web, share: 1.0, files: [" + ", ".join(f"'{f}'" for f in files)
-                        + "]}\n")
-    res = _child(_CHILD_THROUGHPUT, root / f"prepared{big}", manifest, root / "throughput",
-                 env={"RAYON_NUM_THREADS": "1"})
-    report.results["workers"] = res
-    report.check("tokenize_file_per_worker_over_raw_encode", res["tokenize_file_mb_per_s"] / res["raw_mb_per_s"],
-                 ">=", 0.8)
-    report.check("two_workers_over_one", res["one_worker_s"] / res["two_workers_s"], ">=", 1.6)
+
+
+def one_file(report: Report, root: Path, quick: bool) -> Path:
+    """The demo text as ONE file at 1x and 8x (2x with --quick), as JSONL, JSONL.zst and Parquet: peak RSS
+    growth per byte of text, and the peak. Returns the large JSONL corpus's manifest."""
+    big = 2 if quick else 8
+    results = {}
+    for fmt in ONE_FILE:
+        runs = {}
+        for copies in (1, big):
+            manifest = write_one_file_corpus(root / f"one-{fmt}-{copies}", copies, fmt)
+            runs[copies] = run_child(CHILD_PREPARE, manifest, root / f"one-{fmt}-{copies}" / "out", 1)
+        growth = (runs[big]["peak_rss_bytes"] - runs[1]["peak_rss_bytes"]) / (text_bytes(big) - text_bytes(1))
+        results[fmt] = {"text_mb": {f"{c}x": text_bytes(c) / 1e6 for c in (1, big)},
+                        **{f"{c}x": runs[c] for c in (1, big)}, "rss_growth_bytes_per_text_byte": growth}
+        report.check(f"one_{fmt}_file_rss_growth_bytes_per_text_byte", growth, "<=", 0.25)
+        report.check(f"one_{fmt}_file_{big}x_peak_rss_gb", runs[big]["peak_rss_bytes"] / 1e9, "<=", 2.0)
+    report.results["one_file"] = results
+    return root / f"one-jsonl-{big}" / "manifest.yaml"
+
+
+def split_workers(report: Report, root: Path, manifest: Path, quick: bool) -> None:
+    """One large JSONL file cut into segments, its tokenize stage on 1 and 2 workers (wall: needs idle cores;
+    the CPU seconds say the work was the same), and one worker against the raw batch encode."""
+    shard_bytes = (2 if quick else 8) << 20
+    res = run_child(CHILD_SPLIT, manifest.parent / "out", manifest, root / "split", shard_bytes,
+                    env={"RAYON_NUM_THREADS": "1"})
+    res["shard_bytes"] = shard_bytes
+    report.results["split"] = res
+    report.check("tokenize_per_worker_over_raw_encode", res["tokenize_mb_per_s"] / res["raw_mb_per_s"], ">=", 0.8)
+    report.check("one_file_two_workers_over_one", res["one_worker_s"] / res["two_workers_s"], ">=", 1.6)
+
+
+def from_s3(report: Report, root: Path, quick: bool) -> None:
+    """The same corpus (the demo text as one JSONL file, 1x) prepared from local disk and from a moto S3 server
+    on loopback, alternately, twice each: the throughput of the best run of each."""
+    local = write_one_file_corpus(root / "s3-local", 1, "jsonl")
+    remote = root / "s3-remote.yaml"
+    with moto_s3("bench-corpus") as (env, client):
+        client.upload_file(str(local.parent / ONE_FILE["jsonl"]), "bench-corpus", f"one/{ONE_FILE['jsonl']}")
+        text = local.read_text().replace(f"files: [{ONE_FILE['jsonl']}]", f"files: ['s3://bench-corpus/one/{ONE_FILE['jsonl']}']")
+        remote.write_text(text)
+        runs: dict[str, list[dict]] = {"local": [], "s3": []}
+        for k in range(1 if quick else 2):
+            for name, manifest in (("local", local), ("s3", remote)):
+                runs[name].append(run_child(CHILD_PREPARE, manifest, root / f"s3-out-{name}-{k}", 1, env=env))
+    mb = text_bytes(1) / 1e6
+    best = {name: min(r["seconds"] for r in rs) for name, rs in runs.items()}
+    report.results["s3"] = {"text_mb": mb, "runs": runs, "mb_per_s": {n: mb / s for n, s in best.items()}}
+    report.check("s3_over_local_disk_throughput", best["local"] / best["s3"], ">=", 0.8)
 
 
 def sampler_setup(root: Path, n: int) -> tuple[float, float]:
@@ -307,24 +271,26 @@ def cache_key_seconds(root: Path, files: int, size: int) -> float:
     return time_call(manifest.content_hash, repeats=3)
 
 
-def extrapolate(results: dict) -> dict:
-    """Linear in the text: CPU-seconds per MB of prepare (1 worker), the workers' speed-up, the key's cost."""
-    prepare = results.get("prepare", {})
-    big = max(prepare, key=lambda k: int(k[:-1])) if prepare else None
-    out = {}
-    if big:
-        run = prepare[big]
-        per_mb = run["seconds"] / run["jsonl_mb"]
-        out["prepare_seconds_per_mb_one_worker"] = per_mb
-        out["prepare_cpu_days_per_tb"] = per_mb * 1e6 / 86400
-        out["peak_rss_gb_per_worker"] = run["peak_rss_bytes"] / 1e9
-    w = results.get("workers")
-    if w:
-        out["tokenize_mb_per_s_per_worker"] = w["tokenize_file_mb_per_s"]
-        out["two_worker_speedup"] = w["one_worker_s"] / w["two_workers_s"]
+def extrapolate(results: dict, cores: int = 64, tb: float = 1.0) -> dict:
+    """Linear in the text: a 1 TB corpus on a `cores`-core node, from the one-file prepare's CPU seconds per MB
+    (scan, BPE sample, tokenize; every thread counted), the measured 2-worker efficiency, the bounded RSS per
+    worker, and the object-store bandwidth the workers would read at (each byte is read twice: scan, tokenize)."""
+    out: dict = {"cores": cores, "tb": tb}
+    one = results.get("one_file", {}).get("jsonl")
+    if one:
+        big = max((k for k in one if k.endswith("x") and k[:-1].isdigit()), key=lambda k: int(k[:-1]))
+        cpu_per_mb = one[big]["cpu_seconds"] / one["text_mb"][big]
+        split = results.get("split", {})
+        efficiency = min(1.0, split["one_worker_s"] / split["two_workers_s"] / 2) if split else 1.0
+        worker_seconds = cpu_per_mb * tb * 1e6
+        out.update(cpu_seconds_per_mb=cpu_per_mb, worker_days=worker_seconds / 86400, parallel_efficiency=efficiency,
+                   hours_on_node=worker_seconds / (cores * efficiency) / 3600,
+                   peak_rss_gb_per_worker=one[big]["peak_rss_bytes"] / 1e9,
+                   node_memory_gb=cores * one[big]["peak_rss_bytes"] / 1e9,
+                   object_store_mb_per_s_needed=2 * cores * efficiency / cpu_per_mb)
     key = results.get("cache_key")
     if key:
-        out["cache_key_seconds_per_tb_at_1gb_files"] = key["seconds"] * 1000
+        out["cache_key_seconds_at_1gb_files"] = key["seconds"] * 1000 * tb
     return out
 
 
