@@ -26,6 +26,7 @@ from rungs.architecture import ModelConfig, init_std
 from rungs.attention import causal_attention
 from rungs.loss import linear_cross_entropy
 from rungs.moe import RoutedExperts
+from rungs.pointwise import fused, rope_rotate, swiglu
 from rungs.router import Router, RouterOutput, recomputing
 
 # (x, layer, point) -> x; the identity unless activation gradient clipping is on.
@@ -43,10 +44,23 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 (bf16 mean-of-squares loses precision), return in the input dtype.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.weight.float()).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps, compute_dtype(x))
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the next GEMM computes x in: autocast's where it is on, x's own otherwise."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
+@fused
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """Normalise in fp32 (bf16 mean-of-squares loses precision) and return in `dtype`: under autocast
+    the compute dtype, so the GEMMs that read the norm (three in attention, four in the MoE) share
+    one cast instead of making one each."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.float()).to(dtype)
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,14 +70,20 @@ def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor
     return angles.cos().float(), angles.sin().float()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate channel pairs (2j, 2j+1) of x (B, h, T, hd) by position-dependent angles."""
-    T = x.shape[-2]
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seq_dim: int = -2) -> torch.Tensor:
+    """Rotate channel pairs (2j, 2j+1) of x (B, h, T, hd), or (B, T, h, hd) with seq_dim=-3, by
+    position-dependent angles."""
+    T = x.shape[seq_dim]
+    cos, sin = cos[:T], sin[:T]
+    if seq_dim == -3:
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (T, 1, hd/2): one angle per position, all heads
+    if x.device.type == "cuda":
+        return rope_rotate(x, cos, sin)  # real arithmetic, one compiled kernel
     # One complex multiply per pair: (x_2j + i·x_2j+1)·(cos + i·sin); 3x faster on CPU than the
     # four real multiplies on strided halves.
-    rot = torch.complex(cos[:T], sin[:T])  # (T, hd/2)
-    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, h, T, hd/2)
-    return torch.view_as_real(pairs * rot).flatten(-2).to(x.dtype)  # (B, h, T, hd)
+    rot = torch.complex(cos, sin)
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (..., hd/2) complex
+    return torch.view_as_real(pairs * rot).flatten(-2).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -85,10 +105,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, kv, T, hd)
+        # RoPE before the transpose, on the GEMMs' contiguous (B, T, heads, hd) outputs: no copy.
+        q = apply_rope(self.wq(x).view(B, T, self.n_heads, self.head_dim), cos, sin, seq_dim=-3)
+        k = apply_rope(self.wk(x).view(B, T, self.n_kv_heads, self.head_dim), cos, sin, seq_dim=-3)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, hd), (B, kv, T, hd)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, kv, T, hd)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = causal_attention(q, k, v, self.window_tokens)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H*hd)
         return self.wo(y)
@@ -104,7 +125,7 @@ class SwiGLU(nn.Module):
         self.w_down = nn.Linear(hidden, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        return self.w_down(swiglu(self.w_gate(x), self.w_up(x), None))
 
 
 class LatentMoE(nn.Module):

@@ -44,6 +44,9 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import is_fake
+
+from rungs.pointwise import swiglu, swiglu_backward
 
 __all__ = ["MoEConfigError", "RoutedExperts", "calibrate_capacity", "count_per_expert", "plan_rounds"]
 
@@ -131,7 +134,10 @@ def calibrate_capacity(tokens_per_expert_samples: Tensor | Sequence[Sequence[int
 
 def _aligned(t: Tensor) -> bool:
     step = 16 // t.element_size()
-    return t.data_ptr() % 16 == 0 and all(s % step == 0 for s, n in zip(t.stride(), t.shape) if s != 1 and n > 1)
+    strides = all(s % step == 0 for s, n in zip(t.stride(), t.shape) if s != 1 and n > 1)
+    if is_fake(t):                    # shapes only (a census): the allocator aligns what the strides allow
+        return strides and t.storage_offset() % step == 0
+    return t.data_ptr() % 16 == 0 and strides
 
 
 # (device type, dtype) pairs on which grouped_mm raised (e.g. fp32 on CUDA, older GPUs): loop there.
@@ -190,72 +196,101 @@ def _rounds(order: Tensor, expert_ends: Tensor, buffer_rows: int, host_offsets: 
         yield _Round(order, expert_ends, start, min(buffer_rows, n_pairs - start), host_offsets)
 
 
-def _used_rows(n: int, buffer: Tensor) -> int:
-    # A round computes on the first n rows of the fixed buffer, rounded up to the row alignment
-    # (rows n.. hold finite stale values and lie past the last offset, which grouped_mm ignores).
-    return min(buffer.shape[0], -(-n // _ROW_ALIGN) * _ROW_ALIGN)
+def _used_rows(n: int, buffer: Tensor) -> Tensor:
+    """The first n rows of a round's fixed buffer, rounded up to the row alignment. The padding rows
+    past n are zeroed (at most _ROW_ALIGN - 1 of them): they lie past the last offset, which
+    grouped_mm ignores, and hold zeros rather than whatever the allocator left there."""
+    used = buffer[:min(buffer.shape[0], -(-n // _ROW_ALIGN) * _ROW_ALIGN)]
+    used[n:].zero_()
+    return used
 
 
-def _round_forward(x, gate_pairs, w_gate, w_up, w_down, k, xin, y_pairs, rnd: _Round, backend):
+def _compute_weights(w_gate: Tensor, w_up: Tensor, w_down: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The expert weights in the compute dtype: gate and up stacked as one (E, 2H, latent) tensor (one
+    grouped GEMM computes both projections), down (E, latent, H); each written by one cast."""
+    n_experts, hidden, latent = w_gate.shape
+    w_gate_up = torch.empty(n_experts, 2 * hidden, latent, dtype=dtype, device=w_gate.device)
+    w_gate_up[:, :hidden].copy_(w_gate)
+    w_gate_up[:, hidden:].copy_(w_up)
+    return w_gate_up, w_down.to(dtype)
+
+
+def _accumulate(acc: Tensor | None, part: Tensor, dtype: torch.dtype) -> Tensor:
+    """Weight gradient over rounds: the first round's GEMM output as it is, from the second on a
+    sum in `dtype` (float32 or wider): a one-round step casts once and adds nothing."""
+    if acc is None:
+        return part
+    if acc.dtype != dtype:
+        acc = acc.to(dtype)
+    return acc.add_(part)
+
+
+def _round_forward(x, gate_pairs, w_gate_up, w_down, k, xin, y_pairs, rnd: _Round, backend):
     # One round; a function so that its temporaries are freed before the next round starts.
+    # y_p = w_down (g_p * silu(w_gate x_p) * (w_up x_p)): the gate scales the hidden rows, so the
+    # down projection's output is already gated and the combine is a sum.
     n, pairs, offs, ends = rnd.rows, rnd.pairs, rnd.offs, rnd.ends
-    xin = xin[:_used_rows(n, xin)]
+    hidden = w_down.shape[-1]
+    xin = _used_rows(n, xin)
     torch.index_select(x, 0, pairs // k, out=xin[:n])
-    hg = grouped_mm(xin, w_gate.mT, offs, ends, backend)                           # (rows, hidden)
-    hu = grouped_mm(xin, w_up.mT, offs, ends, backend)
-    y = grouped_mm(F.silu(hg) * hu, w_down.mT, offs, ends, backend)                # (rows, latent)
-    y[:n] *= gate_pairs[pairs].unsqueeze(1)
+    h_gate_up = grouped_mm(xin, w_gate_up.mT, offs, ends, backend)                # (rows, 2 hidden)
+    gate = _round_gate(gate_pairs, pairs, xin.shape[0])
+    h = swiglu(h_gate_up[:, :hidden], h_gate_up[:, hidden:], gate)               # (rows, hidden), gated
+    y = grouped_mm(h, w_down.mT, offs, ends, backend)                             # (rows, latent)
     y_pairs.index_copy_(0, pairs, y[:n])
-    return xin, hg, hu
+    return xin, h_gate_up
 
 
-def _round_backward(x, gate_pairs, w_gate, w_up, w_down, k, xin, dy, dout, dx_pairs, dgate_pairs, grads,
-                    rnd: _Round, backend, kept=None) -> None:
+def _round_gate(gate_pairs: Tensor, pairs: Tensor, rows: int) -> Tensor:
+    """The round's gates in row order, padded with zeros to the buffer's used rows."""
+    gate = gate_pairs[pairs]
+    return F.pad(gate, (0, rows - gate.shape[0])) if rows > gate.shape[0] else gate
+
+
+def _round_backward(x, gate_pairs, w_gate_up, w_down, k, xin, dy, dout, dx_pairs, dgate_pairs, grads,
+                    rnd: _Round, backend, kept=None) -> list:
     # Recompute the round's activations (unless `kept` from forward), then its share of every
-    # gradient. y_p = g_p * w_down h_p, so d g_p = <w_down^T dy_p, h_p>, d w_down += (g_p dy_p) h_p^T
-    # and d h_p = g_p * w_down^T dy_p. Eight elementwise passes over (rows, hidden), in place
-    # where possible.
+    # gradient. With h_p = g_p silu(a_p) b_p and y_p = w_down h_p: d w_down += dy_p h_p^T,
+    # dh_p = w_down^T dy_p, d g_p = <dh_p, silu(a_p) b_p>, d a_p and d b_p from g_p dh_p; the
+    # elementwise part is one pass (`rungs.pointwise.swiglu_backward`), the input gradient one GEMM
+    # over the stacked gate|up rows.
     n, pairs, offs, ends = rnd.rows, rnd.pairs, rnd.offs, rnd.ends
-    dy = dy[:_used_rows(n, dy)]
+    hidden = w_down.shape[-1]
+    dy = _used_rows(n, dy)
     if kept is None:
-        xin = xin[:_used_rows(n, xin)]
+        xin = _used_rows(n, xin)
         torch.index_select(x, 0, pairs // k, out=xin[:n])
-        hg = grouped_mm(xin, w_gate.mT, offs, ends, backend)
-        hu = grouped_mm(xin, w_up.mT, offs, ends, backend)
+        h_gate_up = grouped_mm(xin, w_gate_up.mT, offs, ends, backend)
     else:
-        xin, hg, hu = kept
+        xin, h_gate_up = kept
     torch.index_select(dout, 0, pairs // k, out=dy[:n])
-    g = gate_pairs[pairs].unsqueeze(1)                                        # (n, 1)
-    silu = F.silu(hg)
-    h = silu * hu                                                             # ungated hidden rows
-    dh = grouped_mm(dy, w_down, offs, ends, backend)                          # (rows, hidden) = w_down^T dy
+    gate = _round_gate(gate_pairs, pairs, xin.shape[0])
+    dh = grouped_mm(dy, w_down, offs, ends, backend)                              # (rows, hidden)
+    h, dh_gate_up, dgate = swiglu_backward(dh, h_gate_up[:, :hidden], h_gate_up[:, hidden:], gate)
+    del dh
     if dgate_pairs is not None:
-        dgate_pairs.index_copy_(0, pairs, torch.linalg.vecdot(dh[:n], h[:n]).to(dgate_pairs.dtype))
-    dy[:n] *= g
-    grads[2] += grouped_mm(dy.mT, h, offs, ends, backend)                     # (E, latent, hidden)
+        dgate_pairs.index_copy_(0, pairs, dgate[:n].to(dgate_pairs.dtype))
+    acc = torch.promote_types(w_down.dtype, torch.float32)
+    grads[2] = _accumulate(grads[2], grouped_mm(dy.mT, h, offs, ends, backend), acc)   # (E, latent, hidden)
     del h
-    dh[:n] *= g                                                               # d(ungated hidden)
-    dhu = dh * silu
-    del silu
-    dhg = torch.ops.aten.silu_backward(dh.mul_(hu), hg)
-    del dh, hg, hu
-    grads[0] += grouped_mm(dhg.mT, xin, offs, ends, backend)
-    grads[1] += grouped_mm(dhu.mT, xin, offs, ends, backend)
-    dxin = grouped_mm(dhg, w_gate, offs, ends, backend)
-    dxin += grouped_mm(dhu, w_up, offs, ends, backend)
+    grads[0] = _accumulate(grads[0], grouped_mm(dh_gate_up[:, :hidden].mT, xin, offs, ends, backend), acc)
+    grads[1] = _accumulate(grads[1], grouped_mm(dh_gate_up[:, hidden:].mT, xin, offs, ends, backend), acc)
+    dxin = grouped_mm(dh_gate_up, w_gate_up, offs, ends, backend)                 # (rows, latent)
     dx_pairs.index_copy_(0, pairs, dxin[:n])
+    return grads
 
 
 class _RoundedExperts(torch.autograd.Function):
     """out[t] = sum_j gate[t, j] * expert(idx[t, j])(x[t]), computed in rounds of fixed size.
 
     Memory policy: with more than one round nothing per round is saved and backward recomputes
-    each round; a single round keeps its own (xin, hg, hu) slab (unless recompute="always"), the
-    same buffers a recomputed round allocates in backward. The round count is static (T*k and the
-    buffer size), so whether a step keeps or recomputes never depends on the routing.
-    The weights come in as the (fp32) parameters and are cast to x's dtype inside forward and again
-    inside backward, so no low-precision weight copy is saved; weight gradients are accumulated
-    over rounds in fp32 and returned in the parameters' dtype."""
+    each round; a single round keeps its own (xin, gate|up projections) slab (unless
+    recompute="always"), the same buffers a recomputed round allocates in backward. The round
+    count is static (T*k and the buffer size), so whether a step keeps or recomputes never depends
+    on the routing. The weights come in as the (fp32) parameters and are cast to x's dtype inside
+    forward and again inside backward, so no low-precision weight copy is saved; weight gradients
+    are the GEMM's output for one round and a float32 sum over several, returned in the
+    parameters' dtype."""
 
     @staticmethod
     def forward(ctx, x, gate, w_gate, w_up, w_down, order, expert_ends, k, buffer_rows, backend, recompute):
@@ -263,10 +298,10 @@ class _RoundedExperts(torch.autograd.Function):
         keep = recompute == "multi_round" and 0 < order.numel() <= buffer_rows
         host = _host_offsets(x, backend)
         with torch.autocast(x.device.type, enabled=False):
-            weights = [w.to(x.dtype) for w in (w_gate, w_up, w_down)]
+            weights = _compute_weights(w_gate, w_up, w_down, x.dtype)
             gate_pairs = gate.reshape(-1).to(x.dtype)
             y_pairs = x.new_empty(order.numel(), w_down.shape[1])
-            xin = x.new_zeros(buffer_rows, x.shape[1])
+            xin = x.new_empty(buffer_rows, x.shape[1])
             kept: tuple = ()
             for rnd in _rounds(order, expert_ends, buffer_rows, host):
                 used = _round_forward(x, gate_pairs, *weights, k, xin, y_pairs, rnd, backend)
@@ -280,24 +315,28 @@ class _RoundedExperts(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
         x, gate, w_gate, w_up, w_down, order, expert_ends, *kept = ctx.saved_tensors
-        acc = torch.promote_types(w_gate.dtype, torch.float32)
-        grads = [torch.zeros(w.shape, dtype=acc, device=w.device) for w in (w_gate, w_up, w_down)]
+        grads: list = [None, None, None]
         with torch.autocast(x.device.type, enabled=False):
-            weights = [w.to(x.dtype) for w in (w_gate, w_up, w_down)]
+            weights = _compute_weights(w_gate, w_up, w_down, x.dtype)
             gate_pairs = gate.reshape(-1).to(x.dtype)
             dx_pairs = x.new_empty(order.numel(), x.shape[1])
-            dgate_pairs = (torch.empty(order.numel(), dtype=torch.float32, device=x.device)
-                           if ctx.needs_input_grad[1] else None)
-            xin = x.new_zeros(ctx.buffer_rows, x.shape[1]) if not kept else None
+            dgate_pairs = (torch.empty(order.numel(), dtype=torch.promote_types(x.dtype, torch.float32),
+                                       device=x.device) if ctx.needs_input_grad[1] else None)
+            xin = x.new_empty(ctx.buffer_rows, x.shape[1]) if not kept else None
             dout = dout.to(x.dtype).contiguous()
-            dy = dout.new_zeros(ctx.buffer_rows, dout.shape[1])
+            dy = dout.new_empty(ctx.buffer_rows, dout.shape[1])
             for rnd in _rounds(order, expert_ends, ctx.buffer_rows, _host_offsets(x, ctx.backend)):
                 _round_backward(x, gate_pairs, *weights, ctx.k, xin, dy, dout, dx_pairs, dgate_pairs, grads,
                                 rnd, ctx.backend, kept=kept or None)
         dx = dx_pairs.view(-1, ctx.k, x.shape[1]).sum(1)                          # slot order: deterministic
         dgate = dgate_pairs.view(gate.shape).to(gate.dtype) if dgate_pairs is not None else None
-        dwg, dwu, dwd = (g.to(w.dtype) for g, w in zip(grads, (w_gate, w_up, w_down)))
+        dwg, dwu, dwd = (_weight_grad(g, w) for g, w in zip(grads, (w_gate, w_up, w_down)))
         return dx, dgate, dwg, dwu, dwd, None, None, None, None, None, None
+
+
+def _weight_grad(grad: Tensor | None, w: Tensor) -> Tensor:
+    # No pairs at all (an empty batch): no round ran.
+    return torch.zeros_like(w) if grad is None else grad.to(w.dtype)
 
 
 def _check_expert_idx(flat: Tensor, n_experts: int) -> None:

@@ -101,8 +101,11 @@ class Router(nn.Module):
     def forward(self, x: Tensor) -> RouterOutput:
         if x.ndim != 2 or x.shape[1] != self.d_model:
             raise RouterConfigError(f"router input must be (T, {self.d_model}), got {tuple(x.shape)}")
-        # Under autocast F.linear casts both to bf16; without it x takes the weight's dtype.
-        logits = F.linear(x.to(self.weight.dtype), self.weight)                # (T, E), compute dtype
+        # Under autocast F.linear casts both to bf16 (x usually is already); without it x takes the
+        # weight's dtype.
+        if not torch.is_autocast_enabled(x.device.type):
+            x = x.to(self.weight.dtype)
+        logits = F.linear(x, self.weight)                                       # (T, E), compute dtype
         with torch.autocast(x.device.type, enabled=False):
             logits = logits.float()                                              # (T, E) fp32
             probs = logits.softmax(-1) if self.score == "softmax" else logits.sigmoid()

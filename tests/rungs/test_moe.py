@@ -370,3 +370,58 @@ def test_capacity_factor_is_that_multiple_of_the_balanced_load(factor):
 def test_capacity_factor_is_refused_when_it_cannot_size_the_rounds(kwargs, match):
     with pytest.raises(MoEConfigError, match=match):
         RoutedExperts(E, LATENT, HIDDEN, **kwargs)
+
+
+# ---- kernels between the GEMMs (rungs.op_census, fake tensors) ---------------------------------
+
+def _expert_census(capacity=None, fuse_pointwise=False):
+    from rungs.op_census import count_fake
+
+    n_experts, latent, hidden, n_tokens, k = 8, 64, 96, 64, 2
+
+    def setup():
+        module = RoutedExperts(n_experts, latent, hidden, capacity_per_expert=capacity)
+        x = torch.randn(n_tokens, latent, requires_grad=True)
+        gate = torch.rand(n_tokens, k, requires_grad=True)
+        return module, x, gate, routing("skewed", n_tokens, k, n_experts)
+
+    def work(state):
+        module, x, gate, idx = state
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = module(x, idx, gate)
+        out.backward(torch.ones_like(out))
+
+    weight_shapes = {(n_experts, hidden, latent), (n_experts, latent, hidden)}
+    census = count_fake(setup, work, fuse_pointwise=fuse_pointwise)
+    return census, weight_shapes, n_tokens * k, hidden
+
+
+@pytest.mark.parametrize("capacity", [None, 3])
+def test_expert_weights_are_only_cast_no_gradient_is_zero_filled_or_added_in_one_round(capacity):
+    """One cast of each stack into the compute dtype in forward and in backward, one of each weight
+    gradient back to float32; no zero fill and no float32 add of weight-sized tensors in a one-round
+    step (several rounds add each round's gradient in float32, from the second on)."""
+    census, weight_shapes, _, _ = _expert_census(capacity)
+    weight_ops = [r for r in census.records if r.category not in ("gemm",) and r.shapes and r.shapes[0] in weight_shapes]
+    kinds = sorted({(r.category, r.name) for r in weight_ops})
+    rounds = math.ceil(128 / (8 * 3)) if capacity else 1
+    casts = [r for r in weight_ops if r.category == "cast"]
+    adds = [r for r in weight_ops if r.name == "add_"]
+    assert len(casts) == 3 + 3 + 3, kinds                 # stacks in forward, in backward, gradients to fp32
+    assert len(adds) == 3 * (rounds - 1), kinds
+    assert not [r for r in weight_ops if r.category == "fill"], kinds
+
+
+def test_no_round_buffer_is_copied_between_the_grouped_gemms():
+    """Gate and up projections come from one grouped GEMM and feed one input-gradient GEMM, the gate
+    multiplies the hidden rows inside the SwiGLU chain: no copy or add of (pairs, width) rows beyond
+    the gather, the scatter and the slot sum, eagerly (the stacked gate|up gradient is the one
+    concatenation) and with the chains fused as on a GPU (none)."""
+    for fuse in (False, True):
+        census, _, pairs, hidden = _expert_census(fuse_pointwise=fuse)
+        row_ops = [r for r in census.records if r.category in ("copy", "elementwise") and r.shapes
+                   and r.shapes[0][0] >= pairs and r.shapes[0][-1] in (64, hidden, 2 * hidden)]
+        copies = [r.name for r in row_ops if r.category == "copy" or r.name in ("add", "add_")]
+        assert copies == ([] if fuse else ["cat"]), [(r.name, r.shapes) for r in row_ops]
+        assert sum(r.name == "_grouped_mm" for r in census.records) == 7   # forward 2, backward 5
+    assert [r.name for r in census.records if r.category == "fused"] == ["swiglu", "swiglu_backward"]
