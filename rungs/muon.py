@@ -14,13 +14,22 @@ loop), because the same names mean different formulas across codebases:
     "match_rms_adamw": 0.2*sqrt(max(fan_out,fan_in))    (Moonlight; reuse AdamW lr and wd)
     "original":        sqrt(max(1,fan_out/fan_in))      (KellerJordan; lr in spectral units)
 
-Same-shape matrices are orthogonalised in batches (one batched Newton-Schulz call each) of at most
-`ns_chunk_bytes` of fp32 matrices (default NS_CHUNK_BYTES, 1 GiB): a stack of 512 experts or a
-model's 27,648 same-shape expert matrices is cut into slices of whole matrices, and momentum,
-Nesterov update, decay and apply run slice by slice, so the optimizer's working memory is one
-chunk (its fp32 update, the bf16 Newton-Schulz iterate and its Gram matrices, float32 on CPUs
-without bf16 units), not a copy of every same-shape matrix. Each matrix's result does not depend on
-the chunking (batched matmuls compute each batch element on its own).
+Same-shape matrices are orthogonalised in batches (one batched Newton-Schulz call each) whose
+working set fits a memory budget, `ns_chunk_bytes` (default: `ns_budget_bytes(device)`, 5% of a
+GPU's memory, 1 GiB elsewhere): a batch holds as many whole matrices as the budget has room for
+their Newton-Schulz working set (`ns_working_bytes`: the iterate and the next one, the Gram matrix
+and its polynomial, in the Newton-Schulz dtype), so at mai-base-2 L18 widths an H200 orthogonalises
+~1,500 experts of 768 x 768 a GEMM, not a fixed count. A stack of 512 experts or a model's 27,648
+same-shape expert matrices is cut into slices of whole matrices, and momentum, Nesterov update,
+decay and apply run slice by slice, so the optimizer's working memory is one chunk, not a copy of
+every same-shape matrix. Each matrix's result does not depend on the chunking (batched matmuls
+compute each batch element on its own).
+
+Passes over the matrices per step: the momentum (one multi-tensor lerp in float32), the Nesterov
+update written once, already in the Newton-Schulz dtype, into the batch the GEMMs read (no float32
+copy, no concatenation, no cast), a max and a norm (reductions) and two scalings of the batch,
+then the decay and the scaled update of the parameters (multi-tensor). The iterations themselves
+are torch.optim.Muon's (baddbmm), so results match it bit for bit where the math matches.
 
 Newton-Schulz is scale-invariant: X / ||X||_F with the norm clamped only at the smallest normal
 float (a divide-by-zero guard), unlike the 1e-7 eps clamp that silently shrinks tiny updates; an
@@ -39,7 +48,8 @@ from torch import Tensor
 from rungs.cpu_bf16 import cpu_has_bf16_units
 
 __all__ = ["CONVENTIONS", "Muon", "MuonConfigError", "NS_CHUNK_BYTES", "NS_PRESETS", "SIMPLE_COEFFICIENTS",
-           "adjust_lr", "matrix_chunks", "newton_schulz"]
+           "adjust_lr", "matrix_chunks", "newton_schulz", "ns_budget_bytes", "ns_flops", "ns_matrices_per_chunk",
+           "ns_working_bytes"]
 
 # KellerJordan's quintic: maximal slope at 0; singular values land in about [0.5, 1.5], not 1.
 SIMPLE_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -58,8 +68,10 @@ CONVENTIONS = {
     "original": "sqrt(max(1,fan_out/fan_in))",
 }
 _TINY = torch.finfo(torch.float32).tiny
-# Fp32 bytes of matrices orthogonalised in one batched Newton-Schulz call (Muon and DistMuon).
+# The Newton-Schulz working set of one batched call off a GPU (Muon and DistMuon), and on a GPU the
+# share of its memory (`ns_budget_bytes`).
 NS_CHUNK_BYTES = 1 << 30
+NS_DEVICE_MEMORY_SHARE = 0.05
 
 
 class MuonConfigError(ValueError):
@@ -119,10 +131,11 @@ def newton_schulz(G: Tensor, steps: int = 5, coefficients=SIMPLE_COEFFICIENTS, *
     X = X.reshape(-1, *X.shape[-2:]) if X.ndim != 2 else X
     # First an exact power-of-two rescale to max |x| in [0.5, 1): the sum of squares then neither
     # underflows nor overflows for any finite input, and the result is unchanged bit for bit.
-    amax = X.abs().amax(dim=(-2, -1), keepdim=True) if X.ndim == 3 else X.abs().amax()
+    # (The max is one reduction, no |X| materialised; the division is in place on the rescaled copy.)
+    amax = _amax(X)
     X = X * torch.pow(2.0, -torch.frexp(amax.float()).exponent).to(X.dtype)
     norm = X.norm(dim=(-2, -1), keepdim=True) if X.ndim == 3 else X.norm()
-    X = X / (norm * safety if safety != 1.0 else norm).clamp(min=_TINY)
+    X = X.div_((norm * safety if safety != 1.0 else norm).clamp(min=_TINY))
     mm = torch.addmm if X.ndim == 2 else torch.baddbmm
     for a, b, c in per_step:
         A = X @ X.mT
@@ -147,8 +160,7 @@ def _rounded_newton_schulz(G: Tensor, per_step: list[tuple], safety: float, dtyp
     if transposed:
         X = X.mT
     X = X.reshape(-1, *X.shape[-2:]) if X.ndim != 2 else X
-    amax = X.abs().amax(dim=(-2, -1), keepdim=True) if X.ndim == 3 else X.abs().amax()
-    X = X * torch.pow(2.0, -torch.frexp(amax).exponent)               # exact: a power of two
+    X = X * torch.pow(2.0, -torch.frexp(_amax(X)).exponent)           # exact: a power of two
     norm = rnd(X.norm(dim=(-2, -1), keepdim=True) if X.ndim == 3 else X.norm())
     X = rnd(X / (rnd(norm * safety) if safety != 1.0 else norm).clamp(min=_TINY))
     mm = torch.addmm if X.ndim == 2 else torch.baddbmm
@@ -158,6 +170,45 @@ def _rounded_newton_schulz(G: Tensor, per_step: list[tuple], safety: float, dtyp
         X = rnd(mm(X, B, X, beta=a))
     X = X.reshape(*lead, *X.shape[-2:]).to(dtype)
     return X.mT if transposed else X
+
+
+def _amax(X: Tensor) -> Tensor:
+    """max |x| per matrix (keepdim) of a batch, or of one matrix: one reduction."""
+    if X.ndim == 3:
+        return torch.linalg.vector_norm(X, float("inf"), dim=(-2, -1), keepdim=True)
+    return torch.linalg.vector_norm(X, float("inf"))
+
+
+def ns_working_bytes(shape: tuple[int, int], dtype: torch.dtype) -> int:
+    """Bytes Newton-Schulz holds per (m, n) matrix at its peak: the iterate and the next one (m x n),
+    the Gram matrix and its polynomial (k x k, k = min(m, n)), in `dtype`."""
+    m, n = shape
+    k = min(m, n)
+    return (2 * m * n + 2 * k * k) * torch.empty((), dtype=dtype).element_size()
+
+
+def ns_budget_bytes(device: torch.device | str) -> int:
+    """The default working-set budget of one batched Newton-Schulz call on `device`: a share of a
+    GPU's memory (NS_DEVICE_MEMORY_SHARE, 7 GB on a 141 GB H200), NS_CHUNK_BYTES elsewhere."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(NS_DEVICE_MEMORY_SHARE * torch.cuda.get_device_properties(device).total_memory)
+    return NS_CHUNK_BYTES
+
+
+def ns_matrices_per_chunk(shape: tuple[int, int], dtype: torch.dtype, budget_bytes: int) -> int:
+    """Whole (m, n) matrices one batched Newton-Schulz call takes within `budget_bytes` (at least one)."""
+    if budget_bytes < 1:
+        raise MuonConfigError(f"the Newton-Schulz budget must be >= 1 byte, got {budget_bytes}")
+    return max(1, budget_bytes // ns_working_bytes(shape, dtype))
+
+
+def ns_flops(shape: tuple[int, ...], steps: int) -> float:
+    """GEMM FLOPs of Newton-Schulz on a matrix, or a stack (E, m, n): per iteration, with s = min(m, n)
+    and l = max, X X^T (2 s^2 l), A A (2 s^3) and B X (2 s^2 l)."""
+    m, n = shape[-2:]
+    s, big = min(m, n), max(m, n)
+    return (shape[0] if len(shape) == 3 else 1) * steps * (4.0 * s * s * big + 2.0 * s**3)
 
 
 def adjust_lr(lr: float, shape: tuple[int, ...], mode: str = "match_rms_adamw") -> float:
@@ -173,7 +224,8 @@ def adjust_lr(lr: float, shape: tuple[int, ...], mode: str = "match_rms_adamw") 
 def matrix_chunks(counts: list[int], matrix_bytes: int, chunk_bytes: int) -> list[list[tuple[int, int, int]]]:
     """Cut a sequence of parameters holding `counts` matrices each (1 for a matrix, E for a stack)
     into chunks of at most max(1, chunk_bytes // matrix_bytes) matrices, in order: each chunk is a
-    list of (parameter position, first matrix, end matrix) slices of whole matrices."""
+    list of (parameter position, first matrix, end matrix) slices of whole matrices. `matrix_bytes`
+    is one matrix's share of the budget (`ns_working_bytes`)."""
     if chunk_bytes < 1 or matrix_bytes < 1:
         raise MuonConfigError(f"chunk_bytes and matrix_bytes must be >= 1, got {chunk_bytes}, {matrix_bytes}")
     per_chunk = max(1, chunk_bytes // matrix_bytes)
@@ -196,14 +248,15 @@ class Muon(torch.optim.Optimizer):
     """Muon for 2-D matrices and 3-D stacks of matrices (see the module docstring for the math).
 
     Matrices of the same (out, in) shape within a param group are orthogonalised in batched
-    Newton-Schulz calls of at most `ns_chunk_bytes` fp32 bytes of matrices each (a stack of experts
-    is already such a batch, cut where it is larger).
+    Newton-Schulz calls whose working set (`ns_working_bytes` per matrix) fits `ns_chunk_bytes`
+    (None: `ns_budget_bytes` of the parameters' device); a stack of experts is already such a batch,
+    cut where it is larger.
     """
 
     def __init__(self, params: Iterable, lr: float, weight_decay: float = 0.0, momentum: float = 0.95,
                  nesterov: bool = True, ns_steps: int = 5, adjust_lr: str = "match_rms_adamw", *,
                  ns_coefficients=SIMPLE_COEFFICIENTS,
-                 ns_dtype: torch.dtype | None = torch.bfloat16, ns_chunk_bytes: int = NS_CHUNK_BYTES,
+                 ns_dtype: torch.dtype | None = torch.bfloat16, ns_chunk_bytes: int | None = None,
                  ns_emulate: bool | None = None):
         if lr < 0 or weight_decay < 0 or not 0 <= momentum < 1:
             raise MuonConfigError(f"need lr >= 0, weight_decay >= 0, 0 <= momentum < 1; "
@@ -211,7 +264,7 @@ class Muon(torch.optim.Optimizer):
         _schedule(ns_coefficients, ns_steps)                                # validates
         if adjust_lr not in CONVENTIONS:
             raise MuonConfigError(f"adjust_lr must be one of {sorted(CONVENTIONS)}, got {adjust_lr!r}")
-        if ns_chunk_bytes < 1:
+        if ns_chunk_bytes is not None and ns_chunk_bytes < 1:
             raise MuonConfigError(f"ns_chunk_bytes must be >= 1, got {ns_chunk_bytes}")
         defaults = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
                     "ns_steps": ns_steps, "ns_coefficients": ns_coefficients}
@@ -242,9 +295,11 @@ class Muon(torch.optim.Optimizer):
             by_shape: dict[tuple, list[Tensor]] = defaultdict(list)
             for p in params:
                 by_shape[(tuple(p.shape[-2:]), p.dtype, p.device)].append(p)
-            for (shape, _, _), members in by_shape.items():
+            for (shape, dtype, device), members in by_shape.items():
                 counts = [p.shape[0] if p.ndim == 3 else 1 for p in members]
-                for chunk in matrix_chunks(counts, shape[0] * shape[1] * 4, self.ns_chunk_bytes):
+                budget = self.ns_chunk_bytes or ns_budget_bytes(device)
+                matrix_bytes = ns_working_bytes(shape, self.ns_dtype or dtype)
+                for chunk in matrix_chunks(counts, matrix_bytes, budget):
                     self._step_chunk(group, shape, [(members[i], lo, hi) for i, lo, hi in chunk],
                                      batched=len(members) > 1 or members[0].ndim == 3)
         return loss
@@ -261,17 +316,23 @@ class Muon(torch.optim.Optimizer):
         grads = [part(p.grad, lo, hi) for p, lo, hi in slices]
         bufs = [part(self.state[p]["momentum_buffer"], lo, hi) for p, lo, hi in slices]
         torch._foreach_lerp_(bufs, grads, 1 - mu)
-        updates = torch._foreach_lerp(grads, bufs, mu) if group["nesterov"] else bufs
+        # The update, written once in Newton-Schulz's input dtype into the batch its GEMMs read (the
+        # float32 lerp rounded to bf16 as the cast would round it: the same values, one pass).
+        dtype = self.ns_dtype or params[0].dtype
+        lone = len(params) == 1 and (params[0].ndim == 3 or not batched)   # 2-D NS, as torch.optim.Muon
+        sizes = [p.numel() // (shape[0] * shape[1]) for p in params]
+        batch = torch.empty(params[0].shape if lone else (sum(sizes), *shape), dtype=dtype, device=params[0].device)
+        views = [batch] if lone else [v.view(p.shape) for v, p in zip(batch.split(sizes), params)]
+        for view, grad, buf in zip(views, grads, bufs):
+            if group["nesterov"]:
+                torch.lerp(grad, buf, mu, out=view)
+            else:
+                view.copy_(buf)
         if wd:
             torch._foreach_mul_(params, 1 - lr * wd)
-        if len(updates) == 1 and (updates[0].ndim == 3 or not batched):
-            batch = updates[0]                      # a lone 2-D matrix: 2-D NS, as torch.optim.Muon
-        else:
-            batch = torch.cat([u.reshape(-1, *shape) for u in updates])
         out = newton_schulz(batch, group["ns_steps"], group["ns_coefficients"], dtype=self.ns_dtype,
                             emulate=self.ns_emulate)
-        sizes = [u.numel() // (shape[0] * shape[1]) for u in updates]
-        ortho = [o.reshape(p.shape) for o, p in zip(out.split(sizes) if out.ndim == 3 else [out], params)]
+        ortho = [out] if lone else [o.view(p.shape) for o, p in zip(out.split(sizes), params)]
         torch._foreach_add_(params, ortho, alpha=-adjust_lr(lr, shape, self.adjust_lr))
 
     def state_dict(self):

@@ -22,10 +22,13 @@ depends only on global shapes and parameter order, uneven and empty shards are z
 missing gradient counts as zero. The plan is computed once and cached. The exchange of batch b+1 is
 issued asynchronously before NS of batch b runs, so communication overlaps compute.
 
-Batches hold at most ``ns_chunk_bytes`` of fp32 matrices (default ``rungs.muon.NS_CHUNK_BYTES``,
-1 GiB): same-shape matrices beyond that form further batches of the same layout, so neither the
-exchange buffers nor the Newton–Schulz working set of one batch grows with the number of experts.
-The cut depends only on shapes and counts, so it is the same on every rank.
+Batches hold as many matrices as a Newton–Schulz working-set budget has room for
+(``ns_chunk_bytes``; default ``rungs.muon.ns_budget_bytes`` of the parameters' device, per matrix
+``rungs.muon.ns_working_bytes``): same-shape matrices beyond that form further batches of the same
+layout, so neither the exchange buffers nor the Newton–Schulz working set of one batch grows with
+the number of experts. The cut depends only on shapes, counts and the device type, so it is the
+same on every rank. The momentum update writes its result once, in the comm dtype; the apply adds
+it to the float32 shard without a float32 copy.
 """
 
 from __future__ import annotations
@@ -144,12 +147,10 @@ class DistMuon(torch.optim.Optimizer):
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         replica_group=replica_group)
         super().__init__(params, defaults)
-        from rungs.muon import NS_CHUNK_BYTES
-
-        self.ns_chunk_bytes = NS_CHUNK_BYTES if ns_chunk_bytes is None else ns_chunk_bytes
-        if self.ns_chunk_bytes < 1:
-            raise DistMuonError(f"ns_chunk_bytes must be >= 1, got {self.ns_chunk_bytes}")
-        self.comm_dtype = comm_dtype
+        self.ns_chunk_bytes = ns_chunk_bytes
+        if ns_chunk_bytes is not None and ns_chunk_bytes < 1:
+            raise DistMuonError(f"ns_chunk_bytes must be >= 1, got {ns_chunk_bytes}")
+        self.comm_dtype, self.ns_dtype = comm_dtype, ns_dtype
         self._orthogonalize = orthogonalize or _default_orthogonalize(ns_steps, ns_coefficients, ns_dtype)
         self._adjust_lr = adjust_lr if callable(adjust_lr) else _default_adjust_lr(adjust_lr)
         self.convention = _convention(adjust_lr)
@@ -185,7 +186,11 @@ class DistMuon(torch.optim.Optimizer):
         return "whole", group, shape, count
 
     def _build_plan(self) -> None:
+        from rungs.muon import ns_budget_bytes, ns_matrices_per_chunk
+
         self._entries = [(p, g) for g in self.param_groups for p in g["params"]]
+        self._device = _local(self._entries[0][0]).device if self._entries else torch.device("cpu")
+        budget = self.ns_chunk_bytes or ns_budget_bytes(self._device)
         batches: dict[tuple, _Batch] = {}
         for index, (p, g) in enumerate(self._entries):
             kind, group, shape, count = self._layout(p, g)
@@ -196,8 +201,7 @@ class DistMuon(torch.optim.Optimizer):
             batches[key].matrices += [_Matrix(index, b) for b in range(count)]
         plan = []
         for whole in batches.values():
-            m, n = whole.shape
-            per_chunk = max(1, self.ns_chunk_bytes // (m * n * 4))
+            per_chunk = ns_matrices_per_chunk(whole.shape, self.ns_dtype or self.comm_dtype, budget)
             for lo in range(0, len(whole.matrices), per_chunk):  # bounded batches, same cut on every rank
                 batch = _Batch(whole.kind, whole.ranks, whole.group, whole.shape, whole.matrices[lo:lo + per_chunk])
                 if batch.group is not None and len(batch.ranks) > 1:
@@ -205,7 +209,6 @@ class DistMuon(torch.optim.Optimizer):
                 batch.finalise()
                 plan.append(batch)
         self._plan = plan
-        self._device = _local(self._entries[0][0]).device if self._entries else torch.device("cpu")
         self._plan_key = tuple(id(p) for p, _ in self._entries)
 
     def plan(self) -> list[_Batch]:
@@ -262,9 +265,11 @@ class DistMuon(torch.optim.Optimizer):
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32)
         buf = _local(state["momentum_buffer"])
-        buf.lerp_(grad.float(), 1 - g["momentum"])
-        update = grad.float().lerp(buf, g["momentum"]) if g["nesterov"] else buf
-        return update.to(self.comm_dtype)
+        grad = grad.float()
+        buf.lerp_(grad, 1 - g["momentum"])
+        if not g["nesterov"]:
+            return buf.to(self.comm_dtype)
+        return torch.lerp(grad, buf, g["momentum"], out=torch.empty_like(buf, dtype=self.comm_dtype))
 
     def _matrix_local(self, updates: list[Tensor], m: _Matrix) -> Tensor:
         u = updates[m.param]
@@ -339,7 +344,7 @@ class DistMuon(torch.optim.Optimizer):
         scaled = self._adjust_lr(lr, (p.shape[-2], p.shape[-1]))
         if wd:
             local.mul_(1 - lr * wd)
-        local.add_(update.to(local.dtype), alpha=-scaled)
+        local.add_(update, alpha=-scaled)                  # comm dtype promoted on the fly: no copy
 
 
 def _convention(adjust_lr: str | AdjustLR) -> str:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rungs.cpu_bf16 import cpu_has_bf16_units
-from rungs.muon import CONVENTIONS, Muon, MuonConfigError, newton_schulz
+from rungs.muon import CONVENTIONS, Muon, MuonConfigError, newton_schulz, ns_working_bytes
 
 torch.set_num_threads(1)
 
@@ -257,7 +257,8 @@ def _dist_chunk_worker(rank: int, world: int) -> None:
     kw = dict(lr=0.02, weight_decay=0.1, momentum=0.9, adjust_lr="match_rms_adamw", comm_dtype=torch.float32,
               ns_dtype=None)
     results = []
-    for chunk_bytes in (None, 8 * 6 * 4, 3 * 8 * 6 * 4):               # one batch; 1 and 3 matrices a batch
+    one = ns_working_bytes((8, 6), torch.float32)                         # fp32 Newton-Schulz (ns_dtype=None)
+    for chunk_bytes in (None, one, 3 * one):                             # one batch; 1 and 3 matrices a batch
         torch.manual_seed(0)
         fulls = [torch.randn(shape) for shape, _ in specs]
         params = [torch.nn.Parameter(distribute_tensor(f.clone(), mesh, [pl]) if pl else f.clone())
@@ -271,7 +272,7 @@ def _dist_chunk_worker(rank: int, world: int) -> None:
             opt.step()
         results.append([p.full_tensor() if pl else p.detach() for p, (_, pl) in zip(params, specs)])
         if chunk_bytes is not None:
-            assert all(len(b.matrices) <= max(1, chunk_bytes // (8 * 6 * 4)) for b in opt.plan())
+            assert max(len(b.matrices) for b in opt.plan()) == chunk_bytes // one
     assert len(opt.plan()) > 3                                           # the cut made more batches
     for chunked in results[1:]:
         for a, b in zip(results[0], chunked):
@@ -369,3 +370,81 @@ def test_muon_on_cpu_tracks_torch_optim_muon_within_bf16_rounding():
     for (m, n), a, b in zip(shapes, ours, ref):
         bound = steps * 0.02 * math.sqrt(max(1, m / n)) * 4 * 2.0 ** -8
         assert (a - b).abs().max() <= bound
+
+
+# --- the step's passes: the same values as the plain algorithm, fewer kernels -----------------------
+
+def _plain_muon_step(params, bufs, lr, wd, mu, emulate):
+    """Muon as written before the passes were merged: float32 Nesterov updates, one concatenated
+    float32 batch per shape, cast by newton_schulz, decay, scaled add; one batch per shape."""
+    by_shape = {}
+    for p, b in zip(params, bufs):
+        by_shape.setdefault(tuple(p.shape[-2:]), []).append((p, b))
+    for shape, members in by_shape.items():
+        for p, b in members:
+            b.lerp_(p.grad, 1 - mu)
+        updates = [p.grad.lerp(b, mu) for p, b in members]
+        lone = len(members) == 1 and members[0][0].ndim == 2
+        batch = updates[0] if lone else torch.cat([u.reshape(-1, *shape) for u in updates])
+        out = newton_schulz(batch, emulate=emulate)
+        sizes = [u.numel() // (shape[0] * shape[1]) for u in updates]
+        for (p, _), o in zip(members, [out] if lone else out.split(sizes)):
+            p.mul_(1 - lr * wd).add_(o.reshape(p.shape).float(), alpha=-0.2 * math.sqrt(max(shape)) * lr)
+
+
+@pytest.mark.parametrize("emulate", [True, False])
+def test_the_merged_passes_give_the_plain_algorithms_values_bit_for_bit(emulate):
+    g = torch.Generator().manual_seed(0)
+    shapes = [(4, 8, 16), (8, 16), (12, 8), (3, 16, 8), (6, 6)]
+    init = [torch.randn(s, generator=g) for s in shapes]
+    ours = [torch.nn.Parameter(t.clone()) for t in init]
+    plain = [t.clone() for t in init]
+    plain_bufs = [torch.zeros_like(t) for t in init]
+    opt = Muon(ours, lr=0.02, weight_decay=0.1, momentum=0.9, ns_emulate=emulate)
+    for _ in range(3):
+        grads = [torch.randn(s, generator=g) for s in shapes]
+        for p, q, gr in zip(ours, plain, grads):
+            p.grad, q.grad = gr.clone(), gr.clone()
+        opt.step()
+        with torch.no_grad():
+            _plain_muon_step(plain, plain_bufs, 0.02, 0.1, 0.9, emulate)
+    for p, q, b, bq in zip(ours, plain, [opt.state[p]["momentum_buffer"] for p in ours], plain_bufs):
+        assert torch.equal(p.detach(), q) and torch.equal(b, bq)
+
+
+def test_the_step_writes_the_update_once_in_bf16_and_concatenates_nothing():
+    """Counted on fake tensors at an expert stack's shape: one float32 momentum pass, the Nesterov
+    update written straight into the bf16 batch, no concatenation, no cast of the batch; the bytes
+    moved besides the GEMMs per matrix element, baddbmm's input copies included (85 here; 103 with
+    the float32 concatenation, its cast and a |X| pass), stay under 90."""
+    from rungs.op_census import count_fake
+
+    def setup():
+        params = [torch.nn.Parameter(torch.empty(s)) for s in ((16, 32, 48), (16, 32, 48), (16, 48, 32))]
+        for p in params:
+            p.grad = torch.empty_like(p)
+        opt = Muon(params, lr=0.01, weight_decay=0.1, ns_emulate=False)
+        for p in params:
+            opt.state[p]["momentum_buffer"] = torch.empty_like(p)
+        return opt
+
+    census = count_fake(setup, lambda opt: opt.step())
+    elements = 3 * 16 * 32 * 48
+    names = [r.name for r in census.records]
+    assert "cat" not in names and not [r for r in census.records if r.category == "cast" and r.bytes > 1024]
+    assert [r.dtypes for r in census.records if r.name == "lerp"] == [("float32", "float32", "bfloat16")] * 3
+    between = sum(r.bytes for r in census.records if r.category != "gemm")
+    assert between / elements < 90, between / elements
+
+
+def test_the_batch_is_sized_by_the_newton_schulz_budget():
+    from rungs.muon import NS_CHUNK_BYTES, ns_budget_bytes, ns_matrices_per_chunk
+
+    per_matrix = ns_working_bytes((768, 768), torch.bfloat16)
+    assert per_matrix == (2 * 768 * 768 + 2 * 768 * 768) * 2
+    assert ns_working_bytes((64, 256), torch.bfloat16) == (2 * 64 * 256 + 2 * 64 * 64) * 2   # Gram on the short side
+    assert ns_matrices_per_chunk((768, 768), torch.bfloat16, 7 * 10**9) == 7 * 10**9 // per_matrix == 1483
+    assert ns_matrices_per_chunk((768, 768), torch.bfloat16, 1) == 1
+    assert ns_budget_bytes("cpu") == NS_CHUNK_BYTES
+    with pytest.raises(MuonConfigError, match="budget"):
+        ns_matrices_per_chunk((4, 4), torch.bfloat16, 0)
