@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from benchmarks.common import GPU_PEAK_MATMUL_SIZE, Report, main_for, measured_peak_bf16_flops, time_call
+from benchmarks.common import (GPU_PEAK_MATMUL_SIZE, Report, cuda_seconds, main_for, measured_peak_bf16_flops,
+                               time_call)
 from rungs.loss import linear_cross_entropy, loss_chunk_tokens
 
 TOKENS, D_MODEL, VOCAB = 32_768, 1_536, 131_072
@@ -117,14 +118,7 @@ def _timed(fn: LossFn, h, w, t, *, repeats: int) -> float:
 
     if h.device.type != "cuda":
         return time_call(step, repeats=repeats, warmup=1)
-    step()                                                               # compiles, autotunes
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
-    for start, end in events:
-        start.record()
-        step()
-        end.record()
-    torch.cuda.synchronize()
-    return sorted(s.elapsed_time(e) / 1e3 for s, e in events)[repeats // 2]
+    return cuda_seconds(step, repeats=repeats, warmup=1)                # the warm-up compiles, autotunes
 
 
 def _errors(h, w, loss: torch.Tensor, ref: dict[str, torch.Tensor]) -> dict[str, float]:
