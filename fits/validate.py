@@ -28,13 +28,21 @@ def numeric_column(df: pd.DataFrame, column: str, *, positive: bool = False) -> 
         raise FitInputError("has non-numeric values; expected numbers", column=column) from None
     bad = ~np.isfinite(values)
     if bad.any():
-        raise FitInputError(f"has {int(bad.sum())} missing or non-finite value(s) (first at row "
-                            f"{df.index[np.argmax(bad)]!r}); drop or fill them first", column=column)
+        raise FitInputError(f"has {int(bad.sum())} missing or non-finite value(s) (first at "
+                            f"{row_name(df, int(np.argmax(bad)))}); drop or fill them first", column=column)
     if positive and (values <= 0).any():
         first = int(np.argmax(values <= 0))
-        raise FitInputError(f"has non-positive value {values[first]:g} at row {df.index[first]!r}; the law takes "
+        raise FitInputError(f"has non-positive value {values[first]:g} at {row_name(df, first)}; the law takes "
                             "its logarithm, so every value must be > 0", column=column)
     return values
+
+
+def row_name(df: pd.DataFrame, position: int) -> str:
+    """"row 3", or "line 5" for a table whose index names its rows as a file's lines (the CLI's CSVs):
+    the label as a plain value, never a numpy repr."""
+    label = df.index[position]
+    label = label.item() if isinstance(label, np.generic) else label
+    return f"{df.index.name or 'row'} {label}"
 
 
 def require_points(n_distinct: int, minimum: int, form: str, column: str) -> None:

@@ -1,9 +1,12 @@
 """The `ladder` command line. Each subcommand is one module with a `register`:
 `ladder/cli/<name>.py` (`ladder/cli/fit/` for the fit family).
 
-Contract (docs/architecture.md): a readable table by default, one JSON object with --json, logs on stderr,
-exit 0 on success, exit 2 with one clear paragraph (no traceback) on bad input.
+Contract (docs/architecture.md): a readable table by default, one JSON object with --json (or the tables
+as CSV or Markdown with --format csv|md, on every command that has --json), logs on stderr, exit 0 on
+success, exit 2 with one clear paragraph (no traceback) on bad input. `ladder --version` names the code
+version; shell completion comes from argcomplete (`eval "$(register-python-argcomplete ladder)"`).
 """
+# PYTHON_ARGCOMPLETE_OK (argcomplete's marker: this entry point completes itself)
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import importlib
 import logging
 import sys
 
+from ladder.cli.output import TABLE_FORMATS, set_table_format
 from ladder.errors import LadderInputError
 
 # Each module registers its own subcommands.
@@ -34,12 +38,42 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+class _Version(argparse.Action):
+    """--version: the code version (`provenance.code_version`), read only when asked (it runs git)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from provenance import code_version
+
+        sys.stdout.write(f"ladder {code_version()}\n")
+        raise SystemExit(0)
+
+
+def leaf_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser of a command line that runs a command (the subcommands' subcommands, depth first)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return [parser]
+    return [leaf for a in subs for child in dict.fromkeys(a.choices.values()) for leaf in leaf_parsers(child)]
+
+
+NO_TABLES = frozenset({"ladder demo"})  # prints a report's summary lines, no tables
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ladder", description="Scaling-ladder experiment platform (MAI-Base-2 method)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    parser.add_argument("--version", action=_Version, help="print the code version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    for leaf in leaf_parsers(parser):
+        if "--json" in leaf._option_string_actions and leaf.prog not in NO_TABLES:
+            leaf.add_argument("--format", choices=TABLE_FORMATS, default="table",
+                              help="how tables are printed: table (fits the terminal), csv or md (Markdown); "
+                                   "--json prints one JSON object instead")
     return parser
 
 
@@ -61,7 +95,15 @@ def main(argv: list[str] | None = None) -> int:
 
         keep_freed_host_memory()
     parser = build_parser()
+    if argv is None:
+        import argcomplete
+
+        argcomplete.autocomplete(parser)  # answers a completing shell and exits; a no-op otherwise
     args = parser.parse_args(argv)
+    table_format = getattr(args, "format", "table")
+    if table_format != "table" and getattr(args, "json", False):
+        parser.error("--json and --format are two outputs: choose one")
+    set_table_format(table_format)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         stream=sys.stderr,
@@ -98,7 +140,9 @@ def _input_error_text(err: BaseException) -> str | None:
     if isinstance(err, json.JSONDecodeError):
         return f"not valid JSON: {err}"
     if isinstance(err, yaml.YAMLError):
-        return "not valid YAML: " + " ".join(str(err).split())
+        from ladder.plan.yaml_input import describe_yaml_error
+
+        return describe_yaml_error(err)
     if isinstance(err, ValidationError):
         from ladder.plan.yaml_input import describe_validation_error
 

@@ -8,6 +8,7 @@ FLOP counts from the new shapes; unknown keys are errors that list the valid one
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import fields
 from pathlib import Path
@@ -19,6 +20,7 @@ from ladder.plan.counting import Architecture, count_flops_per_token, count_para
 from ladder.errors import LadderInputError
 from ladder.plan.generator import plan_rung
 from ladder.plan.recipe import load_recipe
+from ladder.plan.yaml_input import describe_yaml_error
 from rungs.config import TrainConfigError, field_names, parse_config
 
 ARCH_FIELDS = tuple(f.name for f in fields(Architecture))
@@ -28,6 +30,23 @@ DERIVED = ("flops_per_token", "params_total", "params_active", "sources", "recip
 
 def valid_override_keys() -> list[str]:
     return sorted(k for k in field_names() if k not in DERIVED)
+
+
+# Named when an unknown key has no near spelling, instead of all of the config's ~70 fields.
+COMMON_KEYS = ("lr", "weight_decay", "dropout", "seed", "tpp", "batch_sequences", "micro_batch_sequences", "max_steps")
+
+
+def unknown_keys_message(unknown: list[str], valid: list[str]) -> str:
+    """"unknown override key 'lrr'; did you mean 'lr'?": the nearest valid spellings of each unknown key,
+    or a few common keys and where the full list is."""
+    parts = []
+    for key in unknown:
+        near = difflib.get_close_matches(key, valid, n=3, cutoff=0.6)
+        parts.append(f"{key!r}; did you mean {' or '.join(repr(k) for k in near)}?" if near else repr(key))
+    if any("did you mean" in part for part in parts):
+        return f"unknown override key {', '.join(parts)}"
+    return (f"unknown override key {', '.join(parts)}; keys are the training config's fields (rungs/config.py, "
+            f"TrainConfig), e.g. {', '.join(COMMON_KEYS)}")
 
 
 def parse_value(text: str) -> Any:
@@ -43,7 +62,7 @@ def parse_value(text: str) -> Any:
     try:
         return yaml.safe_load(stripped) if stripped else ""
     except yaml.YAMLError as err:
-        raise LadderInputError(f"cannot read the value {text!r}: {' '.join(str(err).split())}", field="--set") from None
+        raise LadderInputError(f"cannot read the value {text!r}: {describe_yaml_error(err)}", field="--set") from None
 
 
 def parse_overrides(overrides: dict[str, Any] | list[str] | None) -> dict[str, Any]:
@@ -76,7 +95,7 @@ def resolve_train_config(recipe_name_or_path: str | Path, L: int, overrides: dic
     valid = valid_override_keys()
     unknown = sorted(set(extra) - set(valid) - {"tpp"})
     if unknown:
-        raise LadderInputError(f"unknown override key(s) {unknown}; valid keys are {valid + ['tpp']}", field="--set")
+        raise LadderInputError(unknown_keys_message(unknown, [*valid, "tpp"]), field="--set")
     tpp = extra.pop("tpp", None)
     if tpp is not None and (not isinstance(tpp, (int, float)) or isinstance(tpp, bool)):
         raise LadderInputError(f"tpp must be a number, got {tpp!r}", field="tpp")

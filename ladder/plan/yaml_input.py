@@ -34,7 +34,25 @@ def read_yaml(path: Path) -> object:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise LadderInputError(f"not valid YAML: {' '.join(str(err).split())}", where=str(path)) from None
+        raise LadderInputError(describe_yaml_error(err), where=str(path)) from None
+
+
+def describe_yaml_error(err: yaml.YAMLError) -> str:
+    """One line that keeps where the parser stopped: "not valid YAML at line 2, column 3: mapping values
+    are not allowed here", plus what it was reading and where that began ("while parsing a flow
+    sequence that starts at line 1, column 4")."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None)
+    if mark is None or not problem:
+        return "not valid YAML: " + " ".join(str(err).split())
+    text = f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {' '.join(problem.split())}"
+    context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context:
+        text += f" ({' '.join(context.split())}"
+        if start is not None and (start.line, start.column) != (mark.line, mark.column):
+            text += f" that starts at line {start.line + 1}, column {start.column + 1}"
+        text += ")"
+    return text
 
 
 def _field(error: dict) -> str:

@@ -63,7 +63,9 @@ def _assert_refused(rc: int, out: str, err: str, left: list[str], *says: str) ->
 
 # (case id, spec content: a dict dumped as YAML, or raw text/bytes, words the error line must contain)
 BAD_SPECS = [
-    ("malformed-yaml", "name: x\nblocks: [\n", ["spec.yaml", "not valid YAML"]),
+    ("malformed-yaml", "name: x\nblocks: [\n", ["spec.yaml", "not valid YAML at line 3, column 1"]),
+    ("malformed-yaml-mid-file", "name: x\nblocks: [1, 2\nrecipe: 3\n",
+     ["spec.yaml", "line 3, column 7", "flow sequence that starts at line 2, column 9"]),
     ("not-utf8", b"name: smoke\xff\xfe\nrecipe: cpu-demo\n", ["spec.yaml", "not UTF-8"]),
     ("not-a-mapping", "- a\n- b\n", ["spec.yaml", "mapping"]),
     ("unknown-top-key", _spec(bogus=1), ["spec.yaml", "bogus", "unknown key"]),
@@ -92,6 +94,9 @@ BAD_SPECS = [
     ("negative-override-value", _spec(overrides={"batch_sequences": -4}), ["spec.yaml", "batch_sequences"]),
     ("max-steps-zero", _spec(max_steps=0), ["spec.yaml", "max_steps"]),
     ("max-concurrent-zero", _spec(max_concurrent=0), ["spec.yaml", "max_concurrent"]),
+    ("gpu-memory-not-a-size", _spec(resources={"gpu_memory": "lots"}), ["spec.yaml", "resources.gpu_memory", "141GB"]),
+    ("gpu-memory-no-unit", _spec(blocks=_block(resources={"gpu_memory": "80"})),
+     ["spec.yaml", "blocks.0.resources.gpu_memory", "unit"]),
 ]
 
 
@@ -109,7 +114,7 @@ def _recipe(**changes) -> dict:
 
 
 BAD_RECIPES = [
-    ("malformed-yaml", "name: x\nwidth: {numerator: 16\n", ["recipe.yaml", "not valid YAML"]),
+    ("malformed-yaml", "name: x\nwidth: {numerator: 16\n", ["recipe.yaml", "not valid YAML at line 3, column 1"]),
     ("not-utf8", b"name: cpu\xff\n", ["recipe.yaml", "not UTF-8"]),
     ("unknown-key", _recipe(n_layers=3), ["recipe.yaml", "n_layers", "unknown key"]),
     ("depth-not-a-rule", _recipe(depth=3), ["recipe.yaml", "depth", "dictionary"]),
@@ -142,6 +147,10 @@ def test_bad_recipe_exits_2_with_one_line(tmp_path, monkeypatch, capsys, case, c
     (["plan", "cpu-demo", "--gpus", "8", "--mfu", "nan"], ["--mfu"]),
     (["sweep", "run", "no-such-spec"], ["no-such-spec", "not found"]),
     (["sweep", "run", "smoke", "--max-concurrent", "0"], ["--max-concurrent"]),
+    (["sweep", "plan", "no-such-spec"], ["no-such-spec", "not found"]),
+    (["sweep", "plan", "smoke", "--mfu", "0"], ["--mfu", "(0, 1]"]),
+    (["sweep", "plan", "smoke", "--mfu", "nan"], ["--mfu"]),
+    (["sweep", "plan", "smoke", "--goodput", "1.5"], ["--goodput", "(0, 1]"]),
 ])
 def test_bad_flags_exit_2_with_one_line(tmp_path, monkeypatch, capsys, argv, says):
     _assert_refused(*_run_in_empty_dir(tmp_path, monkeypatch, capsys, argv), *says)
@@ -149,7 +158,9 @@ def test_bad_flags_exit_2_with_one_line(tmp_path, monkeypatch, capsys, argv, say
 
 @pytest.mark.parametrize("setting, says", [
     ("agc_points=[", ["--set agc_points", "cannot read"]),
-    ("no_such_knob=1", ["--set", "unknown override key"]),
+    ("no_such_knob=1", ["--set", "unknown override key", "e.g. lr, weight_decay"]),
+    ("lrr=0.1", ["--set", "unknown override key 'lrr'; did you mean 'lr'?"]),
+    ("weightdecay=0.1", ["--set", "did you mean 'weight_decay'?"]),
     ("lr=inf", ["--set lr", "finite"]),
     ("lr=nan", ["--set lr", "finite"]),
     ("lr=-0.01", ["lr"]),
@@ -220,3 +231,27 @@ def _with_handler(parser, fn):
 
     parser.parse_args = parse_args
     return parser
+
+
+def test_an_unknown_set_key_names_a_few_keys_not_all_of_them(tmp_path, monkeypatch, capsys):
+    argv = ["train", "cpu-demo", "--rung", "3", "--set", "no_such_knob=1"]
+    _, _, err, _ = _run_in_empty_dir(tmp_path, monkeypatch, capsys, argv)
+    assert "agc_median_window_steps" not in err and len(err) < 400
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_a_trial_that_cannot_fit_its_gpu_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys, command):
+    ladder = yaml.safe_load((SWEEPS_DIR / "mai_base_2_ladder.yaml").read_text())
+    ladder["blocks"][0]["resources"]["gpu_memory"] = "40GB"  # L18 on 8 GPUs needs ~152 GB a rank
+    spec = _write(tmp_path, "spec.yaml", ladder)
+    result = _run_in_empty_dir(tmp_path, monkeypatch, capsys, ["sweep", command, spec])
+    _assert_refused(*result, "spec.yaml", "resources", "gpus8 L18", "per rank", "36.0 GB usable")
+
+
+def test_a_fit_names_a_bad_row_by_its_line_in_the_csv(tmp_path, monkeypatch, capsys):
+    rows = ["train_flops,bpb,domain", "1e10,1.5,a", "2e10,1.4,a", "4e10,1.3,a", "1e10,1.5,b", "2e10,,b", "4e10,1.2,b"]
+    runs = _write(tmp_path, "runs.csv", "\n".join(rows) + "\n")
+    argv = ["fit", "power-law", "--csv", runs, "--x", "train_flops", "--y", "bpb", "--group", "domain"]
+    rc, out, err, left = _run_in_empty_dir(tmp_path, monkeypatch, capsys, argv)
+    _assert_refused(rc, out, err, left, "runs.csv", "bpb", "first at line 6")
+    assert "np." not in err

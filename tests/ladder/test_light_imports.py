@@ -37,10 +37,10 @@ BLOCKER = textwrap.dedent("""
 """)
 
 
-def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, *args: str, returncode: int = 0) -> subprocess.CompletedProcess:
     out = subprocess.run([sys.executable, "-c", BLOCKER, *args], cwd=tmp_path, capture_output=True, text=True,
                          timeout=GUARD_SECONDS, env=_env())
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == returncode, out.stderr[-3000:]
     assert "must not import" not in out.stderr
     return out
 
@@ -86,13 +86,9 @@ def test_a_power_law_fit_imports_neither_torch_nor_ray(tmp_path):
     assert json.loads(out.stdout)
 
 
-def test_sweep_status_imports_neither_torch_nor_ray(tmp_path):
-    from mlflow.tracking import MlflowClient
-
-    (tmp_path / "runs").mkdir()
-    MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}").create_experiment("sweep-other")  # the default store
-    status = json.loads(_run(tmp_path, "ladder", "sweep", "status", "smoke", "--json").stdout)
-    assert status["counts"] == {"pending": 3}
+def test_sweep_status_without_a_store_refuses_importing_neither_torch_nor_ray(tmp_path):
+    out = _run(tmp_path, "ladder", "sweep", "status", "smoke", "--json", returncode=2)
+    assert out.stdout == "" and "no MLflow store" in out.stderr
 
 
 def test_a_sweep_plan_imports_neither_torch_nor_ray(tmp_path):

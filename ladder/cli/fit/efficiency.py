@@ -28,14 +28,14 @@ def register(fit_sub: argparse._SubParsersAction, common) -> None:
     q.add_argument("--y", default="bpb", help="metric column (default bpb)")
     q.add_argument("--x", default="train_flops", help="compute column (default train_flops)")
     q.add_argument("--wall", default="wall_seconds", help="wall-clock column (default wall_seconds; 'none' to skip)")
-    q.add_argument("--bootstrap", type=int, default=1000)
-    q.add_argument("--ci-level", type=float, default=0.95)
+    q.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the EG intervals (default 1000)")
+    q.add_argument("--ci-level", type=float, default=0.95, help="confidence level of the intervals (default 0.95)")
     q.set_defaults(handler=run_efficiency)
 
     q = fit_sub.add_parser("iso-bpb", help="iso-BPB compute multiplier of fitted laws over reference models")
     q.add_argument("--laws", required=True, help="laws JSON from `ladder fit power-law --save`")
     q.add_argument("--references", default=str(REFERENCES_EXAMPLE), help="references YAML (default: the report's example)")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print one JSON object")
     q.set_defaults(handler=run_iso_bpb, fit_command="iso-bpb")
 
 

@@ -76,6 +76,7 @@ def load_input(args: argparse.Namespace) -> tuple[pd.DataFrame, dict[str, Any]]:
             df = pd.read_csv(path)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
             raise LadderInputError(f"not a readable CSV: {err}", where=str(path)) from None
+        df.index = pd.RangeIndex(2, len(df) + 2, name="line")  # rows named by their line in the file (1: header)
         return df, {"csv": str(path), "n_rows": len(df)}
     runs = fit_table(read_runs(args.experiment, args.tracking_uri))
     return runs, {"experiment": args.experiment, "tracking_uri": args.tracking_uri, "n_runs": len(runs)}
