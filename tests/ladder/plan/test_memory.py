@@ -382,3 +382,31 @@ def test_the_planners_exchange_sizes_are_the_jobs(experts, ep, pairs, factor):
         assert (capacity, peer) == expert_memory.factor_capacities(factor, ep, experts, pairs)
     lay = EPLayout(ep, experts, experts // ep, capacity, pairs, chunks=expert_memory.EP_CHUNKS, peer_capacity=peer)
     assert expert_memory.ep_rows(experts, ep, pairs, factor) == (ep * lay.peer_rows, lay.compute_rows)
+
+
+def test_a_wall_clock_budget_sets_the_fewest_gpus_the_search_starts_from():
+    from ladder.plan.memory import candidate_worlds, choose_layout, gpus_for_days
+
+    flops, peak, mfu, goodput = 1.0e21, 2.5e15, 0.21, 0.89
+    need = gpus_for_days(flops, 7, peak_flops_per_gpu=peak, mfu=mfu, goodput=goodput)
+    per_gpu_days = flops / (peak * mfu * goodput) / 86_400
+    assert need == math.ceil(per_gpu_days / 7) and per_gpu_days / need <= 7 < per_gpu_days / (need - 1)
+    roomy = choose_layout(ARCH, batch_sequences=16, gpu_memory_bytes=10**12, min_gpus=3)
+    assert roomy.layout.world == min(w for w in candidate_worlds(16, 8, 4096) if w >= 3) == 4
+    with pytest.raises(LadderInputError, match="min_gpus"):
+        choose_layout(ARCH, batch_sequences=16, gpu_memory_bytes=10**12, min_gpus=0)
+    with pytest.raises(LadderInputError, match="days"):
+        gpus_for_days(flops, 0, peak_flops_per_gpu=peak, mfu=mfu, goodput=goodput)
+
+
+def test_a_trials_memory_is_the_byte_model_of_the_layout_it_launches_with():
+    from ladder.plan.memory import planned_expert_parallel, trial_memory
+
+    config = {**dataclasses.asdict(ARCH), "batch_sequences": 16, "micro_batch_sequences": 8, "precision": "bf16",
+              "lb_loss_coef": 0.01, "z_loss_coef": 0.0, "activation_checkpointing": "none"}
+    layout, mem = trial_memory(config, workers=4, gpu=True)
+    assert layout.ep == planned_expert_parallel(config, workers=4, gpu=True) and layout.world == 4
+    assert layout.micro_batch_sequences == 2  # the job's 8-sequence micro-batch over 4 ranks
+    assert mem == memory_breakdown(ARCH, layout, accumulation_steps=2)
+    fixed, _ = trial_memory(config, workers=4, gpu=True, ep=2)
+    assert (fixed.dp, fixed.ep) == (2, 2)
