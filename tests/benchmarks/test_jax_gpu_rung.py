@@ -1,6 +1,7 @@
-"""benchmarks/jax_gpu_rung.py (#19's GPU half) end to end in --quick mode: both engines' own steps, each
-in its own child process, on the CPU at reduced widths of mai-base-2 L18, bf16; bad input; and the
-full mode's refusal where there is no GPU."""
+"""benchmarks/jax_gpu_rung.py end to end in --quick mode: the grouped-matmul candidates and both
+engines' own steps, each in its own child process, on the CPU at reduced widths of mai-base-2 L18,
+bf16; a failing JAX child reports its phase and memory analysis; bad input; and the full mode's
+refusal where there is no GPU."""
 
 from __future__ import annotations
 
@@ -29,6 +30,15 @@ def test_quick_mode_steps_both_engines_on_one_config_and_prints_the_contract(cap
         # random tokens from an init of std ~0.02: the loss starts near ln(vocab)
         assert abs(got["last_loss"] - math.log(vocab)) < 0.5, (engine, got["last_loss"])
     assert results["jax"]["compute_dtype"] == "bfloat16" and results["jax"]["compile_seconds"] > 0
+    assert set(results["jax"]["memory_analysis"]) == {"grads", "update"}
+    table = results["grouped_matmul"]["candidates"]
+    assert list(table) == list(jax_gpu_rung.CANDIDATES)
+    for name, row in table.items():  # every candidate ran and agrees with the first
+        assert row["seconds"] > 0 and row["max_relative_difference"] <= jax_gpu_rung.CANDIDATE_TOLERANCE, name
+    # the dense ragged_dot lowering shows in its memory: (E, rows, K) against the blocks' rows
+    assert table["ragged"]["memory_analysis"]["temp_bytes"] > 4 * table["blocks"]["memory_analysis"]["temp_bytes"]
+    assert results["jax_moe_backend"] == jax_gpu_rung.best_candidate(results["grouped_matmul"])
+    assert results["jax"]["moe_backend"] == results["jax_moe_backend"]
     ratio = results["jax"]["tokens_per_second"] / results["torch"]["tokens_per_second"]
     assert results["jax_over_torch_tokens_per_second"] == pytest.approx(ratio)
     assert [c["name"] for c in payload["checks"]] == ["jax_over_torch_tokens_per_second"]
@@ -61,5 +71,40 @@ def test_full_mode_without_a_gpu_says_why_it_did_not_run():
 
 def test_a_child_that_does_not_finish_is_reported_failed_with_no_check():
     report = jax_gpu_rung.run(True, steps=1, timeout_s=0.5)
-    assert report.results["failed"] == {"torch": "timed out after 0.5 s", "jax": "timed out after 0.5 s"}
+    assert report.results["failed"] == {name: "timed out after 0.5 s" for name in ("torch", "jax", "grouped_matmul")}
     assert not report.checks
+
+
+@pytest.mark.slow
+def test_a_failing_jax_child_reports_the_phase_it_was_in_and_the_memory_it_had(tmp_path, monkeypatch):
+    # a fault injected where the update program is traced: the gradient program compiled first
+    import rungs.jaxjob.engine as engine
+
+    def broken(cfg, tx):
+        def update(params, opt_state, g):
+            raise MemoryError("out of device memory (injected)")
+        return update
+    monkeypatch.setattr(engine, "update_function", broken)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(jax_gpu_rung.train_config(True, 1, 1)))
+    got = jax_gpu_rung._child("jax", str(path), 1, 1, "blocks")
+    assert got["failed"] == "set-up (compile: update program): MemoryError"
+    assert "injected" in got["error"]
+    assert set(got["memory_analysis"]) == {"grads"} and got["memory_analysis"]["grads"]["total_bytes"] > 0
+
+
+def test_the_fastest_agreeing_candidate_is_chosen_and_a_killed_child_names_its_last_phase():
+    table = {"candidates": {"blocks": {"seconds": 2.0, "max_relative_difference": 0.0},
+                            "pallas": {"seconds": 1.0, "max_relative_difference": 1e-3},
+                            "ragged": {"seconds": 0.5, "max_relative_difference": 0.5},   # fast and wrong
+                            "other": {"failed": "TritonError"}}}
+    assert jax_gpu_rung.best_candidate(table) == "pallas"
+    assert jax_gpu_rung.best_candidate({"failed": "exit 1"}) is None
+    assert jax_gpu_rung._last_phase("noise\nphase: compile: both programs\nphase: warm-up step 0\nTraceback") == \
+        "warm-up step 0"
+
+
+def test_bad_candidates_are_refused():
+    with pytest.raises(ValueError, match="candidates"):
+        jax_gpu_rung.run(True, steps=1, candidates=("cublas",))
+    assert jax_gpu_rung.main(["--quick", "--moe-backend", "cudnn"]) == 2
