@@ -34,7 +34,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import Report, _cuda_seconds, main_for
+from benchmarks.common import Report, cuda_seconds, main_for
 from ladder.plan.counting import count_flops_per_token
 from ladder.plan.generator import plan_rung
 from ladder.plan.recipe import load_recipe
@@ -192,14 +192,14 @@ def _gpu_block_case(arch: ModelConfig, layer: int, sequences: int, repeats: int,
     out: dict[str, object] = {"layer": layer, "global": arch.is_global_layer(layer), "flops": flops}
     previous = set_compiled(False)
     try:
-        out["eager_seconds"] = _cuda_seconds(step(block), repeats=repeats, warmup=2)
+        out["eager_seconds"] = cuda_seconds(step(block), repeats=repeats, warmup=2)
     finally:
         set_compiled(previous)
     t0 = time.perf_counter()
     step(block)()
     torch.cuda.synchronize()
     out["pointwise_compile_wall_seconds"] = time.perf_counter() - t0
-    out["fused_pointwise_seconds"] = _cuda_seconds(step(block), repeats=repeats, warmup=1)
+    out["fused_pointwise_seconds"] = cuda_seconds(step(block), repeats=repeats, warmup=1)
     if compile_block and time.perf_counter() > deadline:
         out["block_compile_error"] = "skipped: the time budget was spent"
     elif compile_block:
@@ -212,7 +212,7 @@ def _gpu_block_case(arch: ModelConfig, layer: int, sequences: int, repeats: int,
             out["block_compile_error"] = f"{type(err).__name__}: {err}"[:500]
         else:
             out["block_compile_wall_seconds"] = time.perf_counter() - t0
-            out["compiled_block_seconds"] = _cuda_seconds(step(compiled), repeats=repeats, warmup=1)
+            out["compiled_block_seconds"] = cuda_seconds(step(compiled), repeats=repeats, warmup=1)
             out["compiled_block_over_fused_pointwise"] = out["compiled_block_seconds"] / out["fused_pointwise_seconds"]
     for key in ("eager", "fused_pointwise", "compiled_block"):
         if f"{key}_seconds" in out:

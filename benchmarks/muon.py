@@ -39,7 +39,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import Report, _cuda_seconds, measured_peak_bf16_flops, print_report
+from benchmarks.common import Report, cuda_seconds, measured_peak_bf16_flops, print_report
 from benchmarks.moe import interleaved_cpu_seconds, tune_glibc_malloc
 from ladder.plan.generator import plan_rung
 from ladder.plan.recipe import load_recipe
@@ -111,7 +111,7 @@ def census_l18_muon_step() -> dict:
 def _bmm_rate(batch: int, size: int, repeats: int) -> float:
     a = torch.randn(batch, size, size, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(batch, size, size, device="cuda", dtype=torch.bfloat16)
-    return 2.0 * batch * size**3 / _cuda_seconds(lambda: torch.bmm(a, b), repeats=repeats, warmup=2)
+    return 2.0 * batch * size**3 / cuda_seconds(lambda: torch.bmm(a, b), repeats=repeats, warmup=2)
 
 
 def gpu_l18_optimizer_step(n_layers: int, repeats: int) -> dict:
@@ -122,7 +122,7 @@ def gpu_l18_optimizer_step(n_layers: int, repeats: int) -> dict:
     rate_768 = _bmm_rate(1536, 768, repeats)
     muon_params = _with_grads(muon_shapes, "cuda")
     muon = Muon(muon_params, lr=1e-3, weight_decay=0.1)
-    muon_seconds = _cuda_seconds(muon.step, repeats=repeats, warmup=1)
+    muon_seconds = cuda_seconds(muon.step, repeats=repeats, warmup=1)
     shapes = len({tuple(p.shape[-2:]) for p in muon_params})
     del muon, muon_params
     torch.cuda.empty_cache()
@@ -130,7 +130,7 @@ def gpu_l18_optimizer_step(n_layers: int, repeats: int) -> dict:
     adam_params = _with_grads(adamw_shapes, "cuda")
     for kind, kwargs in (("fused", adamw_implementation(adam_params)), ("foreach", {"foreach": True})):
         opt = torch.optim.AdamW(adam_params, lr=1e-3, weight_decay=0.0, **kwargs)
-        adamw[kind] = _cuda_seconds(opt.step, repeats=repeats, warmup=1)
+        adamw[kind] = cuda_seconds(opt.step, repeats=repeats, warmup=1)
         del opt
     flops = sum(ns_flops(shape, 5) for shape in muon_shapes)
     peak = device_peak("cuda").flops
