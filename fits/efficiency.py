@@ -25,6 +25,7 @@ import yaml
 from fits.results import percentile_interval
 from fits.errors import FitInputError
 from fits.compute_laws import fit_power_laws
+from fits.floors import DEFAULT_FLOOR
 from fits.power_law import PowerLawResult
 from fits.results import jsonable
 from fits.validate import numeric_column, require_columns
@@ -84,9 +85,9 @@ def iso_bpb_multipliers(laws: dict[str, PowerLawResult], references: list[dict[s
 
 
 def _baseline_law(base: pd.DataFrame, x: str, y: str, **fit_options: Any) -> PowerLawResult:
-    """The baseline arm's compute law through the one fitting step (`fits.compute_laws.fit_power_laws`,
-    #18.4), on every baseline run (select 'all': an ablation's seeds and rungs are all evidence); its
-    error, if it cannot be fitted, is raised."""
+    """The baseline arm's compute law through the one fitting step (`fits.compute_laws.fit_power_laws`),
+    on every baseline run (select 'all': an ablation's seeds and rungs are all evidence), with the
+    caller's floor rule; its error, if it cannot be fitted, is raised."""
     laws = fit_power_laws(base, x, y, group=None, select="all", id_column=None, **fit_options)
     if y in laws.errors:
         raise laws.errors[y]
@@ -95,8 +96,10 @@ def _baseline_law(base: pd.DataFrame, x: str, y: str, **fit_options: Any) -> Pow
 
 def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", y: str = "bpb",
                      flops: str = "train_flops", wall: str | None = "wall_seconds", rung: str = "rung",
-                     bootstrap: int = 1000, ci_level: float = 0.95, seed: int = 0) -> dict[str, Any]:
-    """EG_FLOPs (and EG_time when `wall` is given) of every non-baseline arm at every rung."""
+                     bootstrap: int = 1000, ci_level: float = 0.95, seed: int = 0,
+                     floor: str = DEFAULT_FLOOR) -> dict[str, Any]:
+    """EG_FLOPs (and EG_time when `wall` is given) of every non-baseline arm at every rung; `floor` is the
+    baseline laws' floor rule (`fits.floors`: "auto" where the rungs show no loss floor)."""
     cols = [arm, y, flops, rung] + ([wall] if wall else [])
     require_columns(df, cols)
     for c in (y, flops) + ((wall,) if wall else ()):
@@ -104,8 +107,9 @@ def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "bas
     if baseline not in set(df[arm]):
         raise FitInputError(f"no rows with {arm} == {baseline!r}; arms present: {sorted(map(str, set(df[arm])))}", column=arm)
     base = df[df[arm] == baseline]
-    law_flops = _baseline_law(base, flops, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed)
-    law_time = _baseline_law(base, wall, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed) if wall else None
+    fit_options = {"bootstrap": bootstrap, "ci_level": ci_level, "seed": seed, "floor": floor}
+    law_flops = _baseline_law(base, flops, y, **fit_options)
+    law_time = _baseline_law(base, wall, y, **fit_options) if wall else None
     arms = {}
     for name, group in df[df[arm] != baseline].groupby(arm, sort=True):
         rows = []

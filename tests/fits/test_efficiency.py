@@ -73,3 +73,20 @@ def test_efficiency_input_errors():
         efficiency_gains(df)
     with pytest.raises(FitInputError, match="missing"):
         efficiency_gains(df.drop(columns="rung"), baseline="a")
+
+
+def test_a_baseline_without_a_floor_is_refused_by_default_and_fitted_with_floor_auto():
+    """The ablation's baseline law takes the one floor rule: an E that runs to zero is refused unless
+    asked for "auto", where the nested law recovers the gain (here a constant 1.1× in compute)."""
+    from fits.errors import FitBoundaryError
+
+    rows = []
+    for L, C in enumerate(np.geomspace(1e18, 1e22, 5)):
+        rows.append({"arm": "baseline", "rung": L, "train_flops": C, "wall_seconds": C / 1e15, "bpb": 30 * C ** -0.07})
+        rows.append({"arm": "agc", "rung": L, "train_flops": C, "wall_seconds": C / 1e15,
+                     "bpb": 30 * (1.1 * C) ** -0.07})
+    with pytest.raises(FitBoundaryError, match="no loss floor"):
+        efficiency_gains(pd.DataFrame(rows), bootstrap=0, wall=None)
+    out = efficiency_gains(pd.DataFrame(rows), bootstrap=0, wall=None, floor="auto")
+    assert [r["eg_flops"] for r in out["arms"]["agc"]] == pytest.approx([1.1] * 5, rel=1e-4)
+    assert out["baseline_law_flops"]["E"] == 0.0
