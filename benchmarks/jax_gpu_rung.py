@@ -304,8 +304,14 @@ def gpu_missing() -> str | None:
 
 def run(quick: bool, *, layers: int | None = None, batch_sequences: int | None = None, warmup: int = 2,
         steps: int | None = None, timeout_s: float = 240.0, candidates: tuple[str, ...] = CANDIDATES,
-        moe_backend: str = "auto") -> Report:
+        moe_backend: str = "auto", max_seconds: float = 480.0) -> Report:
+    """`timeout_s`: each child's limit; `max_seconds`: all of them together (a child gets what is
+    left, at least 30 s), so the whole run fits a fixed device slot."""
     report = Report("jax_gpu_rung")
+    deadline = time.monotonic() + max_seconds
+
+    def limit() -> float:
+        return min(timeout_s, max(30.0, deadline - time.monotonic()))
     layers = 2 if layers is None else layers
     batch_sequences = (2 if quick else 8) if batch_sequences is None else batch_sequences
     steps = (3 if quick else 20) if steps is None else steps
@@ -329,13 +335,12 @@ def run(quick: bool, *, layers: int | None = None, batch_sequences: int | None =
         path.write_text(json.dumps(config))
         table: dict[str, Any] = {}
         if candidates:
-            table = _spawn(["gmm", str(path), ",".join(candidates)], timeout_s, jax_child=True)
+            table = _spawn(["gmm", str(path), ",".join(candidates)], limit(), jax_child=True)
             results["grouped_matmul"] = table
         chosen = best_candidate(table) if moe_backend == "auto" else moe_backend
         results["jax_moe_backend"] = chosen or "default"
-        got = {"torch": _spawn(["torch", str(path), str(warmup), str(steps)], timeout_s, jax_child=False),
-               "jax": _spawn(["jax", str(path), str(warmup), str(steps), chosen or "default"], timeout_s,
-                             jax_child=True)}
+        got = {"torch": _spawn(["torch", str(path), str(warmup), str(steps)], limit(), jax_child=False)}
+        got["jax"] = _spawn(["jax", str(path), str(warmup), str(steps), chosen or "default"], limit(), jax_child=True)
     results |= {"torch": got["torch"], "jax": got["jax"]}
     failed = {e: got[e]["failed"] for e in ENGINES if "failed" in got[e]}
     if "failed" in table:
@@ -359,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, help="timed steps per engine (default 20 on a GPU, 3 quick)")
     p.add_argument("--child-timeout", type=float, default=240.0,
                    help="seconds each child may take, set-up and compile included (default 240)")
+    p.add_argument("--max-seconds", type=float, default=480.0,
+                   help="seconds for all children together (default 480; each gets what is left, >= 30)")
     p.add_argument("--candidates", default=",".join(CANDIDATES),
                    help=f"grouped-matmul candidates to time, comma-separated (default {','.join(CANDIDATES)}; "
                         "empty: none)")
@@ -369,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run(a.quick, layers=a.layers, batch_sequences=a.batch_sequences, steps=a.steps,
                      timeout_s=a.child_timeout, candidates=tuple(filter(None, a.candidates.split(","))),
-                     moe_backend=a.moe_backend)
+                     moe_backend=a.moe_backend, max_seconds=a.max_seconds)
     except ValueError as e:
         sys.stderr.write(f"jax_gpu_rung: {e}\n")
         return 2

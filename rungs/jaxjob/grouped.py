@@ -23,7 +23,9 @@ docs/performance/jax.md).
 
 from __future__ import annotations
 
+import inspect
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -72,6 +74,11 @@ def gmm(a: jax.Array, w: jax.Array, block_expert: jax.Array, *, block_rows: int,
     if block_rows < _MIN_TILE or block_rows & (block_rows - 1):
         raise GroupedMatmulError(f"the pallas kernels need block_rows a power of two >= {_MIN_TILE}, got {block_rows}")
     interpret = pallas_interpreted() if interpret is None else interpret
+    if interpret and _varying_axes(a, w):
+        # The Pallas interpreter cannot run inside shard_map (its grid loop mixes per-device and
+        # replicated indices): off a GPU, expert parallelism multiplies with the xla path, the same
+        # products over the same layout.
+        return _grouped("xla", block_rows, False, a, w, block_expert)
     # Pad K and N to whole tiles (zero rows and columns change no product), run, cut back.
     n = w.shape[1]
     kp, np_ = _padded(k), _padded(n)
@@ -154,7 +161,9 @@ def _xla_weight_gradient(dy, a, block_expert, n_experts: int, block_rows: int):
         per_block = jnp.einsum("brn,brk->bnk", g, x).astype(jnp.float32)          # (per, N, K)
         return dw.at[e].add(per_block, mode="drop"), None                          # unused blocks: dropped
 
-    dw, _ = jax.lax.scan(step, jnp.zeros((n_experts, n, k), jnp.float32), (dys, xs, experts))
+    # zeros typed like the rows: under shard_map the carry must vary over the mesh axes they vary over
+    like = jnp.where(False, dy.reshape(-1)[0], 0).astype(jnp.float32)
+    dw, _ = jax.lax.scan(step, jnp.zeros((n_experts, n, k), jnp.float32) + like, (dys, xs, experts))
     return dw
 
 
@@ -170,6 +179,29 @@ def _tile(dim: int, cap: int) -> int:
     while dim % t:
         t //= 2
     return t
+
+
+def _varying_axes(*inputs: jax.Array) -> frozenset:
+    """The mesh axes (inside `shard_map`) any of `inputs` varies over; empty outside one. The type's
+    field moved between JAX releases (`vma`, then `manual_axis_type.varying`), hence the probe."""
+    out: frozenset = frozenset()
+    for x in inputs:
+        t = jax.typeof(x)
+        axis_type = getattr(t, "manual_axis_type", None)
+        out |= frozenset(axis_type.varying if axis_type is not None else getattr(t, "vma", ()))
+    return out
+
+
+def _out_struct(shape: tuple[int, ...], dtype: Any, *inputs: jax.Array) -> jax.ShapeDtypeStruct:
+    """A kernel's output type: inside `shard_map` (expert parallelism) it varies over the mesh axes
+    its inputs vary over, and must say so."""
+    varying = _varying_axes(*inputs)
+    if not varying:
+        return jax.ShapeDtypeStruct(shape, dtype)
+    if "manual_axis_type" in inspect.signature(jax.ShapeDtypeStruct).parameters:
+        axis_type = jax.typeof(inputs[0]).manual_axis_type
+        return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=type(axis_type)(varying=varying))
+    return jax.ShapeDtypeStruct(shape, dtype, vma=varying)
 
 
 def _pallas():
@@ -217,7 +249,7 @@ def _rows_times_experts(a, w, block_expert, *, block_rows: int, interpret: bool,
         kernel, grid=(rows // block_rows, n // tn),
         in_specs=[pl.no_block_spec] * 3,
         out_specs=pl.BlockSpec((block_rows, tn), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((rows, n), a.dtype), interpret=interpret,
+        out_shape=_out_struct((rows, n), a.dtype, block_expert, a, w), interpret=interpret,
         compiler_params=None if interpret else plt.CompilerParams(num_warps=4, num_stages=3),
         name="grouped_matmul_t" if transpose_w else "grouped_matmul")(block_expert, a, w)
 
@@ -246,6 +278,6 @@ def _weight_gradient(dy, a, block_expert, n_experts: int, *, block_rows: int, in
         kernel, grid=(n_experts, n // tn, k // tk),
         in_specs=[pl.no_block_spec] * 4,
         out_specs=pl.BlockSpec((None, tn, tk), lambda e, j, kk: (e, j, kk)),
-        out_shape=jax.ShapeDtypeStruct((n_experts, n, k), jnp.float32), interpret=interpret,
+        out_shape=_out_struct((n_experts, n, k), jnp.float32, first, count, dy, a), interpret=interpret,
         compiler_params=None if interpret else plt.CompilerParams(num_warps=4, num_stages=3),
         name="grouped_matmul_dw")(first, count, dy, a)

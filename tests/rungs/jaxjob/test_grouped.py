@@ -95,3 +95,32 @@ def test_bad_sizes_are_refused_with_a_typed_error():
         gmm(a, w[:, :, :-1], be, block_rows=B)
     with pytest.raises(GroupedMatmulError, match="impl"):
         partial(gmm, impl="cuda")(a, w, be, block_rows=B)
+
+
+def _in_shard_map(fn, interpret: bool):
+    """fn = gmm inside shard_map on a (1, 1) mesh: the operands vary over the mesh axes, as under
+    expert parallelism (the stacks cast to varying over data, as `expert_parallel` does)."""
+    from jax.sharding import PartitionSpec as P
+
+    from rungs.jaxjob.sharding import make_mesh
+
+    def body(a, w, be):
+        w = jax.lax.pcast(w, ("data",), to="varying")
+        return fn(a, w, be, block_rows=B, impl="pallas", interpret=interpret)
+    rows = P(("data", "expert"))
+    return jax.shard_map(body, mesh=make_mesh(1, 1), in_specs=(rows, P("expert"), rows), out_specs=rows)
+
+
+def test_under_shard_map_the_kernels_lower_for_a_gpu_and_run_as_the_xla_path_off_one():
+    a, w, up = _operands(2)
+    be = jnp.asarray(BLOCK_EXPERT)
+
+    def loss(f):
+        return lambda a, w: ((f(a, w, be) * up) ** 2).sum()   # squared: the backward needs the forward
+    got = jax.jit(jax.grad(loss(_in_shard_map(gmm, interpret=True)), argnums=(0, 1)))(a, w)
+    want = jax.grad(loss(partial(gmm, block_rows=B, impl="xla")), argnums=(0, 1))(a, w)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-6, atol=1e-6)
+    lowered = jax.jit(jax.grad(loss(_in_shard_map(gmm, interpret=False)), argnums=(0, 1))).trace(a, w).lower(
+        lowering_platforms=("cuda",))
+    assert lowered.as_text().count("__gpu$xla.gpu.triton") == 3

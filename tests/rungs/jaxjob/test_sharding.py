@@ -56,7 +56,9 @@ def _worker(out: str) -> None:
                 engine.save(run / "moved", {"step": SAVED_AT})
         result[str(mesh)] = {"loss": [s["loss"] for s in stats], "rounds": [s["moe_rounds_max"] for s in stats],
                              "params": {n: float(abs(p).sum()) for n, p in engine.host_params().items()},
-                             "sharded": [str(getattr(engine.params[n].sharding, "spec", "")) for n in sorted(engine.params)]}
+                             "sharded": [str(getattr(engine.params[n].sharding, "spec", "")) for n in sorted(engine.params)],
+                             # expert parallelism in shard_map (fixed-size exchanges), not GSPMD's own partitioning
+                             "all_to_all": "all-to-all" in engine._grads.as_text()}
     # Resume onto another device count: the 4-device checkpoint restored into a 2-device engine's
     # layout (orbax reshards on load), then the remaining steps.
     moved = JaxEngine(cfg, mesh=make_mesh(*RESUMED_ON), ns_dtype=jnp.float32)
@@ -102,6 +104,7 @@ def test_sharded_meshes_equal_one_device_a_trial_shards_over_every_device_and_4_
         for name, value in single["params"].items():
             np.testing.assert_allclose(got["params"][name], value, rtol=1e-4, err_msg=f"{mesh} {name}")
         assert any("data" in s or "expert" in s for s in got["sharded"]), mesh
+        assert got["all_to_all"] or mesh[1] == 1, mesh
     assert "expert" in " ".join(result["(1, 4)"]["sharded"])
     trial, tags = result["trial"], {}
     from mlflow import MlflowClient
