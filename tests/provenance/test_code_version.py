@@ -30,3 +30,10 @@ def test_code_version_is_the_package_version_plus_the_checkouts_commit_and_dirty
 def test_run_tags_and_fit_results_use_the_one_function():
     assert rungs.tracking.code_version is code_version
     assert fits.results.code_version is code_version
+
+
+def test_no_other_product_module_reads_a_commit_of_its_own():
+    """One definition: a second way to name the code (a `git rev-parse` elsewhere) would drift from it."""
+    others = [p.relative_to(ROOT).as_posix() for package in ("ladder", "rungs", "fits", "sweeps", "benchmarks")
+              for p in (ROOT / package).rglob("*.py") if "rev-parse" in p.read_text(encoding="utf-8")]
+    assert others == []
