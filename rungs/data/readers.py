@@ -235,13 +235,14 @@ def _parquet(file: DataFile, segment: Segment, spec: FileSpec) -> Iterator[Docum
         return
     wanted = [spec.text_field] + ([spec.id_field] if spec.id_field in columns else [])
     row = segment.first_row
-    for batch in pf.iter_batches(batch_size=1024, columns=wanted, row_groups=range(segment.start, segment.stop)):
-        texts = batch.column(spec.text_field).to_pylist()
-        ids = batch.column(spec.id_field).to_pylist() if spec.id_field in columns else \
-            [f"{spec.rel}:{row + i}" for i in range(len(texts))]
-        row += len(texts)
-        for doc_id, text in zip(ids, texts):
-            yield Document(str(doc_id), str(text))
+    for group in range(segment.start, segment.stop):  # one row group at a time: all of them would be pre-buffered
+        for batch in pf.iter_batches(batch_size=1024, columns=wanted, row_groups=[group]):
+            texts = batch.column(spec.text_field).to_pylist()
+            ids = batch.column(spec.id_field).to_pylist() if spec.id_field in columns else \
+                [f"{spec.rel}:{row + i}" for i in range(len(texts))]
+            row += len(texts)
+            for doc_id, text in zip(ids, texts):
+                yield Document(str(doc_id), str(text))
 
 
 def _text(file: DataFile, codec: str, spec: FileSpec) -> Iterator[Document]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -22,13 +23,11 @@ def run_units(fn: Callable, calls: list[tuple[tuple, dict]], workers: int, addre
         return
     import ray
 
-    # One Rust thread per task: the workers are the parallelism (tokenizers would otherwise use every core
-    # in every worker and oversubscribe the machine).
-    remote = ray.remote(num_cpus=1)(fn).options(runtime_env={"env_vars": {"RAYON_NUM_THREADS": "1"}})
+    remote = ray.remote(num_cpus=1)(_one_thread)
     pending: list = []
     calls_iter = iter(calls)
     for args, kwargs in calls_iter:
-        pending.append(remote.remote(*args, **kwargs))
+        pending.append(remote.remote(fn, *args, **kwargs))
         if len(pending) >= 2 * max(workers, 1):
             break
     while pending:
@@ -40,9 +39,17 @@ def run_units(fn: Callable, calls: list[tuple[tuple, dict]], workers: int, addre
                 raise cause from None
             raise
         for args, kwargs in calls_iter:
-            pending.append(remote.remote(*args, **kwargs))
+            pending.append(remote.remote(fn, *args, **kwargs))
             break
         yield result
+
+
+def _one_thread(fn: Callable, *args, **kwargs):
+    """`fn` in a Ray worker with one Rust thread: the workers are the parallelism (tokenizers would otherwise
+    use every core in every worker). Set in the worker, before its first encode builds the thread pool: a
+    per-task runtime_env would do the same at ~10 s of worker start-up."""
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    return fn(*args, **kwargs)
 
 
 @contextlib.contextmanager

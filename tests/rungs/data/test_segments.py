@@ -165,3 +165,31 @@ def test_a_streamed_shard_is_the_bytes_np_save_writes(tmp_path):
     assert info["tokens"] == flat.size and info["docs"] == sum(map(len, batches))
     assert len(npy_header(np.uint16, 0)) == len(npy_header(np.uint16, 10**15))  # room kept for the shape
     assert [p.name for p in (tmp_path / "train/s").iterdir() if ".tmp" in p.name] == []
+
+
+def test_a_shards_memory_is_its_encode_batch_not_its_text(tmp_path):
+    """Tokens stream to disk batch by batch: a shard of 8x the text peaks at the traced memory of 2x (full
+    encode batches both), plus its document table (holding the shard's tokens cost ~3 copies of 2 bytes
+    per byte of text here)."""
+    import tracemalloc
+
+    from rungs.data.filework import Unit, tokenize_unit
+    from rungs.data.tokenizer import ByteTokenizer
+
+    docs = make_docs("m", 200, seed=3, min_words=600, max_words=900)
+    peaks = {}
+    for copies in (2, 8):
+        rows = [dict(d, id=f"{d['id']}@{k}") for k in range(copies) for d in docs]
+        write_jsonl(tmp_path / f"c{copies}.jsonl", rows)
+        ds = _set(tmp_path, f"c{copies}.jsonl")
+        plan = plan_file(ds.files[0], 1 << 30)
+        unit = Unit("train", 0, ds.files[0], ds.spec(ds.files[0]), plan)
+        tracemalloc.start()
+        infos = tokenize_unit(unit, tokenizer=ByteTokenizer(), out=tmp_path / f"out{copies}", key="k",
+                              first_lines=(0,), removed=(frozenset(),))
+        peaks[copies] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert infos[0]["docs"] == len(rows)
+    text = sum(len(d["text"].encode()) for d in docs)
+    assert peaks[8] < peaks[2] + 0.1 * 6 * text, (peaks, text)  # the table: ~0.03 B per byte of text here
+    assert peaks[8] < 2 * 8 * text, (peaks, text)  # less than one copy of the shard's uint16 tokens
