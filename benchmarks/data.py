@@ -10,14 +10,14 @@ Checks, each against a reference measured in the same run where one exists:
   forward+backward of a small dense torch transformer (the size of the cpu-demo ladder's smallest
   rung, a dense 4x FFN in place of the MoE) on 1M tokens;
 - `peak_rss_16x_over_1x` <= 1.2 and `peak_rss_16x_gb` <= 2: peak RSS of a whole `prepare` (one worker,
-  BPE-512) on 16x the demo's training text (16 files per source; --quick: 4x) against 1x;
+  BPE-512) on 16x the demo's training text (16 files per source; --quick: 2x) against 1x;
 - `one_{jsonl,zst,parquet}_file_rss_growth_bytes_per_text_byte` <= 0.25 and `one_*_file_8x_peak_rss_gb` <= 2:
-  the demo's text as ONE file of one source, prepared at 1x and 8x (--quick: 2x): extra peak RSS per
+  the demo's text as ONE file of one source, prepared at 1x and 8x (--quick: 0.5x and 1x): extra peak RSS per
   extra byte of text, and the peak;
 - `tokenize_per_worker_over_raw_encode` >= 0.8: one process (one Rust thread) tokenizing the 8x JSONL
   file's segments into shards against raw `encode_batch_fast` of the same texts (process CPU seconds);
 - `one_file_two_workers_over_one` >= 1.6: the tokenize stage of that one file, cut into 8 MiB segments
-  (--quick: 2x, 2 MiB), on 2 Ray workers against 1 (wall, warm workers; needs two idle cores);
+  (--quick: 1x, 1 MiB), on 2 Ray workers against 1 (wall, warm workers; needs two idle cores);
 - `s3_over_local_disk_throughput` >= 0.8: prepare of the 1x one-file corpus from a moto S3 server on
   loopback (its own process) against the same file on local disk (wall, best of 2 each);
 - `sampler_setup_us_per_doc` <= 1 and `sampler_setup_bytes_per_doc` <= 16: choosing half the tokens of
@@ -162,8 +162,8 @@ def run(quick: bool) -> Report:
 
 
 def scaled(report: Report, root: Path, quick: bool) -> None:
-    """Prepare at 1x and 16x (4x with --quick) the demo text in many files: peak RSS."""
-    big = 4 if quick else 16
+    """Prepare at 1x and 16x (2x with --quick) the demo text in many files: peak RSS."""
+    big = 2 if quick else 16
     runs = {}
     for copies in (1, big):
         manifest = write_scaled_corpus(root / f"corpus{copies}", copies)
@@ -175,18 +175,18 @@ def scaled(report: Report, root: Path, quick: bool) -> None:
 
 
 def one_file(report: Report, root: Path, quick: bool) -> Path:
-    """The demo text as ONE file at 1x and 8x (2x with --quick), as JSONL, JSONL.zst and Parquet: peak RSS
-    growth per byte of text, and the peak. Returns the large JSONL corpus's manifest."""
-    big = 2 if quick else 8
+    """The demo text as ONE file at 1x and 8x (0.5x and 1x with --quick), as JSONL, JSONL.zst and Parquet: peak
+    RSS growth per byte of text, and the peak. Returns the large JSONL corpus's manifest."""
+    small, big = (0.5, 1) if quick else (1, 8)
     results = {}
     for fmt in ONE_FILE:
         runs = {}
-        for copies in (1, big):
+        for copies in (small, big):
             manifest = write_one_file_corpus(root / f"one-{fmt}-{copies}", copies, fmt)
             runs[copies] = run_child(CHILD_PREPARE, manifest, root / f"one-{fmt}-{copies}" / "out", 1)
-        growth = (runs[big]["peak_rss_bytes"] - runs[1]["peak_rss_bytes"]) / (text_bytes(big) - text_bytes(1))
-        results[fmt] = {"text_mb": {f"{c}x": text_bytes(c) / 1e6 for c in (1, big)},
-                        **{f"{c}x": runs[c] for c in (1, big)}, "rss_growth_bytes_per_text_byte": growth}
+        growth = (runs[big]["peak_rss_bytes"] - runs[small]["peak_rss_bytes"]) / (text_bytes(big) - text_bytes(small))
+        results[fmt] = {"text_mb": {f"{c}x": text_bytes(c) / 1e6 for c in (small, big)},
+                        **{f"{c}x": runs[c] for c in (small, big)}, "rss_growth_bytes_per_text_byte": growth}
         report.check(f"one_{fmt}_file_rss_growth_bytes_per_text_byte", growth, "<=", 0.25)
         report.check(f"one_{fmt}_file_{big}x_peak_rss_gb", runs[big]["peak_rss_bytes"] / 1e9, "<=", 2.0)
     report.results["one_file"] = results
@@ -196,7 +196,7 @@ def one_file(report: Report, root: Path, quick: bool) -> Path:
 def split_workers(report: Report, root: Path, manifest: Path, quick: bool) -> None:
     """One large JSONL file cut into segments, its tokenize stage on 1 and 2 workers (wall: needs idle cores;
     the CPU seconds say the work was the same), and one worker against the raw batch encode."""
-    shard_bytes = (2 if quick else 8) << 20
+    shard_bytes = (1 if quick else 8) << 20
     res = run_child(CHILD_SPLIT, manifest.parent / "out", manifest, root / "split", shard_bytes,
                     env={"RAYON_NUM_THREADS": "1"})
     res["shard_bytes"] = shard_bytes
@@ -206,9 +206,10 @@ def split_workers(report: Report, root: Path, manifest: Path, quick: bool) -> No
 
 
 def from_s3(report: Report, root: Path, quick: bool) -> None:
-    """The same corpus (the demo text as one JSONL file, 1x) prepared from local disk and from a moto S3 server
-    on loopback, alternately, twice each: the throughput of the best run of each."""
-    local = write_one_file_corpus(root / "s3-local", 1, "jsonl")
+    """The same corpus (the demo text as one JSONL file, 1x; --quick: 0.5x) prepared from local disk and from a
+    moto S3 server on loopback, alternately, twice each (--quick: once): the throughput of the best run of each."""
+    copies = 0.5 if quick else 1
+    local = write_one_file_corpus(root / "s3-local", copies, "jsonl")
     remote = root / "s3-remote.yaml"
     with moto_s3("bench-corpus") as (env, client):
         client.upload_file(str(local.parent / ONE_FILE["jsonl"]), "bench-corpus", f"one/{ONE_FILE['jsonl']}")
@@ -218,7 +219,7 @@ def from_s3(report: Report, root: Path, quick: bool) -> None:
         for k in range(1 if quick else 2):
             for name, manifest in (("local", local), ("s3", remote)):
                 runs[name].append(run_child(CHILD_PREPARE, manifest, root / f"s3-out-{name}-{k}", 1, env=env))
-    mb = text_bytes(1) / 1e6
+    mb = text_bytes(copies) / 1e6
     best = {name: min(r["seconds"] for r in rs) for name, rs in runs.items()}
     report.results["s3"] = {"text_mb": mb, "runs": runs, "mb_per_s": {n: mb / s for n, s in best.items()}}
     report.check("s3_over_local_disk_throughput", best["local"] / best["s3"], ">=", 0.8)
@@ -278,7 +279,7 @@ def extrapolate(results: dict, cores: int = 64, tb: float = 1.0) -> dict:
     out: dict = {"cores": cores, "tb": tb}
     one = results.get("one_file", {}).get("jsonl")
     if one:
-        big = max((k for k in one if k.endswith("x") and k[:-1].isdigit()), key=lambda k: int(k[:-1]))
+        big = max((k for k in one if k.endswith("x")), key=lambda k: float(k[:-1]))
         cpu_per_mb = one[big]["cpu_seconds"] / one["text_mb"][big]
         split = results.get("split", {})
         efficiency = min(1.0, split["one_worker_s"] / split["two_workers_s"] / 2) if split else 1.0

@@ -48,35 +48,37 @@ def write_scaled_corpus(root: Path, copies: int) -> Path:
 ONE_FILE = {"jsonl": "train.jsonl", "zst": "train.jsonl.zst", "parquet": "train.parquet"}
 
 
-def write_one_file_corpus(root: Path, copies: int, fmt: str) -> Path:
+def _copies(copies: float) -> list[tuple[str, str]]:
+    """The demo's documents `copies` times over (a fraction takes the first documents), ids suffixed @k."""
+    rows = demo_rows()
+    return [(f"{rows[i % len(rows)][0]}@{i // len(rows)}", rows[i % len(rows)][1]) for i in range(round(copies * len(rows)))]
+
+
+def write_one_file_corpus(root: Path, copies: float, fmt: str) -> Path:
     """The demo's training text `copies` times as ONE file of one source (JSONL, JSONL.zst or Parquet in row
     groups of 256 documents), as a new user would write a dump; the demo's held-out sets."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     root.mkdir(parents=True, exist_ok=True)
-    rows = demo_rows()
+    rows = _copies(copies)
     name = ONE_FILE[fmt]
     if fmt == "parquet":
-        writer = None
-        for k in range(copies):
-            table = pa.table({"id": [f"{i}@{k}" for i, _ in rows], "text": [t for _, t in rows]})
-            writer = writer or pq.ParquetWriter(root / name, table.schema)
-            writer.write_table(table, row_group_size=256)
-        writer.close()
+        pq.write_table(pa.table({"id": [i for i, _ in rows], "text": [t for _, t in rows]}), root / name,
+                       row_group_size=256)
     else:
         sink = pa.CompressedOutputStream(str(root / name), "zstd") if fmt == "zst" else open(root / name, "wb")
         with sink as f:
-            for k in range(copies):
-                f.write("".join(json.dumps({"id": f"{i}@{k}", "text": t}, ensure_ascii=False) + "\n"
-                                for i, t in rows).encode())
+            for begin in range(0, len(rows), 1024):
+                f.write("".join(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n"
+                                for i, t in rows[begin:begin + 1024]).encode())
     lines = [f"name: one-{fmt}", "sources:", f"  - {{name: all, share: 1.0, files: [{name}]}}", "eval:"]
     (root / "manifest.yaml").write_text("\n".join(lines + _eval_lines()) + "\n")
     return root / "manifest.yaml"
 
 
-def text_bytes(copies: int) -> int:
-    return copies * sum(len(t.encode()) for _, t in demo_rows())
+def text_bytes(copies: float) -> int:
+    return sum(len(t.encode()) for _, t in _copies(copies))
 
 
 CHILD_PREPARE = textwrap.dedent("""
