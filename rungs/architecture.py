@@ -60,15 +60,24 @@ class ModelConfig(Architecture):
 
 # The projections that write into the residual stream: GPT-2 scales their init by 1/sqrt(2·n_layers).
 OUTPUT_PROJECTIONS = ("attn.wo.weight", "w_down.weight", "experts.w_down", "latent_up.weight")
+# Every other matrix the policy knows (the router and the expert stacks among them): N(0, init_std).
+INPUT_MATRICES = ("embed.weight", "lm_head.weight", "attn.wq.weight", "attn.wk.weight", "attn.wv.weight",
+                  "moe.router.weight", "w_gate.weight", "w_up.weight", "experts.w_gate", "experts.w_up",
+                  "latent_down.weight")
 
 
 def init_std(name: str, cfg: ModelConfig) -> float | None:
     """The model's one init policy, by parameter name: N(0, init_std), output projections scaled by
     1/sqrt(2·n_layers); None for norm weights, which start at 1. The torch model's `init_weights`, the
-    JAX parameters and the GPU benchmark's on-device draw all take their scale from here."""
+    JAX parameters and the GPU benchmark's on-device draw all take their scale from here. A name
+    without a rule is refused: a new parameter states its init here instead of inheriting one."""
     if name.endswith("norm.weight"):
         return None
-    return cfg.init_std / (2 * cfg.n_layers) ** 0.5 if name.endswith(OUTPUT_PROJECTIONS) else cfg.init_std
+    if name.endswith(OUTPUT_PROJECTIONS):
+        return cfg.init_std / (2 * cfg.n_layers) ** 0.5
+    if name.endswith(INPUT_MATRICES):
+        return cfg.init_std
+    raise ValueError(f"the init policy has no rule for parameter {name!r}: add one to rungs.architecture.init_std")
 
 
 def layer_shapes(arch: Architecture, layer: int) -> dict[str, tuple[int, ...]]:

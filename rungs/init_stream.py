@@ -41,14 +41,6 @@ def skip(generator: torch.Generator, draws: int, *, chunk: int = CHUNK_ELEMENTS)
         torch.empty(draws).uniform_(generator=generator)
 
 
-def normal_draws(numel: int) -> int | None:
-    """Draws `normal_` takes for a contiguous fp32 tensor of `numel` elements; None below one block
-    (that path draws double-precision pairs and caches a sample: replay the op instead)."""
-    if numel < BLOCK:
-        return None
-    return numel + (BLOCK if numel % BLOCK else 0)
-
-
 def normal_part(generator: torch.Generator, numel: int, start: int, out: torch.Tensor, *, std: float = 1.0,
                 chunk: int = CHUNK_ELEMENTS) -> None:
     """Fill the contiguous fp32 `out` with elements [start, start + out.numel()) of what

@@ -203,24 +203,6 @@ class Block(nn.Module):
 # (name, parameter) -> (whole shape, first row of the local part, the local tensor to fill)
 LocalRows = Callable[[str, torch.Tensor], tuple[torch.Size, int, torch.Tensor]]
 
-# What the constructors drew before `Transformer.init_weights` was the one initialisation (see there):
-# nn.Linear weights one uniform per element, the embedding, router and expert stacks a normal_ each.
-_LINEAR_WEIGHTS = ("attn.wq.weight", "attn.wk.weight", "attn.wv.weight", "attn.wo.weight", "shared.w_gate.weight",
-                   "shared.w_up.weight", "shared.w_down.weight", "latent_down.weight", "latent_up.weight",
-                   "lm_head.weight")
-_NORMAL_AT_CONSTRUCTION = ("embed.weight", "moe.router.weight", "experts.w_gate", "experts.w_up", "experts.w_down")
-
-
-def _construction_draws(name: str) -> str | None:
-    if name.endswith("norm.weight"):
-        return None
-    if name.endswith(_LINEAR_WEIGHTS):
-        return "uniform"
-    if name.endswith(_NORMAL_AT_CONSTRUCTION):
-        return "normal"
-    raise ValueError(f"init_weights has no rule for parameter {name!r}: add one")
-
-
 def _whole_tensor(name: str, p: torch.Tensor) -> tuple[torch.Size, int, torch.Tensor]:
     return p.shape, 0, p
 
@@ -234,14 +216,16 @@ class Transformer(nn.Module):
         self.cfg = cfg
         device = torch.get_default_device()
         with torch.device("meta"):
-            self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+            # Shapes only, no values: init_weights sets them all. (A normal_ or cos on the meta device
+            # draws nothing but imports torch._dynamo, ~3 s of CPU per process, hence the embedding
+            # from an empty weight and the empty RoPE tables.)
+            self.embed = nn.Embedding.from_pretrained(torch.empty(cfg.vocab_size, cfg.d_model), freeze=False)
             self.drop = nn.Dropout(cfg.dropout)
             self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
             self.final_norm = RMSNorm(cfg.d_model)
             self.lm_head = None if cfg.tied_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-            cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+            self.register_buffer("rope_cos", torch.empty(cfg.seq_len, cfg.head_dim // 2), persistent=False)
+            self.register_buffer("rope_sin", torch.empty(cfg.seq_len, cfg.head_dim // 2), persistent=False)
         self.activation_clip: ActivationClip = _no_clip
         if device.type != "meta":
             self.to_empty(device=device)
@@ -249,18 +233,16 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None, local_rows: LocalRows | None = None) -> None:
-        """Initialise every parameter and buffer: the model's one init policy.
+        """Initialise every parameter and buffer: the model's one init policy, applied once.
 
-        GPT-2 style (`rungs.architecture.init_std`): N(0, init_std) everywhere, output projections scaled
-        by 1/sqrt(2·n_layers), norm weights 1; RoPE tables computed, router bias and counts zero. Drawn
-        from `generator` (default: torch's global CPU generator), always on the CPU, so a model has the
-        same values on any device.
-
-        The stream starts where it started before this function existed (#21), when each module
-        initialised itself in its constructor (nn.Linear's kaiming-uniform, the embedding's, router's
-        and experts' normals) and a later pass overwrote all of it: those draws are skipped
-        (`rungs.init_stream.skip`, a walk of the stream, no memory), so every seed gives the model it
-        gave before (golden losses, nightly, finished trials).
+        The policy is `rungs.architecture.init_std`, the rule the JAX parameters draw by too: GPT-2 style,
+        N(0, init_std) everywhere, the projections into the residual stream scaled by 1/sqrt(2·n_layers),
+        norm weights 1; RoPE tables computed, router bias and counts zero. Nothing else initialises the
+        model: it is built on the meta device, where the modules' own standalone inits (nn.Linear's,
+        the router's, the expert stacks') draw nothing, and this pass draws each parameter once, in
+        state-dict order, from `generator` (default: torch's global CPU generator), always on the CPU,
+        so a model has the same values on any device. Parameter i gets exactly what
+        `torch.empty(shape).normal_(0, std, generator=generator)` would give at that point of the stream.
 
         `local_rows(name, param)` -> (whole shape, first row, local tensor): where this process's
         part of a sharded parameter sits in the whole tensor (`rungs.parallel.distributed.local_rows`).
@@ -269,20 +251,8 @@ class Transformer(nn.Module):
         """
         gen = torch.default_generator if generator is None else generator
         where = local_rows or _whole_tensor
-        parts = [(name, *where(name, p)) for name, p in self.named_parameters()]
-        pending = 0  # construction-time draws not yet skipped
-        for name, shape, _, _ in parts:
-            n, kind = shape.numel(), _construction_draws(name)
-            if kind == "uniform":
-                pending += n
-            elif kind == "normal" and init_stream.normal_draws(n) is not None:
-                pending += init_stream.normal_draws(n)
-            elif kind == "normal":  # under one Box-Muller block: replay the op (it caches a sample)
-                init_stream.skip(gen, pending)
-                pending = 0
-                torch.empty(n).normal_(generator=gen)
-        init_stream.skip(gen, pending)
-        for name, shape, first_row, local in parts:
+        for name, p in self.named_parameters():
+            shape, first_row, local = where(name, p)
             std = init_std(name, self.cfg)
             if std is None:
                 local.fill_(1.0)

@@ -400,9 +400,13 @@ class RoutedExperts(nn.Module):
         self.w_down = nn.Parameter(torch.empty(n_experts, latent_dim, hidden))
         self._stats: dict = {}            # the last forward's, device tensors included
         self._stats_host: dict | None = None
-        self.reset_parameters()
+        if not self.w_gate.is_meta:  # on the meta device (the model's build) there is nothing to draw
+            self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Stacks built on their own (tests, benchmarks) draw N(0, 1/fan_in). Inside the model they are
+        built on the meta device, where this draws nothing: the model's one policy
+        (`rungs.architecture.init_std`, applied by `Transformer.init_weights`) is their only init."""
         for w in (self.w_gate, self.w_up, self.w_down):
             nn.init.normal_(w, std=w.shape[-1] ** -0.5)
 

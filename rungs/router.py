@@ -89,9 +89,13 @@ class Router(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(n_experts))
         # Assignment counts accumulated over the micro-batches of one optimizer step (training only).
         self.register_buffer("pending_counts", torch.zeros(n_experts, dtype=torch.long), persistent=False)
-        self.reset_parameters()
+        if not self.weight.is_meta:  # on the meta device (the model's build) there is nothing to draw
+            self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """A router built on its own (tests, benchmarks) draws N(0, 1/d_model). Inside the model it is
+        built on the meta device, where this draws nothing: the model's one policy
+        (`rungs.architecture.init_std`, applied by `Transformer.init_weights`) is its only init."""
         nn.init.normal_(self.weight, std=self.d_model ** -0.5)
 
     def extra_repr(self) -> str:

@@ -104,8 +104,8 @@ def _memory_worker(rank: int, world: int, arch: ModelConfig, whole_bytes: int) -
           f"maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
 
 
-# ~1 min on two idle cores: every rank walks the random stream twice over the whole model (4.5e9 draws
-# at ~5 ns of CPU each, rungs.init_stream), four ranks on two cores; 9 min measured at load 30.
+# ~30 s on two idle cores: every rank walks the random stream once over the whole model (2.3e9 draws
+# at ~5 ns of CPU each, rungs.init_stream), four ranks on two cores.
 @pytest.mark.slow
 def test_l18_widths_512_experts_from_meta_device_each_rank_holds_a_quarter():
     arch = l18()

@@ -1,4 +1,4 @@
-"""#19 test 10: the JAX job trained from its own initialisation lands within seed noise of PyTorch.
+"""The JAX job trained from its own initialisation lands within seed noise of PyTorch.
 
 cpu-demo L2 capped at 120 of its 227 steps, final BPB (mean over the held-out domains) on 8
 documents per domain, fp32 on the CPU. A seed fixes both the initial weights and the token
@@ -14,6 +14,11 @@ Two checks, their tolerances from measurements at this very configuration (not g
   errors of seed noise, SEED_SD being the standard deviation over seeds of the PyTorch run's BPB
   (SEED_SD_SEEDS seeds). A systematic difference between the engines (a wrong init rule, a
   different stream, a different evaluation) larger than that fails.
+
+The measurements are `python -m benchmarks.engine_seeds --rung 2 --steps 120 --eval-docs 8 --seeds 5
+--same-init-seeds 4 --json`; the same benchmark at its default (L3, the rung's 382 steps, whole
+evaluation, five seeds per engine) is the full comparison, in docs/science.md. The init
+distributions themselves are compared tensor by tensor in test_init_distribution.py.
 """
 
 from __future__ import annotations
@@ -34,13 +39,13 @@ from tests.rungs.train_helpers import DATA_CACHE
 
 RUNG, STEPS, EVAL_DOCS = 2, 120, 8
 SEEDS = (0, 1)
-# Measured 2026-12-01 at this configuration (commit b8f8cd0 + this file's siblings), mean BPB:
-#   PyTorch, seeds 0-4:                   3.6790 3.6813 3.7300 3.6798 3.6509  (sd 0.0285)
-#   JAX from its own init, seeds 0-3:     3.6390 3.6875 3.7037 3.6710         (sd 0.0276)
-#   JAX from the PyTorch init, seeds 0-3: 3.6795 3.6821 3.7310 3.6803 (minus PyTorch: +0.0005 +0.0008 +0.0010 +0.0005)
+# Measured 2026-12-04 at this configuration (the benchmark command in the docstring), mean BPB:
+#   PyTorch, seeds 0-4:                   3.6405 3.6765 3.7087 3.6691 3.6456  (sd 0.0273)
+#   JAX from its own init, seeds 0-4:     3.6399 3.6860 3.7032 3.6711 3.6557  (sd 0.0248)
+#   JAX from the PyTorch init, seeds 0-3: 3.6395 3.6775 3.7090 3.6691 (minus PyTorch: -0.0010 +0.0010 +0.0003 -0.0000)
 SAME_INIT_MEASURED = 0.0010
 SAME_INIT_TOLERANCE = 10 * SAME_INIT_MEASURED  # a third of one seed standard deviation
-SEED_SD, SEED_SD_SEEDS = 0.0285, 5
+SEED_SD, SEED_SD_SEEDS = 0.0273, 5
 
 
 def _config(seed: int, backend: str):
