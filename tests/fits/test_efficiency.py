@@ -90,3 +90,17 @@ def test_a_baseline_without_a_floor_is_refused_by_default_and_fitted_with_floor_
     out = efficiency_gains(pd.DataFrame(rows), bootstrap=0, wall=None, floor="auto")
     assert [r["eg_flops"] for r in out["arms"]["agc"]] == pytest.approx([1.1] * 5, rel=1e-4)
     assert out["baseline_law_flops"]["E"] == 0.0
+
+
+def test_fit_efficiency_takes_the_floor_rule(tmp_path, capsys):
+    from ladder.cli import main
+
+    rows = [{"arm": arm, "rung": L, "train_flops": C, "bpb": 30 * (k * C) ** -0.07}
+            for L, C in enumerate(np.geomspace(1e18, 1e22, 5)) for arm, k in (("baseline", 1.0), ("agc", 1.1))]
+    pd.DataFrame(rows).to_csv(tmp_path / "ablation.csv", index=False)
+    argv = ["fit", "efficiency", "--csv", str(tmp_path / "ablation.csv"), "--baseline", "baseline", "--wall", "none",
+            "--bootstrap", "0"]
+    assert main(argv) == 2 and "no loss floor" in capsys.readouterr().err
+    assert main([*argv, "--floor", "auto"]) == 0
+    table = capsys.readouterr().out
+    assert table.count("+10.0%") == 5 and "n/a" in table  # no bootstrap: no interval, said so

@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ladder.cli.fit.inputs import add_floor_arg
 from ladder.errors import LadderInputError
 from ladder.cli.output import make_table, print_json, stdout_console
 
@@ -30,6 +31,7 @@ def register(fit_sub: argparse._SubParsersAction, common) -> None:
     q.add_argument("--wall", default="wall_seconds", help="wall-clock column (default wall_seconds; 'none' to skip)")
     q.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the EG intervals (default 1000)")
     q.add_argument("--ci-level", type=float, default=0.95, help="confidence level of the intervals (default 0.95)")
+    add_floor_arg(q)
     q.set_defaults(handler=run_efficiency)
 
     q = fit_sub.add_parser("iso-bpb", help="iso-BPB compute multiplier of fitted laws over reference models")
@@ -49,7 +51,7 @@ def run_efficiency(args: argparse.Namespace) -> int:
     try:
         out = efficiency_gains(df, arm=args.arm, baseline=args.baseline, y=args.y, flops=args.x,
                                wall=None if args.wall == "none" else args.wall, rung=args.rung,
-                               bootstrap=args.bootstrap, ci_level=args.ci_level)
+                               bootstrap=args.bootstrap, ci_level=args.ci_level, floor=args.floor)
     except FitError as err:
         raise input_error(err, source) from None
     payload = {**out, "source": source}
