@@ -132,7 +132,7 @@ def run_power_law(args: argparse.Namespace) -> int:
     else:
         stdout_console.print(make_table(f"power law {y} = E + A·{x}^(−α) (floor: {args.floor})",
                                         ["domain", "E", "A", "alpha", "alpha CI", "points",
-                                         "top rung held out: actual vs predicted [interval]", "inside"],
+                                         "top rung held out: actual vs predicted (interval)", "inside"],
                                         [_table_row(f, y, laws.get(f["group"] or y)) for f in fits]))
     _notes(fits, y, no_floor)
     return 0
