@@ -236,7 +236,7 @@ def _parquet(file: DataFile, segment: Segment, spec: FileSpec) -> Iterator[Docum
     wanted = [spec.text_field] + ([spec.id_field] if spec.id_field in columns else [])
     row = segment.first_row
     for group in range(segment.start, segment.stop):  # one row group at a time: all of them would be pre-buffered
-        for batch in pf.iter_batches(batch_size=1024, columns=wanted, row_groups=[group]):
+        for batch in pf.iter_batches(batch_size=128, columns=wanted, row_groups=[group]):
             texts = batch.column(spec.text_field).to_pylist()
             ids = batch.column(spec.id_field).to_pylist() if spec.id_field in columns else \
                 [f"{spec.rel}:{row + i}" for i in range(len(texts))]
