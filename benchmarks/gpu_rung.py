@@ -80,11 +80,13 @@ def train_config(quick: bool, n_layers: int, micro: int, accumulation: int, cuda
     return parse_config(resolve_train_config(RECIPE, RUNG, overrides))
 
 
-def planner_estimate(cfg: TrainConfig, cuda: bool) -> dict[str, Any]:
-    """`memory_breakdown` of this model on one process (dp = ep = 1) at the config's micro-batch."""
+def planner_estimate(cfg: TrainConfig, cuda: bool, device_bytes: int | None = None) -> dict[str, Any]:
+    """`memory_breakdown` of this model on one process (dp = ep = 1) at the config's micro-batch, its
+    loss chunked as on a device of `device_bytes` (None: the CPU)."""
     layout = Layout(dp=1, ep=1, micro_batch_sequences=cfg.micro_batch_sequences, precision="bf16" if cuda else "fp32")
     return memory_breakdown(cfg.architecture(), layout, accumulation_steps=cfg.accumulation_steps,
-                            lb_loss=cfg.lb_loss_coef > 0, z_loss=cfg.z_loss_coef > 0).to_dict()
+                            lb_loss=cfg.lb_loss_coef > 0, z_loss=cfg.z_loss_coef > 0,
+                            device_memory_bytes=device_bytes).to_dict()
 
 
 def fit_layers(device_bytes: int, micro: int, accumulation: int) -> int:
@@ -93,7 +95,8 @@ def fit_layers(device_bytes: int, micro: int, accumulation: int) -> int:
     layout = Layout(dp=1, ep=1, micro_batch_sequences=micro, precision="bf16")
     fitted = 1
     for n in range(1, RUNG + 1):
-        planned = memory_breakdown(dataclasses.replace(arch, n_layers=n), layout, accumulation_steps=accumulation)
+        planned = memory_breakdown(dataclasses.replace(arch, n_layers=n), layout, accumulation_steps=accumulation,
+                                   device_memory_bytes=device_bytes)
         if planned.total <= (1 - DEFAULT_HEADROOM) * device_bytes:
             fitted = n
     return fitted
@@ -237,7 +240,8 @@ def _run(quick: bool, cuda: bool, layers: int, micro: int, accumulation: int, st
                          "d_model": cfg.d_model, "n_experts": cfg.n_experts, "top_k": cfg.top_k,
                          "vocab_size": cfg.vocab_size, "agc": cfg.agc, "grad_clip": cfg.grad_clip,
                          "loss_chunk_tokens": loss_chunk_tokens(tokens_per_micro, cfg.vocab_size, device),
-                         "planner_estimate_bytes": planner_estimate(cfg, cuda)}
+                         "planner_estimate_bytes": planner_estimate(
+                             cfg, cuda, torch.cuda.get_device_properties(0).total_memory if cuda else None)}
     if cuda:
         torch.set_float32_matmul_precision("high")              # TF32 for the fp32 GEMMs (the router's)
         r["device_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory

@@ -95,7 +95,8 @@ def cost_sweep(planned: list[PlannedTrial], recipe: Recipe, *, mfu: float | None
             ident = (p.trial.L, p.trial.max_steps, res, tuple(sorted((k, repr(v)) for k, v in config.items()
                                                                      if k not in ("lr", "weight_decay", "seed"))))
             if ident not in memory:
-                _, mem = trial_memory(config, workers=res.workers, gpu=res.gpus > 0, ep=res.ep)
+                _, mem = trial_memory(config, workers=res.workers, gpu=res.gpus > 0, ep=res.ep,
+                                      device_memory_bytes=res.gpu_memory_bytes)
                 memory[ident] = (mem.total, int(res.gpu_memory_bytes * (1 - DEFAULT_HEADROOM)))
             peak, usable = memory[ident]
         out.append(TrialCost(

@@ -116,7 +116,7 @@ def choose_layout(arch: Architecture, *, batch_sequences: int, gpu_memory_bytes:
                     layout = Layout(dp=world // ep, ep=ep, micro_batch_sequences=micro, checkpointing=ckpt,
                                     precision=precision, capacity_factor=planned_capacity_factor(ep))
                     mem = memory_breakdown(arch, layout, accumulation_steps=per_rank // micro, lb_loss=lb_loss,
-                                           z_loss=z_loss, loss=loss)
+                                           z_loss=z_loss, loss=loss, device_memory_bytes=gpu_memory_bytes)
                     if mem.total <= usable:
                         fits.append(((ckpt_rank, -micro, ep > gpus_per_node, mem.total), layout, mem))
                     elif best_miss is None or mem.total < best_miss[0]:
@@ -156,7 +156,8 @@ def trial_capacity_factor(config: dict[str, Any], ep: int) -> float | None:
                                    capacity_factor=config.get("capacity_factor"))
 
 
-def _trial_layouts(config: dict[str, Any], workers: int, gpu: bool, ep: int | None = None):
+def _trial_layouts(config: dict[str, Any], workers: int, gpu: bool, ep: int | None = None,
+                   device_memory_bytes: int | None = None):
     """(layout, memory) of a multi-worker trial at each ep its workers and experts allow (only `ep` when
     given): the trial's own micro-batch (the config's `micro_batch_sequences`, whole batch when unset),
     checkpointing, precision and capacity factor (`trial_capacity_factor`; a fixed
@@ -176,7 +177,8 @@ def _trial_layouts(config: dict[str, Any], workers: int, gpu: bool, ep: int | No
     for size in [ep] if ep is not None else _valid_eps(arch, workers, config.get("group_size")):
         layout = Layout(dp=workers // size, ep=size, micro_batch_sequences=micro, checkpointing=checkpointing,
                         precision=precision, capacity_factor=trial_capacity_factor(config, size))
-        yield layout, memory_breakdown(arch, layout, accumulation_steps=accumulation, lb_loss=lb_loss, z_loss=z_loss)
+        yield layout, memory_breakdown(arch, layout, accumulation_steps=accumulation, lb_loss=lb_loss, z_loss=z_loss,
+                                       device_memory_bytes=device_memory_bytes)
 
 
 def planned_expert_parallel(config: dict[str, Any], *, workers: int, gpu: bool) -> int:
@@ -187,9 +189,11 @@ def planned_expert_parallel(config: dict[str, Any], *, workers: int, gpu: bool) 
     return min((mem.total, -layout.ep, layout.ep) for layout, mem in _trial_layouts(config, workers, gpu))[2]
 
 
-def trial_memory(config: dict[str, Any], *, workers: int, gpu: bool, ep: int | None = None) -> tuple[Layout, MemoryBreakdown]:
+def trial_memory(config: dict[str, Any], *, workers: int, gpu: bool, ep: int | None = None,
+                 device_memory_bytes: int | None = None) -> tuple[Layout, MemoryBreakdown]:
     """The layout a sweep trial launches with and its per-rank bytes: `ep` as the spec sets it, else
-    the planner's (`planned_expert_parallel`)."""
+    the planner's (`planned_expert_parallel`); `device_memory_bytes` sizes the loss's chunks as the job
+    does on that device."""
     size = ep if ep is not None else planned_expert_parallel(config, workers=workers, gpu=gpu)
-    ((layout, mem),) = _trial_layouts(config, workers, gpu, size)
+    ((layout, mem),) = _trial_layouts(config, workers, gpu, size, device_memory_bytes)
     return layout, mem

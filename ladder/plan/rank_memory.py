@@ -68,6 +68,7 @@ from typing import Any
 from ladder.errors import LadderInputError
 from ladder.plan.expert_memory import expert_activations, expert_backward, expert_forward
 from rungs.architecture import Architecture, layer_shapes, parameter_shapes
+from rungs.loss_chunks import LOGITS_PER_CHUNK, max_chunk_tokens
 
 __all__ = ["BF16_BYTES", "CHECKPOINTING", "FP32_BYTES", "INT64_BYTES", "LOGITS_PER_CHUNK", "LOSSES", "PRECISIONS",
            "Layout", "MemoryBreakdown", "job_loss", "memory_breakdown", "state_bytes"]
@@ -76,8 +77,6 @@ CHECKPOINTING = ("none", "selective", "full")
 PRECISIONS = ("fp32", "bf16")
 FP32_BYTES, BF16_BYTES, INT64_BYTES = 4, 2, 8
 LOSSES = ("chunked", "logits")
-# Logit elements per chunk of the chunked loss (rungs.loss.LOGITS_PER_CHUNK; a test holds them equal).
-LOGITS_PER_CHUNK = 1 << 25
 
 
 @dataclass(frozen=True)
@@ -241,14 +240,16 @@ def job_loss(layout: Layout) -> str:
 
 
 def memory_breakdown(arch: Architecture, layout: Layout, *, accumulation_steps: int = 1, defer_grad_sync: bool = True,
-                     lb_loss: bool = True, z_loss: bool = False, loss: str | None = None) -> MemoryBreakdown:
+                     lb_loss: bool = True, z_loss: bool = False, loss: str | None = None,
+                     device_memory_bytes: int | None = None) -> MemoryBreakdown:
     """Per-rank bytes of `arch` trained under `layout` (see the module docstring for what counts).
 
     `accumulation_steps` micro-batches per optimizer step; with more than one and `defer_grad_sync`
     (the sharded job's default) the gradients are held unsharded between micro-batches.
     `loss`: "chunked" (`rungs.loss.linear_cross_entropy`: the model takes the targets) or "logits"
     (the model returns (tokens, vocab) logits and the step takes their cross-entropy); None: what
-    the job runs today (`job_loss`)."""
+    the job runs today (`job_loss`). `device_memory_bytes`: the device's memory, which sizes the
+    chunked loss's chunks as the job does (`rungs.loss_chunks`; None: the CPU's chunk)."""
     loss = job_loss(layout) if loss is None else loss
     if arch.n_experts % layout.ep:
         raise LadderInputError(f"ep={layout.ep} must divide the {arch.n_experts} experts", field="ep")
@@ -267,12 +268,13 @@ def memory_breakdown(arch: Architecture, layout: Layout, *, accumulation_steps: 
     layers = [_layer_activations(arch, i, tokens, layout, lb_loss=lb_loss, z_loss=z_loss) for i in range(arch.n_layers)]
     per_layer = [_checkpointed(p, tokens, arch, layout.checkpointing) for p in layers]
     head = tokens * INT64_BYTES + 2 * tokens * d * f + tokens * f  # token ids, the final norm
-    chunk = max(1, LOGITS_PER_CHUNK // vocab)
+    chunk = max_chunk_tokens(vocab, device_memory_bytes)
     if loss == "chunked" and tokens > chunk:
-        # the loss's gradients, made in forward and saved: d hidden (fp32 rows), d head weight (fp32);
-        # one chunk of logits and its gradient at a time
+        # the loss's gradients, made in forward and saved: d hidden (fp32 rows), d head weight (fp32,
+        # accumulated inside its GEMM); one chunk at a time: its fp32 logits and log-probabilities
+        # (then the gradient in the compute dtype, no larger), and under bf16 the head's weight cast once
         head_loss = tokens * d * f + vocab * d * f
-        loss_transient = 2 * chunk * vocab * f + (chunk * vocab * a + vocab * d * a if bf16 else 0)
+        loss_transient = 2 * chunk * vocab * f + (vocab * d * a + chunk * d * a if bf16 else 0)
     elif loss == "chunked":
         # a micro-batch within one chunk takes the plain loss inside forward (rungs.loss): the head's
         # input and the fp32 log-probabilities are saved, the logits are not held

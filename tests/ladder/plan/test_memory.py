@@ -265,11 +265,20 @@ def test_activations_grow_with_the_micro_batch_and_shrink_with_checkpointing():
     assert by_mode[0] > by_mode[1] > by_mode[2]
 
 
+def _budget_one_gpu_cannot_hold() -> int:
+    """A device memory below ARCH's smallest one-GPU layout, with its loss chunked for that device (the
+    chunk shrinks with the device's memory, as the job's does, so the budget is lowered until it holds)."""
+    smallest = Layout(dp=1, ep=1, micro_batch_sequences=1, checkpointing="full")
+    budget = int(memory_breakdown(ARCH, smallest).total * 0.9)
+    while memory_breakdown(ARCH, smallest, device_memory_bytes=budget).total <= budget:
+        budget = int(budget * 0.9)
+    return budget
+
+
 def test_choose_layout_picks_the_fewest_gpus_that_fit():
     from ladder.plan.memory import candidate_worlds, choose_layout
 
-    mem_1 = memory_breakdown(ARCH, Layout(dp=1, ep=1, micro_batch_sequences=1, checkpointing="full")).total
-    budget = int(mem_1 * 0.9)  # one GPU cannot hold it even at its smallest
+    budget = _budget_one_gpu_cannot_hold()
     choice = choose_layout(ARCH, batch_sequences=16, gpu_memory_bytes=budget, gpus_per_node=8, headroom=0.0)
     assert choice.memory.total <= budget
     assert choice.layout.world > 1 and 16 % choice.layout.world == 0
@@ -279,7 +288,7 @@ def test_choose_layout_picks_the_fewest_gpus_that_fit():
             for micro in (m for m in (1, 2, 4, 8, 16) if (16 // world) % m == 0):
                 for ckpt in ("none", "selective", "full"):
                     lay = Layout(dp=world // ep, ep=ep, micro_batch_sequences=micro, checkpointing=ckpt)
-                    assert memory_breakdown(ARCH, lay).total > budget
+                    assert memory_breakdown(ARCH, lay, device_memory_bytes=budget).total > budget
     assert choose_layout(ARCH, batch_sequences=16, gpu_memory_bytes=10**12).layout == Layout(
         dp=1, ep=1, micro_batch_sequences=16, checkpointing="none", precision="bf16")
 
@@ -332,8 +341,7 @@ def test_choose_layout_gives_expert_parallel_layouts_the_planned_factor():
 
     choice = choose_layout(ARCH, batch_sequences=16, gpu_memory_bytes=10**12)
     assert choice.layout.ep == 1 and choice.layout.capacity_factor is None
-    mem_1 = memory_breakdown(ARCH, Layout(dp=1, ep=1, micro_batch_sequences=1, checkpointing="full")).total
-    spread = choose_layout(ARCH, batch_sequences=16, gpu_memory_bytes=int(mem_1 * 0.9), headroom=0.0)
+    spread = choose_layout(ARCH, batch_sequences=16, gpu_memory_bytes=_budget_one_gpu_cannot_hold(), headroom=0.0)
     assert spread.layout.ep > 1 and spread.layout.capacity_factor == planned_capacity_factor(spread.layout.ep) == 1.5
     assert spread.to_dict()["train_config"]["capacity_factor"] == spread.layout.capacity_factor
     assert planned_capacity_factor(8) == PLANNED_CAPACITY_FACTOR == 1.5
