@@ -1,4 +1,4 @@
-"""The kernels of issue #21 against what they replaced, measured in the same run on this machine:
+"""The block kernels against what they replaced, measured in the same run on this machine:
 
 - attention: a window layer's forward+backward by the CPU block-local path vs the dense (T, T) mask
   the model used before; a global layer's `is_causal` SDPA vs the dense causal mask;

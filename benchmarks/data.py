@@ -1,4 +1,4 @@
-"""Data pipeline speed and memory (issues 3, 20 and 41): tokenization into shards, prepare at scale (many
+"""Data pipeline speed and memory: tokenization into shards, prepare at scale (many
 files, one large file in each format, split over workers, from an object store), the source-scaled
 sampler and the cache key.
 

@@ -1,5 +1,5 @@
 """Training-step FLOP rate of every rung of the demo ladder (`sweeps/demo.yaml`) against cpu-demo L8 at
-TPP 4, measured in the same run, and the demo's idle training time that follows (issue #23).
+TPP 4, measured in the same run, and the demo's idle training time that follows.
 
 The reference, cpu-demo L8 (depth 8, d_model 128), ran at 3.3e10 FLOP/s per trial on these two cores
 with two trials at once in the L4-L9 science check (21 min for 4.15e13 FLOPs;

@@ -1,4 +1,4 @@
-"""Fitting speed (issue 5 targets, on the 2-core CI machine):
+"""Fitting speed (targets on a 2-core machine):
 
 - every eval domain's BPB-vs-FLOPs law with 1,000 bootstrap resamples: ≤ 60 s in all;
 - the Chinchilla L(N, D) grid fit (Hoffmann's 4,500-point start grid, scored in one pass, the best

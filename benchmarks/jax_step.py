@@ -1,4 +1,4 @@
-"""The JAX training step against the PyTorch one at the largest cpu-demo rung (#19), one thread.
+"""The JAX training step against the PyTorch one at the largest cpu-demo rung, one thread.
 
 Both steps are the engines' own: `rungs.torch_engine._train_step` (Transformer, multi-round MoE,
 activation gradient clipping, Muon+AdamW, grad clipping) and `rungs.jaxjob.engine.JaxEngine.step_on`
@@ -7,7 +7,7 @@ batch, interleaved, timed in process CPU seconds (one thread each: torch.set_num
 XLA:CPU's Eigen pool off and its executor pool made of one thread, see `_one_xla_thread`), medians. Also: the optimizer's share of the JAX step (the compiled
 update alone) beside the PyTorch optimizer's (clip + step alone), and the CPU seconds to compile the step cold (empty persistent cache) and warm (a fresh
 process reading the cache the cold one wrote).
-Targets (#19): JAX / PyTorch step time <= 1.0; optimizer <= 5% of the step; cold compile <= 30 s;
+Targets: JAX / PyTorch step time <= 1.0; optimizer <= 5% of the step; cold compile <= 30 s;
 warm compile <= 5 s.
 
 The measurement runs in child processes (`--child`), because XLA's thread flags and the cache

@@ -6,7 +6,7 @@ multi-round experts, activation gradient clipping, Muon+AdamW, grad clipping). T
 is a minimal PyTorch transformer (same attention, SwiGLU MLP widened until its FLOPs per token
 equal the MoE layer's router + shared + latent projections + top-k routed experts) trained with
 AdamW. FLOP rates use each model's own analytic FLOPs per token (training = 3 × forward).
-Targets (issue 4): MoE FLOP rate ≥ 0.7 × dense; MoE MFU ≥ 30% of the measured bf16 matmul peak.
+Targets: MoE FLOP rate ≥ 0.7 × dense; MoE MFU ≥ 30% of the measured bf16 matmul peak.
 """
 
 from __future__ import annotations

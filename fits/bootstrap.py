@@ -89,7 +89,7 @@ def bootstrap_power_law(raw, xs: np.ndarray, ys: np.ndarray, *, n: int, seed: in
 # Below this many distinct x a row bootstrap's intervals do not mean what they say: its resamples
 # mostly drop rungs (a 4-rung resample keeps all four 9% of the time) and become 3-point
 # interpolations. Measured on synthetic 4-rung ladders (0.3–1% noise, nominal 95%): the held-out top
-# rung fell inside 57–68% of the time, α's interval covered 75–78% (issue #22 item 3). From 5
+# rung fell inside 57–68% of the time, α's interval covered 75–78%. From 5
 # distinct x on it covers 80–98%. Below it the interval is reported as not available.
 MIN_DISTINCT_FOR_INTERVAL = 5
 ESTIMATE_TOL = 1e-6  # relative: how far outside its interval an estimate may sit and still count as inside

@@ -18,7 +18,7 @@ By default (`options=None`) the starts run at scipy's tolerances and the best `P
 end points are then polished to a tight projected-gradient tolerance (`fits.convergence`) in centred
 coordinates a' = a − α·mean(log N), b' = b − β·mean(log D), which take the α–a and β–b correlation
 (a ridge of slope log N ≈ 20) out of the problem. Without it the default stopped partway along the
-flat β–log B valley of well-fitted data (issue #22: β 0.45–0.51 against published 0.58–0.69). The
+flat β–log B valley of well-fitted data (β 0.45–0.51 against published 0.58–0.69). The
 result reports `extra["optimizer"]["converged"]` and the projected gradient; a default fit that does
 not converge raises `FitConvergenceError`. Explicit `options` run as given, unpolished (how Hoffmann
 and Epoch ran it), and only report convergence.

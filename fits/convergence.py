@@ -4,7 +4,7 @@ scipy's default L-BFGS-B tolerances (ftol 2.2e-9 relative, gtol 1e-5) stop on th
 the objective. A well-fitted scaling law has a tiny objective (~1e-4 summed Huber on log residuals)
 and, when one variable spans a narrow range, a flat valley (β against log B for L(N, D)): there the
 objective barely changes per step and the optimiser stops partway along the valley, with β and B
-far from the optimum and no warning (issue #22). Convergence is therefore judged on the projected
+far from the optimum and no warning. Convergence is therefore judged on the projected
 gradient (the gradient with components that push into an active bound removed), which is zero at a
 constrained optimum whatever the objective's size, and the polish restarts L-BFGS-B from its own
 end point (a fresh curvature memory) until it stops moving.

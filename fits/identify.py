@@ -3,8 +3,8 @@ fitted exponents whose interval is wider than the value.
 
 An exponent is read off the curvature of y against log x: over a narrow span of x a power law is
 indistinguishable from a straight line (or a constant plus noise), and the optimiser walks off to
-whatever its bounds allow. Measured on five models spanning 1.2× in N: α 1.43, A 7e10, no error
-(issue #22). MIN_SPAN is deliberately lenient (real ladders span 10–1000×); it only stops fits that
+whatever its bounds allow. Measured on five models spanning 1.2× in N: α 1.43, A 7e10, no error.
+MIN_SPAN is deliberately lenient (real ladders span 10–1000×); it only stops fits that
 cannot mean anything.
 """
 

@@ -59,7 +59,7 @@ def row_ids(df: pd.DataFrame, id_column: str | None) -> list:
 
 # Values equal up to this relative difference are one value: a product such as LR·WD computed from
 # differently rounded factors (3e-3 · 0.1 vs 1e-3 · 0.3) differs in its last bits, and an exact
-# count would call a constant two values (issue #25 item 14).
+# count would call a constant two values.
 DISTINCT_RTOL = 1e-6
 
 

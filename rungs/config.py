@@ -135,7 +135,7 @@ class TrainConfig(BaseModel):
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     seed: int = 0
     deterministic: bool = False
-    # Which job runs the rung: the PyTorch engine or the JAX one (rungs.jaxjob, #19). The default is
+    # Which job runs the rung: the PyTorch engine or the JAX one (rungs.jaxjob). The default is
     # a legacy value: "torch" leaves every existing key as it was; "jax" is a different trial.
     backend: Literal["torch", "jax"] = "torch"
     # The JAX job's (data, expert) mesh over every device its process(es) see: the expert axis's

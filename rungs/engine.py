@@ -1,4 +1,4 @@
-"""What the training loop asks of a backend: the `Engine` protocol (#18).
+"""What the training loop asks of a backend: the `Engine` protocol.
 
 `rungs.loop.run_job` owns everything a training job does besides arithmetic: the step cadence, the
 LR multiplier, periodic and final evaluation, the divergence rule, when to checkpoint, MLflow
@@ -9,8 +9,8 @@ sampler), activation gradient clipping, and how all of that is checkpointed. The
 framework; it sees numbers, strings and plain dicts.
 
 Engines: `rungs.torch_engine.TorchEngine` (one process), `rungs.parallel.engine.ShardedTorchEngine`
-(a torch.distributed process group: FSDP2 x expert parallel), and the JAX engine (#19,
-`rungs.jaxjob`). Every method below is called on every rank, in the same order; methods marked
+(a torch.distributed process group: FSDP2 x expert parallel), and the JAX engine
+(`rungs.jaxjob`). Every method below is called on every rank, in the same order; methods marked
 *collective* must be entered by all ranks. The loop does its file and tracking work on rank 0 only.
 
 Lifecycle, as the loop calls it:

@@ -1,4 +1,4 @@
-"""The one training loop (#18): everything a training job does around the arithmetic, once, for every
+"""The one training loop: everything a training job does around the arithmetic, once, for every
 engine (`rungs.engine.Engine`: one PyTorch process, sharded PyTorch, JAX).
 
 `run_job(cfg, engine, run_dir=...)` runs or resumes one job: the LR schedule's multiplier per step,

@@ -204,7 +204,7 @@ def clip_grad_norm_(model_or_params: nn.Module | Iterable[Tensor], max_norm: flo
 def clip_grad_norm_on_device_(model_or_params: nn.Module | Iterable[Tensor], max_norm: float) -> Tensor:
     """`clip_grad_norm_` without a host read: the norm stays a 0-d device tensor and the scale is
     applied on the device (1 where the norm is within `max_norm` or not finite), so a training step
-    can read it once at its end (#21: no host synchronisation inside the step)."""
+    can read it once at its end (no host synchronisation inside the step)."""
     params = model_or_params.parameters() if isinstance(model_or_params, nn.Module) else model_or_params
     params = [p for p in params if p.grad is not None]
     if not params:

@@ -95,7 +95,7 @@ def train_step_on_device(cfg: TrainConfig, model: Transformer, optimizer, batch,
     `read_step_stats` after the step. A GPU runs the whole step without waiting for the host."""
     micro = cfg.micro_batch_sequences or cfg.batch_sequences
     n_micro = cfg.accumulation_steps
-    # Statistics stay on the device during the step and are read once, after it (#21).
+    # Statistics stay on the device during the step and are read once, after it.
     ce_parts: list[torch.Tensor] = []
     aux_parts: list[torch.Tensor] = []
     rounds: list[torch.Tensor] = []

@@ -30,7 +30,7 @@ def train(config: TrainConfig | dict, *, run_dir: Path, resume: bool = True, pro
     """
     cfg = parse_config(config)
     run_dir = Path(run_dir)
-    if cfg.backend == "jax":  # the JAX engine (#19) under the same loop; jax is imported only for it
+    if cfg.backend == "jax":  # the JAX engine under the same loop; jax is imported only for it
         from rungs.jaxjob.train import train_jax
 
         return train_jax(cfg, run_dir, resume=resume, progress=progress, stop_after=stop_after,

@@ -1,7 +1,7 @@
 """Check a candidate demo ladder from its MLflow runs: for each rung set, the held-out top rung
 predicted from the rungs below (per domain: error, 95% interval, inside or not), and the LR/WD
 surface of every rung that swept a grid (is the optimum inside the grid? where is it against the
-law?). Issue #23's targets; docs/backtest_diagnosis/ holds what it printed.
+law?). docs/backtest_diagnosis/ holds what it printed.
 
     python scripts/demo_ladder_check.py --experiment sweep-demo-tpp1 --tracking-uri sqlite:////tmp/h7/mlflow.db \
         --rungs 4-9 --rungs 3-8 --jsonl docs/backtest_diagnosis/demo_tpp1_runs.jsonl

@@ -1,6 +1,6 @@
 """Math held-out BPB of a sweep's trials, scored three ways: as trained, without set.mm's proofs, proofs alone.
 
-The science check's math miss (issue 8) came from the Metamath proofs in math's held-out set. This
+The science check's math miss came from the Metamath proofs in math's held-out set. This
 rescoring is what showed it, and it is how the demo corpus came to drop them (`build_demo_corpus`,
 `without_proofs`). It needs the corpus the trials were trained on: the held-out texts at a commit
 from before the change, and that corpus's prepared directory (for its tokenizer):

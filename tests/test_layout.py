@@ -13,7 +13,7 @@ import ladder.cli as cli
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ladder", "sweeps", "fits", "rungs", "benchmarks", "provenance")
 
-# Known, each with its follow-up (#18): the benchmarks' hooks into the training step get public names.
+# Known, each with its follow-up: the benchmarks' hooks into the training step get public names.
 KNOWN = {
     ("benchmarks/dist_muon.py", "rungs.parallel.dist_muon", "_local"),
     ("benchmarks/train_step.py", "rungs.train", "_pick_threads"),

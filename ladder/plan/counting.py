@@ -78,7 +78,7 @@ def attention_executed_context_mean(seq_len: int, window: int | None, kernel: st
     wholly empty; FlashAttention's real tiles are 64–128 × 64–176 by version and head size, so its
     count is approximate), "block_local" (CPU window layers: chunks of `window` queries against
     their own and the previous chunk, 2·window keys per query, padded to whole chunks) or "dense"
-    (a full (T, T) mask: every key, the model before #21).
+    (a full (T, T) mask: every key, the model of older versions).
     """
     T = seq_len
     windowed = window is not None and window < T

@@ -42,7 +42,7 @@ class HeadRule(_Strict):
 class DepthRule(_Strict):
     """n_layers = `layers` at every rung instead of L. At fixed depth a rung's active parameters grow
     as L² and its FLOPs at fixed TPP as L⁴ (L⁶ with depth = L), so the rungs of a ladder sit closer
-    in compute and a small budget holds more of them (issue #23: docs/backtest_diagnosis/)."""
+    in compute and a small budget holds more of them (docs/backtest_diagnosis/)."""
 
     layers: int = Field(gt=0)
 

@@ -115,7 +115,7 @@ def fit_table(runs: pd.DataFrame) -> pd.DataFrame:
 def _steps_actually_run(out: pd.DataFrame) -> None:
     """A run capped by `max_steps` trained min(steps, max_steps) steps and proportionally fewer tokens
     per parameter than planned: the laws must see what was run (`steps`, `tpp`); the plan stays in
-    `steps_planned`, `tpp_planned` (issue #25 item 14)."""
+    `steps_planned`, `tpp_planned`."""
     if "steps" not in out.columns or "params.max_steps" not in out.columns:
         return
     cap = pd.to_numeric(out["params.max_steps"], errors="coerce")

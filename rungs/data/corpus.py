@@ -11,7 +11,7 @@ import numpy as np
 from rungs.data.errors import DataInputError
 from rungs.data.tokenizer import load_tokenizer, token_dtype
 
-FORMAT_VERSION = 2  # rungs.data.prepare writes this; 1 was one .npy per set (before #20)
+FORMAT_VERSION = 2  # rungs.data.prepare writes this; 1 was one .npy per set (older versions)
 
 
 class ShardedTokens:

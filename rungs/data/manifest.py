@@ -100,7 +100,7 @@ class Manifest:
         fingerprint (`rungs.data.storage.fingerprints`: size, mtime or object version, and a hash of its
         first and last `FINGERPRINT_BYTES`).
 
-        Reading every byte at every job start cost ~23 CPU-minutes at 1 TB (#20); this reads 16 KiB per
+        Reading every byte at every job start cost ~23 CPU-minutes at 1 TB; this reads 16 KiB per
         file. An edit that keeps a local file's size and mtime and touches neither end goes unnoticed
         (touch the file, or prepare into a new directory)."""
         h = hashlib.sha256(self.path.read_bytes())

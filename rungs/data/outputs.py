@@ -107,7 +107,7 @@ def write_meta(out: Path, key: str, manifest: Manifest, tokenizer_json: dict, en
 
 def remove_unlisted(out: Path, meta: dict) -> None:
     """Files under train/ and eval/ that this prepare did not write (shards of a file since dropped from
-    the manifest, sets since renamed, the one-file-per-set layout before #20): removed, so that the
+    the manifest, sets since renamed, the one-file-per-set layout of older versions): removed, so that the
     directory holds exactly what `meta.json` lists."""
     keep = set()
     for split, entries in (("train", meta["sources"]), ("eval", meta["eval"])):

@@ -54,7 +54,7 @@ __all__ = ["prepare", "ensure_prepared", "tokenize_documents", "input_key", "bpe
 
 def input_key(manifest: Manifest, tokenizer: str, vocab_size: int) -> str:
     # Vocabularies over 65,536 entries are keyed apart from anything prepared before ids were range
-    # checked: numpy 1.x wrapped them into uint16 shards silently (#20).
+    # checked: numpy 1.x wrapped them into uint16 shards silently.
     wide = "|uint32" if vocab_size > UINT16_VOCAB else ""
     h = hashlib.sha256(f"v{FORMAT_VERSION}|{tokenizer}|{vocab_size}{wide}|".encode())
     h.update(manifest.content_hash().encode())

@@ -1,4 +1,4 @@
-"""A source's unique subset for a rung, vectorised over the prepared document table (#20).
+"""A source's unique subset for a rung, vectorised over the prepared document table.
 
 The rule (`rungs.data.sampler` explains it): documents ordered by a 64-bit hash of "source\\0id",
 taken up to exactly the cap (the last one cut), per collection (stratified) or over the whole source

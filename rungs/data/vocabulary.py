@@ -60,7 +60,7 @@ def tokenizer_file(path: Path, vocab_size: int | None) -> BpeTokenizer:
 def bpe_sample(manifest: Manifest, removed: Removed, sample_bytes: int = BPE_SAMPLE_BYTES) -> Iterator[str]:
     """The BPE's training text: each source's first `sample_bytes / sources` bytes of clean documents, in
     manifest and file order. Bounded and deterministic; the whole demo corpus fits (its largest source is
-    4.5 MB), so its tokenizer is the one trained on every document before #20."""
+    4.5 MB), so its tokenizer is the one trained on every document in older versions."""
     budget = sample_bytes // len(manifest.sources)
     for ds in manifest.sources:
         taken = 0

@@ -245,7 +245,7 @@ def reduce_expert_grads(par: Parallel) -> None:
 def clip_grad_norm_on_device(model: nn.Module, par: Parallel, max_norm: float | None) -> Tensor:
     """Global L2 norm of all gradients as a 0-d float64 device tensor (one all-reduce), clipped like
     `rungs.optim.clip_grad_norm_on_device_`: the scale is computed and applied on the device (1 where
-    the norm is within `max_norm` or not finite), so the step reads the norm once, at its end (#21)."""
+    the norm is within `max_norm` or not finite), so the step reads the norm once, at its end."""
     experts = {id(p) for p in par.expert_params}
     sq = torch.zeros((), dtype=torch.float64, device=par.device_type)
     grads = []
@@ -291,7 +291,7 @@ def train_step(model: nn.Module, optimizer: MuonAdamW, par: Parallel, inputs: Te
     it (rows located in the global batch through `locate`, this rank's rows starting at `row_offset`;
     `host_inputs`, the CPU copy of `inputs`, lets it decode an event's context without a device read).
 
-    The host reads the device once, after `optimizer.step()` (#21): losses, MoE rounds and overload
+    The host reads the device once, after `optimizer.step()`: losses, MoE rounds and overload
     and the grad norm stay on the device, the clip scale is applied there, and the step's statistics
     of every rank travel in one all-gather before that one read."""
     if inputs.shape[0] % micro_batches:

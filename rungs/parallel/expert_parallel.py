@@ -1,4 +1,4 @@
-"""Expert parallelism with multi-round dropless dispatch and no host synchronisation (#21).
+"""Expert parallelism with multi-round dropless dispatch and no host synchronisation.
 
 `ExpertParallelExperts` replaces a `rungs.moe.RoutedExperts` from outside (the model is unchanged):
 the E experts are split across the P ranks of an expert-parallel (EP) group, rank r holding experts

@@ -1,4 +1,4 @@
-"""L(N, D) reaches its optimum by default (issue #22 item 1) and refuses what it cannot identify
+"""L(N, D) reaches its optimum by default and refuses what it cannot identify
 (item 2): synthetic data with a flat β–log B valley, checked against an independent tight search."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""`fit hparams` sees what was run (issue #25 item 14): steps and TPP of runs capped by max_steps,
+"""`fit hparams` sees what was run: steps and TPP of runs capped by max_steps,
 and values equal up to float noise counted as one (a constant LR·WD is one value)."""
 
 import numpy as np

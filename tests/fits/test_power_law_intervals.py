@@ -1,4 +1,4 @@
-"""Intervals that mean something (issue #22 items 2, 3; #25 item 15): a power law over too narrow a
+"""Intervals that mean something: a power law over too narrow a
 compute span is refused, a bootstrap on too few rungs or one that piles α onto its bound reports no
 interval, and the intervals that are reported cover what they claim on seeded synthetic ladders."""
 
@@ -26,7 +26,7 @@ def test_five_rungs_spanning_1_2x_in_compute_are_refused_with_what_would_help():
 
 def test_a_four_point_bootstrap_reports_no_interval():
     """Most of a 4-point bootstrap's resamples are 3-point interpolations: its 95% interval was
-    0.05% wide and missed the held-out point by 4.3% (issue #22). Not reported as an interval."""
+    0.05% wide and missed the held-out point by 4.3%. Not reported as an interval."""
     C = np.geomspace(1e18, 1e21, 4)
     df = pd.DataFrame({"train_flops": C, "bpb": law(C) * np.exp(np.random.default_rng(1).normal(0, 0.005, 4))})
     fit = fit_power_law(df, bootstrap=200)

@@ -1,4 +1,4 @@
-"""The power law's default starts reach the optimum a brute-force search finds (issue #22 item 1):
+"""The power law's default starts reach the optimum a brute-force search finds:
 L-BFGS-B from every one of the 64 variable-projection grid points, best kept, on varied synthetic
 ladders and on Porian et al.'s compute-optimal losses (15 configurations, tests/data)."""
 

@@ -1,4 +1,4 @@
-"""L = E + A/N^η + B/D^η fitted jointly over several token multipliers (issue #22 item 6)."""
+"""L = E + A/N^η + B/D^η fitted jointly over several token multipliers."""
 
 import numpy as np
 import pandas as pd

@@ -1,4 +1,4 @@
-"""A sweep with a JAX arm (#19 test 9): it finishes on a private local Ray, its MLflow runs have the
+"""A sweep with a JAX arm: it finishes on a private local Ray, its MLflow runs have the
 PyTorch runs' schema, and `ladder fit` reads the runs of both backends as one table. And the
 nightly's JAX rung is judged against a golden entry of its own.
 

@@ -74,7 +74,7 @@ def test_only_the_bad_direction_beyond_tolerance_is_a_regression():
 
 
 def test_throughput_from_another_machine_class_is_not_comparable_while_bpb_and_rounds_are_judged():
-    """#25.12: BPB matched bit for bit on other hardware, and the nightly failed on tokens/s."""
+    """BPB matched bit for bit on other hardware, and the nightly failed on tokens/s."""
     name = "rungs/L3/base/s0"
     golden = build_golden(load_spec("nightly"), [RUNS[0], RUNS[0]], machine=ELSEWHERE)
     tol = golden["tolerances"]["bpb_abs"]
@@ -113,7 +113,7 @@ def test_machine_class_is_the_gpu_else_the_cpu_model_and_cores(tmp_path):
 
 
 def test_the_nightly_imports_no_benchmark_code():
-    """#18: product code took `machine_info` from benchmarks/; it lives in ladder.machine now."""
+    """product code took `machine_info` from benchmarks/; it lives in ladder.machine now."""
     import ast
 
     import ladder
@@ -146,7 +146,7 @@ def test_shipped_golden_file_matches_the_shipped_spec():
     spec = load_spec("nightly")
     assert golden["spec"] == spec.name and golden["repeats"] >= 2
     assert set(golden["trials"]) == ({f"rungs/L{L}/base/s0" for L in spec.blocks[0].rungs}
-                                     | {f"jax/L{L}/jax/s0" for L in spec.blocks[1].rungs})  # the JAX rung (#19)
+                                     | {f"jax/L{L}/jax/s0" for L in spec.blocks[1].rungs})  # the JAX rung
     for trial in golden["trials"].values():
         assert trial["bpb"] and all(0.0 < v < 8.0 for v in trial["bpb"].values())  # below 8 bits/byte (uniform bytes)
     # The machine class its throughput was measured on: without it no machine compares throughput.

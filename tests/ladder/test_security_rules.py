@@ -1,4 +1,4 @@
-"""Rules the whole code base keeps (#24 security): YAML is only safe-loaded, and no shell command
+"""Rules the whole code base keeps: YAML is only safe-loaded, and no shell command
 line is ever built (no `shell=True`, `os.system`, `os.popen`), so no user input reaches a shell.
 
 Checked on the syntax tree of every Python file of the product, not by grepping text, so a

@@ -1,4 +1,4 @@
-"""Golden losses (#18): the first 20 training losses of the smallest cpu-demo config in deterministic
+"""Golden losses: the first 20 training losses of the smallest cpu-demo config in deterministic
 mode, for the single-process job (`rungs.train.train`), the sharded job on 2 gloo workers
 (`rungs.launch.train_sharded`) and the JAX job (`rungs.jaxjob.train.train_jax`, backend=jax), against
 values committed in tests/rungs/goldens/.

@@ -1,4 +1,4 @@
-"""The one training loop (#18) is framework-free, and the PyTorch engines implement its protocol."""
+"""The one training loop is framework-free, and the PyTorch engines implement its protocol."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The demo ladder (`sweeps/demo.yaml`, issue #23) holds to the properties its backtest needs, not to its
+"""The demo ladder (`sweeps/demo.yaml`) holds to the properties its backtest needs, not to its
 current numbers: enough rungs below the held-out top for that rung's 95% interval, fitted rungs
 spanning at least 30x in compute, one TPP, no pre-asymptotic rung, LR/WD grids on fitted rungs that can
 fit a surface, the largest rung started first within a compute budget, and an MLflow experiment of its own."""

@@ -1,4 +1,4 @@
-"""`ladder data prepare` on hostile input: exit 2, one line naming the file and field, nothing written (#24, #25.9)."""
+"""`ladder data prepare` on hostile input: exit 2, one line naming the file and field, nothing written."""
 
 from __future__ import annotations
 

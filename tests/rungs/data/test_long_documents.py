@@ -1,4 +1,4 @@
-"""One enormous document: split at MAX_DOCUMENT_BYTES into pieces that keep its id, memory bounded (#25.11)."""
+"""One enormous document: split at MAX_DOCUMENT_BYTES into pieces that keep its id, memory bounded."""
 
 from __future__ import annotations
 

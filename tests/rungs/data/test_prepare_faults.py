@@ -1,5 +1,5 @@
 """Faults during prepare: a full disk and a SIGKILL leave nothing half-written, and a rerun completes to
-byte-identical output (#24 faults, #25.5 data part)."""
+byte-identical output."""
 
 from __future__ import annotations
 

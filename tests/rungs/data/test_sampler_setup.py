@@ -1,4 +1,4 @@
-"""The sampler's set-up is vectorised (#20): the same subsets as the per-document rule it replaced, read
+"""The sampler's set-up is vectorised: the same subsets as the per-document rule it replaced, read
 from the prepared corpus's memory-mapped orders, in memory that grows with the subset, not the source."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .conftest import make_docs, write_jsonl
 
 
 def _per_document_rule(shard, source: str, cap_tokens: int, stratified: bool):
-    """The rule as it was written before #20: a Python loop over every document (kept as the reference)."""
+    """The rule as it was written in older versions: a Python loop over every document (kept as the reference)."""
     def collection(doc_id):
         head, sep, _ = doc_id.partition("/")
         return head if sep else ""

@@ -1,4 +1,4 @@
-"""Prepare at scale (#20): many files per source, bounded shards, zstd and Parquet streams, the cheap cache
+"""Prepare at scale: many files per source, bounded shards, zstd and Parquet streams, the cheap cache
 key and per-source progress (the same on Ray workers: test_parallel)."""
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def test_inputs_changed_since_a_finished_prepare_are_prepared_again(tmp_path):
     assert np.array_equal(PreparedCorpus.open(out).train_shard("a").document_tokens(0),
                           list(make_docs("a0", 1, seed=10)[0]["text"].encode()))
     (tmp_path / "corpus" / "a" / "part-0.jsonl").unlink()  # a file dropped: its shards go too
-    (out / "train" / "old.tokens.npy").write_bytes(b"the layout before #20")
+    (out / "train" / "old.tokens.npy").write_bytes(b"the layout of older versions")
     prepare(manifest, out, vocab_size=257, tokenizer="byte")
     fresh = prepare(manifest, tmp_path / "fresh", vocab_size=257, tokenizer="byte")
     assert sorted(tree_bytes(out)) == sorted(tree_bytes(fresh))

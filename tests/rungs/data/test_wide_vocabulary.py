@@ -1,4 +1,4 @@
-"""Vocabularies over 65,536 entries: uint32 shards, ids range-checked before anything is written (#20)."""
+"""Vocabularies over 65,536 entries: uint32 shards, ids range-checked before anything is written."""
 
 from __future__ import annotations
 

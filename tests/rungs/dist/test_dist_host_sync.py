@@ -1,4 +1,4 @@
-"""The sharded training step reads the host once, after the optimizer (#21), on 2 real gloo ranks.
+"""The sharded training step reads the host once, after the optimizer, on 2 real gloo ranks.
 
 `HostSyncCounter` (rungs.host_sync) records every op that would make a GPU step wait for the host,
 by op, on the CPU. A step of `ShardedTorchEngine` (FSDP2, the sharded loss, the balancing

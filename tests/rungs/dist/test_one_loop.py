@@ -1,4 +1,4 @@
-"""The sharded job runs the one training loop (#18): it writes what the single-process job writes
+"""The sharded job runs the one training loop: it writes what the single-process job writes
 (eval.json at every eval, data_report.json), sums its wall clock over restarts, marks a crashed
 MLflow run FAILED, and logs the same metric names as the single-process job; a JAX job on several
 Ray workers is one job over one mesh, with one run."""
@@ -90,7 +90,7 @@ def test_one_process_and_two_workers_log_the_same_metric_names(tmp_path):
     names_one, names_two = set(one.data.metrics), set(two.data.metrics)
     assert {n for n in names_one if n.startswith(("final_", "unigram_bpb/", "total_"))} >= {
         "final_mfu", "final_loss", "final_tokens_per_second", "final_achieved_tflops_per_device"}
-    # the sharded run also logs its worker count per step (a metric before #18; its tag says it too)
+    # the sharded run also logs its worker count per step (once a metric; its tag says it too)
     assert names_two - names_one == {"workers"} and names_one <= names_two
     assert two.data.tags["workers"] == "2" and one.data.tags.keys() <= two.data.tags.keys()
 

@@ -1,4 +1,4 @@
-"""JAX checkpoints (#19 test 8): N steps + restart + N steps equal 2N steps; another config's
+"""JAX checkpoints: N steps + restart + N steps equal 2N steps; another config's
 checkpoint is refused naming the file; a kill mid-save leaves the previous checkpoint."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Distributed Muon in JAX (#19): traced on a (data, expert) mesh, Muon orthogonalises whole matrices
+"""Distributed Muon in JAX: traced on a (data, expert) mesh, Muon orthogonalises whole matrices
 on their owners and equals single-device Muon within 1e-5 over 3 steps.
 
 "On their owners" is read off the compiled step: no collective inside any loop (Newton-Schulz is a

@@ -1,4 +1,4 @@
-"""The JAX engine under the one loop against the PyTorch engine (#19 test 5), and the backend field."""
+"""The JAX engine under the one loop against the PyTorch engine, and the backend field."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Expert parallelism in shard_map (#19 test 7): the sharded routed experts equal the single-device
+"""Expert parallelism in shard_map: the sharded routed experts equal the single-device
 algorithm (outputs and every gradient) on meshes (4, 1), (2, 2), (1, 4) under skewed and all-to-one
 routing that need several rounds, and the memory of the compiled step is set by the capacity, not
 by the skew.
@@ -115,7 +115,7 @@ def test_sharded_experts_equal_one_device_and_memory_does_not_grow_with_skew(tmp
     assert result["temp_bytes"] <= 0.5 * result["temp_bytes_one_round"], result
 
 
-# ---- peak memory at run time, worst skew against balanced (#19 test 7) -------------------------
+# ---- peak memory at run time, worst skew against balanced -------------------------
 
 PEAK_T, PEAK_LATENT, PEAK_HIDDEN, PEAK_CAPACITY, PEAK_GROUP = 8192, 64, 128, 1024, 2
 

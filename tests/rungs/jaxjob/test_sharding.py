@@ -1,4 +1,4 @@
-"""The JAX engine sharded over a (data, expert) mesh equals one device (#19 test 7), under
+"""The JAX engine sharded over a (data, expert) mesh equals one device, under
 routing that needs at least two MoE rounds; a trial (`rungs.train.train`, what `ladder train
 --set backend=jax` runs) trains on every device it sees, on the mesh its `jax_mesh_expert` names;
 and a job saved on 4 devices resumes on 2.

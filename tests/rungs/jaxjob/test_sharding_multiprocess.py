@@ -1,4 +1,4 @@
-"""Multi-process JAX (#19): two processes joined by `jax.distributed` on loopback (coordinator on
+"""Multi-process JAX: two processes joined by `jax.distributed` on loopback (coordinator on
 127.0.0.1, gloo collectives), each with 2 CPU devices, train on one (2, 2) mesh spanning both:
 the steps' losses equal a single-process, single-device run.
 
