@@ -86,12 +86,12 @@ def update_memory(cfg: Any) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
-    from rungs.jaxjob.engine import _FLAT
+    from rungs.jaxjob.engine import FLAT_SCHEDULE
     from rungs.jaxjob.optim import build_optimizer
     from rungs.jaxjob.programs import abstract_arguments, memory_figures, update_function
 
     params = abstract_arguments(cfg, None)[0]
-    tx = build_optimizer(params, lr=cfg.lr, weight_decay=cfg.weight_decay, schedule=_FLAT, adam_lr=cfg.adam_lr,
+    tx = build_optimizer(params, lr=cfg.lr, weight_decay=cfg.weight_decay, schedule=FLAT_SCHEDULE, adam_lr=cfg.adam_lr,
                          adam_betas=(cfg.adam_beta1, cfg.adam_beta2), muon_momentum=cfg.muon_momentum,
                          adjust_lr=cfg.adjust_lr, ns_dtype=jnp.bfloat16)
     state = jax.eval_shape(tx.init, params)

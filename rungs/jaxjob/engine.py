@@ -1,4 +1,4 @@
-"""The JAX engine (`rungs.engine.Engine`, #19): the rung in JAX + optax under the one training loop.
+"""The JAX engine (`rungs.engine.Engine`): the rung in JAX + optax under the one training loop.
 
 Everything except the arithmetic is shared with the PyTorch engine: the prepared corpus, the
 source-scaled sampler (the same token stream, batch for batch), `rungs.data.bpb.evaluate_bpb`,
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 
 # The loop hands the engine the schedule's multiplier each step; the optimizer's own schedule is
 # flat at 1 (cosine with min_lr_ratio 1) and the multiplier enters through the traced LR.
-_FLAT = Schedule(total_steps=1, warmup_steps=0, schedule="cosine", min_lr_ratio=1.0)
+FLAT_SCHEDULE = Schedule(total_steps=1, warmup_steps=0, schedule="cosine", min_lr_ratio=1.0)
 
 
 class JaxEngine:
@@ -134,7 +134,7 @@ class JaxEngine:
         if self.mesh is not None:
             params = sharding.shard_params(params, self.mesh)
             buffers = jax.device_put(buffers, sharding.replicated(self.mesh))
-        self.tx = build_optimizer(params, lr=cfg.lr, weight_decay=cfg.weight_decay, schedule=_FLAT,
+        self.tx = build_optimizer(params, lr=cfg.lr, weight_decay=cfg.weight_decay, schedule=FLAT_SCHEDULE,
                                   adam_lr=cfg.adam_lr, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
                                   muon_momentum=cfg.muon_momentum, adjust_lr=cfg.adjust_lr, ns_dtype=self.ns_dtype)
         self.params, self.buffers = params, buffers
