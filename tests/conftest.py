@@ -37,3 +37,9 @@ subprocess._USE_VFORK = False
 
 # Before any test imports jax (XLA reads its flags once, at backend start-up); children inherit it.
 os.environ["XLA_FLAGS"] = with_suite_flags(os.environ.get("XLA_FLAGS", ""))
+
+
+# Every test sees the CLI's output as a pipe does (tables 200 columns wide): pytest-xdist's workers have
+# COLUMNS=80 in their environment, which rich reads as a terminal's width and wraps table cells to. A
+# test of the terminal case sets COLUMNS itself.
+os.environ.pop("COLUMNS", None)
