@@ -142,8 +142,9 @@ def test_the_probe_finds_the_planted_corrupt_sample(trained):
     worst = max(events, key=lambda e: e.ratio)
     assert worst.token_offset == 1000 * CORRUPT_ROW + worst.position
     assert {e.point for e in events} == {"residual", "moe_input"}
-    # The text window is the corrupt row's tokens around the clipped position.
-    ids = seq[CORRUPT_ROW, max(0, worst.position - 16): worst.position + 17].tolist()
+    # The text window is the corrupt row's input tokens (what the model saw: the last one is only a
+    # target) around the clipped position.
+    ids = seq[CORRUPT_ROW, :-1][max(0, worst.position - 16): worst.position + 17].tolist()
     assert worst.text == " ".join(map(str, ids))
 
 
