@@ -81,8 +81,9 @@ class Report:
     results: dict[str, Any] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
     # where the benchmark computed: machine_info times its reference matmul there ("cuda": on the
-    # GPU, with CUDA events; never on the host CPU while a GPU run waits)
-    device: str = "cpu"
+    # GPU, with CUDA events; never on the host CPU while a GPU run waits). None: "cuda" where this
+    # process has used a GPU, else "cpu".
+    device: str | None = None
 
     def check(self, name: str, value: float, op: str, target: float, *,
               valid: tuple[float, float] | None = None) -> Check:
@@ -90,8 +91,16 @@ class Report:
         self.checks.append(c)
         return c
 
+    def computed_on(self) -> str:
+        """The device the reference matmul is timed on: `device` if set, else "cuda" where this process
+        has initialised CUDA (it ran its work there), else "cpu"."""
+        if self.device is not None:
+            return self.device
+        torch = sys.modules.get("torch")
+        return "cuda" if torch is not None and torch.cuda.is_initialized() else "cpu"
+
     def to_dict(self, *, quick: bool = False) -> dict[str, Any]:
-        return {"benchmark": self.benchmark, "machine": machine_info(quick=quick, device=self.device),
+        return {"benchmark": self.benchmark, "machine": machine_info(quick=quick, device=self.computed_on()),
                 "results": self.results, "checks": [c.to_dict() for c in self.checks]}
 
 

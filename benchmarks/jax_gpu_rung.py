@@ -326,6 +326,7 @@ def run(quick: bool, *, layers: int | None = None, batch_sequences: int | None =
         if reason is not None:
             report.results = {"ran": False, "reason": reason}
             return report
+        report.device = "cuda"  # the reference matmul, timed after the children, on the GPU (never the host CPU)
     config = train_config(quick, layers, batch_sequences)
     results: dict[str, Any] = {"ran": True, "quick": quick, "recipe": RECIPE, "rung": RUNG, "layers": layers,
                                "batch_sequences": batch_sequences, "seq_len": config["seq_len"],

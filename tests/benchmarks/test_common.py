@@ -43,3 +43,20 @@ def test_an_explicit_range_and_a_bad_op():
     assert Report("x").check("share_of_step", 0.2, "<=", 5.0, valid=(0.0, 1.0)).ok
     with pytest.raises(ValueError, match="op must be one of"):
         Check("mfu", 0.5, "=>", 0.3)
+
+
+def test_the_reference_matmul_is_timed_where_the_work_ran_never_on_the_host_during_a_gpu_run(monkeypatch):
+    """A GPU run once timed 2048³ bf16 matmuls on the host CPU for its `machine` section (minutes on a CPU
+    without bf16 units, the GPU idle): a report made by a process that used CUDA times it on the GPU."""
+    import torch
+
+    import benchmarks.common as common
+
+    timed = []
+    monkeypatch.setattr(common, "measured_peak_bf16_flops", lambda size, device="cpu": timed.append(device) or 1.0)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert Report("x").computed_on() == "cpu" and Report("x", device="cuda").computed_on() == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)   # this process ran its work on a GPU
+    assert Report("x").computed_on() == "cuda" and Report("x", device="cpu").computed_on() == "cpu"
+    Report("x").to_dict(quick=True)
+    assert timed == ["cuda"]
