@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -43,6 +44,7 @@ from rungs.attention import attention_mask, causal_attention
 from rungs.config import parse_config
 from rungs.loss import linear_cross_entropy
 from rungs.model import Block, ModelConfig, rope_tables
+from rungs.moe import held_expert_weights
 from rungs.op_census import count_fake
 from rungs.pointwise import set_compiled
 
@@ -126,29 +128,43 @@ def l18_config() -> ModelConfig:
     return ModelConfig(**dataclasses.asdict(plan_rung(load_recipe("mai-base-2"), 18).arch))
 
 
-def _block_work(arch: ModelConfig, layer: int, sequences: int, moe_only: bool):
-    def setup():
-        block = Block(arch, layer)
-        x = torch.randn(sequences, arch.seq_len, arch.d_model, requires_grad=True)
-        cos, sin = rope_tables(arch.seq_len, arch.head_dim, arch.rope_theta)
-        return block, x, cos, sin
-
-    def work(state):
-        block, x, cos, sin = state
+def _block_work(arch: ModelConfig, layer: int, sequences: int, moe_only: bool, accumulating: str | None = None):
+    """Build a block and run (count) one micro-batch's forward+backward. `accumulating`: the micro-batch
+    is a later one of a step, run after a first (not counted) that left the gradients in .grad, with
+    the stacks held across them ("held": `rungs.moe.held_expert_weights`, as the job accumulates
+    under bf16) or not ("plain")."""
+    def micro_batch(block, x, cos, sin):
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
             if moe_only:
                 y, _ = block.moe(block.moe_norm(x))
             else:
                 y, _ = block(x, cos, sin, lambda t, layer, point: t)
         y.backward(torch.ones_like(y))
+
+    def setup():
+        block = Block(arch, layer)
+        x = torch.randn(sequences, arch.seq_len, arch.d_model, requires_grad=True)
+        cos, sin = rope_tables(arch.seq_len, arch.head_dim, arch.rope_theta)
+        hold = contextlib.ExitStack()
+        if accumulating == "held":
+            hold.enter_context(held_expert_weights(block))
+        if accumulating is not None:
+            micro_batch(block, x, cos, sin)
+        return block, x, cos, sin, hold
+
+    def work(state):
+        *tensors, hold = state
+        with hold:
+            micro_batch(*tensors)
     return setup, work
 
 
 def census_case(arch: ModelConfig, layer: int, sequences: int, moe_only: bool = False,
-                fuse_pointwise: bool = True) -> dict[str, object]:
+                fuse_pointwise: bool = True, accumulating: str | None = None) -> dict[str, object]:
     """The census of one block's (or its MoE sub-layer's) forward+backward, per kind of kernel;
-    fuse_pointwise: the `rungs.pointwise` chains counted as the one kernel each compiles to on CUDA."""
-    census = count_fake(*_block_work(arch, layer, sequences, moe_only), fuse_pointwise=fuse_pointwise)
+    fuse_pointwise: the `rungs.pointwise` chains counted as the one kernel each compiles to on CUDA;
+    accumulating: a later micro-batch of a step ("plain" or "held", `_block_work`)."""
+    census = count_fake(*_block_work(arch, layer, sequences, moe_only, accumulating), fuse_pointwise=fuse_pointwise)
     summary = census.summary(H200_GEMM_FLOPS, H200_BYTES_PER_SECOND, SECONDS_PER_KERNEL)
     weight_sized = {(arch.n_experts, arch.expert_hidden, arch.latent_dim), (arch.n_experts, arch.latent_dim,
                                                                           arch.expert_hidden)}
@@ -250,6 +266,11 @@ def census_l18() -> dict[str, object]:
         mode = "fused" if fuse else "eager"
         census[f"block_{mode}"] = census_case(l18, layer, L18_MICRO_BATCH_SEQUENCES, fuse_pointwise=fuse)
         census[f"moe_{mode}"] = census_case(l18, layer, L18_MICRO_BATCH_SEQUENCES, moe_only=True, fuse_pointwise=fuse)
+    # a later micro-batch of an accumulating step (gradients in .grad), the stacks cast per micro-batch
+    # or held for the step as the single-process job does under bf16
+    for how in ("plain", "held"):
+        census[f"block_fused_accumulating_{how}"] = census_case(l18, layer, L18_MICRO_BATCH_SEQUENCES,
+                                                                 accumulating=how)
     return census
 
 

@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +49,8 @@ from torch._subclasses.fake_tensor import is_fake
 
 from rungs.pointwise import swiglu, swiglu_backward
 
-__all__ = ["MoEConfigError", "RoutedExperts", "calibrate_capacity", "count_per_expert", "plan_rounds"]
+__all__ = ["MoEConfigError", "RoutedExperts", "calibrate_capacity", "count_per_expert", "held_expert_weights",
+           "plan_rounds"]
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +217,52 @@ def _compute_weights(w_gate: Tensor, w_up: Tensor, w_down: Tensor, dtype: torch.
     return w_gate_up, w_down.to(dtype)
 
 
+class _HeldWeights:
+    """One `RoutedExperts`' stacks in a compute dtype, cast once and reused while the stacks are unchanged
+    (their version counters: an optimizer step or a load writes them in place and bumps them), and the
+    parameters whose existing `.grad` the backward adds into (`held_expert_weights`)."""
+
+    def __init__(self, params: tuple[nn.Parameter, nn.Parameter, nn.Parameter]) -> None:
+        self.params = params
+        self._key: tuple | None = None
+        self._weights: tuple[Tensor, Tensor] | None = None
+
+    def weights(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        key = (dtype, *(w._version for w in self.params))
+        if key != self._key:
+            self._weights = None  # the stale copies are freed before the new ones are made
+            self._weights = _compute_weights(*self.params, dtype)
+            self._key = key
+        return self._weights
+
+
+@contextmanager
+def held_expert_weights(model: nn.Module) -> Iterator[None]:
+    """Gradient accumulation over micro-batches in one process, with less traffic on the expert stacks.
+
+    Inside the block every `RoutedExperts` of `model` casts its stacks to the compute dtype once and
+    reuses the copies in every forward and backward (without it: two casts of all three stacks per
+    micro-batch), and a micro-batch whose stacks already have a `.grad` adds its weight gradient into
+    it in place (without it: a float32 copy of the gradient, then autograd's add). The values are the
+    same bit for bit. The copies cost the stacks' size in the compute dtype until the block exits; a
+    stack written inside (an optimizer step) is cast again at its next use. Refused where a stack has
+    a gradient hook, which the in-place sum would bypass."""
+    experts = [m for m in model.modules() if isinstance(m, RoutedExperts)]
+    for m in experts:
+        for name in ("w_gate", "w_up", "w_down"):
+            w = getattr(m, name)
+            if getattr(w, "_backward_hooks", None) or getattr(w, "_post_accumulate_grad_hooks", None):
+                raise MoEConfigError(f"held_expert_weights: {name} has a gradient hook, which adding into .grad "
+                                     "in place would bypass")
+    for m in experts:
+        m._held = _HeldWeights((m.w_gate, m.w_up, m.w_down))
+    try:
+        yield
+    finally:
+        for m in experts:
+            m._held = None
+
+
 def _accumulate(acc: Tensor | None, part: Tensor, dtype: torch.dtype) -> Tensor:
     """Weight gradient over rounds: the first round's GEMM output as it is, from the second on a
     sum in `dtype` (float32 or wider): a one-round step casts once and adds nothing."""
@@ -290,15 +338,16 @@ class _RoundedExperts(torch.autograd.Function):
     on the routing. The weights come in as the (fp32) parameters and are cast to x's dtype inside
     forward and again inside backward, so no low-precision weight copy is saved; weight gradients
     are the GEMM's output for one round and a float32 sum over several, returned in the
-    parameters' dtype."""
+    parameters' dtype. With `held` (`held_expert_weights`) the cast copies are made once and reused,
+    and a weight gradient is added into the parameter's existing `.grad` in place (None returned)."""
 
     @staticmethod
-    def forward(ctx, x, gate, w_gate, w_up, w_down, order, expert_ends, k, buffer_rows, backend, recompute):
-        ctx.k, ctx.buffer_rows, ctx.backend = k, buffer_rows, backend
+    def forward(ctx, x, gate, w_gate, w_up, w_down, order, expert_ends, k, buffer_rows, backend, recompute, held):
+        ctx.k, ctx.buffer_rows, ctx.backend, ctx.held = k, buffer_rows, backend, held
         keep = recompute == "multi_round" and 0 < order.numel() <= buffer_rows
         host = _host_offsets(x, backend)
         with torch.autocast(x.device.type, enabled=False):
-            weights = _compute_weights(w_gate, w_up, w_down, x.dtype)
+            weights = held.weights(x.dtype) if held is not None else _compute_weights(w_gate, w_up, w_down, x.dtype)
             gate_pairs = gate.reshape(-1).to(x.dtype)
             y_pairs = x.new_empty(order.numel(), w_down.shape[1])
             xin = x.new_empty(buffer_rows, x.shape[1])
@@ -316,8 +365,9 @@ class _RoundedExperts(torch.autograd.Function):
     def backward(ctx, dout):
         x, gate, w_gate, w_up, w_down, order, expert_ends, *kept = ctx.saved_tensors
         grads: list = [None, None, None]
+        held = ctx.held
         with torch.autocast(x.device.type, enabled=False):
-            weights = _compute_weights(w_gate, w_up, w_down, x.dtype)
+            weights = held.weights(x.dtype) if held is not None else _compute_weights(w_gate, w_up, w_down, x.dtype)
             gate_pairs = gate.reshape(-1).to(x.dtype)
             dx_pairs = x.new_empty(order.numel(), x.shape[1])
             dgate_pairs = (torch.empty(order.numel(), dtype=torch.promote_types(x.dtype, torch.float32),
@@ -330,12 +380,17 @@ class _RoundedExperts(torch.autograd.Function):
                                 rnd, ctx.backend, kept=kept or None)
         dx = dx_pairs.view(-1, ctx.k, x.shape[1]).sum(1)                          # slot order: deterministic
         dgate = dgate_pairs.view(gate.shape).to(gate.dtype) if dgate_pairs is not None else None
-        dwg, dwu, dwd = (_weight_grad(g, w) for g, w in zip(grads, (w_gate, w_up, w_down)))
-        return dx, dgate, dwg, dwu, dwd, None, None, None, None, None, None
+        dwg, dwu, dwd = (_weight_grad(g, w, held.params[i] if held is not None else None)
+                         for i, (g, w) in enumerate(zip(grads, (w_gate, w_up, w_down))))
+        return dx, dgate, dwg, dwu, dwd, None, None, None, None, None, None, None
 
 
-def _weight_grad(grad: Tensor | None, w: Tensor) -> Tensor:
-    # No pairs at all (an empty batch): no round ran.
+def _weight_grad(grad: Tensor | None, w: Tensor, param: Tensor | None = None) -> Tensor | None:
+    # No pairs at all (an empty batch): no round ran. `param` (held weights): where its .grad exists,
+    # this gradient is added into it in place and autograd is given None (nothing more to add).
+    if param is not None and param.grad is not None and grad is not None:
+        param.grad.add_(grad)
+        return None
     return torch.zeros_like(w) if grad is None else grad.to(w.dtype)
 
 
@@ -400,6 +455,7 @@ class RoutedExperts(nn.Module):
         self.w_down = nn.Parameter(torch.empty(n_experts, latent_dim, hidden))
         self._stats: dict = {}            # the last forward's, device tensors included
         self._stats_host: dict | None = None
+        self._held: _HeldWeights | None = None  # inside `held_expert_weights`
         if not self.w_gate.is_meta:  # on the meta device (the model's build) there is nothing to draw
             self.reset_parameters()
 
@@ -468,7 +524,7 @@ class RoutedExperts(nn.Module):
         order = torch.argsort(flat, stable=True)                                 # pairs sorted by expert
         expert_ends = torch.cumsum(counts, 0)                                    # sorted end of each expert
         out = _RoundedExperts.apply(x.to(dtype), gate, self.w_gate, self.w_up, self.w_down, order, expert_ends, k,
-                                    buffer_rows, self.backend, self.recompute)
+                                    buffer_rows, self.backend, self.recompute, self._held)
         self._stats = {
             "computed_rounds": -(-n_pairs // buffer_rows),
             "tokens_per_expert": counts,

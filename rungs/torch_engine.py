@@ -6,6 +6,7 @@ tensor-only files. The loop around it is `rungs.loop`; `rungs.train.train` wires
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -25,6 +26,7 @@ from rungs.data.sampler import SourceScaledSampler
 from rungs.evaluation import evaluate_model, unigram_bpb
 from rungs.metrics import DevicePeak, device_peak
 from rungs.model import Transformer
+from rungs.moe import held_expert_weights
 from rungs.optim import build_optimizer, clip_grad_norm_on_device_, lr_at
 from rungs.router import load_balancing_loss, z_loss
 
@@ -93,7 +95,6 @@ def train_step_on_device(cfg: TrainConfig, model: Transformer, optimizer, batch,
     step is `TorchEngine.update_router_bias`, which the loop calls after it), without reading anything
     on the host: returns the step's statistics (`STEP_STATS`) as one fp32 device tensor, for
     `read_step_stats` after the step. A GPU runs the whole step without waiting for the host."""
-    micro = cfg.micro_batch_sequences or cfg.batch_sequences
     n_micro = cfg.accumulation_steps
     # Statistics stay on the device during the step and are read once, after it.
     ce_parts: list[torch.Tensor] = []
@@ -101,6 +102,29 @@ def train_step_on_device(cfg: TrainConfig, model: Transformer, optimizer, batch,
     rounds: list[torch.Tensor] = []
     overload: list[torch.Tensor] = []  # per layer: busiest expert's assignments / the mean (1.0 = balanced)
     device = next(model.parameters()).device  # where the engine built the model (resolve_device)
+    # Accumulating under bf16: the expert stacks are cast once a step, and later micro-batches add their
+    # gradients into .grad in place (rungs.moe.held_expert_weights; the same values bit for bit).
+    hold = held_expert_weights(model) if n_micro > 1 and cfg.bf16_on(device.type) else contextlib.nullcontext()
+    with hold:
+        _micro_batches(cfg, model, batch, clipper, decode, device, ce_parts, aux_parts, rounds, overload)
+    params = [p for p in model.parameters() if p.grad is not None]
+    if cfg.grad_clip is not None:
+        grad_norm = clip_grad_norm_on_device_(params, cfg.grad_clip)
+    else:
+        grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in params]))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    rounds_t = torch.stack(rounds)
+    return torch.stack([torch.stack(ce_parts).mean(), torch.stack(aux_parts).mean(), grad_norm.detach().float(),
+                        rounds_t.mean(), rounds_t.max(), torch.stack(overload).max()])
+
+
+def _micro_batches(cfg: TrainConfig, model: Transformer, batch, clipper, decode, device: torch.device,
+                   ce_parts: list, aux_parts: list, rounds: list, overload: list) -> None:
+    """Forward and backward of each micro-batch of `batch`, gradients summed in .grad; the statistics
+    appended to the lists, on the device."""
+    micro = cfg.micro_batch_sequences or cfg.batch_sequences
+    n_micro = cfg.accumulation_steps
     for m in range(n_micro):
         rows = slice(m * micro, (m + 1) * micro)
         inputs = batch.inputs[rows].to(device, non_blocking=True)
@@ -123,16 +147,6 @@ def train_step_on_device(cfg: TrainConfig, model: Transformer, optimizer, batch,
         rounds += [block.moe.experts.last_rounds.float() for block in model.layers]
         overload += [r.tokens_per_expert.float().max() / r.tokens_per_expert.float().mean().clamp_min(1e-9)
                      for r in routes]
-    params = [p for p in model.parameters() if p.grad is not None]
-    if cfg.grad_clip is not None:
-        grad_norm = clip_grad_norm_on_device_(params, cfg.grad_clip)
-    else:
-        grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in params]))
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    rounds_t = torch.stack(rounds)
-    return torch.stack([torch.stack(ce_parts).mean(), torch.stack(aux_parts).mean(), grad_norm.detach().float(),
-                        rounds_t.mean(), rounds_t.max(), torch.stack(overload).max()])
 
 
 def read_step_stats(stats: torch.Tensor) -> dict[str, float]:

@@ -38,7 +38,9 @@ What it counts, per rank (bytes):
   backward (fp32 weight-gradient accumulators, round buffers, and under ep the fixed all-to-all
   exchange and compute buffers of `ExpertParallelExperts`, sized by the capacity factor:
   `ladder.plan.expert_memory`); cross-entropy's backward over the logits; and with
-  checkpointing the one layer being recomputed. The largest of these phases is what counts.
+  checkpointing the one layer being recomputed. The largest of these phases is what counts, plus,
+  on one process accumulating micro-batches under bf16, every layer's expert stacks in bf16, held for
+  the whole step (`rungs.moe.held_expert_weights`).
 
 Left out: the CUDA context, NCCL's own buffers and allocator fragmentation (the `headroom`
 fraction of device memory is kept free for them), the one-off model build before sharding, the
@@ -319,8 +321,12 @@ def memory_breakdown(arch: Architecture, layout: Layout, *, accumulation_steps: 
         + recompute,
         "loss": loss_transient,
     }
-    buffers = max(phases.values())
+    # One process accumulating under bf16 holds every layer's expert stacks in bf16 for the whole step
+    # (rungs.moe.held_expert_weights: cast once a step instead of twice a micro-batch).
+    held = (sum(prod(s) for n, s in shapes if _role(n) == "expert_stack") * BF16_BYTES
+            if bf16 and world_one and accumulation_steps > 1 else 0)
+    buffers = max(phases.values()) + held
     details = {"activations_layers": sum(per_layer), "activations_head": head + head_loss,
                "activations_weight_copies": weights, "buffers_fsdp_root": root,
-               **{f"buffers_{k}": v for k, v in phases.items()}}
+               **{f"buffers_{k}": v for k, v in phases.items()}, "buffers_held_expert_weights": held}
     return MemoryBreakdown(params, grads, optimizer, activations, buffers, details)

@@ -36,3 +36,17 @@ def test_the_muon_census_counts_newton_schulz_flops():
     census = census_l18_muon_step()
     assert census["census_gemm_flops"] == pytest.approx(census["ns_gemm_flops"], rel=1e-12)
     assert census["modelled_step_over_ns_gemms"] > 1
+
+
+def test_a_later_micro_batch_moves_fewer_expert_weight_bytes_with_the_stacks_held():
+    """A later micro-batch of an accumulating step: plain, the stacks are cast twice and the weight
+    gradients widened and added; held, only the in-place adds of the gradients touch stack-sized
+    tensors. Same GEMM FLOPs either way."""
+    layer = SMALL.global_every - 1
+    plain, held = (census_case(SMALL, layer, sequences=2, accumulating=how) for how in ("plain", "held"))
+    assert plain["gemm_flops"] == held["gemm_flops"]
+    assert held["expert_weight_kernels_between_gemms"] == 3 < plain["expert_weight_kernels_between_gemms"]
+    stack = 3 * SMALL.n_experts * SMALL.expert_hidden * SMALL.latent_dim   # values in the three stacks
+    # plain: 2 casts (fp32 read, bf16 write), 3 widenings (bf16 read, fp32 write), 3 adds (2 fp32 reads, 1 write)
+    assert plain["expert_weight_bytes_between_gemms"] == 2 * 6 * stack + 6 * stack + 12 * stack
+    assert held["expert_weight_bytes_between_gemms"] == (2 + 4 + 4) * stack   # add_: bf16 + fp32 in, fp32 out

@@ -279,7 +279,8 @@ class _EveryPlace(HostSyncCounter):
 
 
 @pytest.mark.parametrize("overrides", [{"agc": False}, {"micro_batch_sequences": 2, "grad_clip": 1e-3},
-                                       {"agc_mode": "fixed", "agc_threshold": 1e-4, "grad_clip": None}])
+                                       {"agc_mode": "fixed", "agc_threshold": 1e-4, "grad_clip": None},
+                                       {"micro_batch_sequences": 2, "precision": "bf16"}])  # expert stacks held
 def test_the_single_process_step_reads_the_host_once_after_the_optimizer(overrides):
     """`TorchEngine.train_step`: micro-batches, losses, MoE statistics, the grad-norm clip and Muon
     leave their numbers on the device, read in one transfer at the step's end, and activation gradient
