@@ -15,7 +15,7 @@
   the one kernel each compiles to on a GPU. The global layer is counted (its attention is the same
   SDPA on every device; a window layer's differs between the CPU path and FlexAttention), the MoE
   sub-layer alone beside it. Check: the fused block's roofline MFU (the planner's FLOPs of one
-  layer over the roofline time, against the H200's 989 TFLOP/s spec) at the issue's
+  layer over the roofline time, against the H200's 989 TFLOP/s spec) at the
   forward+backward target, 0.35;
 - on CUDA (the full mode on a GPU machine, instead of the CPU timings above): L18 blocks timed
   with CUDA events, forward+backward of 8 x 4096 tokens under bf16 autocast, for a window layer

@@ -39,7 +39,7 @@ def valid_range(name: str) -> tuple[float, float] | None:
 
 @dataclass
 class Check:
-    """A target an issue sets. `valid`: the values a correct measurement can take (a utilisation's
+    """A target the benchmark checks. `valid`: the values a correct measurement can take (a utilisation's
     [0, 1]); a value outside it, or not finite, fails as a failed measurement, never passes."""
 
     name: str

@@ -13,7 +13,7 @@ is allocated, so it runs on any machine) for each routed-experts path:
 and reports `Compiled.memory_analysis()` (arguments, outputs, temporaries, their total) at 1, 2 and
 4 sequences of 4,096 tokens with 2 of L18's layers, the program's largest buffers (from its HLO),
 and the update program's figures once. Checks, per checked path: the total at 2 sequences
-<= 48 GB (the issue's bound; the PyTorch job peaks at 33 GB there), and the growth of the
+<= 48 GB (the bound; the PyTorch job peaks at 33 GB there), and the growth of the
 temporaries from 2 to 4 sequences over their growth from 1 to 2, halved: 1.0 when they grow
 linearly with the tokens, above 1 when some buffer grows faster (check <= 1.1).
 `--quick` does the same at reduced widths (the code path and the contract, not the numbers).

@@ -18,14 +18,14 @@ processes on a shared machine).
 4. mai-base-2 L18's optimizer step, counted without running it (`rungs.op_census` on fake tensors,
    one layer's Muon matrices, native bf16 Newton-Schulz, an H200's chunk budget): bytes and kernels
    by kind and a roofline time at an H200's rates, against its Newton-Schulz GEMMs alone at the
-   measured matmul rate (the issue's target: <= 1.5x).
+   measured matmul rate (the target: <= 1.5x).
 5. On CUDA (the full mode on a GPU machine), the same step run: L18's Muon matrices and AdamW tensors
    of `--layers` layers (7 by default, what fits one H200 with the rung's activations), random
    gradients; Muon's step and AdamW's (fused, foreach) timed with CUDA events; its Newton-Schulz
    GEMMs' FLOPs (`rungs.muon.ns_flops`) at this device's measured bf16 matmul rate (8192^3) and at
    the rate of the step's own batched GEMM (768^3 x 1,536); the optimizer's share of a whole
    optimizer step of the planner's L18 layout (16 micro-batches of 8 x 4096 tokens) were the rest
-   of that step at the issue's 0.30 MFU. Targets: step <= 1.5x its GEMMs, share <= 5%.
+   of that step at the 0.30 MFU target. Targets: step <= 1.5x its GEMMs, share <= 5%.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ engines so load drifts hit both alike, and the time is the process's CPU time (b
 on one thread), which other jobs on a shared machine disturb far less than wall time; the medians
 are reported, with their ratio. Layer 0 is a
 windowed (local) layer of the cpu-demo pattern, layer 2 a global one. Attention and MoE halves are
-timed apart too, since the issue's prototype was slow in attention only.
+timed apart too, since the first prototype was slow in attention only.
 
 A measurement, not a test: the numbers depend on the machine and its load.
 """

@@ -37,7 +37,7 @@ def test_the_demo_fits_enough_rungs_below_its_top_for_an_interval_over_30x_at_on
     flops = sorted(train_flops(p.config) for p in ladder)
     fitted = flops[:-1]  # the top rung is held out and predicted from the rungs below it
     # Below MIN_DISTINCT_FOR_INTERVAL fitted rungs the top rung's 95% interval is reported as not
-    # available (fits.bootstrap); the issue asks for at least 4 fitted rungs over >= 30x.
+    # available (fits.bootstrap); the backtest needs at least 4 fitted rungs over >= 30x.
     assert len(set(fitted)) >= max(MIN_DISTINCT_FOR_INTERVAL, 4)
     assert fitted[-1] / fitted[0] >= 30
     assert len({p.config["tpp"] for p in planned}) == 1
