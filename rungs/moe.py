@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -49,8 +49,8 @@ from torch._subclasses.fake_tensor import is_fake
 
 from rungs.pointwise import swiglu, swiglu_backward
 
-__all__ = ["MoEConfigError", "RoutedExperts", "calibrate_capacity", "count_per_expert", "held_expert_weights",
-           "plan_rounds"]
+__all__ = ["HeldWeights", "MoEConfigError", "RoutedExperts", "calibrate_capacity", "count_per_expert",
+           "held_expert_weights", "plan_rounds"]
 
 logger = logging.getLogger(__name__)
 
@@ -217,37 +217,46 @@ def _compute_weights(w_gate: Tensor, w_up: Tensor, w_down: Tensor, dtype: torch.
     return w_gate_up, w_down.to(dtype)
 
 
-class _HeldWeights:
-    """One `RoutedExperts`' stacks in a compute dtype, cast once and reused while the stacks are unchanged
-    (their version counters: an optimizer step or a load writes them in place and bumps them), and the
-    parameters whose existing `.grad` the backward adds into (`held_expert_weights`)."""
+class HeldWeights:
+    """An experts module's stacks (gate, up, down) in a compute dtype, made by `make(w_gate, w_up, w_down,
+    dtype)` once and reused while the stacks are unchanged (their version counters: an optimizer step
+    or a load writes them in place and bumps them), and the parameters whose existing `.grad` the
+    backward adds into (`held_expert_weights`)."""
 
-    def __init__(self, params: tuple[nn.Parameter, nn.Parameter, nn.Parameter]) -> None:
-        self.params = params
+    def __init__(self, params: tuple[nn.Parameter, nn.Parameter, nn.Parameter],
+                 make: Callable[[Tensor, Tensor, Tensor, torch.dtype], tuple[Tensor, ...]]) -> None:
+        self.params, self._make = params, make
         self._key: tuple | None = None
-        self._weights: tuple[Tensor, Tensor] | None = None
+        self._weights: tuple[Tensor, ...] | None = None
 
-    def weights(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    def weights(self, dtype: torch.dtype) -> tuple[Tensor, ...]:
         key = (dtype, *(w._version for w in self.params))
         if key != self._key:
             self._weights = None  # the stale copies are freed before the new ones are made
-            self._weights = _compute_weights(*self.params, dtype)
+            self._weights = self._make(*self.params, dtype)
             self._key = key
         return self._weights
+
+    def grad_into(self, i: int) -> Tensor | None:
+        """Parameter i's existing `.grad`, which this micro-batch's gradient is added into in place
+        (None: the first micro-batch, whose gradient autograd stores)."""
+        return self.params[i].grad
 
 
 @contextmanager
 def held_expert_weights(model: nn.Module) -> Iterator[None]:
-    """Gradient accumulation over micro-batches in one process, with less traffic on the expert stacks.
+    """Gradient accumulation over micro-batches with less traffic on the expert stacks.
 
-    Inside the block every `RoutedExperts` of `model` casts its stacks to the compute dtype once and
-    reuses the copies in every forward and backward (without it: two casts of all three stacks per
-    micro-batch), and a micro-batch whose stacks already have a `.grad` adds its weight gradient into
-    it in place (without it: a float32 copy of the gradient, then autograd's add). The values are the
-    same bit for bit. The copies cost the stacks' size in the compute dtype until the block exits; a
-    stack written inside (an optimizer step) is cast again at its next use. Refused where a stack has
-    a gradient hook, which the in-place sum would bypass."""
-    experts = [m for m in model.modules() if isinstance(m, RoutedExperts)]
+    Inside the block every experts module of `model` (`RoutedExperts`, and the expert-parallel one:
+    each module with a `hold_weights()`) casts its stacks to the compute dtype once and reuses the
+    copies in every forward and backward (without it: two casts of all three stacks per micro-batch),
+    and a micro-batch whose stacks already have a `.grad` adds its weight gradient into it in place
+    (without it: a float32 copy of the gradient, then autograd's add). The values are the same bit
+    for bit. The copies cost the stacks' size in the compute dtype until the block exits; a stack
+    written inside (an optimizer step) is cast again at its next use. Refused where a stack has a
+    gradient hook, which the in-place sum would bypass. For stacks that are plain parameters (one
+    process, or expert parallelism, whose stacks FSDP leaves alone), not FSDP-sharded ones."""
+    experts = [m for m in model.modules() if callable(getattr(m, "hold_weights", None))]
     for m in experts:
         for name in ("w_gate", "w_up", "w_down"):
             w = getattr(m, name)
@@ -255,7 +264,7 @@ def held_expert_weights(model: nn.Module) -> Iterator[None]:
                 raise MoEConfigError(f"held_expert_weights: {name} has a gradient hook, which adding into .grad "
                                      "in place would bypass")
     for m in experts:
-        m._held = _HeldWeights((m.w_gate, m.w_up, m.w_down))
+        m._held = m.hold_weights()
     try:
         yield
     finally:
@@ -380,16 +389,16 @@ class _RoundedExperts(torch.autograd.Function):
                                 rnd, ctx.backend, kept=kept or None)
         dx = dx_pairs.view(-1, ctx.k, x.shape[1]).sum(1)                          # slot order: deterministic
         dgate = dgate_pairs.view(gate.shape).to(gate.dtype) if dgate_pairs is not None else None
-        dwg, dwu, dwd = (_weight_grad(g, w, held.params[i] if held is not None else None)
+        dwg, dwu, dwd = (_weight_grad(g, w, held.grad_into(i) if held is not None else None)
                          for i, (g, w) in enumerate(zip(grads, (w_gate, w_up, w_down))))
         return dx, dgate, dwg, dwu, dwd, None, None, None, None, None, None, None
 
 
-def _weight_grad(grad: Tensor | None, w: Tensor, param: Tensor | None = None) -> Tensor | None:
-    # No pairs at all (an empty batch): no round ran. `param` (held weights): where its .grad exists,
-    # this gradient is added into it in place and autograd is given None (nothing more to add).
-    if param is not None and param.grad is not None and grad is not None:
-        param.grad.add_(grad)
+def _weight_grad(grad: Tensor | None, w: Tensor, into: Tensor | None = None) -> Tensor | None:
+    # No pairs at all (an empty batch): no round ran. `into` (held weights): the parameter's existing
+    # .grad; this gradient is added into it in place and autograd is given None (nothing more to add).
+    if into is not None and grad is not None:
+        into.add_(grad)
         return None
     return torch.zeros_like(w) if grad is None else grad.to(w.dtype)
 
@@ -455,7 +464,7 @@ class RoutedExperts(nn.Module):
         self.w_down = nn.Parameter(torch.empty(n_experts, latent_dim, hidden))
         self._stats: dict = {}            # the last forward's, device tensors included
         self._stats_host: dict | None = None
-        self._held: _HeldWeights | None = None  # inside `held_expert_weights`
+        self._held: HeldWeights | None = None  # inside `held_expert_weights`
         if not self.w_gate.is_meta:  # on the meta device (the model's build) there is nothing to draw
             self.reset_parameters()
 
@@ -465,6 +474,10 @@ class RoutedExperts(nn.Module):
         (`rungs.architecture.init_std`, applied by `Transformer.init_weights`) is their only init."""
         for w in (self.w_gate, self.w_up, self.w_down):
             nn.init.normal_(w, std=w.shape[-1] ** -0.5)
+
+    def hold_weights(self) -> HeldWeights:
+        """The stacks' compute copies for `held_expert_weights`: gate and up as one stack, down."""
+        return HeldWeights((self.w_gate, self.w_up, self.w_down), _compute_weights)
 
     def extra_repr(self) -> str:
         return (f"n_experts={self.n_experts}, latent_dim={self.latent_dim}, hidden={self.hidden}, "

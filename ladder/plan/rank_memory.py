@@ -31,7 +31,7 @@ What it counts, per rank (bytes):
   fits one chunk or the step takes logits, the head's input and the fp32 log-probabilities (plus
   the logits the step holds). Under bf16 it adds autocast's bf16 copies: each linear's input, and
   the compute copies of the weights autograd keeps until backward (the head; on one process the
-  blocks' matrices and routers; expert stacks under ep, which `ExpertParallelExperts` casts);
+  blocks' matrices and routers);
 - buffers: the transients on top of that at the worst moment: FSDP2's gathered (unsharded) fp32 root
   (embedding, LM head) through forward and backward, two blocks' gathered parameters (current + prefetch)
   and one block's unsharded gradients before the reduce-scatter; one layer's expert forward and
@@ -39,8 +39,8 @@ What it counts, per rank (bytes):
   exchange and compute buffers of `ExpertParallelExperts`, sized by the capacity factor:
   `ladder.plan.expert_memory`); cross-entropy's backward over the logits; and with
   checkpointing the one layer being recomputed. The largest of these phases is what counts, plus,
-  on one process accumulating micro-batches under bf16, every layer's expert stacks in bf16, held for
-  the whole step (`rungs.moe.held_expert_weights`).
+  accumulating micro-batches under bf16 on one process or under expert parallelism, every layer's
+  (local) expert stacks in bf16, held for the whole step (`rungs.moe.held_expert_weights`).
 
 Left out: the CUDA context, NCCL's own buffers and allocator fragmentation (the `headroom`
 fraction of device memory is kept free for them), the one-off model build before sharding, the
@@ -291,15 +291,12 @@ def memory_breakdown(arch: Architecture, layout: Layout, *, accumulation_steps: 
     sharded = layout.world > 1
     weights = 0
     if bf16:  # autocast's weight copies, saved until backward: the head (fp32 under FSDP too); on one
-        # process the blocks' matrices and routers (FSDP's bf16 gathers are freed after forward instead);
-        # the expert stacks under ep
+        # process the blocks' matrices and routers (FSDP's bf16 gathers are freed after forward instead).
+        # The expert stacks are cast inside their autograd functions, in forward and again in backward.
         for name, shape in shapes:
-            role = _role(name)
-            block_weight = role == "matrix" or ".moe.router." in name
+            block_weight = _role(name) == "matrix" or ".moe.router." in name
             if (block_weight and not sharded) or (name == "lm_head.weight" and plain_loss):
                 weights += prod(shape) * BF16_BYTES
-            elif role == "expert_stack" and layout.ep > 1:
-                weights += prod(shape) // layout.ep * BF16_BYTES
     activations = sum(per_layer) + head + head_loss + weights
 
     gather = a  # the blocks' all-gather dtype (FSDP2's MixedPrecisionPolicy: bf16 parameters for compute)
@@ -321,10 +318,11 @@ def memory_breakdown(arch: Architecture, layout: Layout, *, accumulation_steps: 
         + recompute,
         "loss": loss_transient,
     }
-    # One process accumulating under bf16 holds every layer's expert stacks in bf16 for the whole step
-    # (rungs.moe.held_expert_weights: cast once a step instead of twice a micro-batch).
-    held = (sum(prod(s) for n, s in shapes if _role(n) == "expert_stack") * BF16_BYTES
-            if bf16 and world_one and accumulation_steps > 1 else 0)
+    # Accumulating under bf16 on one process or under expert parallelism, every layer's (local) expert
+    # stacks are held in bf16 for the whole step (rungs.moe.held_expert_weights: cast once a step
+    # instead of twice a micro-batch); FSDP-sharded stacks (ep 1 over several ranks) are not.
+    held = (sum(prod(s) for n, s in shapes if _role(n) == "expert_stack") // layout.ep * BF16_BYTES
+            if bf16 and (world_one or layout.ep > 1) and accumulation_steps > 1 else 0)
     buffers = max(phases.values()) + held
     details = {"activations_layers": sum(per_layer), "activations_head": head + head_loss,
                "activations_weight_copies": weights, "buffers_fsdp_root": root,

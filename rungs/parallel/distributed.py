@@ -35,6 +35,7 @@ gloo on CPU, NCCL on GPU.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from rungs.architecture import ModelConfig
 from rungs.model import LocalRows, Transformer
+from rungs.moe import held_expert_weights
 from rungs.parallel.dist_muon import DistMuon
 from rungs.parallel.expert_parallel import ExpertParallelExperts
 from rungs.optim import ADAMW_ROLES, DEFAULT_NO_DECAY_ROLES, MUON_ROLES, MuonAdamW, param_role
@@ -303,25 +305,31 @@ def train_step(model: nn.Module, optimizer: MuonAdamW, par: Parallel, inputs: Te
     host_chunks = (host_inputs if host_inputs is not None else inputs).chunk(micro_batches)
     rounds: list[Tensor] = []    # per layer and micro-batch, 0-d on the device
     overload: list[Tensor] = []  # per layer and micro-batch: busiest expert's assignments / the mean, this rank
-    for m, (inp, tgt) in enumerate(zip(inputs.chunk(micro_batches), targets.chunk(micro_batches))):
-        if clipper is not None:
-            where = None if locate is None else (lambda r, p, o=row_offset + m * micro: locate(r + o, p))
-            clipper.begin_micro_batch(host_chunks[m], locate=where, decode=decode)
-        if defer_grad_sync and micro_batches > 1:
-            model.set_requires_gradient_sync(m == micro_batches - 1)  # True again after the last
-        with torch.autocast(par.device_type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
-            ce, routes = model(inp, tgt)  # the chunked loss (rungs.loss): no (tokens, vocab) logits
-        aux = ce.new_zeros(())
-        if lb_loss_coef:
-            aux = aux + lb_loss_coef * load_balancing_loss(routes, n_experts, top_k, reduce_fn=lbl_reduce(par))
-        if z_loss_coef:
-            aux = aux + z_loss_coef * z_loss(routes)
-        ((ce + aux) / micro_batches).backward()
-        ce_sum = ce_sum + ce.detach().double() / micro_batches
-        aux_sum = aux_sum + aux.detach().double() / micro_batches
-        rounds += [block.moe.experts.last_rounds.double() for block in model.layers]
-        overload += [r.tokens_per_expert.max().double() / r.tokens_per_expert.float().mean().double().clamp_min(1e-9)
-                     for r in routes]
+    # Accumulating in a compute dtype under expert parallelism: the local expert stacks are cast once a
+    # step and later micro-batches add their gradients into .grad in place (rungs.moe.held_expert_weights;
+    # the same values bit for bit). Not with ep 1: there the stacks are FSDP's.
+    hold = (held_expert_weights(model) if autocast_dtype is not None and micro_batches > 1 and par.ep > 1
+            else contextlib.nullcontext())
+    with hold:
+        for m, (inp, tgt) in enumerate(zip(inputs.chunk(micro_batches), targets.chunk(micro_batches))):
+            if clipper is not None:
+                where = None if locate is None else (lambda r, p, o=row_offset + m * micro: locate(r + o, p))
+                clipper.begin_micro_batch(host_chunks[m], locate=where, decode=decode)
+            if defer_grad_sync and micro_batches > 1:
+                model.set_requires_gradient_sync(m == micro_batches - 1)  # True again after the last
+            with torch.autocast(par.device_type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+                ce, routes = model(inp, tgt)  # the chunked loss (rungs.loss): no (tokens, vocab) logits
+            aux = ce.new_zeros(())
+            if lb_loss_coef:
+                aux = aux + lb_loss_coef * load_balancing_loss(routes, n_experts, top_k, reduce_fn=lbl_reduce(par))
+            if z_loss_coef:
+                aux = aux + z_loss_coef * z_loss(routes)
+            ((ce + aux) / micro_batches).backward()
+            ce_sum = ce_sum + ce.detach().double() / micro_batches
+            aux_sum = aux_sum + aux.detach().double() / micro_batches
+            rounds += [block.moe.experts.last_rounds.double() for block in model.layers]
+            overload += [r.tokens_per_expert.max().double() / r.tokens_per_expert.float().mean().double().clamp_min(1e-9)
+                         for r in routes]
     reduce_expert_grads(par)
     grad_norm = clip_grad_norm_on_device(model, par, grad_clip)
     optimizer.step()

@@ -51,7 +51,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rungs.moe import RoutedExperts, count_per_expert, grouped_mm
+from rungs.moe import HeldWeights, RoutedExperts, count_per_expert, grouped_mm
 from rungs.parallel.ep_plan import EPLayout, Plan, SliceMaps, factor_capacities
 
 
@@ -178,15 +178,28 @@ def _swiglu_forward(xin: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, o
     return grouped_mm(h, w_down.mT, offs, None, backend)                   # (rows, latent)
 
 
+def _cast_each(w_gate: Tensor, w_up: Tensor, w_down: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    return w_gate.to(dtype), w_up.to(dtype), w_down.to(dtype)
+
+
 class _EPExperts(torch.autograd.Function):
-    """y_pairs[p] = expert(e_p)(x[p // k]) with experts spread over the EP group; slices recomputed."""
+    """y_pairs[p] = expert(e_p)(x[p // k]) with experts spread over the EP group; slices recomputed.
+
+    The local stacks come in as the (fp32) parameters and are cast to x's dtype in forward and again
+    in backward (no copy saved in between), or taken from `held` (`rungs.moe.held_expert_weights`);
+    weight gradients are summed over the slices in fp32 and returned in the parameters' dtype (never
+    rounded to the compute dtype), or, held, added into the parameters' existing `.grad` in place."""
 
     @staticmethod
-    def forward(ctx, x, w_gate, w_up, w_down, plan: Plan, k: int, group, backend: str, overlap: bool):
+    def forward(ctx, x, w_gate, w_up, w_down, plan: Plan, k: int, group, backend: str, overlap: bool,
+                held: HeldWeights | None):
         lay = plan.lay
         latent, n = x.shape[1], plan.order.numel()
         count = _RoundCount(lay, plan)
+        ctx.save_for_backward(x, w_gate, w_up, w_down)
         with torch.autocast(x.device.type, enabled=False):
+            w_gate, w_up, w_down = held.weights(x.dtype) if held is not None else _cast_each(w_gate, w_up, w_down,
+                                                                                              x.dtype)
             y_pairs = x.new_zeros(n + 1, latent)                              # row n: padding rows' sink
             xin = x.new_zeros(lay.compute_rows + 1, latent)                    # row compute_rows: padding's sink
 
@@ -205,19 +218,20 @@ class _EPExperts(torch.autograd.Function):
                     break
         if lay.peer_capped:  # no closed form: the statistic is the rounds run (a fill, not a copy)
             plan.n_rounds = torch.full_like(plan.n_rounds, count.ran)
-        ctx.save_for_backward(x, w_gate, w_up, w_down)
         ctx.plan, ctx.n_rounds, ctx.k, ctx.group, ctx.backend, ctx.overlap = plan, count.ran, k, group, backend, overlap
+        ctx.held = held
         return y_pairs[:n]
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_y_pairs):
-        x, w_gate, w_up, w_down = ctx.saved_tensors
-        plan, k, backend = ctx.plan, ctx.k, ctx.backend
+        x, *params = ctx.saved_tensors
+        plan, k, backend, held = ctx.plan, ctx.k, ctx.backend, ctx.held
         lay, latent, n = plan.lay, x.shape[1], plan.order.numel()
-        acc = torch.promote_types(w_gate.dtype, torch.float32)
-        grads = [torch.zeros(w.shape, dtype=acc, device=w.device) for w in (w_gate, w_up, w_down)]
+        acc = torch.promote_types(params[0].dtype, torch.float32)
+        grads = [torch.zeros(w.shape, dtype=acc, device=w.device) for w in params]   # fp32 sums over slices
         with torch.autocast(x.device.type, enabled=False):
+            w_gate, w_up, w_down = held.weights(x.dtype) if held is not None else _cast_each(*params, x.dtype)
             grad_y_pairs = grad_y_pairs.to(x.dtype).contiguous()
             dx_pairs = x.new_zeros(n + 1, latent)
             xin = x.new_zeros(lay.compute_rows + 1, latent)
@@ -255,8 +269,13 @@ class _EPExperts(torch.autograd.Function):
                 if r + 1 == ctx.n_rounds:
                     break
         dx = dx_pairs[:n].view(-1, k, latent).sum(1)                            # slot order: deterministic
-        dwg, dwu, dwd = (g.to(w.dtype) for g, w in zip(grads, (w_gate, w_up, w_down)))
-        return dx, dwg, dwu, dwd, None, None, None, None, None
+        # held, from the second micro-batch on: added into .grad here, as autograd would (the same order)
+        into = [held.grad_into(i) if held is not None else None for i in range(3)]
+        for i, g in zip(into, grads):
+            if i is not None:
+                i.add_(g)
+        dwg, dwu, dwd = (None if i is not None else g.to(w.dtype) for i, g, w in zip(into, grads, params))
+        return dx, dwg, dwu, dwd, None, None, None, None, None, None
 
 
 class ExpertParallelExperts(nn.Module):
@@ -303,6 +322,11 @@ class ExpertParallelExperts(nn.Module):
             setattr(self, name, nn.Parameter(getattr(experts, name).detach()[lo:hi].clone()))
         self._stats: dict = {}
         self._stats_host: dict | None = None
+        self._held: HeldWeights | None = None  # inside `rungs.moe.held_expert_weights`
+
+    def hold_weights(self) -> HeldWeights:
+        """The local stacks' compute copies for `rungs.moe.held_expert_weights`."""
+        return HeldWeights((self.w_gate, self.w_up, self.w_down), _cast_each)
 
     def extra_repr(self) -> str:
         return (f"experts {self.rank * self.local_experts}..{(self.rank + 1) * self.local_experts - 1} of "
@@ -349,8 +373,8 @@ class ExpertParallelExperts(nn.Module):
         device_type = x.device.type
         dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
         if flat.numel():
-            weights = [w.to(dtype) for w in (self.w_gate, self.w_up, self.w_down)]
-            y_pairs = _EPExperts.apply(x.to(dtype), *weights, plan, k, self.group, self.backend, self.overlap)
+            y_pairs = _EPExperts.apply(x.to(dtype), self.w_gate, self.w_up, self.w_down, plan, k, self.group,
+                                       self.backend, self.overlap, self._held)
         else:
             y_pairs = x.new_zeros(0, self.latent_dim, dtype=dtype)
         out = torch.bmm(gate.to(dtype).unsqueeze(1), y_pairs.view(n_tokens, k, self.latent_dim)).squeeze(1)

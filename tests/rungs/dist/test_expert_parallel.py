@@ -173,3 +173,46 @@ def test_rejects_layouts_that_cannot_split():
         check_layout(8, 3, 1)
     with pytest.raises(ExpertParallelError, match="group_size=3 must divide the 2 experts"):
         check_layout(8, 4, 3)
+
+
+def _held_worker(rank: int, world: int) -> None:
+    """Three micro-batches under bf16 autocast, the stacks held across them or cast in each forward and
+    backward: the same outputs and sums of weight gradients bit for bit, one cast a step instead of two
+    a micro-batch, and fp32 gradients (they were rounded to bf16 before autograd widened them)."""
+    import contextlib
+
+    import rungs.parallel.expert_parallel as expert_parallel
+    from rungs.moe import held_expert_weights
+
+    casts = []
+    real = expert_parallel._cast_each
+    expert_parallel._cast_each = lambda *a: casts.append(1) or real(*a)
+    try:
+        got = {}
+        for hold in (False, True):
+            full, xs, idx, gates, cots = _inputs(rank, world, "random")
+            ep = ExpertParallelExperts(full, dist.group.WORLD, capacity_per_expert=3, group_size=2)
+            casts.clear()
+            outs = []
+            with held_expert_weights(ep) if hold else contextlib.nullcontext():
+                for m in range(3):
+                    x = (xs[rank] * (m + 1)).requires_grad_(True)
+                    with torch.autocast("cpu", dtype=torch.bfloat16):
+                        out = ep(x, idx[rank], gates[rank])
+                    (out.float() * cots[rank]).sum().backward()
+                    outs.append(out.detach())
+                    if m == 0:
+                        first = [getattr(ep, n).grad.clone() for n in ("w_gate", "w_up", "w_down")]
+            got[hold] = (outs, [getattr(ep, n).grad.clone() for n in ("w_gate", "w_up", "w_down")], len(casts))
+    finally:
+        expert_parallel._cast_each = real
+    (plain_outs, plain_grads, plain_casts), (held_outs, held_grads, held_casts) = got[False], got[True]
+    assert all(torch.equal(a, b) for a, b in zip(plain_outs, held_outs)), f"rank {rank}: outputs differ"
+    assert all(torch.equal(a, b) for a, b in zip(plain_grads, held_grads)), f"rank {rank}: gradients differ"
+    assert (plain_casts, held_casts) == (2 * 3, 1), (plain_casts, held_casts)
+    # one micro-batch's gradient is an fp32 sum over slices, not a bf16 value widened
+    assert all(g.dtype == torch.float32 and not torch.equal(g, g.bfloat16().float()) for g in first)
+
+
+def test_held_stacks_give_the_same_values_with_one_cast_a_step():
+    run_ranks(_held_worker, 2)
