@@ -1,4 +1,4 @@
-"""The GPU benchmarks in one prepared run of bounded wall time: `python -m benchmarks.gpu_session --out DIR`.
+"""The GPU benchmarks in one prepared run of bounded wall time: `python -m benchmarks.gpu_suite --out DIR`.
 
 A GPU machine is lent for minutes at a time, so the benchmarks that need one run here in the order of
 what they decide, each in a child process with a wall-clock limit, and whatever one of them does
@@ -16,7 +16,7 @@ passes to the ones after it. Children that take a time limit of their own get on
 their share, so they stop timing and report rather than being killed. Each child's JSON goes to
 `DIR/NAME.json` and the tail of its stderr to `DIR/NAME.stderr.txt` as soon as it ends;
 `DIR/summary.json` is rewritten after every child (status, seconds, limit and every check), so a
-session cut short keeps what it measured. `--quick` runs the children's CPU modes at reduced widths
+run cut short keeps what it measured. `--quick` runs the children's CPU modes at reduced widths
 (what the tests run).
 
 Nothing here is timed on the host CPU: the device is read from `nvidia-smi`, and each child times its
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHILDREN", "SHARES", "Child", "device_memory_flag", "gpu_device", "plan_limits", "run_session"]
+__all__ = ["CHILDREN", "SHARES", "Child", "device_memory_flag", "gpu_device", "plan_limits", "run_suite"]
 
 DEFAULT_BUDGET_SECONDS = 470.0
 STDERR_TAIL_BYTES = 8_000
@@ -48,7 +48,7 @@ OWN_LIMIT_MARGIN = 0.8
 @dataclass(frozen=True)
 class Child:
     name: str
-    share: float                      # of the session's budget
+    share: float                      # of the suite's budget
     own_limit_flag: str | None        # the child's own wall-clock flag, if it has one
 
     def command(self, quick: bool, limit_seconds: float, gpu_memory: str | None) -> list[str]:
@@ -105,7 +105,7 @@ def device_memory_flag(name: str | None) -> str | None:
 
 def plan_limits(budget_seconds: float, used: dict[str, float], names: list[str]) -> float:
     """The next child's limit: its share of the budget plus what the children before it left unused,
-    never more than what is left. `used`: seconds each finished child took; `names`: this session's
+    never more than what is left. `used`: seconds each finished child took; `names`: this run's
     children in order, the next one the first not in `used`."""
     if budget_seconds <= 0:
         raise ValueError(f"budget_seconds must be > 0, got {budget_seconds}")
@@ -163,7 +163,7 @@ def _run_child(cmd: list[str], limit_seconds: float, out_dir: Path, name: str) -
     return row
 
 
-def run_session(out_dir: Path, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, quick: bool = False,
+def run_suite(out_dir: Path, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, quick: bool = False,
                 only: list[str] | None = None, progress=None) -> dict[str, Any]:
     """Run the children in order within `budget_seconds`; returns the summary (also in
     `out_dir/summary.json`, rewritten after each child)."""
@@ -178,7 +178,7 @@ def run_session(out_dir: Path, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS
     device = gpu_device()
     gpu_memory = device_memory_flag(device["name"] if device else None)
     summary: dict[str, Any] = {
-        "benchmark": "gpu_session", "budget_seconds": budget_seconds, "quick": quick,
+        "benchmark": "gpu_suite", "budget_seconds": budget_seconds, "quick": quick,
         "machine": {"gpu": device, "python": sys.version.split()[0], "gpu_memory_for_planner": gpu_memory},
         "results": {"children": []}, "checks": []}
     used: dict[str, float] = {}
@@ -188,7 +188,7 @@ def run_session(out_dir: Path, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS
             row = {"name": name, "status": "skipped", "reason": "no time left in the budget", "checks": []}
         else:
             if progress:
-                progress(f"gpu_session: {name} (limit {limit:.0f} s)")
+                progress(f"gpu_suite: {name} (limit {limit:.0f} s)")
             row = _run_child(by_name[name].command(quick, limit, gpu_memory), limit, out_dir, name)
             used[name] = row["seconds"]
         summary["results"]["children"].append(row)
@@ -196,12 +196,12 @@ def run_session(out_dir: Path, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS
         summary["seconds"] = round(sum(used.values()), 1)
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         if progress:
-            progress(f"gpu_session: {name} {row['status']}" + (f" in {row['seconds']:.0f} s" if "seconds" in row else ""))
+            progress(f"gpu_suite: {name} {row['status']}" + (f" in {row['seconds']:.0f} s" if "seconds" in row else ""))
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_session", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_suite", description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="directory for each child's JSON, stderr tail and summary.json")
     parser.add_argument("--budget-seconds", type=float, default=DEFAULT_BUDGET_SECONDS,
                         help=f"wall seconds for all children together (default {DEFAULT_BUDGET_SECONDS:.0f})")
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     try:
-        summary = run_session(Path(args.out), budget_seconds=args.budget_seconds, quick=args.quick, only=only,
+        summary = run_suite(Path(args.out), budget_seconds=args.budget_seconds, quick=args.quick, only=only,
                               progress=lambda line: print(line, file=sys.stderr, flush=True))
     except ValueError as err:
         parser.error(str(err))

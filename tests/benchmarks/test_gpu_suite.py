@@ -1,4 +1,4 @@
-"""benchmarks/gpu_session.py: the GPU benchmarks in one run of bounded wall time. Its budget arithmetic,
+"""benchmarks/gpu_suite.py: the GPU benchmarks in one run of bounded wall time. Its budget arithmetic,
 the planner's memory flag by card, a real child run in --quick mode, a child killed at its limit with
 what it wrote kept and the next child still run, and bad input."""
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from benchmarks import gpu_session
-from benchmarks.gpu_session import SHARES, device_memory_flag, plan_limits
+from benchmarks import gpu_suite
+from benchmarks.gpu_suite import SHARES, device_memory_flag, plan_limits
 
 
 def test_each_child_gets_its_share_plus_what_the_ones_before_left_never_more_than_is_left():
@@ -25,7 +25,7 @@ def test_each_child_gets_its_share_plus_what_the_ones_before_left_never_more_tha
     assert third == pytest.approx(SHARES["block_kernels"] * budget)
     assert plan_limits(budget, {"gpu_rung": 300.0, "jax_gpu_rung": 160.0, "block_kernels": 9.0}, names) == pytest.approx(1.0)
     assert plan_limits(budget, {"gpu_rung": 300.0, "jax_gpu_rung": 200.0, "block_kernels": 9.0}, names) == 0.0
-    # a session of some children shares the whole budget among them
+    # a run of some children shares the whole budget among them
     assert plan_limits(100.0, {}, ["muon"]) == pytest.approx(100.0)
     with pytest.raises(ValueError, match="budget_seconds"):
         plan_limits(0.0, {}, names)
@@ -38,18 +38,18 @@ def test_the_planner_lays_l18_out_for_the_cards_marketed_memory():
 
 
 def test_gpu_rung_is_given_the_flag_and_a_limit_inside_its_share():
-    rung = next(c for c in gpu_session.CHILDREN if c.name == "gpu_rung")
+    rung = next(c for c in gpu_suite.CHILDREN if c.name == "gpu_rung")
     cmd = rung.command(False, 200.0, "141GB")
     assert cmd[cmd.index("--max-seconds") + 1] == "160" and cmd[cmd.index("--gpu-memory") + 1] == "141GB"
     quick = rung.command(True, 200.0, "141GB")
     assert "--quick" in quick and "--gpu-memory" not in quick
-    muon = next(c for c in gpu_session.CHILDREN if c.name == "muon")
+    muon = next(c for c in gpu_suite.CHILDREN if c.name == "muon")
     assert "--max-seconds" not in muon.command(False, 50.0, None)
 
 
 @pytest.mark.slow
-def test_a_quick_session_runs_its_child_and_keeps_its_json_and_checks(tmp_path, capsys):
-    code = gpu_session.main(["--out", str(tmp_path), "--only", "muon", "--quick", "--budget-seconds", "400", "--json"])
+def test_a_quick_run_runs_its_child_and_keeps_its_json_and_checks(tmp_path, capsys):
+    code = gpu_suite.main(["--out", str(tmp_path), "--only", "muon", "--quick", "--budget-seconds", "400", "--json"])
     summary = json.loads(capsys.readouterr().out)
     assert summary == json.loads((tmp_path / "summary.json").read_text())
     (row,) = summary["results"]["children"]
@@ -62,10 +62,10 @@ def test_a_quick_session_runs_its_child_and_keeps_its_json_and_checks(tmp_path, 
 
 def test_a_child_past_its_limit_is_killed_and_the_next_still_runs(tmp_path, capsys, monkeypatch):
     """block_kernels needs far more than 2.5 s: it is killed with its process group, its stderr kept;
-    the session goes on to the next child with the time that is left, and says so in its exit code."""
-    monkeypatch.setattr(gpu_session, "SHARES", {**SHARES, "block_kernels": 0.625, "muon": 0.375})
+    the suite goes on to the next child with the time that is left, and says so in its exit code."""
+    monkeypatch.setattr(gpu_suite, "SHARES", {**SHARES, "block_kernels": 0.625, "muon": 0.375})
     lines: list[str] = []
-    summary = gpu_session.run_session(tmp_path, budget_seconds=4.0, quick=True, only=["block_kernels", "muon"],
+    summary = gpu_suite.run_suite(tmp_path, budget_seconds=4.0, quick=True, only=["block_kernels", "muon"],
                                       progress=lines.append)
     killed, after = summary["results"]["children"]
     assert killed["status"] == "timed_out" and killed["returncode"] is None
@@ -79,8 +79,8 @@ def test_a_child_past_its_limit_is_killed_and_the_next_still_runs(tmp_path, caps
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     for argv in (["--only", "gpu_rung,nonsense"], ["--only", "muon,muon"], ["--budget-seconds", "0"]):
         with pytest.raises(SystemExit) as stop:
-            gpu_session.main(["--out", str(tmp_path), *argv])
+            gpu_suite.main(["--out", str(tmp_path), *argv])
         assert stop.value.code == 2
         err = capsys.readouterr().err
-        assert "gpu_session: error:" in err and "Traceback" not in err
+        assert "gpu_suite: error:" in err and "Traceback" not in err
     assert not (tmp_path / "summary.json").exists()
