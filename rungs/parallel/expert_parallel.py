@@ -188,7 +188,7 @@ class _EPExperts(torch.autograd.Function):
     The local stacks come in as the (fp32) parameters and are cast to x's dtype in forward and again
     in backward (no copy saved in between), or taken from `held` (`rungs.moe.held_expert_weights`);
     weight gradients are summed over the slices in fp32 and returned in the parameters' dtype (never
-    rounded to the compute dtype), or, held, added into the parameters' existing `.grad` in place."""
+    rounded to the compute dtype)."""
 
     @staticmethod
     def forward(ctx, x, w_gate, w_up, w_down, plan: Plan, k: int, group, backend: str, overlap: bool,
@@ -269,12 +269,8 @@ class _EPExperts(torch.autograd.Function):
                 if r + 1 == ctx.n_rounds:
                     break
         dx = dx_pairs[:n].view(-1, k, latent).sum(1)                            # slot order: deterministic
-        # held, from the second micro-batch on: added into .grad here, as autograd would (the same order)
-        into = [held.grad_into(i) if held is not None else None for i in range(3)]
-        for i, g in zip(into, grads):
-            if i is not None:
-                i.add_(g)
-        dwg, dwu, dwd = (None if i is not None else g.to(w.dtype) for i, g, w in zip(into, grads, params))
+        # fp32 sums, which autograd adds into .grad (held or not: the same order)
+        dwg, dwu, dwd = (g.to(w.dtype) for g, w in zip(grads, params))
         return dx, dwg, dwu, dwd, None, None, None, None, None, None
 
 
