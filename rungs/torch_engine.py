@@ -95,6 +95,7 @@ def train_step_on_device(cfg: TrainConfig, model: Transformer, optimizer, batch,
     step is `TorchEngine.update_router_bias`, which the loop calls after it), without reading anything
     on the host: returns the step's statistics (`STEP_STATS`) as one fp32 device tensor, for
     `read_step_stats` after the step. A GPU runs the whole step without waiting for the host."""
+    micro = cfg.micro_batch_sequences or cfg.batch_sequences
     n_micro = cfg.accumulation_steps
     # Statistics stay on the device during the step and are read once, after it.
     ce_parts: list[torch.Tensor] = []
@@ -106,7 +107,28 @@ def train_step_on_device(cfg: TrainConfig, model: Transformer, optimizer, batch,
     # gradients into .grad in place (rungs.moe.held_expert_weights; the same values bit for bit).
     hold = held_expert_weights(model) if n_micro > 1 and cfg.bf16_on(device.type) else contextlib.nullcontext()
     with hold:
-        _micro_batches(cfg, model, batch, clipper, decode, device, ce_parts, aux_parts, rounds, overload)
+        for m in range(n_micro):
+            rows = slice(m * micro, (m + 1) * micro)
+            inputs = batch.inputs[rows].to(device, non_blocking=True)
+            targets = batch.targets[rows].to(device, non_blocking=True)
+            if clipper is not None:
+                offset = m * micro
+                # The host copy of the tokens: an event's context is decoded from it without a device read.
+                clipper.begin_micro_batch(batch.inputs[rows], locate=lambda r, p, o=offset: batch.locate(r + o, p),
+                                          decode=decode)
+            with _autocast(cfg, device.type):
+                # Mean CE over token chunks, never the whole (b·T, V) logits (rungs.loss); one RouterOutput per layer.
+                ce, routes = model(inputs, targets)
+            # Balancing statistics of all layers are combined in one reduction, as the report does.
+            aux = cfg.lb_loss_coef * load_balancing_loss(routes, cfg.n_experts, cfg.top_k) if cfg.lb_loss_coef else ce.new_zeros(())
+            if cfg.z_loss_coef:
+                aux = aux + cfg.z_loss_coef * z_loss(routes)
+            ((ce + aux) / n_micro).backward()
+            ce_parts.append(ce.detach().float())
+            aux_parts.append(aux.detach().float())
+            rounds += [block.moe.experts.last_rounds.float() for block in model.layers]
+            overload += [r.tokens_per_expert.float().max() / r.tokens_per_expert.float().mean().clamp_min(1e-9)
+                         for r in routes]
     params = [p for p in model.parameters() if p.grad is not None]
     if cfg.grad_clip is not None:
         grad_norm = clip_grad_norm_on_device_(params, cfg.grad_clip)
@@ -117,36 +139,6 @@ def train_step_on_device(cfg: TrainConfig, model: Transformer, optimizer, batch,
     rounds_t = torch.stack(rounds)
     return torch.stack([torch.stack(ce_parts).mean(), torch.stack(aux_parts).mean(), grad_norm.detach().float(),
                         rounds_t.mean(), rounds_t.max(), torch.stack(overload).max()])
-
-
-def _micro_batches(cfg: TrainConfig, model: Transformer, batch, clipper, decode, device: torch.device,
-                   ce_parts: list, aux_parts: list, rounds: list, overload: list) -> None:
-    """Forward and backward of each micro-batch of `batch`, gradients summed in .grad; the statistics
-    appended to the lists, on the device."""
-    micro = cfg.micro_batch_sequences or cfg.batch_sequences
-    n_micro = cfg.accumulation_steps
-    for m in range(n_micro):
-        rows = slice(m * micro, (m + 1) * micro)
-        inputs = batch.inputs[rows].to(device, non_blocking=True)
-        targets = batch.targets[rows].to(device, non_blocking=True)
-        if clipper is not None:
-            offset = m * micro
-            # The host copy of the tokens: an event's context is decoded from it without a device read.
-            clipper.begin_micro_batch(batch.inputs[rows], locate=lambda r, p, o=offset: batch.locate(r + o, p),
-                                      decode=decode)
-        with _autocast(cfg, device.type):
-            # Mean CE over token chunks, never the whole (b·T, V) logits (rungs.loss); one RouterOutput per layer.
-            ce, routes = model(inputs, targets)
-        # Balancing statistics of all layers are combined in one reduction, as the report does.
-        aux = cfg.lb_loss_coef * load_balancing_loss(routes, cfg.n_experts, cfg.top_k) if cfg.lb_loss_coef else ce.new_zeros(())
-        if cfg.z_loss_coef:
-            aux = aux + cfg.z_loss_coef * z_loss(routes)
-        ((ce + aux) / n_micro).backward()
-        ce_parts.append(ce.detach().float())
-        aux_parts.append(aux.detach().float())
-        rounds += [block.moe.experts.last_rounds.float() for block in model.layers]
-        overload += [r.tokens_per_expert.float().max() / r.tokens_per_expert.float().mean().clamp_min(1e-9)
-                     for r in routes]
 
 
 def read_step_stats(stats: torch.Tensor) -> dict[str, float]:
