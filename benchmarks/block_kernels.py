@@ -44,7 +44,7 @@ from rungs.attention import attention_mask, causal_attention
 from rungs.config import parse_config
 from rungs.loss import linear_cross_entropy
 from rungs.model import Block, ModelConfig, rope_tables
-from rungs.moe import held_expert_weights
+from rungs.held_weights import held_expert_weights
 from rungs.op_census import count_fake
 from rungs.pointwise import set_compiled
 
@@ -131,7 +131,7 @@ def l18_config() -> ModelConfig:
 def _block_work(arch: ModelConfig, layer: int, sequences: int, moe_only: bool, accumulating: str | None = None):
     """Build a block and run (count) one micro-batch's forward+backward. `accumulating`: the micro-batch
     is a later one of a step, run after a first (not counted) that left the gradients in .grad, with
-    the stacks held across them ("held": `rungs.moe.held_expert_weights`, as the job accumulates
+    the stacks held across them ("held": `rungs.held_weights.held_expert_weights`, as the job accumulates
     under bf16) or not ("plain")."""
     def micro_batch(block, x, cos, sin):
         with torch.autocast(x.device.type, dtype=torch.bfloat16):

@@ -39,8 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -49,8 +48,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from rungs.pointwise import swiglu, swiglu_backward
 
-__all__ = ["HeldWeights", "MoEConfigError", "RoutedExperts", "calibrate_capacity", "count_per_expert",
-           "held_expert_weights", "plan_rounds"]
+__all__ = ["MoEConfigError", "RoutedExperts", "calibrate_capacity", "count_per_expert", "plan_rounds"]
 
 logger = logging.getLogger(__name__)
 
@@ -217,61 +215,6 @@ def _compute_weights(w_gate: Tensor, w_up: Tensor, w_down: Tensor, dtype: torch.
     return w_gate_up, w_down.to(dtype)
 
 
-class HeldWeights:
-    """An experts module's stacks (gate, up, down) in a compute dtype, made by `make(w_gate, w_up, w_down,
-    dtype)` once and reused while the stacks are unchanged (their version counters: an optimizer step
-    or a load writes them in place and bumps them), and the parameters whose existing `.grad` the
-    backward adds into (`held_expert_weights`)."""
-
-    def __init__(self, params: tuple[nn.Parameter, nn.Parameter, nn.Parameter],
-                 make: Callable[[Tensor, Tensor, Tensor, torch.dtype], tuple[Tensor, ...]]) -> None:
-        self.params, self._make = params, make
-        self._key: tuple | None = None
-        self._weights: tuple[Tensor, ...] | None = None
-
-    def weights(self, dtype: torch.dtype) -> tuple[Tensor, ...]:
-        key = (dtype, *(w._version for w in self.params))
-        if key != self._key:
-            self._weights = None  # the stale copies are freed before the new ones are made
-            self._weights = self._make(*self.params, dtype)
-            self._key = key
-        return self._weights
-
-    def grad_into(self, i: int) -> Tensor | None:
-        """Parameter i's existing `.grad`, which this micro-batch's gradient is added into in place
-        (None: the first micro-batch, whose gradient autograd stores)."""
-        return self.params[i].grad
-
-
-@contextmanager
-def held_expert_weights(model: nn.Module) -> Iterator[None]:
-    """Gradient accumulation over micro-batches with less traffic on the expert stacks.
-
-    Inside the block every experts module of `model` (`RoutedExperts`, and the expert-parallel one:
-    each module with a `hold_weights()`) casts its stacks to the compute dtype once and reuses the
-    copies in every forward and backward (without it: two casts of all three stacks per micro-batch),
-    and a micro-batch whose stacks already have a `.grad` adds its weight gradient into it in place
-    (without it: a float32 copy of the gradient, then autograd's add). The values are the same bit
-    for bit. The copies cost the stacks' size in the compute dtype until the block exits; a stack
-    written inside (an optimizer step) is cast again at its next use. Refused where a stack has a
-    gradient hook, which the in-place sum would bypass. For stacks that are plain parameters (one
-    process, or expert parallelism, whose stacks FSDP leaves alone), not FSDP-sharded ones."""
-    experts = [m for m in model.modules() if callable(getattr(m, "hold_weights", None))]
-    for m in experts:
-        for name in ("w_gate", "w_up", "w_down"):
-            w = getattr(m, name)
-            if getattr(w, "_backward_hooks", None) or getattr(w, "_post_accumulate_grad_hooks", None):
-                raise MoEConfigError(f"held_expert_weights: {name} has a gradient hook, which adding into .grad "
-                                     "in place would bypass")
-    for m in experts:
-        m._held = m.hold_weights()
-    try:
-        yield
-    finally:
-        for m in experts:
-            m._held = None
-
-
 def _accumulate(acc: Tensor | None, part: Tensor, dtype: torch.dtype) -> Tensor:
     """Weight gradient over rounds: the first round's GEMM output as it is, from the second on a
     sum in `dtype` (float32 or wider): a one-round step casts once and adds nothing."""
@@ -347,7 +290,7 @@ class _RoundedExperts(torch.autograd.Function):
     on the routing. The weights come in as the (fp32) parameters and are cast to x's dtype inside
     forward and again inside backward, so no low-precision weight copy is saved; weight gradients
     are the GEMM's output for one round and a float32 sum over several, returned in the
-    parameters' dtype. With `held` (`held_expert_weights`) the cast copies are made once and reused,
+    parameters' dtype. With `held` (`rungs.held_weights`) the cast copies are made once and reused,
     and a weight gradient is added into the parameter's existing `.grad` in place (None returned)."""
 
     @staticmethod
@@ -464,7 +407,7 @@ class RoutedExperts(nn.Module):
         self.w_down = nn.Parameter(torch.empty(n_experts, latent_dim, hidden))
         self._stats: dict = {}            # the last forward's, device tensors included
         self._stats_host: dict | None = None
-        self._held: HeldWeights | None = None  # inside `held_expert_weights`
+        self._held = None  # a rungs.held_weights.HeldWeights inside `held_expert_weights`
         if not self.w_gate.is_meta:  # on the meta device (the model's build) there is nothing to draw
             self.reset_parameters()
 
@@ -475,9 +418,11 @@ class RoutedExperts(nn.Module):
         for w in (self.w_gate, self.w_up, self.w_down):
             nn.init.normal_(w, std=w.shape[-1] ** -0.5)
 
-    def hold_weights(self) -> HeldWeights:
-        """The stacks' compute copies for `held_expert_weights`: gate and up as one stack, down."""
-        return HeldWeights((self.w_gate, self.w_up, self.w_down), _compute_weights)
+    @staticmethod
+    def cast_stacks(w_gate: Tensor, w_up: Tensor, w_down: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """The stacks in the compute dtype as forward and backward use them (what `rungs.held_weights`
+        holds): gate and up as one stack, down."""
+        return _compute_weights(w_gate, w_up, w_down, dtype)
 
     def extra_repr(self) -> str:
         return (f"n_experts={self.n_experts}, latent_dim={self.latent_dim}, hidden={self.hidden}, "

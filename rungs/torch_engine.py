@@ -26,7 +26,7 @@ from rungs.data.sampler import SourceScaledSampler
 from rungs.evaluation import evaluate_model, unigram_bpb
 from rungs.metrics import DevicePeak, device_peak
 from rungs.model import Transformer
-from rungs.moe import held_expert_weights
+from rungs.held_weights import held_expert_weights
 from rungs.optim import build_optimizer, clip_grad_norm_on_device_, lr_at
 from rungs.router import load_balancing_loss, z_loss
 
@@ -104,7 +104,7 @@ def train_step_on_device(cfg: TrainConfig, model: Transformer, optimizer, batch,
     overload: list[torch.Tensor] = []  # per layer: busiest expert's assignments / the mean (1.0 = balanced)
     device = next(model.parameters()).device  # where the engine built the model (resolve_device)
     # Accumulating under bf16: the expert stacks are cast once a step, and later micro-batches add their
-    # gradients into .grad in place (rungs.moe.held_expert_weights; the same values bit for bit).
+    # gradients into .grad in place (rungs.held_weights.held_expert_weights; the same values bit for bit).
     hold = held_expert_weights(model) if n_micro > 1 and cfg.bf16_on(device.type) else contextlib.nullcontext()
     with hold:
         for m in range(n_micro):

@@ -40,7 +40,7 @@ What it counts, per rank (bytes):
   `ladder.plan.expert_memory`); cross-entropy's backward over the logits; and with
   checkpointing the one layer being recomputed. The largest of these phases is what counts, plus,
   accumulating micro-batches under bf16 on one process or under expert parallelism, every layer's
-  (local) expert stacks in bf16, held for the whole step (`rungs.moe.held_expert_weights`).
+  (local) expert stacks in bf16, held for the whole step (`rungs.held_weights.held_expert_weights`).
 
 Left out: the CUDA context, NCCL's own buffers and allocator fragmentation (the `headroom`
 fraction of device memory is kept free for them), the one-off model build before sharding, the
@@ -319,7 +319,7 @@ def memory_breakdown(arch: Architecture, layout: Layout, *, accumulation_steps: 
         "loss": loss_transient,
     }
     # Accumulating under bf16 on one process or under expert parallelism, every layer's (local) expert
-    # stacks are held in bf16 for the whole step (rungs.moe.held_expert_weights: cast once a step
+    # stacks are held in bf16 for the whole step (rungs.held_weights.held_expert_weights: cast once a step
     # instead of twice a micro-batch); FSDP-sharded stacks (ep 1 over several ranks) are not.
     held = (sum(prod(s) for n, s in shapes if _role(n) == "expert_stack") // layout.ep * BF16_BYTES
             if bf16 and (world_one or layout.ep > 1) and accumulation_steps > 1 else 0)

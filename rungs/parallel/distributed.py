@@ -50,7 +50,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from rungs.architecture import ModelConfig
 from rungs.model import LocalRows, Transformer
-from rungs.moe import held_expert_weights
+from rungs.held_weights import held_expert_weights
 from rungs.parallel.dist_muon import DistMuon
 from rungs.parallel.expert_parallel import ExpertParallelExperts
 from rungs.optim import ADAMW_ROLES, DEFAULT_NO_DECAY_ROLES, MUON_ROLES, MuonAdamW, param_role
@@ -306,7 +306,7 @@ def train_step(model: nn.Module, optimizer: MuonAdamW, par: Parallel, inputs: Te
     rounds: list[Tensor] = []    # per layer and micro-batch, 0-d on the device
     overload: list[Tensor] = []  # per layer and micro-batch: busiest expert's assignments / the mean, this rank
     # Accumulating in a compute dtype under expert parallelism: the local expert stacks are cast once a
-    # step and later micro-batches add their gradients into .grad in place (rungs.moe.held_expert_weights;
+    # step and later micro-batches add their gradients into .grad in place (rungs.held_weights.held_expert_weights;
     # the same values bit for bit). Not with ep 1: there the stacks are FSDP's.
     hold = (held_expert_weights(model) if autocast_dtype is not None and micro_batches > 1 and par.ep > 1
             else contextlib.nullcontext())

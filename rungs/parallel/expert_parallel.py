@@ -51,7 +51,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rungs.moe import HeldWeights, RoutedExperts, count_per_expert, grouped_mm
+from rungs.moe import RoutedExperts, count_per_expert, grouped_mm
 from rungs.parallel.ep_plan import EPLayout, Plan, SliceMaps, factor_capacities
 
 
@@ -186,13 +186,13 @@ class _EPExperts(torch.autograd.Function):
     """y_pairs[p] = expert(e_p)(x[p // k]) with experts spread over the EP group; slices recomputed.
 
     The local stacks come in as the (fp32) parameters and are cast to x's dtype in forward and again
-    in backward (no copy saved in between), or taken from `held` (`rungs.moe.held_expert_weights`);
+    in backward (no copy saved in between), or taken from `held` (`rungs.held_weights`);
     weight gradients are summed over the slices in fp32 and returned in the parameters' dtype (never
     rounded to the compute dtype)."""
 
     @staticmethod
     def forward(ctx, x, w_gate, w_up, w_down, plan: Plan, k: int, group, backend: str, overlap: bool,
-                held: HeldWeights | None):
+                held):
         lay = plan.lay
         latent, n = x.shape[1], plan.order.numel()
         count = _RoundCount(lay, plan)
@@ -318,11 +318,13 @@ class ExpertParallelExperts(nn.Module):
             setattr(self, name, nn.Parameter(getattr(experts, name).detach()[lo:hi].clone()))
         self._stats: dict = {}
         self._stats_host: dict | None = None
-        self._held: HeldWeights | None = None  # inside `rungs.moe.held_expert_weights`
+        self._held = None  # a rungs.held_weights.HeldWeights inside `held_expert_weights`
 
-    def hold_weights(self) -> HeldWeights:
-        """The local stacks' compute copies for `rungs.moe.held_expert_weights`."""
-        return HeldWeights((self.w_gate, self.w_up, self.w_down), _cast_each)
+    @staticmethod
+    def cast_stacks(w_gate: Tensor, w_up: Tensor, w_down: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """The local stacks in the compute dtype, as forward and backward use them (what
+        `rungs.held_weights` holds)."""
+        return _cast_each(w_gate, w_up, w_down, dtype)
 
     def extra_repr(self) -> str:
         return (f"experts {self.rank * self.local_experts}..{(self.rank + 1) * self.local_experts - 1} of "

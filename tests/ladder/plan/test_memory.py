@@ -27,7 +27,7 @@ from ladder.plan import expert_memory
 from ladder.plan.memory import Layout, job_loss, memory_breakdown
 from rungs.architecture import ModelConfig
 from rungs.model import Transformer
-from rungs.moe import held_expert_weights
+from rungs.held_weights import held_expert_weights
 from rungs.router import load_balancing_loss
 from tests.rungs.dist.spawn import run_ranks
 

@@ -182,7 +182,7 @@ def _held_worker(rank: int, world: int) -> None:
     import contextlib
 
     import rungs.parallel.expert_parallel as expert_parallel
-    from rungs.moe import held_expert_weights
+    from rungs.held_weights import held_expert_weights
 
     casts = []
     real = expert_parallel._cast_each

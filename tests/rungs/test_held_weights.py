@@ -1,4 +1,4 @@
-"""`rungs.moe.held_expert_weights`: gradient accumulation that casts the expert stacks once a step and adds
+"""`rungs.held_weights.held_expert_weights`: gradient accumulation that casts the expert stacks once a step and adds
 later micro-batches' weight gradients into .grad in place. Against the plain path: the same gradients
 and parameters bit for bit (one and several MoE rounds, across optimizer steps, in the job's own step),
 and the traffic on stack-sized tensors counted by op under a dispatch mode: fewer casts and copies."""
@@ -16,7 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import rungs.moe as moe
 from rungs.architecture import ModelConfig
 from rungs.model import Transformer
-from rungs.moe import MoEConfigError, RoutedExperts, held_expert_weights
+from rungs.held_weights import held_expert_weights
+from rungs.moe import MoEConfigError, RoutedExperts
 from rungs.optim import build_optimizer
 
 ARCH = ModelConfig(n_layers=2, d_model=64, n_heads=4, head_dim=16, n_kv_heads_global=1, n_kv_heads_local=2,
