@@ -121,7 +121,7 @@ def expand(spec: SweepSpec, recipe: Recipe | None = None) -> list[Trial]:
     Trials whose overrides coincide (a grid centre that is also a plain ladder rung) appear once,
     under the first block that asks for them.
     """
-    recipe = recipe or load_recipe(spec.recipe)
+    recipe = recipe or load_recipe(spec.recipe, data=spec.data)
     planner = _Planner(recipe)
     seen: set[tuple] = set()
     out = []

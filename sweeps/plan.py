@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from ladder.errors import LadderInputError
+from ladder.plan.corpus_data import read_corpus
 from ladder.plan.recipe import Recipe, load_recipe
 from rungs.tracking import sqlite_path
 from sweeps.expand import DROPOUT_KEY, LR_KEY, SEED_KEY, WD_KEY, Trial, expand
@@ -20,6 +22,7 @@ from sweeps.keys import trial_key
 from sweeps.spec import Resources, SweepSpec
 
 Resolver = Callable[..., dict]
+DATA_KEY = "data_manifest"  # the training config's corpus (rungs.config.TrainConfig)
 
 
 @dataclass(frozen=True)
@@ -39,15 +42,28 @@ def default_resolver() -> Resolver:
     return resolve_train_config
 
 
+def spec_recipe(spec: SweepSpec, *, where: str = "sweep spec") -> Recipe:
+    """The spec's recipe, its mixture learned from or checked against the spec's `data:` (else the
+    recipe's own); an error names the spec and the field (`recipe`, or `data`)."""
+    try:
+        return load_recipe(spec.recipe, data=spec.data)
+    except LadderInputError as err:
+        if spec.data is not None and err.field == "--data":
+            raise LadderInputError(err.detail, where=where, field="data") from None
+        inner = ": ".join(p for p in (err.where if err.where != "recipe" else None, err.field) if p)
+        raise LadderInputError(f"{inner}: {err.detail}" if inner else err.detail, where=where,
+                               field="recipe") from None
+
+
 def plan_sweep(spec: SweepSpec, *, where: str = "sweep spec", recipe: Recipe | None = None,
                resolve: Resolver | None = None) -> list[PlannedTrial]:
-    """Resolve and key every trial; trials that resolve to the same config run once."""
+    """Resolve and key every trial, and check its inputs (its corpus exists and has the sources its
+    mixture names), before anything runs; trials that resolve to the same config run once."""
     if recipe is None:
-        try:
-            recipe = load_recipe(spec.recipe)
-        except LadderInputError as err:
-            raise LadderInputError(err.detail, where=where, field="recipe") from None
+        recipe = spec_recipe(spec, where=where)
     resolve = resolve or default_resolver()
+    if spec.data is not None:
+        resolve = partial(resolve, data=spec.data)
     try:
         trials = expand(spec, recipe)
     except LadderInputError as err:  # e.g. a rung × TPP the recipe cannot plan
@@ -69,11 +85,42 @@ def plan_sweep(spec: SweepSpec, *, where: str = "sweep spec", recipe: Recipe | N
                 f"trial {trial.label}: batch_sequences={config['batch_sequences']} does not split over "
                 f"{workers} workers; override batch_sequences with a multiple of {workers} or change "
                 f"resources.workers", where=where, field=f"blocks.{trial.block}")
+        check_trial_data(config, trial, spec, where=where)
         key = trial_key(config)
         planned.setdefault(key, PlannedTrial(trial=trial, key=key, config=config))
     if not planned:
         raise LadderInputError("the spec expands to no trials", where=where, field="blocks")
     return list(planned.values())
+
+
+def _data_field(spec: SweepSpec, trial: Trial) -> str:
+    """Where a trial's `data_manifest` came from: the arm, the block's or the spec's overrides, else the
+    spec's or the recipe's `data:`."""
+    block = next(b for b in spec.blocks if b.name == trial.block)
+    if DATA_KEY in block.arms.get(trial.arm, {}):
+        return f"blocks.{trial.block}.arms.{trial.arm}.{DATA_KEY}"
+    if DATA_KEY in block.overrides:
+        return f"blocks.{trial.block}.overrides.{DATA_KEY}"
+    if DATA_KEY in spec.overrides:
+        return f"overrides.{DATA_KEY}"
+    return "data" if spec.data is not None else "recipe"
+
+
+def check_trial_data(config: dict, trial: Trial, spec: SweepSpec, *, where: str) -> None:
+    """The trial's corpus manifest exists and holds every source its mixture names: what the training
+    job would otherwise find out on a Ray worker, once per attempt. No manifest: the shipped demo corpus."""
+    manifest = config.get(DATA_KEY)
+    if not manifest:
+        return
+    field = _data_field(spec, trial)
+    try:
+        corpus = read_corpus(Path(manifest), where=where, field=field)
+    except LadderInputError as err:
+        raise LadderInputError(f"trial {trial.label}: {err.detail}", where=where, field=field) from None
+    missing = [name for name in config["sources"] if corpus.source(name) is None]
+    if missing:
+        raise LadderInputError(f"trial {trial.label}: the mixture's sources {missing} are not in the corpus "
+                               f"{corpus.path} (its sources: {', '.join(corpus.names)})", where=where, field=field)
 
 
 # Knobs the grid varies that the resolver only copies into the config (no derived field depends on

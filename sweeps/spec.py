@@ -184,7 +184,10 @@ class Block(_Strict):
 
 class SweepSpec(_Strict):
     name: Name
-    recipe: str = Field(description="recipe name (cpu-demo, mai-base-2) or a path")
+    recipe: str = Field(description="recipe name (cpu-demo, mai-base-2) or a path (relative to the spec's folder)")
+    # Replaces the recipe's own `data:` for every trial (ladder.plan.corpus_data): a corpus manifest or a
+    # directory `ladder data prepare` wrote, relative to the spec's folder.
+    data: str | None = Field(default=None, description="corpus manifest or prepared directory")
     description: str = ""
     experiment: str | None = Field(default=None, description="MLflow experiment (default: sweep-<name>)")
     blocks: list[Block] = Field(min_length=1)
@@ -235,6 +238,19 @@ def parse_spec(data: object, where: str) -> SweepSpec:
 
 
 def load_spec(name_or_path: str | Path) -> SweepSpec:
-    """Load and validate a sweep spec by name (`smoke`) or path."""
+    """Load and validate a sweep spec by name (`smoke`) or path. A relative recipe path and `data:` are
+    relative to the spec's folder (as a manifest's files are to the manifest's); they come back absolute."""
     path = resolve_spec_path(name_or_path)
-    return parse_spec(read_yaml(path), str(path))
+    spec = parse_spec(read_yaml(path), str(path))
+    folder = path.resolve().parent
+    update = {}
+    if is_recipe_path(spec.recipe) and not Path(spec.recipe).expanduser().is_absolute():
+        update["recipe"] = str((folder / Path(spec.recipe).expanduser()).resolve())
+    if spec.data is not None:
+        update["data"] = str((folder / Path(spec.data).expanduser()).resolve())
+    return spec.model_copy(update=update) if update else spec
+
+
+def is_recipe_path(recipe: str) -> bool:
+    """A recipe named by path (`recipes/mine.yaml`, `./mine`), not by name (`cpu-demo`)."""
+    return Path(recipe).suffix in (".yaml", ".yml") or "/" in recipe or recipe.startswith(".")

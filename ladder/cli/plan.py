@@ -31,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan a ladder: architecture, exact params/FLOPs, tokens, data, compute")
     p.add_argument("recipe", help="recipe name (mai-base-2, cpu-demo) or path to a YAML recipe")
     p.add_argument("--rungs", help="comma-separated L values (default: the recipe's ladder)")
+    p.add_argument("--data", help="corpus manifest or prepared directory (`ladder data prepare`'s output) to learn the "
+                                  "mixture from, or check the recipe's against; replaces the recipe's `data:`")
     p.add_argument("--tpp", type=float, help="tokens per active parameter (default: the recipe's)")
     p.add_argument("--gpus", type=int, help="pool size; adds wall_clock_days and gpu_hours")
     p.add_argument("--mfu", type=float, help="model FLOPs utilisation (default: the recipe pool's)")
@@ -100,11 +102,14 @@ def plan_payload(recipe: Recipe, rungs: list[RungSpec], args: argparse.Namespace
             row["layout"] = choice.to_dict()
             row["memory"] = choice.memory.to_dict()
         out.append(row)
-    return {"recipe": recipe.name, "rungs": out}
+    payload = {"recipe": recipe.name, "rungs": out}
+    if recipe.data is not None:  # the corpus the mixture came from or was checked against, and what the checks found
+        payload["data"] = {"path": recipe.data, "warnings": list(recipe.data_warnings)}
+    return payload
 
 
 def run(args: argparse.Namespace) -> int:
-    recipe = load_recipe(args.recipe)
+    recipe = load_recipe(args.recipe, data=getattr(args, "data", None))
     rungs = plan_ladder(recipe, parse_rungs(args.rungs), args.tpp)
     payload = plan_payload(recipe, rungs, args)
     if args.json:
@@ -133,6 +138,8 @@ def render_plan(payload: dict) -> None:
     if any("layout" in r for r in rows):
         render_memory(rows)
     sources = rows[-1]["sources"]
+    if "data" in payload:
+        stdout_console.print(f"mixture from {payload['data']['path']}", markup=False, highlight=False, soft_wrap=True)
     src_rows = [[name, f"{s['share']:.0%}", human_count(s["tokens"]), human_count(s["unique_tokens"]), f"{s['epochs']:.2f}"]
                 for name, s in sources.items()]
     stdout_console.print(make_table(

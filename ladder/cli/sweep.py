@@ -93,9 +93,8 @@ def status(args: argparse.Namespace) -> int:
 
 
 def plan(args: argparse.Namespace) -> int:
-    from ladder.plan.recipe import load_recipe
     from sweeps.cost import check_fits_memory, cost_sweep
-    from sweeps.plan import plan_sweep
+    from sweeps.plan import plan_sweep, spec_recipe
 
     for flag in ("mfu", "goodput"):
         value = getattr(args, flag)
@@ -103,7 +102,7 @@ def plan(args: argparse.Namespace) -> int:
             raise LadderInputError(f"must be a fraction in (0, 1], got {value:g}", field=f"--{flag}")
     spec, where = _load(args.spec)
     planned = plan_sweep(spec, where=where)
-    cost = cost_sweep(planned, load_recipe(spec.recipe), mfu=args.mfu, goodput=args.goodput)
+    cost = cost_sweep(planned, spec_recipe(spec, where=where), mfu=args.mfu, goodput=args.goodput)
     check_fits_memory(cost, where=where)
     if args.json:
         print_json({"sweep": spec.name, "spec": where, "recipe": spec.recipe, "experiment": spec.experiment_name,
@@ -138,4 +137,8 @@ def _render(outcome, title: str) -> None:
     rows = [[r.label, r.key, r.state if not r.progress else f"{r.state}: {r.progress}", r.attempts, r.bpb_mean,
              r.wall_seconds, r.run_id or "-"] for r in outcome.rows]
     stdout_console.print(make_table(title, ["name", "key", "state", "attempts", "bpb", "seconds", "run"], rows))
+    failed = [r for r in outcome.rows if r.error]
+    if failed:  # one line each, under the table: an error is too long for a column
+        stdout_console.print("\n".join(f"{r.state} {r.label} ({r.key}): {r.error}" for r in failed),
+                             markup=False, highlight=False, soft_wrap=True)
     sys.stdout.flush()

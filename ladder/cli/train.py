@@ -3,7 +3,8 @@
 Prepares the corpus on first use (cached under runs/data), trains in `runs/train/<recipe>-L<L>-<key>`
 (a rerun of the same config resumes or returns the finished result), tracks in MLflow.
 JSON (docs/architecture.md): {run_id, final_loss, bpb: {DOMAIN: value}, tokens, train_flops, wall_seconds,
-tokens_per_second, mfu}, plus achieved_tflops_per_device, peak_flops_per_device and mfu_capped (MFU
+tokens_per_second, mfu}, plus bpb_se: {DOMAIN: the final BPB's standard error from the held-out
+documents' sampling}, achieved_tflops_per_device, peak_flops_per_device and mfu_capped (MFU
 is against the device's specification peak, rungs.metrics). A damaged or unsafe checkpoint, a full
 disk or a run directory in use by another job exits 2 with one line naming the file.
 """
@@ -25,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train one rung of a recipe (prepares data, tracks in MLflow)")
     p.add_argument("recipe", help="recipe name (cpu-demo, mai-base-2) or path to a YAML recipe")
     p.add_argument("--rung", type=int, required=True, help="layer count L of the rung")
+    p.add_argument("--data", help="corpus manifest or prepared directory (`ladder data prepare`'s output) to learn the "
+                                  "mixture from, or check the recipe's against; replaces the recipe's `data:`")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (repeatable), e.g. --set lr=0.01 --set dropout=0.1")
     p.add_argument("--max-steps", type=int, help="stop after N steps (the LR schedule spans these N)")
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.tracking_uri:
         overrides.append(f"tracking_uri={args.tracking_uri}")
-    config = resolve_train_config(args.recipe, args.rung, overrides, max_steps=args.max_steps)
+    config = resolve_train_config(args.recipe, args.rung, overrides, max_steps=args.max_steps, data=args.data)
     run_dir = args.run_dir or default_run_dir(config)
     try:
         result = train(config, run_dir=run_dir, resume=not args.fresh, progress=True)
@@ -66,15 +69,16 @@ def run(args: argparse.Namespace) -> int:
     except DiskFullError as err:  # not bad input, but one line that says what to do beats a traceback
         raise LadderInputError(err.strerror, where=f"ladder train {args.recipe} --rung {args.rung}") from None
     payload = {k: getattr(result, k) for k in CONTRACT_KEYS}
-    payload |= {"diverged": result.diverged, "steps": result.steps, "unigram_bpb": result.unigram_bpb,
+    payload |= {"bpb_se": result.bpb_se, "diverged": result.diverged, "steps": result.steps,
+                "unigram_bpb": result.unigram_bpb,
                 "run_dir": str(run_dir), "achieved_tflops_per_device": result.achieved_tflops_per_device,
                 "peak_flops_per_device": result.peak_flops_per_device, "mfu_capped": result.mfu_capped}
     if args.json:
         print_json(payload)
     else:
-        rows = [[d, v, result.unigram_bpb.get(d)] for d, v in result.bpb.items()]
-        stdout_console.print(make_table(f"ladder train {config['recipe']} L{args.rung}", ["domain", "bpb", "unigram bpb"],
-                                        rows))
+        rows = [[d, v, result.bpb_se.get(d), result.unigram_bpb.get(d)] for d, v in result.bpb.items()]
+        stdout_console.print(make_table(f"ladder train {config['recipe']} L{args.rung}",
+                                        ["domain", "bpb", "bpb se", "unigram bpb"], rows))
         stdout_console.print(
             f"{result.steps} steps  loss {result.final_loss:.4f}{'  DIVERGED: ' + str(result.diverged_reason) if result.diverged else ''}\n"
             f"run {result.run_id}  tokens {result.tokens:,}  FLOPs {result.train_flops:.3e}  "

@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from ladder.errors import LadderInputError
+from ladder.plan.corpus_data import check_mixture, check_tokenizer, log_warnings, read_corpus, resolve_data_path
 from ladder.plan.yaml_input import read_yaml, validate_mapping
 
 RECIPES_DIR = Path(__file__).parent.parent / "recipes"
@@ -104,11 +105,12 @@ class HparamLaws(_Strict):
 
 
 class Source(_Strict):
-    """One data source: its share of training tokens and its unique tokens at full scale."""
+    """One data source: its share of training tokens and its unique tokens at full scale (left out
+    only when the recipe names prepared `data:`, which then supplies the count)."""
 
     name: str
     share: float = Field(gt=0, le=1)
-    unique_tokens: float = Field(gt=0, description="unique tokens available at full scale")
+    unique_tokens: float | None = Field(default=None, gt=0, description="unique tokens available at full scale")
     domain: str | None = None
 
 
@@ -135,15 +137,22 @@ class Recipe(_Strict):
     batch: BatchRule
     hparam_laws: HparamLaws = HparamLaws()
     dropout: float = Field(default=0.0, ge=0, lt=1)
-    mixture: list[Source] = Field(min_length=1)
+    # The corpus (a manifest, or a directory `ladder data prepare` wrote) the mixture is learned from
+    # when `mixture` is left out, and checked against when it is written (ladder.plan.corpus_data).
+    # Relative to the recipe file's folder. Loaded, it is absolute and `mixture` is always filled.
+    data: str | None = Field(default=None, description="corpus manifest or prepared directory")
+    mixture: list[Source] | None = Field(default=None, min_length=1)
     full_scale_tokens: float = Field(gt=0, description="token budget of the full-scale run")
     full_scale_rung: int = Field(gt=0, description="L of the full-scale model")
     ladder_rungs: list[int] = Field(min_length=1, description="the default rungs of `ladder plan`")
     gpu_pool: GpuPool
+    _data_warnings: tuple[str, ...] = PrivateAttr(default=())
 
     @field_validator("mixture")
     @classmethod
-    def _shares_sum_to_one(cls, mixture: list[Source]) -> list[Source]:
+    def _shares_sum_to_one(cls, mixture: list[Source] | None) -> list[Source] | None:
+        if mixture is None:
+            return mixture
         total = sum(s.share for s in mixture)
         if abs(total - 1.0) > SHARE_TOLERANCE:
             raise ValueError(f"source shares sum to {total:.6g}; they must sum to 1")
@@ -151,6 +160,18 @@ class Recipe(_Strict):
         if len(set(names)) != len(names):
             raise ValueError(f"source names must be unique, got {names}")
         return mixture
+
+    @model_validator(mode="after")
+    def _mixture_or_data(self) -> Recipe:
+        if self.data is None and self.mixture is None:
+            raise ValueError("needs a `mixture` (sources with share and unique_tokens) or `data:` (a corpus "
+                             "manifest or prepared directory to learn it from)")
+        return self
+
+    @property
+    def data_warnings(self) -> tuple[str, ...]:
+        """What the plan-time data checks found worth a look (ladder.plan.corpus_data)."""
+        return self._data_warnings
 
     @field_validator("ladder_rungs")
     @classmethod
@@ -198,11 +219,48 @@ def resolve_recipe_path(name_or_path: str | Path) -> Path:
     return named
 
 
-def parse_recipe(data: object, where: str) -> Recipe:
-    return validate_mapping(Recipe, data, where=where, what="a recipe", schema="ladder/plan/recipe.py")
+def parse_recipe(data: object, where: str, *, folder: Path | None = None, corpus: str | Path | None = None) -> Recipe:
+    """Validate a recipe; with `data:` (or `corpus`, which replaces it: `--data`, a spec's `data:`) learn
+    or check its mixture. A relative recipe `data:` is relative to `folder`, a relative `corpus` to the
+    working directory."""
+    recipe = validate_mapping(Recipe, data, where=where, what="a recipe", schema="ladder/plan/recipe.py")
+    if corpus is not None:
+        return with_data(recipe, resolve_data_path(corpus, None), where=where, field="--data")
+    if recipe.data is not None:
+        return with_data(recipe, resolve_data_path(recipe.data, folder), where=where, field="data")
+    for i, s in enumerate(recipe.mixture or []):
+        if s.unique_tokens is None:
+            raise LadderInputError("required key is missing (or give the recipe `data:`, a prepared corpus, to take "
+                                   "it from)", where=where, field=f"mixture.{i}.unique_tokens")
+    return recipe
 
 
-def load_recipe(name_or_path: str | Path) -> Recipe:
-    """Load and validate a recipe by name (`mai-base-2`) or by path."""
+def with_data(recipe: Recipe, path: Path, *, where: str, field: str = "data") -> Recipe:
+    """The recipe with its mixture learned from the corpus at `path` (when it has none) or checked
+    against it, the unique tokens it leaves out filled from the prepared counts."""
+    corpus = read_corpus(path, where=where, field=field)
+    warnings = check_tokenizer(corpus, recipe.vocab_size, where=where, field=field)
+    written = recipe.mixture is not None
+    mixture = list(recipe.mixture) if written else list(corpus.sources)  # CorpusSource reads like a Source
+    warnings += check_mixture(mixture, corpus, where=where, field="mixture" if written else field)
+    filled = []
+    for i, s in enumerate(mixture):
+        found = corpus.source(s.name)
+        unique = s.unique_tokens if s.unique_tokens is not None else found.unique_tokens
+        if unique is None:
+            raise LadderInputError(
+                f"{corpus.path} is a bare manifest: it has no token counts (they depend on the tokenizer and on "
+                f"decontamination); run `ladder data prepare {corpus.path} --out DIR --vocab-size "
+                f"{recipe.vocab_size}` and name DIR, or write a mixture with unique_tokens", where=where,
+                field=f"mixture[{i}].unique_tokens" if written else field)
+        filled.append(Source(name=s.name, share=s.share, unique_tokens=float(unique), domain=s.domain or found.domain))
+    log_warnings(warnings, where)
+    out = recipe.model_copy(update={"data": str(path), "mixture": filled})
+    out._data_warnings = tuple(warnings)
+    return out
+
+
+def load_recipe(name_or_path: str | Path, *, data: str | Path | None = None) -> Recipe:
+    """Load and validate a recipe by name (`mai-base-2`) or by path; `data` replaces its `data:`."""
     path = resolve_recipe_path(name_or_path)
-    return parse_recipe(read_yaml(path), str(path))
+    return parse_recipe(read_yaml(path), str(path), folder=path.resolve().parent, corpus=data)

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from ladder.plan.corpus_data import read_corpus
 from ladder.plan.counting import Architecture, count_flops_per_token, count_parameters
 from ladder.errors import LadderInputError
 from ladder.plan.generator import plan_rung
@@ -88,9 +89,13 @@ def parse_overrides(overrides: dict[str, Any] | list[str] | None) -> dict[str, A
 
 
 def resolve_train_config(recipe_name_or_path: str | Path, L: int, overrides: dict[str, Any] | list[str] | None = None,
-                         *, max_steps: int | None = None) -> dict[str, Any]:
-    """The validated, fully resolved training config of rung L of a recipe, as a JSON-able dict."""
-    recipe = load_recipe(recipe_name_or_path)
+                         *, max_steps: int | None = None, data: str | Path | None = None) -> dict[str, Any]:
+    """The validated, fully resolved training config of rung L of a recipe, as a JSON-able dict.
+
+    `data` (a corpus manifest or prepared directory) replaces the recipe's `data:`. With either, the
+    config's `data_manifest` is the manifest the corpus came from; without, the config is what it
+    always was (the demo corpus, no `data_manifest` key set), so existing trial keys stay."""
+    recipe = load_recipe(recipe_name_or_path, data=data)
     extra = parse_overrides(overrides)
     valid = valid_override_keys()
     unknown = sorted(set(extra) - set(valid) - {"tpp"})
@@ -101,6 +106,8 @@ def resolve_train_config(recipe_name_or_path: str | Path, L: int, overrides: dic
         raise LadderInputError(f"tpp must be a number, got {tpp!r}", field="tpp")
     spec = plan_rung(recipe, L, tpp)
     config = spec.to_dict()
+    if recipe.data is not None:
+        config["data_manifest"] = str(read_corpus(recipe.data).manifest)
     config.update(extra)
     if max_steps is not None:
         config["max_steps"] = max_steps

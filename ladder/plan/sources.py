@@ -38,6 +38,10 @@ def plan_sources(mixture: list[Source], rung_tokens: float, full_scale_tokens: f
     total_share = sum(s.share for s in mixture)
     if abs(total_share - 1.0) > SHARE_TOLERANCE:
         raise LadderInputError(f"source shares sum to {total_share:.6g}; they must sum to 1", field="mixture")
+    bare = [s.name for s in mixture if s.unique_tokens is None]
+    if bare:
+        raise LadderInputError(f"sources {bare} have no unique_tokens (a recipe takes them from prepared `data:`)",
+                               field="mixture")
     fraction = min(1.0, rung_tokens / full_scale_tokens)
     plan: dict[str, SourceAllocation] = {}
     for s in mixture:

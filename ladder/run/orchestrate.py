@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ladder.errors import StoreError
-from ladder.plan.recipe import load_recipe
 from sweeps.cost import check_fits_memory, cost_sweep
-from sweeps.plan import PlannedTrial, check_fits_cluster, plan_sweep, runs_root_for
+from sweeps.plan import PlannedTrial, check_fits_cluster, plan_sweep, runs_root_for, spec_recipe
 from ladder.run.stores import check_store
-from ladder.run.sweep_runs import (TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, find_runs,
+from ladder.run.sweep_runs import (TAG_ATTEMPT, TAG_ERROR, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, find_runs,
                                    stored_result_run_id, trial_state)
 from ladder.run.sweep_runs import reregister as register_result
 from ladder.run.tracking_server import TrackingServer, is_local_store
@@ -234,7 +233,7 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
     """
     planned = plan_sweep(spec, where=where)  # bad specs fail here, before anything starts
     if any(p.trial.resources.gpu_memory for p in planned):  # a trial that cannot fit its GPU: before launch
-        check_fits_memory(cost_sweep(planned, load_recipe(spec.recipe)), where=where)
+        check_fits_memory(cost_sweep(planned, spec_recipe(spec, where=where)), where=where)
     store = default_store(tracking_uri)
     check_store(store, create=create_store)  # a missing, damaged or locked store: before anything is written
     runs_root = runs_root_for(store)
@@ -288,8 +287,9 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
         row.train_wall_seconds = m.get("train_wall_seconds")
         row.train_loop_seconds = m.get("train_loop_seconds")
         row.train_call_seconds = m.get("train_call_seconds")
-        row.error = got.get("error")
-        if row.error and row.state not in ("finished", "diverged"):
+        # The job's own one line (the `error` tag of its failed run) says more than Tune's wrapped repr.
+        row.error = row.error or one_line(got.get("error"))
+        if got.get("error") and row.state not in ("finished", "diverged"):
             row.state = "failed"
         rows[p.key] = row
     return SweepOutcome(sweep=spec.name, experiment=spec.experiment_name, tracking_uri=store,
@@ -334,8 +334,22 @@ def _row(planned: PlannedTrial, records) -> TrialRow:
     bpb = None
     if st.run_id and st.state in ("finished", "diverged"):
         bpb = next((r.tags.get("bpb_mean") for r in records if r.run_id == st.run_id), None)
+    error = None
+    if st.state == "failed":  # the trial wrapper tags a failed attempt's run with its error (ladder.run.trial)
+        error = one_line(next((r.tags.get(TAG_ERROR) for r in reversed(records) if r.tags.get(TAG_ERROR)), None))
     return TrialRow(key=planned.key, label=planned.label, state=st.state, run_id=st.run_id, attempts=st.attempts,
-                    bpb_mean=float(bpb) if bpb else None)
+                    bpb_mean=float(bpb) if bpb else None, error=error)
+
+
+ERROR_CHARS = 300
+
+
+def one_line(text: str | None) -> str | None:
+    """The first non-empty line of an error, at most ERROR_CHARS long: what a status table can show."""
+    if not text:
+        return None
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line if len(line) <= ERROR_CHARS else line[:ERROR_CHARS - 1] + "…"
 
 
 def sweep_status(spec: SweepSpec, *, where: str = "sweep spec", tracking_uri: str | None = None) -> SweepOutcome:

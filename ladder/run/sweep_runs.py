@@ -19,6 +19,7 @@ TAG_SWEEP = "sweep"
 TAG_ATTEMPT = "attempt"
 TAG_OUTCOME = "outcome"
 TAG_LABEL = "trial"
+TAG_ERROR = "error"  # a failed attempt's "ExceptionType: message" (ladder.run.trial)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ladder.plan.memory import planned_expert_parallel, trial_capacity_factor
-from ladder.run.sweep_runs import TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, tag_run
+from ladder.run.sweep_runs import TAG_ATTEMPT, TAG_ERROR, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, tag_run
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def _record_failure(payload: dict, run_dir: Path, tags: dict, err: BaseException
     from mlflow.tracking import MlflowClient
 
     uri = payload["config"]["tracking_uri"]
-    tags = {**tags, TAG_OUTCOME: "failed", "error": f"{type(err).__name__}: {err}"[:4000]}
+    tags = {**tags, TAG_OUTCOME: "failed", TAG_ERROR: f"{type(err).__name__}: {err}"[:4000]}
     run_id = _run_id(run_dir)
     try:
         if run_id is not None:
