@@ -1,0 +1,170 @@
+"""`mix`: attributes + rules → an arm, a manifest of the kept documents, without running any tagger.
+
+The arm directory holds `manifest.yaml` (the schema of `rungs.data.manifest`: `ladder data prepare` and
+every other reader of manifests take it), `data/<source>/<unit>.jsonl.gz` (the kept documents of each
+training file with their original ids, and a `weight` where a rule weights), `removed/<rule>.npz` (which
+documents each rule removed, for `ladder data inspect`) and `arm.json` (the rules, the counts). Shares stay
+the curated manifest's; held-out sets are never curated: the arm's `eval` names the original files by
+absolute path or URL. A directory that is not empty and holds no `arm.json` is refused.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from curation.rules import FILTER_ORDER, RULE_ATTRIBUTES, Rules, check_sources
+from curation.store import Store, read_npz, units_of, write_npz
+from rungs.data.atomic import atomic_write_bytes, atomic_write_json
+from rungs.data.errors import DataInputError
+from rungs.data.manifest import load_manifest
+from rungs.data.storage import RemoteFile
+
+log = logging.getLogger("curation")
+ARM_META = "arm.json"
+
+
+def _check_arm_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise DataInputError("exists and is not a directory", where=str(out), field="--out")
+    if out.is_dir() and any(out.iterdir()) and not (out / ARM_META).is_file():
+        raise DataInputError("is not empty and holds no arm.json: refusing to write into a directory mix did not "
+                             "create (choose an empty or new --out)", where=str(out), field="--out")
+
+
+def missing_attributes(meta: dict, rules: Rules) -> list[tuple[str, str]]:
+    """(rule, tagger) for each rule whose attribute set no finished tagger wrote."""
+    from curation.pipeline import producer_of
+
+    have = {s for t in meta["taggers"].values() if t.get("done") for s in t.get("attributes", {})}
+    return [(r, producer_of(RULE_ATTRIBUTES[r])) for r in rules.active() if RULE_ATTRIBUTES[r] not in have]
+
+
+def mix(curation_dir: str | Path, rules: Rules, out: str | Path, *, rules_path: str = "rules") -> dict:
+    store, out = Store(Path(curation_dir)), Path(out)
+    meta = store.meta()
+    missing = missing_attributes(meta, rules)
+    if missing:
+        rule, tagger = missing[0]
+        raise DataInputError(f"needs the attributes of the `{tagger}` tagger, which this curation has not run: "
+                             f"ladder data curate {meta['manifest']} --out {store.root} --taggers {tagger}",
+                             where=rules_path, field=rule)
+    manifest = load_manifest(meta["manifest"])
+    if manifest.content_hash() != meta["manifest_key"]:
+        raise DataInputError("the manifest or its files changed since they were curated: curate again into a new "
+                             "directory", where=meta["manifest"])
+    sources = [ds.name for ds in manifest.sources]
+    check_sources(rules, sources, rules_path)
+    _check_arm_dir(out)
+    units = units_of(manifest)
+    keep, steps = _decide(store, units, rules, sources)
+    if (out / "data").is_dir():
+        shutil.rmtree(out / "data")  # this arm's own documents, from a previous mix into the same directory
+    out.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        unit_no, rows = step.pop("removed_rows")
+        write_npz(out / "removed" / f"{step['rule']}.npz", unit=unit_no, row=rows)
+    weights = {u.name: read_npz(store.attributes("diversity", u.name))["weight"] for u in units} \
+        if rules.diversity else {}
+    kept_per_source = {s: {"docs": 0, "bytes": 0} for s in sources}
+    for unit in units:
+        mask = keep[unit.name]
+        if not mask.any():
+            continue
+        index = read_npz(store.unit_index(unit.name))
+        buf = io.BytesIO()
+        with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
+            for row, doc in enumerate(unit.documents()):
+                if doc.doc_id != index["id"][row]:
+                    raise DataInputError(f"document {row} is {doc.doc_id!r}, curated as {index['id'][row]!r}: the "
+                                         "file changed since it was curated", where=str(unit.file))
+                if mask[row]:
+                    record = {"id": doc.doc_id, "text": doc.text}
+                    if rules.diversity:
+                        record["weight"] = float(weights[unit.name][row])
+                    gz.write((json.dumps(record, ensure_ascii=False) + "\n").encode())
+        path = out / "data" / unit.source / f"{unit.name}.jsonl.gz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, buf.getvalue())
+        kept_per_source[unit.source]["docs"] += int(mask.sum())
+        kept_per_source[unit.source]["bytes"] += int(index["bytes"][mask].sum())
+    empty = [s for s, k in kept_per_source.items() if not k["docs"]]
+    if empty:
+        raise DataInputError(f"the rules keep no document of source(s) {empty}; an arm needs every source",
+                             where=rules_path)
+    _write_manifest(out, manifest, rules)
+    payload = {"curation": str(store.root.resolve()), "manifest": str(out / "manifest.yaml"),
+               "rules": rules.model_dump(exclude_none=True), "steps": steps, "kept": kept_per_source}
+    atomic_write_json(out / ARM_META, payload)
+    return payload
+
+
+def _decide(store: Store, units, rules: Rules, sources: list[str]) -> tuple[dict[str, np.ndarray], list[dict]]:
+    """Per unit the kept mask, and per filter step and source the documents and bytes it removed."""
+    index = {u.name: read_npz(store.unit_index(u.name)) for u in units}
+    keep = {u.name: np.ones(len(index[u.name]["uid"]), dtype=bool) for u in units}
+    steps = []
+    for rule in FILTER_ORDER:
+        if getattr(rules, rule) is None:
+            continue
+        before = {u.name: keep[u.name].copy() for u in units}
+        if rule == "quality":
+            for q in rules.quality_rules():
+                for source in q.sources(sources):
+                    _keep_top(store, [u for u in units if u.source == source], index, keep, q.keep_top)
+        else:
+            for u in units:
+                keep[u.name] &= read_npz(store.attributes(RULE_ATTRIBUTES[rule], u.name))["keep"]
+        removed_rows = {u.name: np.flatnonzero(before[u.name] & ~keep[u.name]) for u in units}
+        per_source = {s: {"docs_in": 0, "bytes_in": 0, "docs_removed": 0, "bytes_removed": 0} for s in sources}
+        for u in units:
+            b = index[u.name]["bytes"]
+            ps = per_source[u.source]
+            ps["docs_in"] += int(before[u.name].sum())
+            ps["bytes_in"] += int(b[before[u.name]].sum())
+            ps["docs_removed"] += len(removed_rows[u.name])
+            ps["bytes_removed"] += int(b[removed_rows[u.name]].sum())
+        steps.append({"rule": rule, "sources": per_source})
+        unit_no = np.concatenate([np.full(len(removed_rows[u.name]), k, dtype=np.int32) for k, u in enumerate(units)])
+        rows = np.concatenate([removed_rows[u.name] for u in units]).astype(np.int32)
+        steps[-1]["removed_rows"] = (unit_no, rows)
+    return keep, steps
+
+
+def _keep_top(store: Store, units, index, keep, fraction: float) -> None:
+    """Keep the `fraction` of the still-kept documents of these units with the highest scores (ties: smaller uid)."""
+    scores = [read_npz(store.attributes("quality", u.name))["score"] for u in units]
+    alive = np.concatenate([keep[u.name] for u in units]) if units else np.zeros(0, dtype=bool)
+    score = np.concatenate(scores) if scores else np.zeros(0)
+    uid = np.concatenate([index[u.name]["uid"] for u in units]) if units else np.zeros(0, dtype=np.int64)
+    candidates = np.flatnonzero(alive)
+    n_keep = int(np.ceil(fraction * len(candidates)))
+    order = candidates[np.lexsort((uid[candidates], -score[candidates]))]
+    new = np.zeros(len(alive), dtype=bool)
+    new[order[:n_keep]] = True
+    start = 0
+    for u in units:
+        n = len(keep[u.name])
+        keep[u.name] &= new[start:start + n]
+        start += n
+
+
+def _write_manifest(out: Path, manifest, rules: Rules) -> None:
+    def where(f) -> str:
+        return f.url if isinstance(f, RemoteFile) else str(Path(f).resolve())
+
+    doc = {"name": f"{manifest.name}-{rules.name or 'arm'}",
+           "description": f"arm of {manifest.path} ({', '.join(rules.active()) or 'no rule'})",
+           "sources": [{"name": ds.name, "domain": ds.domain, "share": ds.share,
+                        "files": [f"data/{ds.name}/*.jsonl.gz"]} for ds in manifest.sources],
+           "eval": [{"name": ds.name, "domain": ds.domain, "files": [where(f) for f in ds.files],
+                     "text_field": ds.text_field, "id_field": ds.id_field} for ds in manifest.eval_sets],
+           "decontamination": {"ngram_words": manifest.ngram_words}}
+    atomic_write_bytes(out / "manifest.yaml", yaml.safe_dump(doc, sort_keys=False).encode())
