@@ -52,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--chars", type=int, default=200, help="characters shown per decoded document (default 200)")
     i.add_argument("--json", action="store_true", help="print one JSON object")
     i.set_defaults(handler=run_inspect)
+    from ladder.cli import curate as curate_cli  # curate, mix, and inspect --removed
+
+    curate_cli.register(data_sub)
 
 
 AUTO_PARALLEL_BYTES = 64 << 20

@@ -1,0 +1,140 @@
+"""What a curation found: per tagger and source the documents and bytes `keep_one` would remove, the
+cluster-size histogram as a PNG in the curation directory, and samples of removed documents."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from curation.store import Store, read_npz, units_of
+from rungs.data.atomic import atomic_write_json
+from rungs.data.errors import DataInputError
+from rungs.data.manifest import load_manifest
+
+KEEP_SETS = ("exact", "near", "semantic")  # attribute sets with a `keep`: what keep_one would remove
+
+
+def curation_report(root: str | Path) -> dict:
+    """report.json's content: per tagger with a keep decision, per source: docs, bytes, and those removed."""
+    store = Store(Path(root))
+    meta = store.meta()
+    done = {s for t in meta["taggers"].values() if t.get("done") for s in t.get("attributes", {})}
+    per_source: dict[str, dict] = {}
+    for u in meta["units"]:
+        index = read_npz(store.unit_index(u["unit"]))
+        s = per_source.setdefault(u["source"], {"docs": 0, "bytes": 0, "words": 0})
+        s["docs"] += len(index["uid"])
+        s["bytes"] += int(index["bytes"].sum())
+        s["words"] += int(index["words"].sum())
+    steps = {}
+    for name in (n for n in KEEP_SETS if n in done):
+        rows = {}
+        for u in meta["units"]:
+            index = read_npz(store.unit_index(u["unit"]))
+            removed = ~read_npz(store.attributes(name, u["unit"]))["keep"]
+            r = rows.setdefault(u["source"], {"docs_removed": 0, "bytes_removed": 0, "words_removed": 0})
+            r["docs_removed"] += int(removed.sum())
+            r["bytes_removed"] += int(index["bytes"][removed].sum())
+            r["words_removed"] += int(index["words"][removed].sum())
+        steps[name] = rows
+    sizes = {t: meta["taggers"][t]["cluster_sizes"] for t in ("exact", "near") if t in meta["taggers"]
+             and "cluster_sizes" in meta["taggers"][t]}
+    return {"dir": str(store.root), "manifest": meta["manifest"], "sources": per_source, "steps": steps,
+            "cluster_sizes": sizes, "taggers": {t: {k: v for k, v in s.items() if k != "units"}
+                                                for t, s in meta["taggers"].items()}}
+
+
+def write_report(root: str | Path) -> dict:
+    report = curation_report(root)
+    store = Store(Path(root))
+    atomic_write_json(store.root / "report.json", report)
+    if report["cluster_sizes"]:
+        report["plot"] = str(plot_cluster_sizes(report["cluster_sizes"], store.root / "cluster_sizes.png"))
+    return report
+
+
+def plot_cluster_sizes(sizes: dict[str, dict[str, int]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rungs.data.atomic import atomic_write_bytes
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for tagger, hist in sizes.items():
+        if hist:
+            x = np.array([int(k) for k in hist])
+            ax.plot(x, [hist[k] for k in hist], "o-", label=f"{tagger} ({sum(hist.values())} clusters)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("cluster size (documents)")
+    ax.set_ylabel("clusters")
+    ax.set_title("duplicate clusters by size")
+    ax.legend()
+    fig.tight_layout()
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def removed_samples(directory: str | Path, step: str, n: int, chars: int = 300) -> dict:
+    """`n` documents a step removed, spread evenly over them, each with the document its cluster kept where
+    there is one. `directory`: a curation directory (`step`: exact, near or semantic: what keep_one removes)
+    or an arm (`step`: one of its rules)."""
+    directory = Path(directory)
+    arm = directory / "arm.json"
+    if arm.is_file():
+        import json
+
+        payload = json.loads(arm.read_text())
+        store = Store(Path(payload["curation"]))
+        path = directory / "removed" / f"{step}.npz"
+        if not path.is_file():
+            raise DataInputError(f"the arm has no rule {step!r}; its rules: {[s['rule'] for s in payload['steps']]}",
+                                 where=str(directory), field="--removed")
+        picks = read_npz(path)
+        meta = store.meta()
+        pairs = list(zip(picks["unit"].tolist(), picks["row"].tolist()))
+    else:
+        store = Store(directory)
+        meta = store.meta()
+        done = {s for t in meta["taggers"].values() if t.get("done") for s in t.get("attributes", {})}
+        if step not in KEEP_SETS or step not in done:
+            raise DataInputError(f"no removal step {step!r} here; this curation's: "
+                                 f"{[s for s in KEEP_SETS if s in done]}", where=str(directory), field="--removed")
+        pairs = [(k, int(r)) for k, u in enumerate(meta["units"])
+                 for r in np.flatnonzero(~read_npz(store.attributes(step, u["unit"]))["keep"])]
+    units = units_of(load_manifest(meta["manifest"]))
+    chosen = [pairs[round(i * (len(pairs) - 1) / max(n - 1, 1))] for i in range(min(n, len(pairs)))]
+    cluster_set = step if step in KEEP_SETS else {"exact_duplicates": "exact", "near_duplicates": "near",
+                                                   "semantic_duplicates": "semantic"}.get(step)
+    samples = []
+    for unit_no, row in dict.fromkeys(chosen):
+        unit = units[unit_no]
+        sample = {"source": unit.source, **_document(store, unit, row, chars)}
+        if cluster_set is not None:
+            rep = int(read_npz(store.attributes(cluster_set, unit.name))["cluster"][row])
+            sample["kept"] = _find(store, units, rep, chars)
+        samples.append(sample)
+    return {"dir": str(directory), "step": step, "removed": len(pairs), "samples": samples}
+
+
+def _document(store: Store, unit, row: int, chars: int) -> dict:
+    index = read_npz(store.unit_index(unit.name))
+    text = next(d.text for k, d in enumerate(unit.documents()) if k == row)
+    return {"id": str(index["id"][row]), "bytes": int(index["bytes"][row]), "text": text[:chars]}
+
+
+def _find(store: Store, units, uid: int, chars: int) -> dict | None:
+    """The document with this uid (a cluster's kept one), looked up file by file: an inspection, not a join."""
+    for unit in units:
+        rows = np.flatnonzero(read_npz(store.unit_index(unit.name))["uid"] == uid)
+        if len(rows):
+            return {"source": unit.source, **_document(store, unit, int(rows[0]), chars)}
+    return None
