@@ -70,8 +70,8 @@ def run_curate(args: argparse.Namespace) -> int:
     from curation.minhash import LSHParams
     from curation.model_taggers import ModelOptions
     from curation.pipeline import parse_taggers
-    from ladder.cli.data import resolve_manifest
     from ladder.run.curate import run_curation
+    from rungs.data.manifest import DEMO_MANIFEST
 
     t0 = time.perf_counter()
     for flag, value, low in (("--workers", args.workers, 1), ("--bands", args.bands, 1), ("--rows", args.rows, 1)):
@@ -84,7 +84,7 @@ def run_curate(args: argparse.Namespace) -> int:
     options = ModelOptions(n_topics=args.topics, semantic_eps=args.semantic_eps,
                            quality_positive=_sources(args.quality_positive),
                            quality_negative=_sources(args.quality_negative), quality_model=args.quality_model)
-    manifest = resolve_manifest(args.manifest)
+    manifest = DEMO_MANIFEST if args.manifest == "demo" else Path(args.manifest)
     try:
         taggers = parse_taggers(args.taggers, options)
         report = run_curation(manifest, Path(args.out), taggers=taggers, workers=args.workers, address=args.address,
