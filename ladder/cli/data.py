@@ -1,4 +1,5 @@
-"""`ladder data prepare MANIFEST --out DIR`: tokenized shards, held-out sets and the decontamination report;
+"""`ladder data prepare MANIFEST --out DIR [--overwrite]`: tokenized shards, held-out sets and the decontamination
+report (into a new or empty directory, or one it prepared; see `rungs.data.out_dir`);
 `ladder data inspect DIR`: the shard manifest of a prepared directory and a decoded sample of documents.
 
 Exit 2 with one line naming the file and field on bad input (nothing is written); exit 1 with one
@@ -44,8 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "of this size, one shard each; another size gives other shards")
     p.add_argument("--split-bytes", type=int, default=None,
                    help="input bytes per task (default: one shard); the output is the same for any value")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a corpus prepared in --out from other inputs (only the files prepare wrote there)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, on_interrupt="rerun the same command to resume: finished shards are kept")
     i = data_sub.add_parser("inspect", help="print a prepared directory's shard manifest and decode sample documents")
     i.add_argument("dir", help="a directory written by `ladder data prepare`")
     i.add_argument("--docs", type=int, default=2, help="documents decoded per set (default 2)")
@@ -118,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         workers = args.workers if args.workers is not None else (1 if args.address else auto_workers(manifest))
         out = prepare(manifest, Path(args.out), vocab_size=vocab_size, tokenizer=args.tokenizer,
                       workers=workers, address=args.address, shard_bytes=args.shard_bytes,
-                      split_bytes=args.split_bytes)
+                      split_bytes=args.split_bytes, overwrite=args.overwrite)
     except DataInputError as err:
         raise LadderInputError(err.detail, where=err.where or args.manifest, field=err.field) from None
     except DataDiskFullError as err:

@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -52,11 +53,19 @@ def atomic_write_json(path: Path, payload: dict) -> None:
     atomic_write_bytes(path, (json.dumps(payload, indent=1, sort_keys=True) + "\n").encode())
 
 
+# `temporary_for`'s names (a `.npy` or `.json` file's, "x" while a shard's header is rewritten): only
+# these are a prepare's own temporaries; any other file is left alone.
+_TMP_NAME = re.compile(r"\.[^/]+\.(npy|json)" + re.escape(_TMP_MARK) + r"(?P<pid>[0-9]+)x?")
+
+
 def remove_stale_temporaries(out: Path) -> None:
-    """Temporaries of a prepare that was killed mid-write (its process is gone): never trusted, removed."""
-    for tmp in out.glob(f"**/.*{_TMP_MARK}*"):
-        pid = tmp.name.rpartition(_TMP_MARK)[2]
-        if pid.isdigit() and not process_alive(int(pid)):
+    """Temporaries of a prepare that was killed mid-write (its process is gone): never trusted, removed.
+    Only in the folders a prepare writes (`out`, and `train/`, `eval/` two levels down)."""
+    candidates = [*out.glob(f".*{_TMP_MARK}*"), *out.glob(f"train/*/.*{_TMP_MARK}*"), *out.glob(f"eval/*/.*{_TMP_MARK}*"),
+                  *out.glob(f"train/.*{_TMP_MARK}*"), *out.glob(f"eval/.*{_TMP_MARK}*")]
+    for tmp in candidates:
+        match = _TMP_NAME.fullmatch(tmp.name)
+        if match and tmp.is_file() and not process_alive(int(match["pid"])):
             log.info("prepare: removing %s, left by a prepare that was killed mid-write", tmp)
             tmp.unlink(missing_ok=True)
 

@@ -10,8 +10,8 @@ Per set, the document table is `<split>/<set>.docs.npy` (int64 [docs, 3]: start 
 stream, tokens with EOS, bytes); training sources also `.keys.npy` (the sampler's uint64 hash of the
 id), `.strata.npy` (document order by collection name, then key) and `.order.npy` (by key). `meta.json`
 holds the input key, the tokenizer, per-set counts, and the shards with their counts and hashes;
-`rungs.data.corpus.PreparedCorpus` reads it. Files a prepare did not write are removed, so the
-directory holds exactly what `meta.json` lists.
+`rungs.data.corpus.PreparedCorpus` reads it. Files an earlier prepare wrote that this corpus does not
+list are removed; files a prepare did not write are never touched (`rungs.data.out_dir`).
 """
 
 from __future__ import annotations
@@ -92,8 +92,9 @@ def write_set_table(out: Path, split: str, name: str, shards: list[dict], progre
     return info
 
 
-def write_meta(out: Path, key: str, manifest: Manifest, tokenizer_json: dict, entries: dict[str, dict]) -> None:
-    """`meta.json`, written last (after the files not listed in it are removed): the corpus is ready."""
+def write_meta(out: Path, key: str, manifest: Manifest, tokenizer_json: dict, entries: dict[str, dict], *,
+               owned: set[str]) -> None:
+    """`meta.json`, written last (after the `owned` files not listed in it are removed): the corpus is ready."""
     meta = {
         "format_version": FORMAT_VERSION, "key": key, "manifest": str(manifest.path), "name": manifest.name,
         "tokenizer": tokenizer_json,
@@ -101,26 +102,29 @@ def write_meta(out: Path, key: str, manifest: Manifest, tokenizer_json: dict, en
                     for s in manifest.sources],
         "eval": [{"name": e.name, "domain": e.domain, **entries[f"eval/{e.name}"]} for e in manifest.eval_sets],
     }
-    remove_unlisted(out, meta)
+    remove_unlisted(out, meta, owned)
     atomic_write_json(out / "meta.json", meta)
 
 
-def remove_unlisted(out: Path, meta: dict) -> None:
-    """Files under train/ and eval/ that this prepare did not write (shards of a file since dropped from
-    the manifest, sets since renamed, the one-file-per-set layout of older versions): removed, so that the
-    directory holds exactly what `meta.json` lists."""
+def remove_unlisted(out: Path, meta: dict, owned: set[str]) -> None:
+    """Files under train/ and eval/ that a prepare wrote (`owned`: relative paths) and this corpus does not
+    list (shards of a file since dropped from the manifest, sets since renamed): removed. Any other file is
+    left alone, and only folders emptied here are removed."""
     keep = set()
     for split, entries in (("train", meta["sources"]), ("eval", meta["eval"])):
         for e in entries:
             keep.update(f"{split}/{e['name']}.{part}.npy" for part in ("docs", "keys", "order", "strata"))
             keep.update(f"{s['stem']}{ext}" for s in e["shards"] for ext in (".tokens.npy", ".index.npy",
                                                                             ".ids.json", ".json"))
+    emptied = set()
     for split in ("train", "eval"):
         for path in sorted((out / split).rglob("*"), reverse=True):
-            rel = str(path.relative_to(out))
+            rel = path.relative_to(out).as_posix()
             if path.is_dir():
-                if not any(path.iterdir()):
+                if path in emptied and not any(path.iterdir()):
                     path.rmdir()
-            elif rel not in keep and _TMP_MARK not in path.name:
-                log.info("prepare: removing %s, not part of this corpus", path)
+                    emptied.add(path.parent)
+            elif rel in owned and rel not in keep and _TMP_MARK not in path.name:
+                log.info("prepare: removing %s, written by an earlier prepare and not part of this corpus", path)
                 path.unlink()
+                emptied.add(path.parent)

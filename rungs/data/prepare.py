@@ -19,7 +19,9 @@ document table, not by the size of a file.
 
 Every file is written to a temporary name and renamed into place; a shard is finished once its `.json`
 is there, so a killed prepare resumes without redoing finished shards and a finished one is a no-op; a
-temporary a killed prepare left behind is removed by the next run. Token ids are range-checked against
+temporary a killed prepare left behind is removed by the next run. A prepare never deletes a file it did
+not write (`out_dir`): it refuses an `out_dir` holding other files or another corpus (unless `overwrite`),
+and replaces only the files its own state names. Token ids are range-checked against
 the vocabulary before they are cast to the shard dtype (a cast would wrap silently on numpy 1.x).
 """
 
@@ -39,9 +41,11 @@ from rungs.data.errors import DataDiskFullError, DataInputError
 from rungs.data.filework import ENCODE_BATCH_BYTES, ENCODE_BATCH_DOCS, SHARD_BYTES, SHARD_TEXT_BYTES, \
     tokenize_documents, tokenize_unit
 from rungs.data.manifest import DEMO_MANIFEST, Manifest, load_manifest
+from rungs.data.out_dir import OWNED_STEP, check_out_dir, owned_files, planned_files
 from rungs.data.outputs import Progress, write_meta, write_set_table
 from rungs.data.scanning import FileKey, ScanResult, scan, units_of
 from rungs.data.segments import FilePlan, plan_file
+from rungs.data.shard_writer import shard_stem
 from rungs.data.tokenizer import UINT16_VOCAB, BpeTokenizer
 from rungs.data.vocabulary import TokenizerLoader, bpe_sample, tokenizer_file, tokenizer_file_vocab_size, \
     tokenizer_key, tokenizer_step
@@ -63,12 +67,13 @@ def input_key(manifest: Manifest, tokenizer: str, vocab_size: int) -> str:
 
 def prepare(manifest_path: str | Path, out_dir: str | Path, *, vocab_size: int, tokenizer: str = "bpe",
             workers: int = 1, address: str | None = None, shard_bytes: int = SHARD_BYTES,
-            split_bytes: int | None = None) -> Path:
+            split_bytes: int | None = None, overwrite: bool = False) -> Path:
     """Prepare the shards of `manifest_path` in `out_dir` (resumable, idempotent); returns `out_dir`.
 
     `workers` > 1 or a Ray `address` runs the segments as Ray tasks, `split_bytes` of a file's input to a
     task (default: one segment, `shard_bytes`, each); the output is the same bytes. Raises DataInputError
-    for bad input (before `out_dir` is created) and DataDiskFullError when the disk fills (no half-written
+    for bad input (before `out_dir` is created), for an `out_dir` that holds files prepare did not write or
+    (unless `overwrite`) a corpus of other inputs, and DataDiskFullError when the disk fills (no half-written
     file is left visible; a rerun continues).
     """
     fixed = None
@@ -88,6 +93,9 @@ def prepare(manifest_path: str | Path, out_dir: str | Path, *, vocab_size: int, 
         raise DataInputError("exists and is not a directory; name a new or prepared output directory",
                              where=str(out), field="out")
     key = input_key(manifest, tokenizer_key(tokenizer), vocab_size)
+    identity = {"manifest": str(manifest.path.resolve()), "tokenizer": tokenizer_key(tokenizer),
+                "vocab_size": vocab_size}
+    check_out_dir(out, manifest, key, identity, overwrite=overwrite)
     meta_path = out / "meta.json"
     if meta_path.exists() and json.loads(meta_path.read_text()).get("key") == key:
         log.info("prepare: %s is already prepared for these inputs", out)
@@ -98,8 +106,8 @@ def prepare(manifest_path: str | Path, out_dir: str | Path, *, vocab_size: int, 
         plans = plan_inputs(manifest, shard_bytes, parallel=workers > 1 or address is not None)
         with ray_session(workers, address):
             scanned = scan(manifest, plans, per_task, workers, address)
-            _prepare_into(out, key, manifest, plans, scanned, tokenizer, vocab_size, fixed, workers, address,
-                          shard_bytes, per_task)
+            _prepare_into(out, key, identity, manifest, plans, scanned, tokenizer, vocab_size, fixed, workers,
+                          address, shard_bytes, per_task)
     except OSError as err:
         if is_disk_full(err) and not isinstance(err, DataDiskFullError):
             raise DataDiskFullError(err.errno, f"disk full writing under {out} ({os.strerror(err.errno)}); "
@@ -121,15 +129,25 @@ def plan_inputs(manifest: Manifest, shard_bytes: int, *, parallel: bool = False)
     return plans
 
 
-def _prepare_into(out: Path, key: str, manifest: Manifest, plans: dict[FileKey, FilePlan], scanned: ScanResult,
+def _prepare_into(out: Path, key: str, identity: dict, manifest: Manifest, plans: dict[FileKey, FilePlan], scanned: ScanResult,
                   tokenizer: str, vocab_size: int, fixed: BpeTokenizer | None, workers: int, address: str | None,
                   shard_bytes: int, per_task: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "train").mkdir(exist_ok=True)
     (out / "eval").mkdir(exist_ok=True)
     remove_stale_temporaries(out)
-    (out / "meta.json").unlink(missing_ok=True)
+    # Before progress.json starts over (--overwrite): what an earlier prepare wrote here and is still there.
+    earlier = {f for f in owned_files(out) if (out / f).exists()}
     progress = Progress(out, key)
+    progress.state.update(identity)  # which corpus this is: the same manifest may resume or update it
+    sets = [("train", ds) for ds in manifest.sources] + [("eval", ds) for ds in manifest.eval_sets]
+    units = [u for split, ds in sets for i in range(len(ds.files))
+             for u in units_of(split, ds, i, plans[(split, ds.name, i)], per_task)]
+    # Recorded before anything else is written: a prepare killed halfway leaves only files the next one can
+    # prove it wrote (and so may replace).
+    stems = [shard_stem(u.split, u.spec.set_name, u.file_index, s.index) for u in units for s in u.segments]
+    progress.mark(OWNED_STEP, {"files": sorted(earlier | planned_files(stems, [(split, ds.name) for split, ds in sets]))})
+    (out / "meta.json").unlink(missing_ok=True)
     report = scanned.report
     if not progress.done("decontamination"):
         atomic_write_json(out / "decontamination.json", report)
@@ -137,12 +155,8 @@ def _prepare_into(out: Path, key: str, manifest: Manifest, plans: dict[FileKey, 
                                           "flagged": len(report["flagged_eval"])})
     by_file = {(name, i): frozenset().union(*segs) for (_, name, i), segs in scanned.removed.items()}
     tok = tokenizer_step(out, progress, tokenizer, vocab_size, manifest, by_file, fixed)
-
-    sets = [("train", ds) for ds in manifest.sources] + [("eval", ds) for ds in manifest.eval_sets]
     # Shards are cut by input position at this size: another size, or shards cut by text before, are redone.
     shard_key = f"{key}:{shard_bytes}:input"
-    units = [u for split, ds in sets for i in range(len(ds.files))
-             for u in units_of(split, ds, i, plans[(split, ds.name, i)], per_task)]
     calls = []
     for u in units:
         file_key = (u.split, u.spec.set_name, u.file_index)
@@ -166,7 +180,7 @@ def _prepare_into(out: Path, key: str, manifest: Manifest, plans: dict[FileKey, 
                     bar.add(name, info)
     entries = {name: write_set_table(out, split, ds.name, shards[name], progress)
                for split, ds in sets for name in [f"{split}/{ds.name}"]}
-    write_meta(out, key, manifest, tok.to_json(), entries)
+    write_meta(out, key, manifest, tok.to_json(), entries, owned=owned_files(out))
 
 
 def ensure_prepared(manifest_path: str | Path | None = None, *, vocab_size: int, cache_root: Path = Path("runs/data"),
@@ -189,7 +203,8 @@ def ensure_prepared(manifest_path: str | Path | None = None, *, vocab_size: int,
             meta = target / "meta.json"
             if meta.exists() and json.loads(meta.read_text()).get("key") == key:
                 return target
+            # The cache's own directory for this key: anything of another key there is a stale prepare's.
             return prepare(manifest.path, target, vocab_size=vocab_size, tokenizer=tokenizer, workers=workers,
-                           address=address)
+                           address=address, overwrite=True)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)

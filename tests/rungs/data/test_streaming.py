@@ -120,10 +120,11 @@ def test_inputs_changed_since_a_finished_prepare_are_prepared_again(tmp_path):
     assert np.array_equal(PreparedCorpus.open(out).train_shard("a").document_tokens(0),
                           list(make_docs("a0", 1, seed=10)[0]["text"].encode()))
     (tmp_path / "corpus" / "a" / "part-0.jsonl").unlink()  # a file dropped: its shards go too
-    (out / "train" / "old.tokens.npy").write_bytes(b"the layout of older versions")
+    (out / "train" / "old.tokens.npy").write_bytes(b"a file prepare did not write")  # kept: not prepare's
     prepare(manifest, out, vocab_size=257, tokenizer="byte")
     fresh = prepare(manifest, tmp_path / "fresh", vocab_size=257, tokenizer="byte")
-    assert sorted(tree_bytes(out)) == sorted(tree_bytes(fresh))
+    assert (out / "train" / "old.tokens.npy").read_bytes() == b"a file prepare did not write"
+    assert sorted(tree_bytes(out)) == sorted([*tree_bytes(fresh), "train/old.tokens.npy"])
 
 
 def test_a_rerun_with_another_shard_size_redoes_the_shards(tmp_path):

@@ -1,0 +1,156 @@
+"""Which output directories `prepare` may write into, and which files in one it may replace.
+
+A prepare deletes only files it can prove it wrote: the files its own state (`meta.json`,
+`progress.json`) names, the four files of a shard whose own record (`<stem>.json`) names that stem,
+and temporaries named by its own pattern (`rungs.data.atomic.temporary_for`). Everything else in the
+directory (a user's file, an input) is left alone. Before a prepare writes anything it records the files
+it is about to write in `progress.json` (step `owned`), so a prepare killed halfway leaves a directory
+whose every file the next one can account for.
+
+An `--out` is refused (DataInputError on `field="out"`) when it is
+- not empty and not a prepared directory (no state file of ours): it holds someone else's files;
+- a prepared directory of another manifest, tokenizer or vocabulary, unless `overwrite` (the same manifest
+  whose input files changed is prepared again: that is the corpus the user asked for, brought up to date);
+- a folder that holds the manifest's input files, or the folder of an input file or a folder inside it
+  (outputs would sit among the inputs). The manifest's own folder is the project's folder: a new
+  subfolder of it is fine even when inputs sit beside the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rungs.data.errors import DataInputError
+from rungs.data.manifest import Manifest
+
+STATE_FILES = ("meta.json", "progress.json", "tokenizer.json", "decontamination.json")
+SHARD_PARTS = (".tokens.npy", ".index.npy", ".ids.json", ".json")
+TABLE_PARTS = ("docs", "keys", "order", "strata")
+OWNED_STEP = "owned"  # progress.json's step that lists the files a prepare is about to write
+
+__all__ = ["check_out_dir", "owned_files", "planned_files", "prepared_key", "shard_files", "set_table_files",
+           "OWNED_STEP"]
+
+
+def _state(path: Path) -> dict | None:
+    """A state file of ours: a JSON object with a string `key`; None for anything else."""
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and isinstance(state.get("key"), str) else None
+
+
+def prepared_key(out: Path) -> str | None:
+    """The input key `out` was (or is being) prepared for: `meta.json`'s, else `progress.json`'s; None if
+    `out` is not a prepared directory."""
+    for name in ("meta.json", "progress.json"):
+        state = _state(out / name)
+        if state is not None:
+            return state["key"]
+    return None
+
+
+def shard_files(stem: str) -> list[str]:
+    return [f"{stem}{part}" for part in SHARD_PARTS]
+
+
+def set_table_files(split: str, name: str) -> list[str]:
+    return [f"{split}/{name}.{part}.npy" for part in TABLE_PARTS]
+
+
+def _stated_files(state: dict) -> set[str]:
+    """The files a `meta.json` or `progress.json` says its prepare wrote."""
+    files: set[str] = set()
+    entries = [("train", e) for e in state.get("sources", [])] + [("eval", e) for e in state.get("eval", [])]
+    for step, info in (state.get("steps") or {}).items():
+        if step == OWNED_STEP:
+            files.update(f for f in info.get("files", []) if isinstance(f, str))
+        elif step.startswith(("train/", "eval/")) and isinstance(info, dict):
+            split, _, name = step.partition("/")
+            entries.append((split, dict(info, name=name)))
+    for split, entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            continue
+        files.update(set_table_files(split, entry["name"]))
+        for shard in entry.get("shards", []):
+            if isinstance(shard, dict) and isinstance(shard.get("stem"), str):
+                files.update(shard_files(shard["stem"]))
+    return files
+
+
+def owned_files(out: Path) -> set[str]:
+    """Paths (relative to `out`, '/'-separated) that a prepare provably wrote or was about to write; only
+    for a prepared directory (an empty set otherwise). Temporaries are handled apart (by their name)."""
+    states = [s for s in (_state(out / "meta.json"), _state(out / "progress.json")) if s is not None]
+    if not states:
+        return set()
+    owned = set(STATE_FILES)
+    for state in states:
+        owned |= _stated_files(state)
+    for record in sorted(out.glob("*/*/*.json")):
+        rel = record.relative_to(out).as_posix()
+        if rel.split("/")[0] not in ("train", "eval") or rel.endswith(".ids.json"):
+            continue
+        info = _state(record)
+        if info is not None and info.get("stem") == rel.removesuffix(".json"):
+            owned.update(shard_files(info["stem"]))  # a finished shard's own record names it
+    return {f for f in owned if _is_inside(f)}
+
+
+def _is_inside(rel: str) -> bool:
+    """A relative path that stays inside the directory (a state file naming '../x' proves nothing)."""
+    parts = rel.split("/")
+    return bool(rel) and not rel.startswith("/") and ".." not in parts and "" not in parts
+
+
+def planned_files(stems: list[str], sets: list[tuple[str, str]]) -> set[str]:
+    """What a prepare of these shard stems and (split, set) pairs writes."""
+    files = set(STATE_FILES)
+    for stem in stems:
+        files.update(shard_files(stem))
+    for split, name in sets:
+        files.update(set_table_files(split, name))
+    return files
+
+
+def _has_files(directory: Path) -> bool:
+    return any(not p.is_dir() for p in directory.rglob("*"))
+
+
+def check_out_dir(out: Path, manifest: Manifest, key: str, identity: dict, *, overwrite: bool) -> None:
+    """Raise DataInputError (field `out`) unless `prepare` may write the corpus of `key` into `out`;
+    `identity` is what progress.json records beside the key: the manifest's path, the tokenizer, the vocabulary."""
+    _check_apart_from_inputs(out, manifest)
+    if not out.exists() or not _has_files(out):
+        return
+    found = prepared_key(out)
+    if found is None:
+        raise DataInputError("is not empty and not a prepared directory; prepare writes only into a new or empty "
+                             "directory or one it prepared (it never deletes files it did not write)",
+                             where=str(out), field="out")
+    progress = _state(out / "progress.json") or {}
+    same_corpus = all(progress.get(field) == value for field, value in identity.items())
+    if found != key and not same_corpus and not overwrite:
+        meta = _state(out / "meta.json") or {}
+        source = f" from {meta['manifest']}" if isinstance(meta.get("manifest"), str) else ""
+        raise DataInputError(f"holds a corpus prepared{source} for another manifest, tokenizer or vocabulary; "
+                             "pass --overwrite to replace the files prepare wrote there, or name "
+                             "another --out", where=str(out), field="out")
+
+
+def _check_apart_from_inputs(out: Path, manifest: Manifest) -> None:
+    target = out.resolve()
+    project = manifest.path.resolve().parent
+    for ds in manifest.sources + manifest.eval_sets:
+        for file in ds.files:
+            if not isinstance(file, Path):
+                continue  # an object-store URL cannot be under a local directory
+            path = file.resolve()
+            folder = path.parent
+            inside = target == folder or (target.is_relative_to(folder) and folder != project)
+            if path.is_relative_to(target) or inside:
+                raise DataInputError(f"holds or sits among the manifest's input files ({file}); name an output "
+                                     "directory apart from the inputs (for example a new folder beside the "
+                                     "manifest)", where=str(out), field="out")
