@@ -211,6 +211,10 @@ def _jsonl(file: DataFile, codec: str, segment: Segment, spec: FileSpec, first_l
                 number = (known if known is not None else lines_before(file, codec, segment)) + local
                 raise DataInputError(f"line {number} is not a JSON object with a {spec.text_field!r} string ({err})",
                                      where=str(file), field=spec.set_name) from None
+            if not isinstance(text, str):  # a number or a list is not a document: str() would make one up
+                number = (known if known is not None else lines_before(file, codec, segment)) + local
+                raise DataInputError(not_text(f"line {number}", spec.text_field, text), where=str(file),
+                                     field=spec.set_name)
             if spec.id_field in row:
                 yield Document(str(row[spec.id_field]), str(text))
                 continue
@@ -219,7 +223,16 @@ def _jsonl(file: DataFile, codec: str, segment: Segment, spec: FileSpec, first_l
             yield Document(f"{spec.rel}:{(known or 0) + local}", str(text))
 
 
+def not_text(position: str, field: str, value) -> str:
+    """The message for a document whose text is not a string (`position`: "line 3", "row 7")."""
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return (f"{position}: field {field!r} is {type(value).__name__} {shown}, not a string; a document's text "
+            f"must be a string (convert it in the file, or drop the record)")
+
+
 def _parquet(file: DataFile, segment: Segment, spec: FileSpec) -> Iterator[Document]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     source = open_binary(file) if isinstance(file, RemoteFile) else str(file)
@@ -237,7 +250,13 @@ def _parquet(file: DataFile, segment: Segment, spec: FileSpec) -> Iterator[Docum
     row = segment.first_row
     for group in range(segment.start, segment.stop):  # one row group at a time: all of them would be pre-buffered
         for batch in pf.iter_batches(batch_size=128, columns=wanted, row_groups=[group]):
-            texts = batch.column(spec.text_field).to_pylist()
+            column = batch.column(spec.text_field)
+            texts = column.to_pylist()
+            if column.null_count or not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+                bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+                if bad is not None:  # a null or a number is not a document: str() would make one up
+                    raise DataInputError(not_text(f"row {row + bad} (counting from 0)", spec.text_field, texts[bad]),
+                                         where=str(file), field=spec.set_name)
             ids = batch.column(spec.id_field).to_pylist() if spec.id_field in columns else \
                 [f"{spec.rel}:{row + i}" for i in range(len(texts))]
             row += len(texts)
