@@ -86,6 +86,19 @@ def _command(args: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command line. Ctrl-C anywhere in it is one line on stderr and exit 130 (128 + SIGINT), with
+    what to do next where the command says (`on_interrupt`: `ladder data prepare` resumes when rerun)."""
+    parsed: list[argparse.Namespace] = []  # the command line, once parsed (an interrupt may come before)
+    try:
+        return _main(argv, parsed)
+    except KeyboardInterrupt:
+        name = f"ladder {parsed[0].command}" if parsed else "ladder"
+        hint = getattr(parsed[0], "on_interrupt", None) if parsed else None
+        sys.stderr.write(f"{name}: interrupted" + (f"; {hint}" if hint else "") + "\n")
+        return 130
+
+
+def _main(argv: list[str] | None, parsed: list[argparse.Namespace]) -> int:
     if argv is None and _command(sys.argv[1:]) in TRAINING_COMMANDS:
         # This process is a `ladder` command that trains: before any library starts its threads, keep
         # freed host memory for reuse, so a training step does not fault its temporaries in again each
@@ -100,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
         argcomplete.autocomplete(parser)  # answers a completing shell and exits; a no-op otherwise
     args = parser.parse_args(argv)
+    parsed.append(args)
     table_format = getattr(args, "format", "table")
     if table_format != "table" and getattr(args, "json", False):
         parser.error("--json and --format are two outputs: choose one")

@@ -1,0 +1,65 @@
+"""Ctrl-C during `ladder data prepare`: one line on stderr (no traceback), exit 130, and a rerun finishes
+with the shards of an uninterrupted prepare. A real process and a real SIGINT, sent once the first shards
+are on disk (so the signal lands mid-tokenize however fast the machine: ~230 shards are left)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rungs.data.prepare import prepare
+
+from .conftest import make_docs, tree_bytes, write_jsonl
+
+LADDER = [sys.executable, "-c", "import sys; from ladder.cli import main; sys.exit(main())"]
+# A log record (logging.basicConfig's format in ladder.cli): progress, not the command's own output.
+LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ")
+SHARD_BYTES = 16_000
+
+
+def _corpus(root: Path) -> Path:
+    write_jsonl(root / "a.jsonl", make_docs("a", 6000, seed=1, span=(0, 12_000)))  # ~3.7 MB
+    write_jsonl(root / "held" / "x.jsonl", make_docs("x", 10, seed=3, span=(12_000, 20_000)))
+    manifest = root / "manifest.yaml"
+    manifest.write_text("name: big\nsources:\n  - {name: a, domain: web, share: 1.0, files: [a.jsonl]}\n"
+                        "eval:\n  - {domain: x, files: ['held/*.jsonl']}\n")
+    return manifest
+
+
+def _finished_shards(out: Path) -> int:
+    return len(list((out / "train" / "a").glob("*[0-9].json"))) if (out / "train" / "a").is_dir() else 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_prints_one_line_exits_130_and_a_rerun_gives_the_same_shards(tmp_path):
+    manifest = _corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    argv = [*LADDER, "data", "prepare", str(manifest), "--out", str(out), "--tokenizer", "byte", "--vocab-size", "257",
+            "--shard-bytes", str(SHARD_BYTES), "--workers", "1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    deadline = time.monotonic() + 300
+    while _finished_shards(out) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, "prepare ended before it was interrupted"
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert "Traceback" not in stderr and stdout == ""
+    own = [line for line in stderr.splitlines() if not LOG_RECORD.match(line)]
+    assert own == ["ladder data: interrupted; rerun the same command to resume: finished shards are kept"]
+    assert not (out / "meta.json").exists()
+    interrupted_at = _finished_shards(out)
+    assert 2 <= interrupted_at < 200
+
+    rerun = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    reference = prepare(manifest, tmp_path / "reference", vocab_size=257, tokenizer="byte", shard_bytes=SHARD_BYTES)
+    got, want = tree_bytes(out), tree_bytes(reference)
+    assert got.pop("progress.json") and want.pop("progress.json")  # the record of how each run went
+    assert len(got) == len(want) > 4 * 200 and got == want
