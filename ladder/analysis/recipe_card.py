@@ -37,10 +37,32 @@ def build_card(recipe_ref: str | Path, rung: int, laws: dict[str, Any], tpp: flo
                   "dropout_law": "fitted" if (laws.get("hparams") or {}).get("dropout") else "recipe's fixed dropout",
                   "power_laws": {d: {"n_points": f.n_points, "rows_used": f.rows_used, "code_version": f.code_version}
                                  for d, f in laws.get("power_law", {}).items()}}
-    return recipe_card(target, power_laws=laws.get("power_law", {}), hparams=laws.get("hparams"),
+    card = recipe_card(target, power_laws=laws.get("power_law", {}), hparams=laws.get("hparams"),
                        dropout=(laws.get("hparams") or {}).get("dropout"),
                        report_laws=recipe.hparam_laws.model_dump(exclude={"source"}), report_source=recipe.hparam_laws.source,
                        recipe_dropout=recipe.dropout, provenance=provenance)
+    for domain, b in card["predicted_bpb"].items():
+        x_range = laws["power_law"][domain].extra.get("x_range")
+        if x_range:
+            b.update(data_position(spec.train_flops, x_range))
+    return card
+
+
+def data_position(train_flops: float, x_range: list[float]) -> dict[str, Any]:
+    """Where the target's compute lies against the FLOPs a law was fitted on: "beyond" the largest,
+    "below" the smallest, or "inside" (a prediction inside is an interpolation, not an extrapolation)."""
+    lo, hi = float(x_range[0]), float(x_range[1])
+    where = "beyond" if train_flops > hi else "below" if train_flops < lo else "inside"
+    return {"data_flops_range": [lo, hi], "data_position": where}
+
+
+def _position_note(b: dict[str, Any]) -> str:
+    where, factor = b.get("data_position"), b.get("extrapolation_factor")
+    if where == "inside":
+        return " (inside the data)"
+    if where == "below":
+        return " (below the data)"
+    return f" (×{factor:.3g} beyond the data)" if factor else ""
 
 
 def human_count(n: float) -> str:
@@ -71,7 +93,7 @@ def card_rows(card: dict[str, Any]) -> list[list[str]]:
         if name in hp:
             rows.append([label, f"{hp[name]['value']:.4g}", _interval(hp[name].get("interval95"))])
     for domain, b in card["predicted_bpb"].items():
-        ext = f" (×{b['extrapolation_factor']:.3g} beyond the data)" if b.get("extrapolation_factor") else ""
+        ext = _position_note(b)
         ext += " (E = 0: no floor seen)" if b.get("floor_at_zero") else ""
         # The one interval rule (fits: FitResult.interval_note): a law without an interval shows "n/a".
         interval = "n/a" if b.get("interval") is None and b.get("interval_note") else _interval(b.get("interval"))
