@@ -1,0 +1,102 @@
+"""curation.quality: a hashed 1-2-gram logistic regression, its held-out AUC, and a pickle-free save format."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+from sklearn.model_selection import train_test_split
+
+from curation.quality import HashingSettings, QualityModel, train_quality_classifier
+
+CORPUS = Path(__file__).resolve().parents[2] / "rungs" / "data" / "demo" / "corpus"
+SMALL = HashingSettings(n_features=2**16, max_chars=4000)  # small and fast; the defaults are 2^20 and 20,000
+
+
+def demo_texts(source: str, n: int) -> list[str]:
+    with gzip.open(CORPUS / f"{source}.jsonl.gz", "rt") as f:
+        return [json.loads(line)["text"] for line in itertools.islice(f, n)]
+
+
+@pytest.fixture(scope="module")
+def demo_split() -> tuple[list[str], list[str]]:
+    """Edited reference text (SciPy and SymPy docs, Gutenberg) against mailing-list replies."""
+    return demo_texts("stem", 30) + demo_texts("books", 15) + demo_texts("math", 15), demo_texts("qa", 60)
+
+
+@pytest.fixture(scope="module")
+def demo_model(demo_split) -> QualityModel:
+    return train_quality_classifier(*demo_split, seed=0, settings=SMALL)
+
+
+def test_separates_the_demo_split_on_held_out_documents(demo_model, demo_split):
+    assert demo_model.heldout_auc >= 0.9
+    assert demo_model.counts == {"train_positive": 48, "train_negative": 48, "heldout_positive": 12,
+                                 "heldout_negative": 12}
+    pos, neg = demo_split
+    s = demo_model.score(pos[:5] + neg[:5])
+    assert s.dtype == np.float64 and ((0 <= s) & (s <= 1)).all()
+
+
+def test_score_is_sklearn_predict_proba_of_the_same_fit(demo_model, demo_split):
+    pos, neg = demo_split
+    texts = pos + neg
+    y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
+    train, held = train_test_split(np.arange(len(texts)), test_size=0.2, stratify=y, random_state=0)
+    train, held = np.sort(train), np.sort(held)
+    vec = SMALL.vectorizer()
+    clf = LogisticRegression(C=10.0, max_iter=1000).fit(vec.transform([texts[i][:4000] for i in train]), y[train])
+    expected = clf.predict_proba(vec.transform([texts[i][:4000] for i in held]))[:, 1]
+    np.testing.assert_allclose(demo_model.score([texts[i] for i in held]), expected, rtol=1e-9, atol=1e-12)
+    assert demo_model.heldout_auc == pytest.approx(roc_auc_score(y[held], expected))
+
+
+def test_deterministic(demo_model, demo_split):
+    again = train_quality_classifier(*demo_split, seed=0, settings=SMALL)
+    np.testing.assert_array_equal(again.coef_index, demo_model.coef_index)
+    np.testing.assert_array_equal(again.coef_value, demo_model.coef_value)
+    assert again.heldout_auc == demo_model.heldout_auc
+
+
+def test_save_and_load_round_trip_without_pickle(demo_model, demo_split, tmp_path):
+    path = demo_model.save(tmp_path / "model")
+    assert sorted(p.name for p in path.iterdir()) == ["model.json", "weights.npz"]
+    with np.load(path / "weights.npz", allow_pickle=False) as w:
+        assert {k: w[k].dtype.kind for k in w.files} == {"coef_index": "i", "coef_value": "f", "intercept": "f"}
+    loaded = QualityModel.load(path)
+    texts = demo_split[0][:4] + demo_split[1][:4]
+    np.testing.assert_array_equal(loaded.score(texts), demo_model.score(texts))
+    assert loaded.heldout_auc == demo_model.heldout_auc and loaded.settings == SMALL
+
+
+def test_word_bigrams_carry_signal_unigrams_cannot():
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(30)]
+
+    def doc(order: tuple[str, str]) -> str:  # the same words in both classes; only "alpha beta"'s order differs
+        return f"{' '.join(rng.choice(words, size=6))} {order[0]} {order[1]} {' '.join(rng.choice(words, size=6))}"
+
+    pos = [doc(("alpha", "beta")) for _ in range(60)]
+    neg = [doc(("beta", "alpha")) for _ in range(60)]
+    assert train_quality_classifier(pos, neg, seed=1, settings=SMALL).heldout_auc == 1.0
+    unigrams = HashingSettings(n_features=2**16, ngram_max=1)
+    assert train_quality_classifier(pos, neg, seed=1, settings=unigrams).heldout_auc < 0.8
+
+
+def test_bad_input_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="positive_texts"):
+        train_quality_classifier([], ["a b", "c d", "e f"], seed=0)
+    with pytest.raises(ValueError, match="negative_texts"):
+        train_quality_classifier(["a b"] * 5, ["c d", 3, "e"], seed=0)
+    with pytest.raises(ValueError, match="heldout_fraction"):
+        train_quality_classifier(["a b"] * 5, ["c d"] * 5, seed=0, heldout_fraction=1.0)
+    with pytest.raises(ValueError, match="positive_texts"):
+        train_quality_classifier("not a list", ["c d"] * 5, seed=0)
+    with pytest.raises(ValueError, match="not a saved quality model"):
+        QualityModel.load(tmp_path)
