@@ -154,6 +154,9 @@ def parse_taggers(value: str | None, model_options: ModelOptions | None = None) 
     unknown = [n for n in names if n not in TAGGERS]
     if unknown or not names:
         raise DataInputError(f"unknown tagger(s) {unknown}; valid: {', '.join(TAGGERS)}", field="--taggers")
+    if "quality" in names and not (model_options and model_options.quality_configured):
+        raise DataInputError("the quality tagger needs a classifier: --quality-model DIR, or --quality-positive "
+                             "SOURCES and --quality-negative SOURCES to train one", field="--taggers")
     wanted = set(names)
     for n in names:
         wanted.update(TAGGERS[n].needs)
@@ -180,7 +183,7 @@ def curate(manifest_path: str | Path, out: str | Path, *, taggers: list[str] | N
         ctx.on_stage = on_stage
     if on_task is not None:
         ctx.on_task = on_task
-    for name in taggers or parse_taggers(None, model_options):
+    for name in parse_taggers(",".join(taggers) if taggers else None, model_options):
         if meta["taggers"].get(name, {}).get("done"):
             log.info("curate: %s already done", name)
             continue

@@ -111,7 +111,8 @@ def removed_samples(directory: str | Path, step: str, n: int, chars: int = 300) 
         pairs = [(k, int(r)) for k, u in enumerate(meta["units"])
                  for r in np.flatnonzero(~read_npz(store.attributes(step, u["unit"]))["keep"])]
     units = units_of(load_manifest(meta["manifest"]))
-    chosen = [pairs[round(i * (len(pairs) - 1) / max(n - 1, 1))] for i in range(min(n, len(pairs)))]
+    k = min(n, len(pairs))
+    chosen = [pairs[round(i * (len(pairs) - 1) / max(k - 1, 1))] for i in range(k)]
     cluster_set = step if step in KEEP_SETS else {"exact_duplicates": "exact", "near_duplicates": "near",
                                                    "semantic_duplicates": "semantic"}.get(step)
     samples = []

@@ -1,0 +1,102 @@
+"""Mixing: rules validated at the edge (one line naming the field), an arm that `ladder data prepare` takes,
+the kept documents with their original ids and weights, held-out sets untouched."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from curation.mix import mix
+from curation.pipeline import curate
+from curation.rules import load_rules
+from ladder.cli import main
+from rungs.data.errors import DataInputError
+from rungs.data.manifest import load_manifest
+from tests.curation.corpus import write_corpus
+
+
+@pytest.fixture(scope="module")
+def curated(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("mix")
+    write_corpus(root / "corpus")
+    curate(root / "corpus" / "manifest.yaml", root / "cur", taggers=["exact", "near"], partitions=4)
+    return root
+
+
+@pytest.mark.parametrize("text, field", [
+    ("near_duplicates: keep_two", "near_duplicates"),
+    ("quality: {source: a, keep_top: 1.5}", "quality.keep_top"),
+    ("quality: [{source: a, keep_top: 0.5, extra: 1}]", "quality.0.extra"),
+    ("nearduplicates: keep_one", "nearduplicates"),
+    ("diversity: keep", "diversity"),
+])
+def test_a_bad_rule_is_one_line_naming_the_field_and_exit_2(curated, tmp_path, capsys, text, field):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(text + "\n")
+    assert main(["data", "mix", str(curated / "cur"), "--rules", str(rules), "--out", str(tmp_path / "arm")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{rules}: {field}: " in err and "Traceback" not in err
+    assert not (tmp_path / "arm").exists()
+
+
+def test_a_rule_without_its_attributes_names_the_tagger_to_run(curated, tmp_path):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("semantic_duplicates: keep_one\n")
+    with pytest.raises(DataInputError, match="--taggers semantic"):
+        mix(curated / "cur", load_rules(rules), tmp_path / "arm", rules_path=str(rules))
+    rules.write_text("quality: {keep_top: 0.5}\n")
+    with pytest.raises(DataInputError, match="--taggers quality"):
+        mix(curated / "cur", load_rules(rules), tmp_path / "arm", rules_path=str(rules))
+
+
+def test_an_arm_keeps_one_of_each_cluster_and_prepares_like_any_manifest(curated, tmp_path, capsys):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("name: dedup\nexact_duplicates: keep_one\nnear_duplicates: keep_one\n")
+    arm = tmp_path / "arm"
+    assert main(["data", "mix", str(curated / "cur"), "--rules", str(rules), "--out", str(arm), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert [s["rule"] for s in payload["steps"]] == ["exact_duplicates", "near_duplicates"]
+    assert payload["steps"][0]["sources"]["a"]["docs_removed"] == 1
+    assert payload["steps"][1]["sources"]["a"]["docs_removed"] + payload["steps"][1]["sources"]["b"]["docs_removed"] == 2
+    assert payload["kept"]["a"]["docs"] + payload["kept"]["b"]["docs"] == 120 - 3
+    manifest = load_manifest(arm / "manifest.yaml")
+    original = load_manifest(curated / "corpus" / "manifest.yaml")
+    assert [e.files for e in manifest.eval_sets] == [e.files for e in original.eval_sets]
+    assert [s.share for s in manifest.sources] == [0.5, 0.5]
+    kept_ids = {d.doc_id for s in manifest.sources for d in s.documents()}
+    all_ids = {d.doc_id for s in original.sources for d in s.documents()}
+    assert kept_ids < all_ids and len(kept_ids) == 117 and "b1.jsonl:30" in kept_ids
+    out = tmp_path / "prepared"
+    assert main(["data", "prepare", str(arm / "manifest.yaml"), "--out", str(out), "--tokenizer", "byte",
+                 "--json"]) == 0
+    prepared = json.loads(capsys.readouterr().out)
+    assert prepared["sources"]["a"]["docs"] + prepared["sources"]["b"]["docs"] == 117
+    # a second mix into the same arm is its own directory: allowed; a foreign one is refused
+    assert main(["data", "mix", str(curated / "cur"), "--rules", str(rules), "--out", str(arm), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["data", "mix", str(curated / "cur"), "--rules", str(rules), "--out", str(out)]) == 2
+
+
+def test_inspect_shows_removed_documents_with_the_one_kept(curated, capsys):
+    assert main(["data", "inspect", str(curated / "cur"), "--removed", "near", "-n", "5", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["removed"] == 3 and len(payload["samples"]) == 3
+    assert all(s["kept"] is not None and s["kept"]["id"] != s["id"] for s in payload["samples"])
+    assert main(["data", "inspect", str(curated / "cur"), "--removed", "topics"]) == 2
+
+
+def test_a_weight_rule_writes_each_kept_documents_weight(tmp_path):
+    root = tmp_path
+    write_corpus(root / "corpus", files_per_source=1, docs_per_file=25)
+    curate(root / "corpus" / "manifest.yaml", root / "cur", taggers=["semantic"], partitions=2)
+    rules = root / "rules.yaml"
+    rules.write_text("semantic_duplicates: keep_one\ndiversity: weight\n")
+    mix(root / "cur", load_rules(rules), root / "arm")
+    records = [json.loads(line) for f in sorted((root / "arm" / "data").rglob("*.jsonl.gz"))
+               for line in gzip.open(f, "rt")]
+    assert records and all(r["weight"] > 0 for r in records)
+    meta = json.loads((root / "cur" / "curation.json").read_text())
+    assert set(meta["taggers"]) == {"topics", "semantic"}  # semantic brings the topics it needs
