@@ -165,7 +165,12 @@ class TrainConfig(BaseModel):
     # --- evaluation, checkpoints, logging ---
     eval_interval: int = Field(default=100, gt=0)
     eval_batch_size: int = Field(default=8, gt=0)
-    eval_max_docs_per_domain: int | None = Field(default=4, gt=0, description="first N docs of each domain (None: all)")
+    # The intermediate evals' fixed sample (rungs.evaluation): documents spread across each held-out
+    # set up to this many tokens. What it scores changes nothing trained: not part of the config key.
+    eval_tokens_per_domain: int | None = Field(default=16384, gt=0, description="token budget per domain of the "
+                                               "intermediate evals' spread sample (None: eval_max_docs_per_domain)")
+    eval_max_docs_per_domain: int | None = Field(default=4, gt=0, description="with eval_tokens_per_domain=None: "
+                                                 "the intermediate evals' first N docs of each domain (None: all)")
     # The final eval is the number the fits consume: every held-out document by default, so a
     # rung's BPB is not at the mercy of which few documents come first.
     final_eval_max_docs_per_domain: int | None = Field(default=None, gt=0, description="docs per domain of the final eval (None: all)")

@@ -42,8 +42,9 @@ Contracts:
   (plain JSON-able data) atomically; `load(run_dir)` restores it and returns that `loop_state`, or
   None when the run has no checkpoint. A checkpoint of another config (`config.key()`) is refused
   with an error naming the file.
-- `evaluate(final)` is the BPB per held-out domain (`rungs.data.bpb.evaluate_bpb` over the final
-  eval's documents when `final`), the same dict on every rank.
+- `evaluate(final)` is the eval per held-out domain (`rungs.evaluation.score_domains`: BPB and its
+  standard error, over the final eval's documents when `final`, else the intermediate sample), the
+  same dict on every rank.
 - `device_peak()` is the MFU denominator of one device (`rungs.metrics.DevicePeak`); the loop
   multiplies it by `world`.
 """
@@ -94,8 +95,8 @@ class Engine(Protocol):
         rank's; other ranks: may be empty). Empty without activation gradient clipping."""
         ...
 
-    def evaluate(self, *, final: bool) -> dict[str, float]:
-        """BPB per held-out domain (collective)."""
+    def evaluate(self, *, final: bool) -> dict[str, Any]:
+        """`rungs.evaluation.DomainScore` per held-out domain (collective)."""
         ...
 
     def unigram_bpb(self) -> dict[str, float]:

@@ -4,10 +4,11 @@
 resolved config the sweep plans, `sweeps.keys.trial_key`), a job's checkpoints, its MLflow run name
 and its `ladder train` run directory (of the validated config the job runs, `TrainConfig.key()`).
 One function, so a complete config gives the same key in both uses. Left out: where a run is
-tracked and cached, its checkpoint cadence and its thread count, none of which changes what is
-trained: pointing a sweep at a new server, cache or thread count reruns nothing and resumes the
-same checkpoint. A key whose value is its legacy default (`rungs.config.LEGACY_VALUES`) is left
-out too, so adding a config field with a default that reproduces old behaviour changes no key.
+tracked and cached, its checkpoint cadence, its thread count and the intermediate evals' sample
+(`eval_tokens_per_domain`), none of which changes what is trained: pointing a sweep at a new server,
+cache or thread count reruns nothing and resumes the same checkpoint. A key whose value is its
+legacy default (`rungs.config.LEGACY_VALUES`) is left out too, so adding a config field with a default
+that reproduces old behaviour changes no key.
 
 Stable means: the same config gives the same key in any process, on any machine, whatever the
 dict order, and any change to any other value gives a different key. Floats hash by their shortest
@@ -29,7 +30,8 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 KEY_HEX_CHARS = 16  # 64 bits: collision odds ~1e-10 at a million trials
-_NOT_TRAINED = frozenset({"tracking_uri", "experiment_name", "trial_key", "data_cache_root", "checkpoint_interval"})
+_NOT_TRAINED = frozenset({"tracking_uri", "experiment_name", "trial_key", "data_cache_root", "checkpoint_interval",
+                          "eval_tokens_per_domain"})
 # Top-level keys no identity includes (`log_interval` is a removed field old configs may still carry).
 NON_IDENTITY_KEYS = _NOT_TRAINED | {"log_interval", "threads"}
 SEPARATORS = (",", ":")  # of the canonical JSON that is hashed (kept: no existing key changes)

@@ -2,7 +2,9 @@
 engine (`rungs.engine.Engine`: one PyTorch process, sharded PyTorch, JAX).
 
 `run_job(cfg, engine, run_dir=...)` runs or resumes one job: the LR schedule's multiplier per step,
-BPB on every held-out domain every `eval_interval` steps and at the last step (`eval.json`), the
+BPB on every held-out domain (`eval.json`): on a fixed sample every `eval_interval` steps (the MLflow
+learning curve `bpb/<domain>`) and on the whole held-out sets at the last step (`final_bpb/<domain>`
+with its standard error `final_bpb_se/<domain>`, never a point of the curve; rungs.evaluation), the
 divergence rule (non-finite loss or a spike over the running median), checkpoints every
 `checkpoint_interval` steps and when stopped early, MLflow tracking (one run per job, reopened on
 resume, closed FAILED on a crash and FINISHED otherwise), `result.json` and `data_report.json`, the
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,7 +47,7 @@ GRAD_NORM_WINDOW = 1000
 class TrainResult:
     run_id: str | None
     final_loss: float
-    bpb: dict[str, float]
+    bpb: dict[str, float]  # the final eval's, over every held-out document by default
     tokens: int
     train_flops: float
     wall_seconds: float  # the job's wall clock, all restarts together, set-up and evals included
@@ -53,6 +56,8 @@ class TrainResult:
     diverged: bool
     steps: int
     unigram_bpb: dict[str, float] = field(default_factory=dict)
+    # Per domain: the final BPB's standard error from the held-out documents' sampling (rungs.evaluation).
+    bpb_se: dict[str, float] = field(default_factory=dict)
     diverged_reason: str | None = None
     losses: list[float] = field(default_factory=list)
     run_dir: str = ""
@@ -193,12 +198,8 @@ def _steps(cfg: TrainConfig, engine: Engine, state: LoopState, run_dir: Path, tr
         diverged_reason = divergence.check(state.step, stats["loss"])  # the same loss on every rank
         is_last = state.step == total or diverged_reason is not None
         if not diverged_reason and (state.step % cfg.eval_interval == 0 or is_last):
-            t_eval = time.perf_counter()
-            bpb = engine.evaluate(final=is_last)  # collective in a sharded engine
-            log.info("step %d: BPB %s (%.1fs)", state.step, " ".join(f"{d} {v:.3f}" for d, v in bpb.items()),
-                     time.perf_counter() - t_eval)
-            state.evals.append({"step": state.step, "bpb": bpb})
-            metrics |= {f"bpb/{domain}": v for domain, v in bpb.items()}
+            curve = _evaluate(engine, state, final=is_last, due=state.step % cfg.eval_interval == 0)
+            metrics |= {f"bpb/{domain}": v for domain, v in curve.items()}  # never the final eval's numbers
             if main:
                 write_json_atomic(run_dir / EVAL_FILE, {"unigram_bpb": unigram, "evals": state.evals}, indent=2)
         if tracker is not None:
@@ -216,6 +217,33 @@ def _steps(cfg: TrainConfig, engine: Engine, state: LoopState, run_dir: Path, tr
     return None, job_start
 
 
+def _evaluate(engine: Engine, state: LoopState, *, final: bool, due: bool) -> dict[str, float]:
+    """Run this step's eval(s) into `state.evals`; the learning curve's point: the intermediate sample's
+    BPB per domain (rungs.evaluation), or {} where the step has none.
+
+    At the last step the final eval runs, and the curve's point is the sample's BPB from the final
+    eval's per-document sums (free when the final eval covers the sample, the default); otherwise the
+    sample is scored on its own only when the step is on the eval cadence."""
+    t0 = time.perf_counter()
+    scores = engine.evaluate(final=final)  # collective in a sharded engine
+    curve = {d: s.sample_bpb for d, s in scores.items() if s.sample_bpb is not None} if final else \
+        {d: s.bpb for d, s in scores.items()}
+    entry = {"step": state.step, "final": final, "bpb": {d: s.bpb for d, s in scores.items()},
+             "bpb_se": {d: s.bpb_se for d, s in scores.items()}, "docs": {d: s.docs for d, s in scores.items()},
+             "tokens": {d: s.tokens for d, s in scores.items()}}
+    if final and len(curve) < len(scores):
+        curve = {}
+        if due:
+            curve = {d: s.bpb for d, s in engine.evaluate(final=False).items()}
+    if final and curve:
+        entry["sample_bpb"] = curve
+    entry["seconds"] = time.perf_counter() - t0
+    state.evals.append(entry)
+    log.info("step %d: %s BPB %s (%.1fs)", state.step, "final" if final else "sample",
+             " ".join(f"{d} {v:.3f}" for d, v in entry["bpb"].items()), entry["seconds"])
+    return curve
+
+
 def tracker_for(cfg: TrainConfig, engine: Engine, run_dir: Path) -> Tracker:
     return Tracker(cfg.tracking_uri, cfg.experiment_name, run_dir, run_name=f"{cfg.recipe}-L{cfg.L}-{cfg.key()[:8]}",
                    tags={"recipe": cfg.recipe, "rung": cfg.L, "trial_key": cfg.trial_key or cfg.key(),
@@ -225,12 +253,14 @@ def tracker_for(cfg: TrainConfig, engine: Engine, run_dir: Path) -> Tracker:
 
 def _result(tracker: Tracker | None, state: LoopState, peak: DevicePeak, devices: int, unigram: dict[str, float],
             diverged_reason: str | None, run_dir: Path, *, finished: bool) -> TrainResult:
-    last_bpb = state.evals[-1]["bpb"] if state.evals else {}
+    last = state.evals[-1] if state.evals and state.evals[-1].get("final", True) else {}  # the final eval's
     use = utilisation(state.train_flops, state.train_seconds, devices=devices, peak=peak)
     return TrainResult(
         run_id=tracker.run_id if tracker is not None else None,
         final_loss=state.losses[-1] if state.losses else float("nan"),
-        bpb=dict(last_bpb) if finished and diverged_reason is None else {},  # a diverged run has no final BPB
+        bpb=dict(last.get("bpb", {})) if finished and diverged_reason is None else {},  # a diverged run has none
+        bpb_se={d: v for d, v in last.get("bpb_se", {}).items() if math.isfinite(v)}
+        if finished and diverged_reason is None else {},  # none from a single document
         tokens=state.tokens,
         train_flops=state.train_flops,
         wall_seconds=state.wall_seconds,
@@ -278,6 +308,7 @@ def _close_finished_run(cfg: TrainConfig, engine: Engine, run_dir: Path, res: Tr
 
 def log_final(tracker: Tracker, res: TrainResult, run_dir: Path) -> None:
     final = {f"final_bpb/{d}": v for d, v in res.bpb.items()}
+    final |= {f"final_bpb_se/{d}": v for d, v in res.bpb_se.items() if math.isfinite(v)}
     final |= {f"unigram_bpb/{d}": v for d, v in res.unigram_bpb.items()}
     final |= {"final_loss": res.final_loss, "total_train_flops": res.train_flops, "total_tokens": float(res.tokens),
               "wall_seconds": res.wall_seconds, "final_tokens_per_second": res.tokens_per_second, "final_mfu": res.mfu,

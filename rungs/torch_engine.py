@@ -23,7 +23,7 @@ from rungs.config import TrainConfig, TrainConfigError
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.prepare import ensure_prepared
 from rungs.data.sampler import SourceScaledSampler
-from rungs.evaluation import evaluate_model, unigram_bpb
+from rungs.evaluation import DomainScore, evaluate_model, unigram_bpb
 from rungs.metrics import DevicePeak, device_peak
 from rungs.model import Transformer
 from rungs.held_weights import held_expert_weights
@@ -221,7 +221,7 @@ class TorchEngine:
     def drain_clip_events(self) -> list[dict[str, Any]]:
         return [event_record(ev) for ev in self.clipper.drain_events()] if self.clipper is not None else []
 
-    def evaluate(self, *, final: bool) -> dict[str, float]:
+    def evaluate(self, *, final: bool) -> dict[str, DomainScore]:
         return evaluate_model(self.model, self.corpus, self.cfg, final=final)
 
     def unigram_bpb(self) -> dict[str, float]:

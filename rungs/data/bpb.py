@@ -76,8 +76,11 @@ def evaluate_bpb(logits_fn: Callable[[torch.Tensor], torch.Tensor], corpus: Prep
 
 
 @torch.no_grad()
-def score_windows(logits_fn, windows: list[Window], seq_len: int, batch_size: int, pad_id: int) -> tuple[float, int]:
-    """Σ nats over the scored positions of all windows (float64 accumulation) and their count."""
+def score_windows(logits_fn, windows: list[Window], seq_len: int, batch_size: int, pad_id: int,
+                  window_nats: list[float] | None = None) -> tuple[float, int]:
+    """Σ nats over the scored positions of all windows (float64 accumulation) and their count; each
+    window's own Σ nats is appended to `window_nats` when given (per-document sums; the total is the
+    same either way)."""
     total_nats = 0.0
     total_tokens = 0
     for b in range(0, len(windows), batch_size):
@@ -97,5 +100,7 @@ def score_windows(logits_fn, windows: list[Window], seq_len: int, batch_size: in
         logp = torch.log_softmax(logits.double(), dim=-1)
         nll = -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         total_nats += float(nll[mask].sum())
+        if window_nats is not None:
+            window_nats.extend(torch.where(mask, nll, 0.0).sum(dim=1).tolist())
         total_tokens += int(mask.sum())
     return total_nats, total_tokens

@@ -1,7 +1,7 @@
 """The JAX engine (`rungs.engine.Engine`): the rung in JAX + optax under the one training loop.
 
 Everything except the arithmetic is shared with the PyTorch engine: the prepared corpus, the
-source-scaled sampler (the same token stream, batch for batch), `rungs.data.bpb.evaluate_bpb`,
+source-scaled sampler (the same token stream, batch for batch), `rungs.evaluation.score_domains`,
 the unigram baseline, the clip-event records. The arithmetic is `rungs.jaxjob`'s: the model
 (`model.loss`), Muon + AdamW by role (`optim.build_optimizer`), activation gradient clipping
 (`agc.AGC` + `agc.ClipRecorder`), global grad-norm clipping (`optim.clip_by_global_norm`).
@@ -41,11 +41,10 @@ from jax.sharding import NamedSharding
 
 from rungs.agc import event_record
 from rungs.config import TrainConfig
-from rungs.data.bpb import evaluate_bpb
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.prepare import ensure_prepared
 from rungs.data.sampler import SourceScaledSampler
-from rungs.evaluation import eval_docs, unigram_bpb
+from rungs.evaluation import DomainScore, score_domains, unigram_bpb
 from rungs.jaxjob import checkpoint as jax_ckpt
 from rungs.jaxjob import model as jmodel
 from rungs.jaxjob import sharding
@@ -305,7 +304,7 @@ class JaxEngine:
         return [event_record(ev) for ev in self.recorder.drain_events()] if self.recorder is not None else []
 
     # --- evaluation and reports -------------------------------------------------------------
-    def evaluate(self, *, final: bool) -> dict[str, float]:
+    def evaluate(self, *, final: bool) -> dict[str, DomainScore]:
         cfg = self.cfg
 
         def logits_fn(inputs: torch.Tensor) -> torch.Tensor:
@@ -317,9 +316,7 @@ class JaxEngine:
             logits = self._host(self._logits(self.params, self.buffers, self._batch_put(x)))
             return torch.from_numpy(np.array(logits[:B, :T]))
 
-        results = evaluate_bpb(logits_fn, self.corpus, seq_len=cfg.seq_len, batch_size=cfg.eval_batch_size,
-                               max_docs_per_domain=eval_docs(cfg, final), stride=cfg.eval_stride or cfg.seq_len)
-        return {domain: r.bpb for domain, r in results.items()}
+        return score_domains(logits_fn, self.corpus, cfg, final=final)
 
     def unigram_bpb(self) -> dict[str, float]:
         return unigram_bpb(self.corpus, self.cfg)

@@ -32,7 +32,7 @@ from rungs.config import TrainConfig
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.prepare import ensure_prepared
 from rungs.data.sampler import SourceScaledSampler
-from rungs.evaluation import evaluate_model, unigram_bpb
+from rungs.evaluation import DomainScore, evaluate_model, unigram_bpb
 from rungs.metrics import DevicePeak, device_peak
 from rungs.parallel import dist_checkpoint
 from rungs.parallel.distributed import DistributedError, Parallel, build_model, build_optimizer, train_step
@@ -178,7 +178,7 @@ class ShardedTorchEngine:
         events, self._events = self._events, []
         return events
 
-    def evaluate(self, *, final: bool) -> dict[str, float]:
+    def evaluate(self, *, final: bool) -> dict[str, DomainScore]:
         return evaluate_model(self.model, self.corpus, self.cfg, final=final)  # collective: the sharded forward
 
     def unigram_bpb(self) -> dict[str, float]:

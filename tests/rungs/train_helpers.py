@@ -13,7 +13,8 @@ DATA_CACHE = REPO / "runs" / "data"
 
 # Final and periodic evaluation on the first held-out document of each domain, for tests whose checks
 # are not about BPB (the whole held-out sets cost ~9 s of a 13 s cpu-demo L3 trial).
-ONE_DOC_EVAL = {"eval_max_docs_per_domain": 1, "final_eval_max_docs_per_domain": 1}
+# (A one-token budget makes the intermediate sample the spread order's first document: the first.)
+ONE_DOC_EVAL = {"eval_tokens_per_domain": 1, "eval_max_docs_per_domain": 1, "final_eval_max_docs_per_domain": 1}
 
 
 def tiny_config(**overrides) -> dict:
