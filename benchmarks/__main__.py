@@ -12,7 +12,7 @@ from pathlib import Path
 import benchmarks
 from benchmarks.common import machine_info
 
-NOT_BENCHMARKS = {"common", "__main__", "step_phases", "data_inputs", "gpu_suite"}  # helpers; the GPU runner of the others
+NOT_BENCHMARKS = {"common", "__main__", "step_phases", "data_inputs", "gpu_suite", "hlo_buffers"}  # helpers; the GPU runner of the others
 
 
 def main() -> int:

@@ -190,7 +190,7 @@ def _candidates_child(config_path: str, candidates: list[str], repeats: int = 10
     import jax.numpy as jnp
     import numpy as np
 
-    from benchmarks.jax_memory import largest_buffers
+    from benchmarks.hlo_buffers import largest_buffers
     from rungs.config import parse_config
     from rungs.jaxjob.moe import dispatch_for, local_routed_experts
     from rungs.jaxjob.programs import memory_figures

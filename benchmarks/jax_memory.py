@@ -22,12 +22,13 @@ linearly with the tokens, above 1 when some buffer grows faster (check <= 1.1).
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from typing import Any
 
 from benchmarks.common import Report, print_report
+from benchmarks.hlo_buffers import largest_buffers
+from benchmarks.jax_gpu_rung import train_config
 
 RECIPE, RUNG = "mai-base-2", 18
 TOTAL_BYTES_TARGET = 48e9
@@ -35,33 +36,13 @@ GROWTH_TARGET = 1.1
 CHECKED_PATHS = ("blocks", "pallas")
 REFERENCE_PATHS = ("ragged",)
 SEQUENCES = (1, 2, 4)
-_DTYPE_BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2, "s16": 2,
-                "u16": 2, "s8": 1, "u8": 1, "pred": 1}
-_ARRAY = re.compile(r"=\s*(\w+)\[([\d,]*)\]\{[^}]*\}\s+([\w-]+)\(")
 
 
 def rung_config(quick: bool, layers: int, batch_sequences: int, **overrides: Any):
     """The resolved L18 training config (`rungs.config.TrainConfig`) the programs are built for."""
-    from benchmarks.jax_gpu_rung import train_config
     from rungs.config import parse_config
 
     return parse_config(train_config(quick, layers, batch_sequences) | overrides)
-
-
-def largest_buffers(hlo_text: str, count: int = 3) -> list[dict[str, Any]]:
-    """The `count` largest distinct array shapes a compiled program's HLO makes, with the op."""
-    seen: dict[str, dict[str, Any]] = {}
-    for dtype, dims, op in _ARRAY.findall(hlo_text):
-        if dtype not in _DTYPE_BYTES:
-            continue
-        size = _DTYPE_BYTES[dtype]
-        for d in filter(None, dims.split(",")):
-            size *= int(d)
-        shape = f"{dtype}[{dims}]"
-        if shape not in seen or op not in seen[shape]["ops"]:
-            entry = seen.setdefault(shape, {"shape": shape, "bytes": size, "ops": []})
-            entry["ops"].append(op)
-    return sorted(seen.values(), key=lambda e: -e["bytes"])[:count]
 
 
 def grads_memory(cfg: Any, moe_backend: str) -> dict[str, Any]:
