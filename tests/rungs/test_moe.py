@@ -284,7 +284,7 @@ def test_benchmark_reference_implementations_match_the_float64_loop():
 
 
 def test_count_per_expert_sort_path_equals_a_python_count():
-    from rungs.moe import _count_sorted, count_per_expert
+    from rungs.moe_rounds import _count_sorted, count_per_expert
 
     idx = torch.randint(0, 6, (50, 2), generator=torch.Generator().manual_seed(0))
     want = torch.tensor([sum(int(v) == e for v in idx.reshape(-1)) for e in range(8)])
