@@ -72,7 +72,8 @@ def plot_cluster_sizes(sizes: dict[str, dict[str, int]], path: Path) -> Path:
     ax.set_xlabel("cluster size (documents)")
     ax.set_ylabel("clusters")
     ax.set_title("duplicate clusters by size")
-    ax.legend()
+    if ax.lines:
+        ax.legend()
     fig.tight_layout()
     import io
 

@@ -18,11 +18,20 @@ from curation.report import write_report
 from rungs.data.workers import ray_session, run_units
 
 MIN_PARTITIONS = 4
+PARTITION_INPUT_BYTES = 256 << 20  # input text per shuffle partition: a partition's keys stay ~100 MB or less
 
 
-def partitions_for(workers: int) -> int:
-    """Shuffle partitions: two per worker (so a slow partition does not hold the others), at least 4."""
-    return max(MIN_PARTITIONS, 2 * workers)
+def partitions_for(workers: int, input_bytes: int) -> int:
+    """Shuffle partitions: two per worker (so a slow partition does not hold the others), at least 4, and one
+    per PARTITION_INPUT_BYTES of input, so a partition's memory does not grow with the corpus."""
+    return max(MIN_PARTITIONS, 2 * workers, -(-input_bytes // PARTITION_INPUT_BYTES))
+
+
+def input_bytes(manifest: str | Path) -> int:
+    from rungs.data.manifest import load_manifest
+    from rungs.data.storage import size_of
+
+    return sum(size_of(f) for ds in load_manifest(manifest).sources for f in ds.files)
 
 
 def run_curation(manifest: str | Path, out: str | Path, *, taggers: list[str] | None = None, workers: int = 1,
@@ -46,6 +55,6 @@ def run_curation(manifest: str | Path, out: str | Path, *, taggers: list[str] | 
     with ray_session(workers, address), bar:
         mapper = local_mapper if workers <= 1 and address is None else partial(run_units, workers=workers,
                                                                                address=address)
-        curate(manifest, out, taggers=taggers, partitions=partitions_for(workers), mapper=mapper, lsh=lsh,
-               model_options=model_options, on_stage=on_stage, on_task=on_task)
+        curate(manifest, out, taggers=taggers, partitions=partitions_for(workers, input_bytes(manifest)),
+               mapper=mapper, lsh=lsh, model_options=model_options, on_stage=on_stage, on_task=on_task)
     return write_report(out)
