@@ -12,7 +12,8 @@ from rungs.config import LEGACY_VALUES, TrainConfig, parse_config
 from sweeps.keys import trial_key
 from tests.rungs.train_helpers import tiny_config
 
-WHERE_IT_RUNS = ("tracking_uri", "experiment_name", "trial_key", "data_cache_root", "checkpoint_interval")
+WHERE_IT_RUNS = ("tracking_uri", "experiment_name", "trial_key", "data_cache_root", "checkpoint_interval",
+                 "eval_tokens_per_domain")  # (a field added later, in no key: configs then did not have it)
 
 
 def _kept(config: dict, excluded: tuple[str, ...]) -> dict:
