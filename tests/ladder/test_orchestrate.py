@@ -212,7 +212,7 @@ FAULTS = {
     "resources": {"cpus": 1}, "overrides": ONE_DOC_EVAL,
     "blocks": [{"name": "f", "rungs": [3], "arms": {
         "ok": {},
-        "broken": {"data_manifest": "/nonexistent/manifest.yaml"},  # resolves, then raises at run time
+        "broken": {"data_manifest": "BROKEN_MANIFEST"},  # passes the plan's checks, then raises at run time
         "blowup": {"lr": 1.0e4, "adam_lr": 10.0},  # loss goes non-finite within a few steps
     }}],
 }
@@ -221,7 +221,15 @@ FAULTS = {
 @pytest.mark.slow
 def test_raising_trial_is_retried_then_failed_and_diverged_trial_is_not_retried(ray_cluster, tmp_path):
     spec_path = tmp_path / "faults.yaml"
-    spec_path.write_text(yaml.safe_dump(FAULTS))
+    # A manifest the plan accepts (it exists, its files exist, it has cpu-demo's sources) whose documents are
+    # not JSON: only preparing it, on the worker, finds that out.
+    names = ("code", "web", "stem", "books", "math", "qa")
+    (tmp_path / "broken.jsonl").write_text("not json\n")
+    manifest = tmp_path / "broken_manifest.yaml"
+    manifest.write_text(yaml.safe_dump({"sources": [{"name": n, "share": 1 / 6, "files": ["broken.jsonl"]}
+                                                    for n in names]}))
+    broken = {**FAULTS["blocks"][0]["arms"]["broken"], "data_manifest": str(manifest)}
+    faults = {**FAULTS, "blocks": [{**FAULTS["blocks"][0], "arms": {**FAULTS["blocks"][0]["arms"], "broken": broken}}]}
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # Diverged is a result: a sweep whose trials finished or diverged exits 0.
     FAULTS_NO_CRASH = {**FAULTS, "blocks": [{**FAULTS["blocks"][0], "arms": {
@@ -232,7 +240,7 @@ def test_raising_trial_is_retried_then_failed_and_diverged_trial_is_not_retried(
     assert {k: json.loads(out.stdout)[k] for k in ("completed", "diverged", "failed")} == {
         "completed": 1, "diverged": 1, "failed": 0}
     # A failed trial does not take the sweep down, but the sweep exits 1 so cron and CI see it.
-    spec_path.write_text(yaml.safe_dump(FAULTS))
+    spec_path.write_text(yaml.safe_dump(faults))
     out = _sweep(["run", str(spec_path), "--address", ray_cluster, "--tracking-uri", store, "--json"])
     assert out.returncode == 1, out.stderr
     assert "1 trial(s) failed" in out.stderr.splitlines()[-1]  # (Ray Tune logs the trial's own traceback above)
@@ -242,11 +250,13 @@ def test_raising_trial_is_retried_then_failed_and_diverged_trial_is_not_retried(
         "trials": 3, "completed": 0, "skipped": 2, "failed": 1, "diverged": 0}
     assert by_arm["ok"]["state"] == "finished"
     assert by_arm["broken"]["state"] == "failed" and by_arm["broken"]["attempts"] == 2  # 1 try + 1 retry
-    assert "manifest" in (by_arm["broken"]["error"] or "")
+    assert "broken.jsonl" in (by_arm["broken"]["error"] or "") and "\n" not in by_arm["broken"]["error"]
     assert by_arm["blowup"]["state"] == "diverged" and by_arm["blowup"]["attempts"] == 1
 
     status = json.loads(_sweep(["status", str(spec_path), "--tracking-uri", store, "--json"]).stdout)
     assert status["counts"] == {"finished": 1, "failed": 1, "diverged": 1}
+    failed = [t for t in status["trials"] if t["state"] == "failed"]
+    assert "broken.jsonl" in failed[0]["error"]  # the reason, not just the state
     runs = find_runs(store, "sweep-faults")
     diverged = runs[by_arm["blowup"]["key"]][0]
     assert diverged.tags["outcome"] == "diverged" and diverged.tags["diverged"] == "true"
