@@ -172,7 +172,14 @@ def curate(manifest_path: str | Path, out: str | Path, *, taggers: list[str] | N
     store = Store(Path(out))
     meta = store.open_for_writing(manifest, manifest.content_hash())
     partitions = int(meta.get("partitions", partitions))
-    lsh = LSHParams(**meta["lsh"]) if "lsh" in meta else (lsh or LSHParams())
+    if "lsh" in meta and store.marker("near.scan", "-").parent.is_dir():  # near-duplicate tagging has begun
+        stored = LSHParams(**meta["lsh"])
+        if lsh is not None and lsh != stored:
+            raise DataInputError(f"was tagged with bands={stored.bands}, rows={stored.rows}, jaccard={stored.threshold}, "
+                                 f"seed={stored.seed}; other near-duplicate settings need a new --out",
+                                 where=str(store.root), field="--out")
+        lsh = stored
+    lsh = lsh or LSHParams()
     units = units_of(manifest)
     meta.update(partitions=partitions, lsh={"bands": lsh.bands, "rows": lsh.rows, "threshold": lsh.threshold,
                                              "seed": lsh.seed},
@@ -191,4 +198,14 @@ def curate(manifest_path: str | Path, out: str | Path, *, taggers: list[str] | N
         meta["taggers"][name] = dict(summary, done=True, attributes={k: list(v) for k, v in
                                                                      TAGGERS[name].attributes.items()})
         store.write_meta(meta)
+        _drop_shuffles(store, name)
     return meta
+
+
+def _drop_shuffles(store: Store, tagger: str) -> None:
+    """A finished tagger's shuffle files (its own, bulky, never read again); the verified pairs' Jaccards stay."""
+    import shutil
+
+    for sub in {"exact": ("keys", "labels"), "near": ("shingles", "buckets", "cand", "half", "cc", "nodes", "labels")
+                }.get(tagger, ()):
+        shutil.rmtree(store.work(tagger) / sub, ignore_errors=True)

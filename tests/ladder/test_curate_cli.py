@@ -54,3 +54,12 @@ def test_an_out_curate_did_not_write_is_refused(corpus, tmp_path, capsys):
     assert main(["data", "curate", str(corpus), "--out", str(tmp_path), "--taggers", "exact"]) == 2
     assert "refusing" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_other_near_duplicate_settings_need_a_new_directory(corpus, tmp_path, capsys):
+    out = tmp_path / "cur"
+    assert main(["data", "curate", str(corpus), "--out", str(out), "--taggers", "near"]) == 0
+    assert not (out / "work" / "near" / "buckets").exists() and (out / "work" / "near" / "pairs").is_dir()
+    capsys.readouterr()
+    assert main(["data", "curate", str(corpus), "--out", str(out), "--taggers", "near", "--rows", "4"]) == 2
+    assert "bands=14, rows=8" in capsys.readouterr().err
