@@ -33,11 +33,17 @@ def attributes(root: Path, tagger: str) -> dict[tuple[str, str], tuple[int, bool
     return out
 
 
+def file_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
     planted = write_corpus(root / "corpus")
+    before = file_bytes(root / "corpus")
     curate(root / "corpus" / "manifest.yaml", root / "p4", taggers=["exact", "near"], partitions=4)
+    assert file_bytes(root / "corpus") == before  # tagging never touches the corpus
     return root, planted
 
 
