@@ -93,10 +93,13 @@ def attach(root: str, unit: str, unit_idx: int) -> dict:
     for b_unit in np.unique(c["b_unit"]):
         sel = np.flatnonzero(c["b_unit"] == b_unit)
         rows = c["a_row"][sel]
-        sets = [flat[offsets[r]:offsets[r + 1]] for r in rows]
+        # each first document's set once per destination file, however many pairs it anchors (a bucket of
+        # k copies pairs its anchors with all k)
+        unique_rows, a_set = np.unique(rows, return_inverse=True)
+        sets = [flat[offsets[r]:offsets[r + 1]] for r in unique_rows]
         write_npz(store.work(TAGGER) / "half" / f"u{int(b_unit):05d}" / f"u{unit_idx:05d}.npz",
                   a_uid=c["a_uid"][sel], b_uid=c["b_uid"][sel], a_row=rows, b_row=c["b_row"][sel],
-                  a_unit=np.full(len(sel), unit_idx, dtype=np.int32),
+                  a_unit=np.full(len(sel), unit_idx, dtype=np.int32), a_set=a_set.astype(np.int64),
                   flat=np.concatenate(sets) if sets else flat[:0], offsets=np.r_[0, np.cumsum([len(s) for s in sets])])
     return {"pairs": int(len(c["a_uid"]))}
 
@@ -109,8 +112,8 @@ def verify(root: str, unit: str, unit_idx: int, partitions: int, threshold: floa
     a_uid, b_uid, a_unit, a_row, b_row, sims = [], [], [], [], [], []
     for path in sorted(d.glob("*.npz")) if d.is_dir() else []:
         h = read_npz(path)
-        for k in range(len(h["a_uid"])):
-            a_set = h["flat"][h["offsets"][k]:h["offsets"][k + 1]]
+        for k, j in enumerate(h["a_set"].tolist()):
+            a_set = h["flat"][h["offsets"][j]:h["offsets"][j + 1]]
             r = h["b_row"][k]
             sims.append(jaccard(a_set, flat[offsets[r]:offsets[r + 1]]))
         for name, acc in (("a_uid", a_uid), ("b_uid", b_uid), ("a_unit", a_unit), ("a_row", a_row),
