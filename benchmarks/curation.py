@@ -168,10 +168,12 @@ def ray_scaling(root: Path, quick: bool) -> dict:
 
     from ladder.run.curate import run_curation
 
-    manifest = write_jsonl_manifest(root / "ray_corpus", {"d": demo_files(8, 150 if quick else 600)})
+    manifest = write_jsonl_manifest(root / "ray_corpus", {"d": random_files(8, 300 if quick else 1000, seed=1)})
+    warm = write_jsonl_manifest(root / "ray_warm_corpus", {"d": random_files(4, 20, seed=2)})
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        run_curation(manifest, root / "ray_warm", taggers=["exact"], workers=2, progress=False)  # warm workers
+        # both workers started and their imports done before the timing
+        run_curation(warm, root / "ray_warm", taggers=["exact", "near"], workers=2, progress=False)
         walls = {}
         for workers in (1, 2):
             t0 = time.perf_counter()

@@ -36,7 +36,7 @@ def scan(root: str, unit: Unit, unit_idx: int, partitions: int) -> dict:
     uids = doc_uids(unit.source, [d.doc_id for d in docs])
     part = keys % np.uint64(partitions)
     rows = np.arange(len(docs), dtype=np.int32)
-    for p in range(partitions):
+    for p in np.unique(part).tolist():  # only the partitions this file has entries for
         sel = part == p
         write_npz(store.work(TAGGER) / "keys" / f"p{p:05d}" / f"{unit.name}.npz", key=keys[sel], uid=uids[sel],
                   unit=np.full(int(sel.sum()), unit_idx, dtype=np.int32), row=rows[sel])

@@ -41,7 +41,7 @@ def scan(root: str, unit: Unit, unit_idx: int, partitions: int, params: LSHParam
     band = np.tile(np.arange(params.bands, dtype=np.int16), len(rows))
     key, uid, row = keys.ravel(), np.repeat(uids[rows], params.bands), np.repeat(rows, params.bands)
     part = key % np.uint64(partitions)
-    for p in range(partitions):
+    for p in np.unique(part).tolist():  # only the partitions this file has entries for
         sel = part == p
         write_npz(store.work(TAGGER) / "buckets" / f"p{p:05d}" / f"{unit.name}.npz", band=band[sel], key=key[sel],
                   uid=uid[sel], unit=np.full(int(sel.sum()), unit_idx, dtype=np.int32), row=row[sel])
