@@ -163,10 +163,23 @@ def tagger_throughput(root: Path, quick: bool) -> dict:
     return out
 
 
+def _burn(n: int) -> float:
+    total = 0
+    for i in range(n):
+        total += i * i
+    return float(total > 0)
+
+
 def ray_scaling(root: Path, quick: bool) -> dict:
+    """exact + near in this process (1 worker) and on 2 Ray workers, wall; and, for reference, what the
+    machine gives two pure-CPU Ray tasks over one at that moment (2.0 with two idle cores)."""
+    from functools import partial
+
     import ray
 
+    from curation.pipeline import curate
     from ladder.run.curate import run_curation
+    from rungs.data.workers import run_units
 
     manifest = write_jsonl_manifest(root / "ray_corpus", {"d": random_files(8, 300 if quick else 1000, seed=1)})
     warm = write_jsonl_manifest(root / "ray_warm_corpus", {"d": random_files(4, 20, seed=2)})
@@ -177,17 +190,20 @@ def ray_scaling(root: Path, quick: bool) -> dict:
         walls = {}
         for workers in (1, 2):
             t0 = time.perf_counter()
-            from functools import partial
-
-            from curation.pipeline import curate
-            from rungs.data.workers import run_units
-
             curate(manifest, root / f"ray_{workers}", taggers=["exact", "near"], partitions=4,
                    mapper=partial(run_units, workers=workers, address=None))
             walls[workers] = time.perf_counter() - t0
+        burn = ray.remote(num_cpus=1)(_burn)
+        t0 = time.perf_counter()
+        ray.get(burn.remote(10**7))
+        one = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ray.get([burn.remote(10**7) for _ in range(2)])
+        two = time.perf_counter() - t0
     finally:
         ray.shutdown()
-    return {"one_worker_seconds": walls[1], "two_workers_seconds": walls[2], "speedup": walls[1] / walls[2]}
+    return {"one_worker_seconds": walls[1], "two_workers_seconds": walls[2], "speedup": walls[1] / walls[2],
+            "machine_two_cpu_tasks_over_one": 2 * one / two}
 
 
 def run(quick: bool) -> Report:
