@@ -35,6 +35,10 @@ _BATCH = 100  # MLflow's per-request limit on params; metrics allow 1000
 _FLUSH_PENDING = 500  # values held before a flush (any flush is safe: steps are logged once)
 # On a failure path: one try, 10 s per request (MLflow's defaults retry for minutes).
 _FAILING_HTTP_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+# The experiment kind the MLflow UI reads (the tag its experiment-kind selector writes): model training,
+# so the experiment opens on its runs rather than in the GenAI (traces) view.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND_TAGS = {EXPERIMENT_KIND_TAG: "custom_model_development"}
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -88,6 +92,13 @@ def store_lock(tracking_uri: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def mark_model_training(client: Any, experiment: Any) -> None:
+    """Tag an experiment someone else created (a sweep driver, an older version) as model training,
+    unless it says what it is already."""
+    if EXPERIMENT_KIND_TAG not in experiment.tags:
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND_TAGS[EXPERIMENT_KIND_TAG])
+
+
 def log_artifact(client: Any, tracking_uri: str, run_id: str, path: Path) -> None:
     """`client.log_artifact`, also for a run whose experiment a tracking server created.
 
@@ -132,10 +143,11 @@ class Tracker:
         with store_lock(tracking_uri):  # two jobs starting together must not both create the experiment
             exp = self.client.get_experiment_by_name(experiment_name)
             if exp is None:
-                exp_id = self.client.create_experiment(experiment_name,
+                exp_id = self.client.create_experiment(experiment_name, tags=EXPERIMENT_KIND_TAGS,
                                                        artifact_location=_artifact_location(tracking_uri))
             else:
                 exp_id = exp.experiment_id
+                mark_model_training(self.client, exp)
         all_tags = {k: str(v) for k, v in tags.items() if v is not None}
         version = code_version()
         if version:

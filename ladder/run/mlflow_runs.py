@@ -5,7 +5,9 @@ columns (params converted to numbers where they are numbers). `fit_table` adds t
 columns the fits use, from the names the training job logs (`rungs/train.py`): lr, wd (param
 weight_decay), dropout, steps, tpp, params_active, train_flops (metric total_train_flops),
 wall_seconds, rung (tag), arm (tag), diverged (tag), `bpb_<domain>` (metric final_bpb/<domain>)
-and bpb (their mean). `long_by_domain` stacks the domains for one law per domain.
+and bpb (their mean), and `bpb_se_<domain>` (metric final_bpb_se/<domain>: the final BPB's standard
+error from the held-out documents' sampling; absent for runs logged before it existed).
+`long_by_domain` stacks the domains for one law per domain (with a `bpb_se` column when known).
 `log_fit_run` records a fit as an MLflow run of its own (tag kind=fit) in the same experiment,
 with the source run ids, the options, the numeric results as metrics and the full JSON as an
 artifact; `read_runs` leaves such runs out.
@@ -38,6 +40,8 @@ CANONICAL = {  # canonical column ← candidates in order of preference
     "recipe": ["tags.recipe"], "trial_key": ["tags.trial_key"],
 }
 BPB_PREFIX = "metrics.final_bpb/"
+BPB_SE_PREFIX = "metrics.final_bpb_se/"
+SE_COLUMN_PREFIX = "bpb_se_"  # `bpb_se_<domain>`: a standard error, not a domain's BPB
 
 
 def _client(tracking_uri: str):
@@ -104,6 +108,8 @@ def fit_table(runs: pd.DataFrame) -> pd.DataFrame:
     domains = sorted(c[len(BPB_PREFIX):] for c in out.columns if c.startswith(BPB_PREFIX))
     for d in domains:
         out[f"bpb_{d}"] = pd.to_numeric(out[BPB_PREFIX + d], errors="coerce")
+    for d in sorted(c[len(BPB_SE_PREFIX):] for c in out.columns if c.startswith(BPB_SE_PREFIX)):
+        out[SE_COLUMN_PREFIX + d] = pd.to_numeric(out[BPB_SE_PREFIX + d], errors="coerce")
     if domains and "bpb" not in out.columns:
         out["bpb"] = out[[f"bpb_{d}" for d in domains]].mean(axis=1)
     out["diverged"] = out.get("tags.diverged", pd.Series("false", index=out.index)).astype(str).eq("true")
@@ -129,16 +135,19 @@ def _steps_actually_run(out: pd.DataFrame) -> None:
 
 
 def domains_of(table: pd.DataFrame) -> list[str]:
-    return sorted(c[4:] for c in table.columns if c.startswith("bpb_"))
+    return sorted(c[4:] for c in table.columns if c.startswith("bpb_") and not c.startswith(SE_COLUMN_PREFIX))
 
 
 def long_by_domain(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, domain) with columns `domain` and `bpb` (rows with no BPB dropped)."""
+    """One row per (run, domain) with columns `domain` and `bpb` (rows with no BPB dropped), and `bpb_se`
+    where the runs logged it."""
     domains = domains_of(table)
     if not domains:
         raise LadderInputError("the runs have no final_bpb/<domain> metrics to fit", field="--experiment")
     keep = [c for c in table.columns if not (c == "bpb" or c.startswith("bpb_"))]
     parts = [table[keep].assign(domain=d, bpb=table[f"bpb_{d}"]) for d in domains]
+    if any(SE_COLUMN_PREFIX + d in table.columns for d in domains):
+        parts = [part.assign(bpb_se=table.get(SE_COLUMN_PREFIX + d, np.nan)) for part, d in zip(parts, domains)]
     return pd.concat(parts, ignore_index=True).dropna(subset=["bpb"])
 
 
@@ -157,11 +166,11 @@ def log_fit_run(tracking_uri: str, experiment: str, *, command: str, payload: di
     """Record a fit as its own MLflow run; returns its run id."""
     from mlflow.entities import Metric, Param
 
-    from rungs.tracking import log_artifact
+    from rungs.tracking import EXPERIMENT_KIND_TAGS, log_artifact
 
     client = _client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(experiment, tags=EXPERIMENT_KIND_TAGS)
     run = client.create_run(exp_id, run_name=f"fit {command}",
                             tags={FIT_KIND_TAG: "fit", "fit_command": command, "n_source_runs": str(len(source_run_ids)),
                                   "source_runs": ",".join(source_run_ids)[:4900]})
