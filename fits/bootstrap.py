@@ -28,6 +28,14 @@ __all__ = ["BootstrapDraws", "bootstrap_chinchilla", "bootstrap_power_law", "jud
            "percentile_interval"]
 
 
+class TooFewRungsForBootstrap(FitError):
+    """Too few rungs for a bootstrap over rows: the law itself may still be fitted, without intervals."""
+
+    def __init__(self, message: str, *, n_rungs: int):
+        super().__init__(message)
+        self.n_rungs = n_rungs
+
+
 def power_law_residuals(z: np.ndarray, log_y: np.ndarray):
     """Batched (r, J) of log ŷ = LSE(a − α·z, e) − log y for theta rows (a, α, e)."""
 
@@ -80,9 +88,11 @@ def bootstrap_power_law(raw, xs: np.ndarray, ys: np.ndarray, *, n: int, seed: in
     finite = np.all(np.isfinite(draws), axis=1)
     failed = int((~ok).sum() + (~finite).sum())
     if finite.sum() < max(10, n // 2):
-        raise FitError(f"bootstrap: only {int(finite.sum())} of {n} resamples had ≥ {min_distinct_x} distinct x values "
-                       f"and a finite fit; with {len(np.unique(xs))} rungs the law is barely determined — add rungs "
-                       "or repeat runs per rung before asking for intervals")
+        raise TooFewRungsForBootstrap(
+            f"bootstrap: only {int(finite.sum())} of {n} resamples had ≥ {min_distinct_x} distinct x values and a finite "
+            f"fit; with {len(np.unique(xs))} rungs the law is barely determined: add rungs (from "
+            f"{MIN_DISTINCT_FOR_INTERVAL} on it has intervals) or repeat runs per rung, or fit it without intervals "
+            "(bootstrap 0)", n_rungs=len(np.unique(xs)))
     return BootstrapDraws(params=draws[finite], failed=failed)
 
 

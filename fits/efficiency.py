@@ -8,8 +8,11 @@
   EG_FLOPs = C_base(y_cand) / C_cand, and EG_time the same with wall-clock seconds (the baseline's
   law refitted against wall seconds). EG > 1 means the change saves compute; the report quotes
   EG − 1 (activation gradient clipping: +2% at L18 growing to +28% at L42).
-Intervals come from the bootstrap draws of the laws (percentiles of the ratio), where the one
-interval rule allows the law one (`FitResult.interval_note`); elsewhere the interval is null and
+An EG's interval carries the baseline law's parameter uncertainty and the candidate's measured BPB's
+own noise (one run's seed noise: EG is read off a single noisy point) through the law's slope
+(`fits.prediction.PredictionModel.inverse_interval`, Student-t; coverage measured in docs/fits.md);
+the iso-BPB multipliers' intervals come from the bootstrap draws of the laws (the reference's BPB is
+a published number). Both only where the one interval rule allows the law one (`FitResult.interval_note`); elsewhere the interval is null and
 `interval_note` says why.
 """
 
@@ -94,6 +97,21 @@ def _baseline_law(base: pd.DataFrame, x: str, y: str, **fit_options: Any) -> Pow
     return laws.laws[y]
 
 
+def _eg_interval(law: PowerLawResult, y_cand: float, n_runs: int, used: float,
+                 level: float) -> tuple[float, float, dict[str, float] | None]:
+    """EG's interval: the compute the baseline's law needs for the candidate's measured BPB (the mean of
+    its `n_runs` runs), with the law's parameter uncertainty and the candidate's seed noise carried
+    through the law's slope (`fits.prediction`); a law saved without a prediction model falls back to
+    its bootstrap draws (parameter uncertainty only)."""
+    model = law.prediction_model
+    if model is None:
+        lo, hi = percentile_interval(law.inverse_draws([y_cand])[:, 0] / used, level)
+        return float(lo), float(hi), None
+    iv = model.inverse_interval([y_cand], level, n_runs=n_runs)
+    return (float(iv["lo"][0] / used), float(iv["hi"][0] / used),
+            {k: float(v[0]) for k, v in iv["shares"].items()})
+
+
 def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", y: str = "bpb",
                      flops: str = "train_flops", wall: str | None = "wall_seconds", rung: str = "rung",
                      bootstrap: int = 1000, ci_level: float = 0.95, seed: int = 0,
@@ -122,8 +140,10 @@ def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "bas
                     continue
                 row[key] = float(law.inverse([y_c])[0] / used)
                 if law.interval_note is None:
-                    lo, hi = percentile_interval(law.inverse_draws([y_c])[:, 0] / used, ci_level)
+                    lo, hi, shares = _eg_interval(law, y_c, len(g), used, ci_level)
                     row[f"{key}_interval"] = [float(lo), float(hi)]
+                    if shares is not None:
+                        row[f"{key}_interval_shares"] = shares
                 else:
                     row[f"{key}_interval"], row[f"{key}_interval_note"] = None, law.interval_note
                 if wall and key == "eg_time":

@@ -7,8 +7,9 @@ command) supplies the target run: steps, TPP, active parameters, training FLOPs,
 - LR*, WD*: the selected hyperparameter laws, with 95% observation intervals (t-based, from the
   OLS coefficient covariance plus the residual variance);
 - dropout*: the sigmoid law with its interval;
-- BPB per domain: each domain's compute law at the target's FLOPs, with the bootstrap band where the
-  one interval rule allows one (`FitResult.interval_note`; otherwise `interval` is null and
+- BPB per domain: each domain's compute law at the target's FLOPs, with the prediction interval of
+  one run there (the law's parameter uncertainty, seed noise, Student-t: `fits.prediction`, with each
+  source's share) where the one interval rule allows one (`FitResult.interval_note`; otherwise `interval` is null and
   `interval_note` says why), and how far it extrapolates (target FLOPs over the largest fitted
   FLOPs). Beyond `FAR_EXTRAPOLATION` times the data's compute the card carries a warning: a law fitted
   over two decades says little about six more, whatever its band.
@@ -87,9 +88,15 @@ def bpb_from_law(law: PowerLawResult, train_flops: float, level: float = 0.95) -
            "law": law.params, "n_points": law.n_points, "floor_at_zero": bool(law.extra.get("floor_at_zero")),
            "extrapolation_factor": train_flops / law.extra["x_range"][1] if "x_range" in law.extra else None}
     note = law.interval_note  # the one interval rule: a band only where the law has one
-    if note is None:
+    if note is None and law.prediction_model is not None:  # a new run at the target: law, seed noise, t-based
+        iv = law.new_run_interval([train_flops], level)
+        out["interval"] = [float(iv["lo"][0]), float(iv["hi"][0])]
+        out["interval_kind"] = "prediction interval of one run (fits.prediction)"
+        out["interval_shares"] = {k: float(v[0]) for k, v in iv["shares"].items()}
+    elif note is None:  # a laws file saved before the prediction model: the bootstrap band of the law
         lo, hi = law.predict_interval([train_flops], level)
         out["interval"] = [float(lo[0]), float(hi[0])]
+        out["interval_kind"] = "bootstrap band of the law (no run noise: a laws file saved by older code)"
     else:
         out["interval_note"] = note
     return out

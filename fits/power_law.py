@@ -34,6 +34,8 @@ from fits.bootstrap import bootstrap_power_law, judge_power_law_interval
 from fits.errors import FitBoundaryError, FitConvergenceError, FitInputError
 from fits.floors import DEFAULT_FLOOR, check_floor
 from fits.identify import require_span
+from fits.noise import seed_noise
+from fits.prediction import PredictionModel, prediction_model
 from fits.results import BootstrapDraws, FitResult, bootstrap_fields, percentile_interval
 from fits.robust import HUBER_DELTA, delta_from_replicates, huber, huber_grad, lse_terms, reduce_weight
 from fits.threads import one_blas_thread
@@ -192,6 +194,22 @@ class PowerLawResult(FitResult):
         E, A, alpha = (self.bootstrap_column(n)[:, None] for n in PARAM_NAMES)
         return _inverse(np.atleast_1d(np.asarray(y, dtype=float))[None, :], E, A, alpha)
 
+    @property
+    def prediction_model(self) -> PredictionModel | None:
+        """What a new run's prediction interval needs (`fits.prediction`); None for a law saved before it."""
+        d = self.extra.get("prediction")
+        return PredictionModel.from_dict(d) if d else None
+
+    def new_run_interval(self, x, level: float | None = None, **kwargs) -> dict:
+        """The prediction interval of a new run at x, with each source's share (`fits.prediction`):
+        what a backtest, a recipe card and an efficiency gain read. Raises where the interval rule
+        (`interval_note`) says there is none, or the law carries no prediction model."""
+        note = self.interval_note
+        model = self.prediction_model
+        if note is not None or model is None:
+            raise ValueError(f"{self.law}: interval not available: {note or 'no prediction model (refit the law)'}")
+        return model.interval(x, level or self.ci_level or 0.95, **kwargs)
+
     def predict_interval(self, x, level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(low, high) of the law's bootstrap band at x. Raises where the interval rule
         (`interval_note`) says there is none: callers show "not available" instead."""
@@ -232,6 +250,17 @@ def resolve_delta(delta: float | str, xs: np.ndarray, ys: np.ndarray) -> tuple[f
     return float(delta), "given"
 
 
+def _eval_variance(df: pd.DataFrame, y: str, ys: np.ndarray, se_column: str | None) -> np.ndarray | None:
+    """(se/y)² per row from the standard-error column, None where there is none (or it has gaps: old runs)."""
+    name = f"{y}_se" if se_column == "auto" else se_column
+    if name is None or name not in df.columns:
+        if se_column not in (None, "auto"):
+            raise FitInputError("no such column (the held-out standard error of y)", column=se_column)
+        return None
+    se = pd.to_numeric(df[name], errors="coerce").to_numpy(dtype=float)
+    return (se / ys) ** 2 if np.all(np.isfinite(se)) and np.all(se >= 0) else None
+
+
 def _inverse(y, E, A, alpha):
     with np.errstate(divide="ignore", invalid="ignore"):
         out = (A / (y - E)) ** (1.0 / alpha)
@@ -241,11 +270,12 @@ def _inverse(y, E, A, alpha):
 def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, delta: float | str = HUBER_DELTA,
                   reduction: str = "sum", bootstrap: int = 0, ci_level: float = 0.95, seed: int = 0,
                   id_column: str | None = "run_id", group: str | None = None,
-                  cluster: str | None = None, floor: str = DEFAULT_FLOOR) -> PowerLawResult:
+                  cluster: str | None = None, floor: str = DEFAULT_FLOOR, se_column: str | None = "auto") -> PowerLawResult:
     """Fit y = E + A·x^(−α) to the rows of `df` (one law; `fits.compute_laws.fit_power_laws` fits one per
     group). With `cluster`, the bootstrap draws whole clusters (rows sharing that column's value).
     `delta="auto"` scales the Huber threshold to the replicate noise of these rows; `floor` says what
-    an E that runs to zero becomes (`fits.floors`, module docstring)."""
+    an E that runs to zero becomes (`fits.floors`, module docstring). `se_column` ("auto": `<y>_se` where the
+    table has it) holds each run's held-out sampling standard error of y, for the prediction interval."""
     check_floor(floor)
     require_columns(df, [x, y] + ([cluster] if cluster else []))
     xs = numeric_column(df, x, positive=True)
@@ -260,8 +290,11 @@ def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, d
         E = 0.0
     residuals = np.log(ys) - np.log(E + A * xs ** (-alpha))
     params = {"E": E, "A": A, "alpha": alpha}
+    se = _eval_variance(df, y, ys, se_column)
+    model = prediction_model(raw.theta, raw.log_x0, xs, ys, nested=at_zero or floor == "zero",
+                             noise=seed_noise(xs, np.log(ys)), eval_variance=se)
     extra = {"group": group, "log_x0": raw.log_x0, "x_range": [float(xs.min()), float(xs.max())],
-             "floor_at_zero": at_zero}
+             "floor_at_zero": at_zero, "prediction": model.to_dict()}
     intervals: dict = {}
     if bootstrap > 0:
         draws = bootstrap_power_law(raw, xs, ys, n=bootstrap, seed=seed, delta=delta,

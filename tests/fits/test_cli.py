@@ -264,3 +264,20 @@ def test_fit_table_maps_the_training_jobs_names_and_blanks_diverged_runs():
     assert t.loc[1, "diverged"] and np.isnan(t.loc[1, "bpb"]) and np.isnan(t.loc[1, "bpb_math"])
     long = long_by_domain(t)
     assert sorted(long["domain"]) == ["code", "math"] and set(long["run_id"]) == {"a"}
+
+
+def test_a_three_rung_ladder_is_told_which_flags_fit_it_and_what_they_cost(tmp_path, capsys):
+    """A first small ladder (the demo's L2–L4, one seed a rung): the bootstrap cannot run on 3 rungs, and
+    the refusal names the flags that fit it anyway and what they give up; those flags then fit it."""
+    runs = pd.read_csv("notebooks/fixtures/demo_runs.csv")
+    csv = tmp_path / "three.csv"
+    runs[(runs["block"] == "ladder") & (runs["rung"] <= 4)].to_csv(csv, index=False)
+    argv = ["fit", "power-law", "--csv", str(csv), "--x", "train_flops", "--y", "bpb", "--group", "domain",
+            "--floor", "auto"]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "--bootstrap 0" in err and "--holdout-top 0" in err
+    assert "no prediction interval" in err and "no backtest" in err
+    code, payload, _ = run_json(capsys, argv + ["--bootstrap", "0", "--holdout-top", "0", "--json"])
+    assert code == 0 and len(payload["fits"]) == 6 and all(f["alpha"] > 0 for f in payload["fits"])

@@ -26,6 +26,10 @@ def add_floor_arg(q: argparse.ArgumentParser) -> None:
 NO_FLOOR_HINT = ("hint: --floor auto fits the nested law A·x^(−α) where the rungs show no loss floor (reported as "
                  "E = 0 and flagged, as `ladder demo` does); --floor zero fixes E = 0 for every group")
 
+SMALL_LADDER_HINT = ("hint: too few rungs for intervals: --bootstrap 0 fits the law without them (no parameter "
+                     "intervals, no prediction interval), and --holdout-top 0 skips the backtest (holding out a rung "
+                     "of 3 leaves 2, too few to fit, so there is no backtest to show); from 5 rungs a ladder has both")
+
 
 def is_no_floor(err: Exception) -> bool:
     """The refusal `--floor auto` answers: E ran to its lower bound (fits.power_law.check_bounds)."""

@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from fits.compute_laws import DEFAULT_SELECT, SELECT_RULES
-from ladder.cli.fit.inputs import (NO_FLOOR_HINT, add_ci_level_and_seed, add_floor_arg, column_arg, delta_arg, finish,
+from ladder.cli.fit.inputs import (NO_FLOOR_HINT, SMALL_LADDER_HINT, add_ci_level_and_seed, add_floor_arg, column_arg, delta_arg, finish,
                                    input_error, is_no_floor, load_input, per_domain_rows)
 from ladder.cli.output import make_table, print_json, stdout_console
 from ladder.errors import LadderInputError
@@ -54,6 +54,7 @@ def register(fit_sub: argparse._SubParsersAction, common) -> None:
 
 
 def run_power_law(args: argparse.Namespace) -> int:
+    from fits.bootstrap import TooFewRungsForBootstrap
     from fits.compute_laws import fit_power_laws
     from fits.errors import FitBoundaryError, FitError
 
@@ -80,6 +81,8 @@ def run_power_law(args: argparse.Namespace) -> int:
         part = laws_set.rows_of(label)
         if label in laws_set.errors:
             err = laws_set.errors[label]
+            if name is None and isinstance(err, TooFewRungsForBootstrap):
+                raise input_error(FitError(f"{err} ({SMALL_LADDER_HINT})"), source) from None
             if name is None and not isinstance(err, FitBoundaryError):
                 raise input_error(err, source) from None
             # One group's law not fitted (no floor in the data, too few or too narrow rungs, a bootstrap
@@ -90,7 +93,8 @@ def run_power_law(args: argparse.Namespace) -> int:
             fits.append({"group": name, "E": None, "A": None, "alpha": None, "ci": {}, "ci_level": args.ci_level,
                          "backtest": _backtest(part, x, y, args, delta_kw), "n_points": len(part),
                          "not_identified": reason, "reason": reason,
-                         **({"hint": NO_FLOOR_HINT} if is_no_floor(err) else {})})
+                         **({"hint": NO_FLOOR_HINT} if is_no_floor(err) else {}),
+                         **({"hint": SMALL_LADDER_HINT} if isinstance(err, TooFewRungsForBootstrap) else {})})
             continue
         fit = laws_set.laws[label]
         d = fit.to_dict()
@@ -104,18 +108,22 @@ def run_power_law(args: argparse.Namespace) -> int:
                      **{k: d[k] for k in ("interval", "flags") if k in d}})
         saved[label] = fit.to_dict(include_draws=True)
         laws[label] = fit
-    no_floor = any("hint" in f for f in fits)
+    no_floor = any(f.get("hint") == NO_FLOOR_HINT for f in fits)
+    few_rungs = any(f.get("hint") == SMALL_LADDER_HINT for f in fits)
     if not laws and not group:
         message = "; ".join(f["not_identified"] for f in fits) + (f" ({NO_FLOOR_HINT})" if no_floor else "")
         raise input_error(FitBoundaryError(message), source)
     if not laws:  # every group refused, each with its own reason
         if args.json:
-            print_json({"fits": fits, "source": source, **({"hint": NO_FLOOR_HINT} if no_floor else {})})
+            print_json({"fits": fits, "source": source, **({"hint": NO_FLOOR_HINT} if no_floor else {}),
+                        **({"small_ladder_hint": SMALL_LADDER_HINT} if few_rungs else {})})
         print(f"no group could be fitted ({len(fits)} of {len(fits)} refused):", file=sys.stderr)
         for f in fits:
             print(f"  {f['reason']}", file=sys.stderr)
         if no_floor:
             print(NO_FLOOR_HINT, file=sys.stderr)
+        if few_rungs:
+            print(SMALL_LADDER_HINT, file=sys.stderr)
         return 1
     payload = {"fits": fits, "source": source, **({"hint": NO_FLOOR_HINT} if no_floor else {})}
     if args.plot:
@@ -132,7 +140,8 @@ def run_power_law(args: argparse.Namespace) -> int:
     else:
         stdout_console.print(make_table(f"power law {y} = E + A·{x}^(−α) (floor: {args.floor})",
                                         ["domain", "E", "A", "alpha", "alpha CI", "points",
-                                         "top rung held out: actual vs predicted (interval)", "inside"],
+                                         "top rung held out: actual vs predicted (interval)", "inside",
+                                         "interval ± (variance shares)"],
                                         [_table_row(f, y, laws.get(f["group"] or y)) for f in fits]))
     _notes(fits, y, no_floor)
     return 0
@@ -147,12 +156,17 @@ def _table_row(f: dict[str, Any], y: str, law) -> list[Any]:
         held_out = (f"{pred['actual']:.4g} vs {pred['predicted']:.4g} {band} "
                     f"{pred['rel_error']:+.2%}" + (" (E=0)" if bt.get("floor_at_zero") else ""))
     inside = str(pred.get("inside", "-")) if pred.get("interval_available", True) else "n/a"
+    width = "-"
+    if pred.get("interval"):
+        from fits.prediction import describe_shares
+
+        width = f"±{pred['half_width_rel']:.1%} ({describe_shares(pred['interval']['shares'])})"
     if law is None:
-        return [f["group"] or y, "not fitted", "-", "-", "-", f["n_points"], held_out, inside]
+        return [f["group"] or y, "not fitted", "-", "-", "-", f["n_points"], held_out, inside, width]
     ci = f["ci"].get("alpha")
     alpha_ci = f"[{ci[0]:.4g}, {ci[1]:.4g}]" if ci else "n/a"  # the one interval rule: n/a where there is none
     E = ("0 (fixed)" if f["options"].get("floor") == "zero" else "0 (no floor)") if f["floor_at_zero"] else f["E"]
-    return [f["group"] or y, E, f["A"], f["alpha"], alpha_ci, f["n_points"], held_out, inside]
+    return [f["group"] or y, E, f["A"], f["alpha"], alpha_ci, f["n_points"], held_out, inside, width]
 
 
 def _notes(fits: list[dict[str, Any]], y: str, no_floor: bool) -> None:
