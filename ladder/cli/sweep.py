@@ -45,8 +45,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--mfu", type=float, help="model FLOPs utilisation the GPU-hours assume (default: the recipe "
                                             "pool's)")
     q.add_argument("--goodput", type=float, help="fraction of wall time making progress (default: the recipe pool's)")
+    q.add_argument("--target-width", type=_width_arg, default=None,
+                   help="the ± (95%%) wanted of the top rung's prediction, e.g. 2%% or 0.02: the plan names the seeds "
+                        "or rungs that reach it (default 2%%)")
     q.add_argument("--json", action="store_true", help="print one JSON object")
     q.set_defaults(handler=plan)
+
+
+def _width_arg(text: str) -> float:
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a width like 2% or 0.02, got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"a width in (0, 100%), got {text!r}")
+    return value
 
 
 def _load(name: str):
@@ -104,9 +117,10 @@ def plan(args: argparse.Namespace) -> int:
     planned = plan_sweep(spec, where=where)
     cost = cost_sweep(planned, spec_recipe(spec, where=where), mfu=args.mfu, goodput=args.goodput)
     check_fits_memory(cost, where=where)
+    resolution = _resolution(planned, cost, args.target_width)
     if args.json:
         print_json({"sweep": spec.name, "spec": where, "recipe": spec.recipe, "experiment": spec.experiment_name,
-                    **cost.to_dict()})
+                    **cost.to_dict(), "resolution": resolution})
         return 0
     totals = cost.totals()
     with_memory = any(t.peak_bytes is not None for t in cost.trials)
@@ -123,7 +137,22 @@ def plan(args: argparse.Namespace) -> int:
              f"{human_count(totals['gpu_hours'])} GPU-hours on {cost.pool} ({cost.peak_flops_per_gpu:.3g} FLOP/s "
              f"per GPU) at MFU {cost.mfu:.0%} and goodput {cost.goodput:.0%}")
     stdout_console.print(make_table(title, columns + (["peak / usable"] if with_memory else []), rows))
+    if resolution is not None:
+        from ladder.analysis.resolution import describe
+
+        stdout_console.print(f"resolution: {describe(resolution)}", markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def _resolution(planned, cost, target: float | None) -> dict | None:
+    """The ladder's expected top-rung ± (ladder.analysis.resolution); None for a sweep of fewer than 4 rungs."""
+    from ladder.analysis.resolution import DEFAULT_TARGET_WIDTH, ladder_resolution
+
+    flops = {t.key: t.train_flops for t in cost.trials}
+    return ladder_resolution([{"key": p.key, "block": p.trial.block, "L": p.trial.L, "train_flops": flops[p.key],
+                               "tpp": p.trial.tpp, "arm": p.trial.arm,
+                               "at_law": p.trial.log_lr_offset == 0 and p.trial.log_lr_wd_offset == 0} for p in planned],
+                             target=target or DEFAULT_TARGET_WIDTH)
 
 
 def _row_json(r) -> dict:
