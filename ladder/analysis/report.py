@@ -136,7 +136,7 @@ def write_report(result: DemoResult, best: pd.DataFrame) -> Path:
     bt_rows = []
     for d, b in sorted(result.backtests.items()):
         if "error" in b:
-            bt_rows.append([d, "", "", "", "", b["error"]])
+            bt_rows.append([d, "", "", "", "", b["error"], ""])
             continue
         p = b["predictions"][0]
         available = p.get("interval_available", True)
@@ -144,8 +144,10 @@ def write_report(result: DemoResult, best: pd.DataFrame) -> Path:
                         f"{100 * p['rel_error']:+.2f}%"
                         + (" (E = 0: no floor below the top)" if b.get("floor_at_zero") else ""),
                         ("inside" if p["inside"] else "outside") if available
-                        else f"n/a: {p.get('interval_reason', 'too few rungs')}"])
-    parts.append(_table(["domain", "actual BPB", "predicted", "95% interval", "error", "interval"], bt_rows))
+                        else f"n/a: {p.get('interval_reason', 'too few rungs')}",
+                        _width(p)])
+    parts.append(_table(["domain", "actual BPB", "predicted", "95% interval", "error", "interval",
+                         "± and what makes it (variance shares)"], bt_rows))
     if result.surfaces:
         parts.append("<h2>LR/WD surfaces in (log LR, log LR·WD)</h2>")
         parts.append(_img(result.figures["lr_wd_surfaces"]))
@@ -168,3 +170,12 @@ def write_report(result: DemoResult, best: pd.DataFrame) -> Path:
     parts.append("</body></html>")
     result.report_path.write_text("\n".join(parts))
     return result.report_path
+
+
+def _width(prediction: dict) -> str:
+    """'±3.2% (seed noise 57%, parameters 43%)': the interval's width and its sources (fits.prediction)."""
+    if not prediction.get("interval"):
+        return ""
+    from fits.prediction import describe_shares
+
+    return f"±{prediction['half_width_rel']:.1%} ({describe_shares(prediction['interval']['shares'])})"
