@@ -146,6 +146,7 @@ def reregister(tracking_uri: str, experiment_name: str, run_dir: Path, tags: dic
     for step, loss in enumerate(result.get("losses") or [], start=1):
         tracker.log_metrics({"loss": loss}, step=step)
     final = {f"final_bpb/{d}": v for d, v in (result.get("bpb") or {}).items()}
+    final |= {f"final_bpb_se/{d}": v for d, v in (result.get("bpb_se") or {}).items()}  # (results since it existed)
     final |= {f"unigram_bpb/{d}": v for d, v in (result.get("unigram_bpb") or {}).items()}
     final |= {"final_loss": result.get("final_loss"), "total_train_flops": result.get("train_flops"),
               "total_tokens": result.get("tokens"), "wall_seconds": result.get("wall_seconds"),
