@@ -97,5 +97,9 @@ def card_rows(card: dict[str, Any]) -> list[list[str]]:
         ext += " (E = 0: no floor seen)" if b.get("floor_at_zero") else ""
         # The one interval rule (fits: FitResult.interval_note): a law without an interval shows "n/a".
         interval = "n/a" if b.get("interval") is None and b.get("interval_note") else _interval(b.get("interval"))
+        if b.get("interval_shares"):  # what the interval is made of (fits.prediction): what would narrow it
+            from fits.prediction import describe_shares
+
+            interval += f" ({describe_shares(b['interval_shares'])})"
         rows.append([f"BPB {domain}", f"{b['value']:.4f}{ext}", interval])
     return rows
