@@ -1,0 +1,57 @@
+"""The time a running sweep has left, from its finished trials: `make demo` prints it as it goes.
+
+Trials of a ladder differ by 75× in compute, so the estimate weighs each by its training FLOPs (from the
+sweep plan, no torch): time left ≈ time so far × FLOPs still to train / FLOPs trained. A trial finished
+before this run (the sweep skips it, so it never ends here) counts as still to train: a partly rerun sweep's
+estimate is high, never low. The orchestrator reports each trial's
+end as "[k/N] word LABEL ..."; every message passes through unchanged, the ones that end a trial with
+"elapsed …, about … left" appended.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+
+_END = re.compile(r"^\[(\d+)/(\d+)\]\s+\S+\s+(.+?)\s+(?:bpb \S+\s+)?\(\d+ s\)$")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+class SweepEta:
+    """A progress callback that adds the estimated time left to each trial-end message."""
+
+    def __init__(self, flops_by_label: dict[str, float], progress: Callable[[str], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.flops = dict(flops_by_label)
+        self.progress = progress
+        self.clock = clock
+        self.t0: float | None = None
+        self.done: set[str] = set()
+
+    def start(self) -> None:
+        """Begin timing (when the sweep starts, after the corpus is prepared)."""
+        self.t0 = self.clock()
+
+    def __call__(self, message: str) -> None:
+        match = _END.match(message)
+        if match is None or self.t0 is None:
+            self.progress(message)
+            return
+        if match.group(3).strip() in self.flops:
+            self.done.add(match.group(3).strip())
+        left = self.seconds_left()
+        elapsed = self.clock() - self.t0
+        tail = f"; elapsed {_minutes(elapsed)}" + (f", about {_minutes(left)} left" if left is not None else "")
+        self.progress(message + tail)
+
+    def seconds_left(self) -> float | None:
+        """Elapsed × FLOPs left / FLOPs done; None before the first trial ends."""
+        done = sum(self.flops[k] for k in self.done)
+        left = sum(v for k, v in self.flops.items() if k not in self.done)
+        if self.t0 is None or done <= 0:
+            return None
+        return (self.clock() - self.t0) * left / done
