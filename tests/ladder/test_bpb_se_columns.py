@@ -1,6 +1,6 @@
 """The final BPB's standard error reaches the fits' table as `bpb_se_<domain>` (metric
 final_bpb_se/<domain>) beside `bpb_<domain>`, and is never taken for a domain; runs and fixtures made
-before it simply lack the column."""
+before it simply lack the column. (From a logged run to the table: tests/rungs/test_learning_curve.py.)"""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from mlflow import MlflowClient
-from mlflow.entities import Metric
 
-from ladder.run.mlflow_runs import domains_of, fit_table, long_by_domain, read_runs
+from ladder.run.mlflow_runs import domains_of, fit_table, long_by_domain
 
 FIXTURES = Path(__file__).resolve().parents[2] / "notebooks" / "fixtures"
 
@@ -43,13 +41,3 @@ def test_a_fixture_without_standard_errors_reads_as_before() -> None:
     runs = pd.read_csv(FIXTURES / "demo_runs.csv")
     long = long_by_domain(runs)
     assert "bpb_se" not in long.columns and len(long) == len(runs) * len(domains_of(runs))
-
-
-def test_final_bpb_se_of_a_logged_run_arrives_as_a_column(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    run_id = client.create_run(client.create_experiment("se")).info.run_id
-    client.log_batch(run_id, metrics=[Metric("final_bpb/code", 3.25, 0, 10), Metric("final_bpb_se/code", 0.04, 0, 10)])
-    client.set_terminated(run_id, "FINISHED")
-    table = fit_table(read_runs("se", uri))
-    assert table.loc[0, "bpb_code"] == 3.25 and table.loc[0, "bpb_se_code"] == 0.04

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
+from ladder.run.mlflow_runs import domains_of, fit_table, read_runs
 from rungs.train import train
 from tests.rungs.train_helpers import tiny_config
 
@@ -35,3 +36,7 @@ def test_the_curve_ends_on_the_sample_and_the_final_eval_has_its_own_keys(tmp_pa
         assert metrics[f"final_bpb_se/{domain}"] == res.bpb_se[domain] == final["bpb_se"][domain] > 0
     stored = json.loads((tmp_path / "run" / "result.json").read_text())
     assert stored["bpb_se"] == res.bpb_se and set(res.bpb_se) == set(res.bpb)
+    table = fit_table(read_runs("curve", uri))  # the fits' table: bpb_se_<domain> beside bpb_<domain>
+    assert domains_of(table) == sorted(res.bpb)
+    for domain, se in res.bpb_se.items():
+        assert table.loc[0, f"bpb_se_{domain}"] == se and table.loc[0, f"bpb_{domain}"] == res.bpb[domain]
