@@ -22,7 +22,7 @@ from rungs.tracking_uri import DEFAULT_TRACKING_URI
 # trial, it had before the field existed.
 LEGACY_VALUES: dict[str, Any] = {"subset": "prefix", "peak_flops_per_device": None, "backend": "torch",
                                  "activation_checkpointing": "none", "jax_mesh_expert": None,
-                                 "capacity_factor": None}
+                                 "capacity_factor": None, "data_key": None}
 # Fields that no longer exist (nothing read them): an old config that sets one still loads, and its key
 # is what it was (neither key ever included them).
 REMOVED_FIELDS = frozenset({"log_interval"})
@@ -157,6 +157,9 @@ class TrainConfig(BaseModel):
     # --- data ---
     sources: dict[str, SourcePlan] = Field(min_length=1)
     data_manifest: str | None = None  # None: the demo corpus
+    # A sweep's data arm: a content hash of its manifest and files (ladder.plan.data_arms), so a changed
+    # curation rule reruns the trials of that arm only. Identity only: the job reads data_manifest.
+    data_key: str | None = None
     # How a source's unique subset is chosen (rungs.data.sampler): "stratified" keeps the source's
     # mix of collections at every rung; "prefix" is the rule of runs made before 2026-11-30.
     subset: Literal["stratified", "prefix"] = "stratified"

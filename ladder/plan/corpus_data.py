@@ -119,7 +119,9 @@ def _read_prepared(path: Path, where: str | None, field: str) -> CorpusData:
                                "prepare MANIFEST --out DIR` and name DIR, or name the manifest", where=where, field=field)
     try:
         meta = json.loads(meta_path.read_text())
-        sources = tuple(CorpusSource(s["name"], s["domain"], float(s["share"]), int(s["tokens"]))
+        # A weighted source's unique tokens are one weighted pass, Σ weight · tokens (rungs.data.sampler).
+        sources = tuple(CorpusSource(s["name"], s["domain"], float(s["share"]),
+                                     int(round(float(s.get("weighted_tokens", s["tokens"])))))
                         for s in meta["sources"])
         evals = tuple(dict.fromkeys(e["domain"] for e in meta["eval"]))
         manifest = Path(meta["manifest"])

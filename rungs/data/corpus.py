@@ -88,7 +88,8 @@ class DocumentShard:
     """
 
     def __init__(self, name: str, domain: str, tokens, index: np.ndarray, doc_ids: tuple[str, ...] | None = None,
-                 *, ids_loader=None, subset_loader=None) -> None:
+                 *, ids_loader=None, subset_loader=None, weights: np.ndarray | None = None,
+                 weights_loader=None) -> None:
         self.name = name
         self.domain = domain
         self.tokens = tokens
@@ -97,6 +98,27 @@ class DocumentShard:
         self._ids_loader = ids_loader
         self._subset_loader = subset_loader
         self._subset: dict[str, tuple] = {}
+        self._weights = None if weights is None else np.asarray(weights, dtype=np.float64)
+        self._weights_loader = weights_loader
+        self._weighted = weights is not None or weights_loader is not None
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the set carries sampling weights (`ladder data mix`'s `weight`; else every weight is 1)."""
+        return self._weighted
+
+    @property
+    def weights(self) -> np.ndarray:
+        """float64 [docs]: each document's sampling weight (all 1 for an unweighted set)."""
+        if self._weights is None:
+            self._weights = np.asarray(self._weights_loader(), dtype=np.float64) if self._weights_loader else \
+                np.ones(self.n_docs)
+        return self._weights
+
+    @property
+    def weighted_tokens(self) -> float:
+        """Σ weight · tokens (each with its EOS): the tokens of one weighted pass over the set."""
+        return float(np.dot(self.weights, np.asarray(self.index[:, 1], dtype=np.float64)))
 
     @property
     def doc_ids(self) -> tuple[str, ...]:
@@ -225,8 +247,16 @@ class PreparedCorpus:
                             np.load(base / f"{name}.strata.npy", mmap_mode="r"),
                             [(c["name"], c["docs"], c["tokens"]) for c in entry["collections"]])
 
+            weights = None
+            if "weighted_tokens" in entry:
+                def weights(stems=stems, docs=[s["docs"] for s in entry["shards"]]):
+                    out: list[float] = []
+                    for stem, n in zip(stems, docs):
+                        out.extend(json.loads((self.path / f"{stem}.ids.json").read_text()).get("weights", [1.0] * n))
+                    return out
+
             self._shards[(split, name)] = DocumentShard(entry["name"], entry["domain"], tokens, index,
-                                                        ids_loader=ids, subset_loader=subset)
+                                                        ids_loader=ids, subset_loader=subset, weights_loader=weights)
         return self._shards[(split, name)]
 
     def summary(self) -> dict:

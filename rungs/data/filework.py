@@ -122,6 +122,7 @@ def _tokenize_segment(unit: Unit, segment: Segment, first_line: int, removed: fr
     texts: list[str] = []
     ids: list[str] = []
     sizes: list[int] = []
+    weights: list[float] = []
     chars = 0
     with ShardWriter(out, stem, token_dtype(tok.vocab_size), key) as writer:
         def flush() -> None:
@@ -132,10 +133,11 @@ def _tokenize_segment(unit: Unit, segment: Segment, first_line: int, removed: fr
                 encoded = tok.encode_many(texts)
             except TokenIdError as err:
                 raise DataInputError(str(err), where=str(unit.file), field="tokenizer") from None
-            writer.add(ids, sizes, encoded, tok.eos_id)
+            writer.add(ids, sizes, encoded, tok.eos_id, weights)
             texts.clear()
             ids.clear()
             sizes.clear()
+            weights.clear()
             chars = 0
 
         for doc in segment_documents(unit.file, unit.plan, segment, unit.spec, first_line=first_line):
@@ -145,6 +147,7 @@ def _tokenize_segment(unit: Unit, segment: Segment, first_line: int, removed: fr
                 flush()
             texts.append(doc.text)
             ids.append(doc.doc_id)
+            weights.append(doc.weight)
             sizes.append(len(doc.text.encode("utf-8")))
             chars += len(doc.text)  # characters: a cheap stand-in for bytes (<= 4x)
         flush()

@@ -86,6 +86,9 @@ def write_set_table(out: Path, split: str, name: str, shards: list[dict], progre
         atomic_write_bytes(out / split / f"{name}.keys.npy", npy_bytes(key_arr))
         atomic_write_bytes(out / split / f"{name}.order.npy", npy_bytes(np.argsort(key_arr, kind="stable")))
         atomic_write_bytes(out / split / f"{name}.strata.npy", npy_bytes(np.lexsort((key_arr, code_arr))))
+        if any("weighted_tokens" in s for s in shards):
+            # One weighted pass over the source: Σ weight · tokens (with EOS), what its epochs are counted in.
+            info["weighted_tokens"] = float(sum(s.get("weighted_tokens", s["tokens"]) for s in shards))
         info["collections"] = [{"name": c, "docs": int((code_arr == r).sum()),
                                 "tokens": int(table[code_arr == r, 1].sum())} for r, c in enumerate(names)]
     progress.mark(step, info)

@@ -38,10 +38,16 @@ PART_SUFFIX = "#part"
 _CHUNK = 1 << 20
 
 
+# A JSONL record's optional sampling weight (`ladder data mix` with `diversity: weight` writes it): the
+# sampler draws the document within its source in proportion to it (rungs.data.sampler). Absent: 1.
+WEIGHT_FIELD = "weight"
+
+
 @dataclass(frozen=True)
 class Document:
     doc_id: str
     text: str
+    weight: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,7 @@ def segment_documents(file: DataFile, plan: FilePlan, segment: Segment, spec: Fi
                 yield doc
                 continue
             for k, piece in enumerate(pieces):
-                yield Document(f"{doc.doc_id}{PART_SUFFIX}{k}", piece)
+                yield Document(f"{doc.doc_id}{PART_SUFFIX}{k}", piece, doc.weight)
     except UnicodeDecodeError:
         raise DataInputError(f"is not UTF-8 text ({_first_non_utf8(file, plan.codec)}); convert it to UTF-8 or drop "
                              "it from the manifest", where=str(file), field=spec.set_name) from None
@@ -215,12 +221,20 @@ def _jsonl(file: DataFile, codec: str, segment: Segment, spec: FileSpec, first_l
                 number = (known if known is not None else lines_before(file, codec, segment)) + local
                 raise DataInputError(not_text(f"line {number}", spec.text_field, text), where=str(file),
                                      field=spec.set_name)
+            weight = 1.0
+            if WEIGHT_FIELD in row:
+                weight = row[WEIGHT_FIELD]
+                if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
+                    number = (known if known is not None else lines_before(file, codec, segment)) + local
+                    raise DataInputError(f"line {number}: field {WEIGHT_FIELD!r} is {weight!r}; a document's weight "
+                                         "must be a positive finite number", where=str(file), field=spec.set_name)
+                weight = float(weight)
             if spec.id_field in row:
-                yield Document(str(row[spec.id_field]), str(text))
+                yield Document(str(row[spec.id_field]), str(text), weight)
                 continue
             if known is None:
                 stats.anonymous = True
-            yield Document(f"{spec.rel}:{(known or 0) + local}", str(text))
+            yield Document(f"{spec.rel}:{(known or 0) + local}", str(text), weight)
 
 
 def not_text(position: str, field: str, value) -> str:

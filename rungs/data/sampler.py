@@ -18,6 +18,15 @@ interleaved in chunks so that each advances in proportion to its planned tokens 
 share), and the stream is cut into packed sequences of `seq_len` (documents separated by EOS;
 targets are inputs shifted by one).
 
+A weighted source (documents with a `weight`, from `ladder data mix` with `diversity: weight`) counts
+its tokens weighted: one pass over it is U_w = Σ_d w_d·n_d tokens (n_d with its EOS), and that is
+the source's unique tokens in the plan (its cap and its epochs). Its subset is the same hash prefix
+as an unweighted source's at the same fraction of the source (cap / U_w of its raw tokens, so
+subsets still nest), and each pass draws every subset document c_d times, c_d = ⌊w_d⌋ plus one
+more with probability w_d − ⌊w_d⌋ (seeded per source and pass), in a seeded permutation: over
+passes a document's frequency is proportional to its weight, and a pass holds Σ w_d·n_d tokens in
+expectation. An unweighted source's passes are exactly the permutations they always were.
+
 The state is a few integers per source plus the pieces read ahead but not yet emitted, so a
 checkpoint restores the identical stream.
 """
@@ -77,7 +86,12 @@ class _SourceStream:
         self.epochs = epochs
         self.planned_tokens = cap_tokens * epochs
         self.seed = seed
-        self.seg_doc, self.seg_len = select_subset(shard, name, cap_tokens, stratified=subset == "stratified")
+        self.weighted = bool(getattr(shard, "weighted", False))
+        raw_cap = cap_tokens
+        if self.weighted:  # the cap is in weighted tokens: the same fraction of the source's raw tokens
+            raw_cap = min(shard.n_tokens, max(1, int(round(cap_tokens * shard.n_tokens / shard.weighted_tokens))))
+        self.seg_doc, self.seg_len = select_subset(shard, name, raw_cap, stratified=subset == "stratified")
+        self.seg_weight = np.asarray(shard.weights, dtype=np.float64)[self.seg_doc] if self.weighted else None
         self.tokens = shard.tokens  # memory-mapped shards: only the pages the subset touches are read
         self.doc_starts = shard.index[:, 0]
         self.epoch = 0
@@ -91,7 +105,13 @@ class _SourceStream:
         if self._order_epoch != self.epoch:
             name_key = int.from_bytes(hashlib.sha256(self.name.encode()).digest()[:4], "little")
             rng = np.random.default_rng([self.seed, name_key, self.epoch])
-            self._order = rng.permutation(len(self.seg_doc))
+            if self.seg_weight is None:
+                self._order = rng.permutation(len(self.seg_doc))
+            else:
+                whole = np.floor(self.seg_weight)
+                counts = whole.astype(np.int64) + (rng.random(len(self.seg_weight)) < self.seg_weight - whole)
+                drawn = np.repeat(np.arange(len(self.seg_doc), dtype=np.int64), counts)
+                self._order = drawn[rng.permutation(len(drawn))]
             self._order_epoch = self.epoch
         return self._order
 
@@ -100,6 +120,10 @@ class _SourceStream:
         pieces = []
         order = self.order()
         while n > 0:
+            if len(order) == 0:  # a weighted pass that drew no document (every weight below 1)
+                self.epoch += 1
+                order = self.order()
+                continue
             seg = int(order[self.pos])
             length = min(n, int(self.seg_len[seg]) - self.offset)
             pieces.append((int(self.seg_doc[seg]), self.offset, length))
@@ -208,10 +232,12 @@ class SourceScaledSampler:
         for name in plan:
             cap = max(1, int(round(_plan_float(plan, name, "unique_tokens"))))
             shard = corpus.train_shard(name)
-            if cap > shard.n_tokens:
-                short = cap - shard.n_tokens
+            size = int(np.ceil(shard.weighted_tokens)) if shard.weighted else shard.n_tokens
+            if cap > size:
+                short = cap - size
                 raise SourceTooSmallError(
-                    f"source {name!r} has {shard.n_tokens:,} tokens but the plan caps its unique data at {cap:,}: "
+                    f"source {name!r} has {size:,} {'weighted ' if shard.weighted else ''}tokens but the plan caps its "
+                    f"unique data at {cap:,}: "
                     f"short by {short:,} tokens ({short / cap:.1%} of the cap); add documents to the source or lower "
                     f"its unique_tokens in the recipe mixture", where=str(corpus.path), field=f"sources.{name}")
             self.streams.append(_SourceStream(name, shard, cap, _plan_float(plan, name, "epochs"), self.seed,

@@ -1,7 +1,8 @@
 """One shard written while it is encoded, so that a worker's memory does not grow with the shard.
 
 Shard `<split>/<set>/<file:05d>-<k:04d>` is `.tokens.npy` (each document's ids then EOS), `.index.npy`
-(int64 [docs, 3]: start in the shard, tokens with EOS, UTF-8 bytes) and `.ids.json` (document ids),
+(int64 [docs, 3]: start in the shard, tokens with EOS, UTF-8 bytes) and `.ids.json` (document ids, and
+their sampling weights when any is not 1),
 then `.json` (counts, the tokens file's SHA-256 and the input key) last: a shard whose `.json`
 carries the current key is finished, anything else is redone.
 
@@ -49,6 +50,7 @@ class ShardWriter:
         self.lengths: list[int] = []  # tokens with EOS per document
         self.n_bytes: list[int] = []  # UTF-8 bytes per document
         self.ids: list[str] = []
+        self.weights: list[float] = []
         self.tokens = 0
         self.t0 = time.perf_counter()
         self._finished = False
@@ -65,8 +67,10 @@ class ShardWriter:
             raise
         return self
 
-    def add(self, doc_ids: list[str], n_bytes: list[int], encoded: list[np.ndarray], eos_id: int) -> None:
-        """One encoded batch: each document's ids (already `dtype`, range-checked) followed by EOS."""
+    def add(self, doc_ids: list[str], n_bytes: list[int], encoded: list[np.ndarray], eos_id: int,
+            weights: list[float] | None = None) -> None:
+        """One encoded batch: each document's ids (already `dtype`, range-checked) followed by EOS, and its
+        sampling weight (None: 1 each)."""
         if not encoded:
             return
         lengths = [len(ids) + 1 for ids in encoded]
@@ -80,6 +84,7 @@ class ShardWriter:
         self.lengths.extend(lengths)
         self.n_bytes.extend(n_bytes)
         self.ids.extend(doc_ids)
+        self.weights.extend(weights if weights is not None else [1.0] * len(doc_ids))
 
     def finish(self) -> dict:
         header = npy_header(self.dtype, self.tokens)
@@ -99,9 +104,15 @@ class ShardWriter:
             index[:, 2] = self.n_bytes
             index[1:, 0] = np.cumsum(index[:-1, 1])
         atomic_write_bytes(self.out / f"{self.stem}.index.npy", npy_bytes(index))
-        atomic_write_json(self.out / f"{self.stem}.ids.json", {"ids": self.ids})
+        # Weights ride beside the ids only when some document has one other than 1: an unweighted
+        # corpus's files (and its shards' records) stay what they were.
+        weighted = any(w != 1.0 for w in self.weights)
+        atomic_write_json(self.out / f"{self.stem}.ids.json",
+                          {"ids": self.ids, **({"weights": self.weights} if weighted else {})})
         info = {"key": self.key, "stem": self.stem, "docs": len(self.lengths), "tokens": self.tokens,
                 "bytes": int(sum(self.n_bytes)), "sha256": sha}
+        if weighted:
+            info["weighted_tokens"] = float(np.dot(np.asarray(self.weights), np.asarray(self.lengths, np.float64)))
         atomic_write_json(self.out / f"{self.stem}.json", info)
         self._finished = True
         return dict(info, seconds=time.perf_counter() - self.t0)
