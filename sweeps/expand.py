@@ -8,6 +8,10 @@ config (`sweeps.keys`); resolving a trial into a config is the training job's bu
 Override precedence, lowest first: spec.overrides, block.overrides, the grid point (lr,
 weight_decay, dropout, seed, tpp), the arm. An arm may therefore pin any knob, the learning rate
 included (that is how a forced-divergence arm is written).
+
+A data arm (`data:` in an arm) is not an override: the arm's trials plan on the recipe re-planned on the
+arm's own prepared corpus (`ladder.plan.data_arms`), so every source's repetition follows the arm's own
+unique tokens; the trial carries the corpus in `data`.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from functools import lru_cache
 
 from ladder.plan.generator import RungSpec, plan_rung
 from ladder.plan.recipe import Recipe, load_recipe
-from sweeps.spec import Block, Centre, Resources, SweepSpec
+from sweeps.spec import ARM_DATA_KEY, Block, Centre, Resources, SweepSpec
 
 # Names of the resolved-config knobs the grid sets (the override keys `ladder.plan.resolve` accepts).
 LR_KEY = "lr"
@@ -47,6 +51,7 @@ class Trial:
     overrides: dict = field(hash=False)
     max_steps: int | None
     resources: Resources
+    data: str | None = None  # a data arm's prepared corpus (None: the spec's or the recipe's data)
 
     @property
     def label(self) -> str:
@@ -56,9 +61,12 @@ class Trial:
 
     def coordinates(self) -> dict:
         """Where the trial sits in the sweep: logged as MLflow tags so fits can group by them."""
-        return {"block": self.block, "L": self.L, "tpp": self.tpp, "arm": self.arm, "seed": self.seed,
-                "lr": self.lr, "weight_decay": self.weight_decay, "dropout": self.dropout,
-                "log_lr_offset": self.log_lr_offset, "log_lr_wd_offset": self.log_lr_wd_offset}
+        coords = {"block": self.block, "L": self.L, "tpp": self.tpp, "arm": self.arm, "seed": self.seed,
+                  "lr": self.lr, "weight_decay": self.weight_decay, "dropout": self.dropout,
+                  "log_lr_offset": self.log_lr_offset, "log_lr_wd_offset": self.log_lr_wd_offset}
+        if self.data is not None:
+            coords["data"] = self.data
+        return coords
 
 
 class _Planner:
@@ -88,7 +96,25 @@ def grid_points(block: Block, rung: RungSpec) -> list[tuple[float, float, float,
     return points
 
 
-def expand_block(spec: SweepSpec, block: Block, planner: _Planner) -> list[Trial]:
+class _Planners:
+    """One planner per corpus: the spec's recipe, and the recipe re-planned on each data arm's corpus."""
+
+    def __init__(self, spec: SweepSpec, recipe: Recipe) -> None:
+        self.spec = spec
+        self.base = _Planner(recipe)
+        self._arms: dict[str, _Planner] = {}
+
+    def for_data(self, data: str | None, where: str) -> _Planner:
+        if data is None:
+            return self.base
+        if data not in self._arms:
+            from ladder.plan.data_arms import load_arm_recipe
+
+            self._arms[data] = _Planner(load_arm_recipe(self.spec.recipe, data, where=where, field="data"))
+        return self._arms[data]
+
+
+def expand_block(spec: SweepSpec, block: Block, planners: _Planners) -> list[Trial]:
     trials = []
     seeds = block.seeds if block.seeds is not None else spec.seeds
     dropouts: list[float | None] = list(block.dropout) if block.dropout is not None else [None]
@@ -96,10 +122,14 @@ def expand_block(spec: SweepSpec, block: Block, planner: _Planner) -> list[Trial
     resources = block.resources or spec.resources
     for L in block.rungs:
         for tpp in block.tpp:
-            rung = planner.plan(L, tpp)
+            rung = planners.base.plan(L, tpp)
             for lr, wd, d_lr, d_prod in grid_points(block, rung):
                 for dropout in dropouts:
-                    for arm, arm_overrides in block.arms.items():
+                    for arm, arm_entry in block.arms.items():
+                        data = block.arm_data(arm)
+                        arm_overrides = {k: v for k, v in arm_entry.items() if k != ARM_DATA_KEY}
+                        arm_tpp = rung.tpp if data is None else \
+                            planners.for_data(data, f"blocks.{block.name}.arms.{arm}").plan(L, tpp).tpp
                         for seed in seeds:
                             overrides = {**spec.overrides, **block.overrides, LR_KEY: lr, WD_KEY: wd, SEED_KEY: seed}
                             if tpp is not None:
@@ -108,11 +138,12 @@ def expand_block(spec: SweepSpec, block: Block, planner: _Planner) -> list[Trial
                                 overrides[DROPOUT_KEY] = dropout
                             overrides.update(arm_overrides)
                             trials.append(Trial(
-                                sweep=spec.name, block=block.name, recipe=spec.recipe, L=L, tpp=rung.tpp,
+                                sweep=spec.name, block=block.name, recipe=spec.recipe, L=L, tpp=arm_tpp,
                                 lr=float(overrides.get(LR_KEY, lr)), weight_decay=float(overrides.get(WD_KEY, wd)),
                                 dropout=dropout, arm=arm, seed=seed, log_lr_offset=d_lr, log_lr_wd_offset=d_prod,
-                                overrides=overrides, max_steps=max_steps, resources=resources))
+                                overrides=overrides, max_steps=max_steps, resources=resources, data=data))
     return trials
+
 
 
 def expand(spec: SweepSpec, recipe: Recipe | None = None) -> list[Trial]:
@@ -122,12 +153,13 @@ def expand(spec: SweepSpec, recipe: Recipe | None = None) -> list[Trial]:
     under the first block that asks for them.
     """
     recipe = recipe or load_recipe(spec.recipe, data=spec.data)
-    planner = _Planner(recipe)
+    planners = _Planners(spec, recipe)
     seen: set[tuple] = set()
     out = []
     for block in spec.blocks:
-        for trial in expand_block(spec, block, planner):
-            ident = (trial.L, trial.max_steps, tuple(sorted((k, repr(v)) for k, v in trial.overrides.items())))
+        for trial in expand_block(spec, block, planners):
+            ident = (trial.L, trial.max_steps, trial.data,
+                     tuple(sorted((k, repr(v)) for k, v in trial.overrides.items())))
             if ident not in seen:
                 seen.add(ident)
                 out.append(trial)

@@ -64,9 +64,12 @@ def plan_sweep(spec: SweepSpec, *, where: str = "sweep spec", recipe: Recipe | N
     resolve = resolve or default_resolver()
     if spec.data is not None:
         resolve = partial(resolve, data=spec.data)
+    check_arm_evals(spec, recipe, where=where)
     try:
         trials = expand(spec, recipe)
     except LadderInputError as err:  # e.g. a rung × TPP the recipe cannot plan
+        if err.where and err.where.startswith("blocks."):
+            raise LadderInputError(err.detail, where=where, field=err.where) from None
         raise LadderInputError(str(err), where=where, field="blocks") from None
     planned: dict[str, PlannedTrial] = {}
     bases: dict[tuple, dict] = {}
@@ -93,10 +96,36 @@ def plan_sweep(spec: SweepSpec, *, where: str = "sweep spec", recipe: Recipe | N
     return list(planned.values())
 
 
+def check_arm_evals(spec: SweepSpec, recipe: Recipe, *, where: str) -> None:
+    """Every arm of a block with data arms scores on the same held-out sets (the same files): an EG between
+    arms measured on different text compares nothing. Arms without `data:` use the spec's or recipe's corpus."""
+    from ladder.plan.data_arms import eval_identity
+
+    for block in spec.blocks:
+        if not block.has_data_arms:
+            continue
+        base = spec.data if spec.data is not None else recipe.data
+        first_arm, first = None, None
+        for arm in block.arms:
+            data = block.arm_data(arm)
+            field = f"blocks.{block.name}.arms.{arm}.data" if data is not None else "data"
+            evals = eval_identity(data if data is not None else base, where=where, field=field)
+            if first_arm is None:
+                first_arm, first = arm, evals
+            elif evals != first:
+                raise LadderInputError(
+                    f"arm {arm!r} is scored on other held-out sets than arm {first_arm!r} (its sets: "
+                    f"{', '.join(e[0] for e in evals) or 'none'}; the names, domains or files differ): arms are "
+                    "compared on the same held-out text; prepare every arm from a manifest whose eval sets name "
+                    "the same files", where=where, field=field)
+
+
 def _data_field(spec: SweepSpec, trial: Trial) -> str:
-    """Where a trial's `data_manifest` came from: the arm, the block's or the spec's overrides, else the
-    spec's or the recipe's `data:`."""
+    """Where a trial's `data_manifest` came from: the arm (its `data:` or override), the block's or the
+    spec's overrides, else the spec's or the recipe's `data:`."""
     block = next(b for b in spec.blocks if b.name == trial.block)
+    if trial.data is not None:
+        return f"blocks.{trial.block}.arms.{trial.arm}.data"
     if DATA_KEY in block.arms.get(trial.arm, {}):
         return f"blocks.{trial.block}.arms.{trial.arm}.{DATA_KEY}"
     if DATA_KEY in block.overrides:
@@ -132,9 +161,10 @@ def _resolve(resolve: Resolver, recipe: str, trial: Trial, bases: dict[tuple, di
     """resolve() per distinct (rung, max_steps, non-grid overrides); the grid knobs are then set and
     the config validated again. A 1,000-point grid on 10 rungs costs 10 resolutions, not 1,000."""
     rest = tuple(sorted((k, repr(v)) for k, v in trial.overrides.items() if k not in GRID_KNOBS))
-    ident = (trial.L, trial.max_steps, rest)
+    ident = (trial.L, trial.max_steps, trial.data, rest)
     if ident not in bases:
-        bases[ident] = resolve(recipe, trial.L, dict(trial.overrides), max_steps=trial.max_steps)
+        arm = {} if trial.data is None else {"data": trial.data, "data_arm": True}
+        bases[ident] = resolve(recipe, trial.L, dict(trial.overrides), max_steps=trial.max_steps, **arm)
         return bases[ident]
     from rungs.config import parse_config
 

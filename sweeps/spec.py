@@ -27,6 +27,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 OverrideValue = bool | int | float | str | None
 # Grid offsets are natural logs: beyond ±20 (a factor of 5e8) a value is a unit mistake, not a sweep.
 MAX_LOG_OFFSET = 20.0
+# An arm's corpus (sweeps.expand, ladder.plan.data_arms): not a config override but the data it trains on.
+ARM_DATA_KEY = "data"
 
 
 def _check_name(v: str) -> str:
@@ -181,6 +183,25 @@ class Block(_Strict):
             raise ValueError(f"seeds must be a non-empty list of non-negative integers, got {values}")
         return values
 
+    @field_validator("arms")
+    @classmethod
+    def _arm_data_is_a_path(cls, arms: dict[str, dict[str, OverrideValue]]) -> dict[str, dict[str, OverrideValue]]:
+        for name, arm in arms.items():
+            value = arm.get(ARM_DATA_KEY, "")
+            if ARM_DATA_KEY in arm and (not isinstance(value, str) or not value.strip()):
+                raise ValueError(f"arm {name!r}: data must be the path of a prepared corpus (`ladder data prepare "
+                                 f"ARM/manifest.yaml --out DIR`), got {value!r}")
+        return arms
+
+    def arm_data(self, arm: str) -> str | None:
+        """The corpus the arm trains on (a data arm), or None (the spec's or the recipe's)."""
+        value = self.arms[arm].get(ARM_DATA_KEY)
+        return None if value is None else str(value)
+
+    @property
+    def has_data_arms(self) -> bool:
+        return any(ARM_DATA_KEY in arm for arm in self.arms.values())
+
 
 class SweepSpec(_Strict):
     name: Name
@@ -248,7 +269,15 @@ def load_spec(name_or_path: str | Path) -> SweepSpec:
         update["recipe"] = str((folder / Path(spec.recipe).expanduser()).resolve())
     if spec.data is not None:
         update["data"] = str((folder / Path(spec.data).expanduser()).resolve())
+    if any(b.has_data_arms for b in spec.blocks):
+        update["blocks"] = [_with_absolute_arm_data(b, folder) for b in spec.blocks]
     return spec.model_copy(update=update) if update else spec
+
+
+def _with_absolute_arm_data(block: Block, folder: Path) -> Block:
+    arms = {name: {**arm, ARM_DATA_KEY: str((folder / Path(str(arm[ARM_DATA_KEY])).expanduser()).resolve())}
+            if ARM_DATA_KEY in arm else arm for name, arm in block.arms.items()}
+    return block.model_copy(update={"arms": arms})
 
 
 def is_recipe_path(recipe: str) -> bool:

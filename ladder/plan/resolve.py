@@ -26,7 +26,7 @@ from rungs.config import TrainConfigError, field_names, parse_config
 
 ARCH_FIELDS = tuple(f.name for f in fields(Architecture))
 # Keys a user may not set: they are derived from the plan and would silently disagree with it.
-DERIVED = ("flops_per_token", "params_total", "params_active", "sources", "recipe", "L")
+DERIVED = ("flops_per_token", "params_total", "params_active", "sources", "recipe", "L", "data_key")
 
 
 def valid_override_keys() -> list[str]:
@@ -89,13 +89,25 @@ def parse_overrides(overrides: dict[str, Any] | list[str] | None) -> dict[str, A
 
 
 def resolve_train_config(recipe_name_or_path: str | Path, L: int, overrides: dict[str, Any] | list[str] | None = None,
-                         *, max_steps: int | None = None, data: str | Path | None = None) -> dict[str, Any]:
+                         *, max_steps: int | None = None, data: str | Path | None = None,
+                         data_arm: bool = False) -> dict[str, Any]:
     """The validated, fully resolved training config of rung L of a recipe, as a JSON-able dict.
 
     `data` (a corpus manifest or prepared directory) replaces the recipe's `data:`. With either, the
     config's `data_manifest` is the manifest the corpus came from; without, the config is what it
-    always was (the demo corpus, no `data_manifest` key set), so existing trial keys stay."""
-    recipe = load_recipe(recipe_name_or_path, data=data)
+    always was (the demo corpus, no `data_manifest` key set), so existing trial keys stay.
+
+    `data_arm` (a sweep's data arm, `ladder.plan.data_arms`): every source's unique tokens come from
+    `data`, a prepared corpus, not from the recipe, and the config's `data_key` is the content hash of its
+    manifest and files (`ladder.plan.data_arms.data_identity`)."""
+    if data_arm:
+        if data is None:
+            raise LadderInputError("a data arm needs its corpus", field="data")
+        from ladder.plan.data_arms import data_identity, load_arm_recipe
+
+        recipe = load_arm_recipe(recipe_name_or_path, data)
+    else:
+        recipe = load_recipe(recipe_name_or_path, data=data)
     extra = parse_overrides(overrides)
     valid = valid_override_keys()
     unknown = sorted(set(extra) - set(valid) - {"tpp"})
@@ -108,6 +120,8 @@ def resolve_train_config(recipe_name_or_path: str | Path, L: int, overrides: dic
     config = spec.to_dict()
     if recipe.data is not None:
         config["data_manifest"] = str(read_corpus(recipe.data).manifest)
+    if data_arm:
+        config["data_key"] = data_identity(data)
     config.update(extra)
     if max_steps is not None:
         config["max_steps"] = max_steps
