@@ -156,7 +156,7 @@ def _table_row(f: dict[str, Any], y: str, law) -> list[Any]:
         held_out = (f"{pred['actual']:.4g} vs {pred['predicted']:.4g} {band} "
                     f"{pred['rel_error']:+.2%}" + (" (E=0)" if bt.get("floor_at_zero") else ""))
     inside = str(pred.get("inside", "-")) if pred.get("interval_available", True) else "n/a"
-    width = "-"
+    width = "n/a" if pred and not pred.get("interval_available", True) else "-"  # the one interval rule
     if pred.get("interval"):
         from fits.prediction import describe_shares
 
