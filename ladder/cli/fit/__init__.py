@@ -13,7 +13,7 @@ import argparse
 import logging
 import sys
 
-from ladder.cli.fit import efficiency, power_law
+from ladder.cli.fit import arms, efficiency, power_law
 from ladder.cli.fit.inputs import add_ci_level_and_seed, delta_arg, column_arg, finish, input_error, load_input
 from ladder.errors import LadderInputError
 from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI
@@ -70,6 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(handler=run_hparams)
 
     efficiency.register(fit_sub, common)
+    arms.register(fit_sub, common)
 
 
 # ---------------------------------------------------------------- chinchilla

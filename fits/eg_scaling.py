@@ -1,0 +1,147 @@
+"""What a recipe change buys, rung by rung and domain by domain, and whether it grows with scale.
+
+Per domain (each `bpb_<domain>` column, and `bpb` when present) the efficiency gain of every arm at
+every rung is `fits.efficiency.efficiency_gains` on that domain's column: EG_FLOPs = C_base(y_arm) /
+C_arm, the compute the baseline's law needs to reach the arm's BPB over the compute the arm used,
+with its interval (the baseline law's parameter uncertainty and the arm's seed noise). An EG whose
+interval holds 1 is "no measured gain"; one above 1 a gain, below 1 a loss.
+
+The trend is the slope b of log EG against log compute across rungs, log EG_i = a + b·log C_i: b > 0
+means the gain grows with scale. Each rung's EG carries its own uncertainty, σ_i = (log hi − log lo) /
+(2·t) from its interval; the fit is weighted least squares with weights 1/σ_i², its standard error
+that of the weights scaled up by the Birge ratio √(χ²/dof) when the rungs scatter more than their
+intervals say (never down), and the interval Student-t with n − 2 degrees of freedom. Without rung
+intervals it is ordinary least squares with the residuals' standard error. Two rungs give a slope and
+no interval. A slope whose interval holds 0 is "no measured trend".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from fits.efficiency import efficiency_gains
+from fits.errors import FitError, FitInputError
+from fits.floors import DEFAULT_FLOOR
+from fits.results import jsonable
+from provenance import code_version
+
+DOMAIN_PREFIX = "bpb_"
+OVERALL = "bpb"
+
+
+def domain_columns(df: pd.DataFrame) -> dict[str, str]:
+    """{domain: column}: every `bpb_<domain>` column (not the `bpb_se_` standard errors), then `bpb`."""
+    cols = {c[len(DOMAIN_PREFIX):]: c for c in df.columns
+            if isinstance(c, str) and c.startswith(DOMAIN_PREFIX) and not c.startswith("bpb_se")}
+    if OVERALL in df.columns:
+        cols["all"] = OVERALL
+    return cols
+
+
+def verdict(interval: list[float] | None, null: float, *, above: str, below: str, inside: str) -> str:
+    if interval is None:
+        return "no interval"
+    lo, hi = interval
+    return above if lo > null else below if hi < null else inside
+
+
+def eg_verdict(interval: list[float] | None) -> str:
+    """A gain, a loss, or "no measured gain" (the interval holds EG = 1)."""
+    return verdict(interval, 1.0, above="gain", below="loss", inside="no measured gain")
+
+
+def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float] | None], *,
+             ci_level: float = 0.95, min_dof_for_interval: int = 1) -> dict[str, Any]:
+    """The slope of log EG against log compute with its Student-t interval (module docstring)."""
+    x = np.asarray(log_compute, dtype=float)
+    y = np.log(np.asarray(eg, dtype=float))
+    n = len(x)
+    if n < 2 or np.ptp(x) == 0:
+        return {"slope": None, "interval": None, "rungs": n, "verdict": "no trend",
+                "note": "a trend needs at least two rungs of different compute"}
+    dof = n - 2
+    t = float(stats.t.ppf(0.5 + ci_level / 2, max(dof, 1)))
+    z = float(stats.norm.ppf(0.5 + ci_level / 2))
+    weighted = all(iv is not None and iv[0] > 0 and iv[1] > iv[0] for iv in intervals)
+    if weighted:
+        # Each rung's interval is a t/normal interval in log space; its half-width over z is σ.
+        sigma = np.array([(math.log(hi) - math.log(lo)) / (2 * z) for lo, hi in intervals])
+        w = 1.0 / sigma**2
+    else:
+        w = np.ones(n)
+    xm = float(np.sum(w * x) / np.sum(w))
+    ym = float(np.sum(w * y) / np.sum(w))
+    sxx = float(np.sum(w * (x - xm) ** 2))
+    slope = float(np.sum(w * (x - xm) * (y - ym)) / sxx)
+    intercept = ym - slope * xm
+    resid = y - (intercept + slope * x)
+    out: dict[str, Any] = {"slope": slope, "intercept": intercept, "rungs": n, "dof": dof,
+                           "method": "wls" if weighted else "ols", "ci_level": ci_level}
+    if dof < min_dof_for_interval:
+        out.update(interval=None, verdict="no interval", note=f"{n} rungs leave no degree of freedom for the "
+                   "slope's interval; a trend with an interval needs three rungs")
+        return out
+    chi2 = float(np.sum(w * resid**2))
+    if weighted:
+        birge = max(1.0, math.sqrt(chi2 / dof))
+        se = birge / math.sqrt(sxx)
+        out["birge_ratio"] = birge
+    else:
+        se = math.sqrt(chi2 / dof / sxx)
+    out["se"] = se
+    out["interval"] = [slope - t * se, slope + t * se]
+    out["verdict"] = verdict(out["interval"], 0.0, above="grows with scale", below="shrinks with scale",
+                             inside="no measured trend")
+    return out
+
+
+def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", rung: str = "rung",
+                 flops: str = "train_flops", domains: list[str] | None = None, bootstrap: int = 200,
+                 ci_level: float = 0.95, seed: int = 0, floor: str = DEFAULT_FLOOR) -> dict[str, Any]:
+    """EG_FLOPs of every arm at every rung in every domain, each with its interval and verdict, and per
+    arm and domain the trend of log EG with log compute."""
+    available = domain_columns(df)
+    if not available:
+        raise FitInputError("no metric columns: expected bpb_<domain> columns (or bpb)", column="bpb_<domain>")
+    if domains:
+        unknown = [d for d in domains if d not in available]
+        if unknown:
+            raise FitInputError(f"unknown domains {unknown}; the table has {sorted(available)}", column="domains")
+        available = {d: available[d] for d in domains}
+    per_arm: dict[str, dict[str, Any]] = {}
+    laws: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for domain, column in available.items():
+        rows_df = df.dropna(subset=[column])
+        try:
+            out = efficiency_gains(rows_df, arm=arm, baseline=baseline, y=column, flops=flops, wall=None, rung=rung,
+                                   bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor)
+        except FitInputError:
+            raise
+        except FitError as err:  # a domain whose baseline law cannot be fitted: said, the others go on
+            errors[domain] = f"{type(err).__name__}: {err}"
+            continue
+        laws[domain] = out["baseline_law_flops"]
+        for name, rows in out["arms"].items():
+            cells = []
+            for r in rows:
+                iv = r.get("eg_flops_interval")
+                cells.append({"rung": r["rung"], "train_flops": r["train_flops"], "bpb": r["bpb"],
+                              "eg": r["eg_flops"], "interval": iv, "verdict": eg_verdict(iv),
+                              **({"interval_note": r["eg_flops_interval_note"]}
+                                 if r.get("eg_flops_interval_note") else {})})
+            trend = eg_trend(np.log([c["train_flops"] for c in cells]), np.array([c["eg"] for c in cells]),
+                             [c["interval"] for c in cells], ci_level=ci_level) \
+                if all(c["eg"] > 0 for c in cells) else {"slope": None, "interval": None, "verdict": "no trend",
+                                                         "note": "an EG of 0 (the arm's BPB is below the law's floor)"}
+            per_arm.setdefault(str(name), {})[domain] = {"rungs": cells, "trend": trend}
+    if not per_arm and errors:
+        raise FitInputError("no domain's baseline law could be fitted: " +
+                            "; ".join(f"{d}: {e}" for d, e in errors.items()), column=baseline)
+    return jsonable({"baseline": baseline, "ci_level": ci_level, "domains": [d for d in available if d not in errors],
+                     "arms": per_arm, "baseline_laws": laws, "errors": errors, "code_version": code_version()})

@@ -1,0 +1,94 @@
+"""`ladder fit arms`: what each arm of an ablation (a data recipe, a curation step) buys against the
+baseline arm, per domain and per rung, with intervals, and whether it grows with scale
+(`fits.eg_scaling`). Registered under `ladder fit` by `ladder/cli/fit/__init__.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ladder.cli.fit.inputs import add_ci_level_and_seed, add_floor_arg
+from ladder.cli.output import make_table, print_json, stdout_console
+from ladder.errors import LadderInputError
+
+
+def register(fit_sub: argparse._SubParsersAction, common) -> None:
+    q = fit_sub.add_parser("arms", help="EG_FLOPs of each arm against a baseline arm per domain and rung, and its "
+                                        "trend with scale")
+    common(q)
+    q.add_argument("--baseline", required=True, help="value of the arm column naming the baseline arm")
+    q.add_argument("--arm", default="arm", help="arm column (default arm)")
+    q.add_argument("--rung", default="rung", help="rung column (default rung)")
+    q.add_argument("--x", default="train_flops", help="compute column (default train_flops)")
+    q.add_argument("--domains", help="comma-separated domains (default: every bpb_<domain> column, and 'all' for bpb)")
+    q.add_argument("--block", help="only the runs of this sweep block (a `block` column)")
+    q.add_argument("--bootstrap", type=int, default=200,
+                   help="bootstrap resamples of each baseline law (default 200)")
+    add_ci_level_and_seed(q)
+    add_floor_arg(q)
+    q.set_defaults(handler=run_arms)
+
+
+def _pct(value: float) -> str:
+    return f"{value - 1:+.1%}"
+
+
+def run_arms(args: argparse.Namespace) -> int:
+    from fits.eg_scaling import eg_by_domain
+    from fits.errors import FitError
+
+    from ladder.cli.fit.inputs import finish, input_error, load_input
+
+    if not 0 < args.ci_level < 1:
+        raise LadderInputError(f"must be in (0, 1), got {args.ci_level}", field="--ci-level")
+    if args.bootstrap < 0:
+        raise LadderInputError(f"must be 0 or more, got {args.bootstrap}", field="--bootstrap")
+    df, source = load_input(args)
+    where = source.get("csv") or f"experiment {source.get('experiment')}"
+    for column in (args.arm, args.rung, args.x):
+        if column not in df.columns:
+            raise LadderInputError(f"no such column; the table has {sorted(map(str, df.columns))}", where=where,
+                                   field=column)
+    if args.block:
+        if "block" not in df.columns or args.block not in set(df["block"].astype(str)):
+            raise LadderInputError(f"no runs of block {args.block!r}", where=where, field="--block")
+        df = df[df["block"].astype(str) == args.block]
+    df = df.assign(**{args.arm: df[args.arm].astype(str)})
+    domains = [d.strip() for d in args.domains.split(",") if d.strip()] if args.domains else None
+    try:
+        out = eg_by_domain(df, arm=args.arm, baseline=args.baseline, rung=args.rung, flops=args.x, domains=domains,
+                           bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed, floor=args.floor)
+    except FitError as err:
+        raise input_error(err, source) from None
+    payload = {**out, "source": source}
+    if args.plot:
+        from fits.eg_plots import plot_eg_by_domain
+
+        plot_eg_by_domain(out, args.plot)
+        payload["plot"] = args.plot
+    metrics = {f"{arm}/{domain}/{r['rung']}": r["eg"] for arm, per in out["arms"].items()
+               for domain, cell in per.items() for r in cell["rungs"]}
+    finish(args, payload, source, df, None, metrics)
+    if args.json:
+        print_json(payload)
+        return 0
+    rows, trends = [], []
+    for arm, per in out["arms"].items():
+        for domain, cell in per.items():
+            for r in cell["rungs"]:
+                iv = r["interval"]
+                rows.append([arm, domain, str(r["rung"]), _pct(r["eg"]),
+                             f"[{_pct(iv[0])}, {_pct(iv[1])}]" if iv else "n/a", r["verdict"]])
+            t = cell["trend"]
+            iv = t.get("interval")
+            trends.append([arm, domain, f"{t['slope']:+.3f}" if t.get("slope") is not None else "-",
+                           f"[{iv[0]:+.3f}, {iv[1]:+.3f}]" if iv else "n/a", t["verdict"]])
+    level = f"{out['ci_level']:.0%}"
+    stdout_console.print(make_table(f"EG_FLOPs − 1 against {out['baseline']} ({level} intervals)",
+                                    ["arm", "domain", "rung", "EG − 1", "interval", "reading"], rows))
+    stdout_console.print(make_table(f"trend: slope of log EG against log compute ({level} intervals)",
+                                    ["arm", "domain", "slope", "interval", "reading"], trends))
+    for domain, error in out["errors"].items():
+        print(f"{domain}: no baseline law ({error})", file=sys.stderr)
+    return 0

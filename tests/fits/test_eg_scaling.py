@@ -1,0 +1,117 @@
+"""EG per arm, domain and rung, and its trend with scale (fits.eg_scaling), on run tables drawn from
+known laws: an arm that is the baseline again, one shifted by a constant compute factor, one whose
+shift grows with compute."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fits.eg_scaling import domain_columns, eg_by_domain, eg_trend, eg_verdict
+from fits.errors import FitInputError
+
+COMPUTE = np.geomspace(1e12, 4e13, 5)  # five rungs over 40x: the baseline law has intervals from five
+DOMAINS = {"code": (0.8, 40.0, 0.12), "web": (1.0, 30.0, 0.10)}  # E, A, alpha
+
+
+def law(domain: str, C):
+    E, A, alpha = DOMAINS[domain]
+    return E + A * np.asarray(C, dtype=float) ** (-alpha)
+
+
+def runs_table(arms: dict, *, seeds=(0, 1), noise=0.003, rng_seed=0) -> pd.DataFrame:
+    """One row per (arm, rung, seed): `arms[name](C)` is the compute at which the baseline's law gives
+    the arm's loss (the identity for the baseline), so the arm's true EG at C is arms[name](C) / C."""
+    rng = np.random.default_rng(rng_seed)
+    rows = []
+    for name, effective in arms.items():
+        for i, C in enumerate(COMPUTE):
+            for seed in seeds:
+                row = {"arm": name, "rung": i + 2, "seed": seed, "train_flops": C}
+                for domain in DOMAINS:
+                    row[f"bpb_{domain}"] = float(law(domain, effective(C))) * (1 + noise * rng.standard_normal())
+                    row[f"bpb_se_{domain}"] = 0.001
+                row["bpb"] = np.mean([row[f"bpb_{d}"] for d in DOMAINS])
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_domains_are_the_bpb_columns_and_not_their_standard_errors():
+    df = runs_table({"baseline": lambda C: C}, seeds=(0,))
+    assert domain_columns(df) == {"code": "bpb_code", "web": "bpb_web", "all": "bpb"}
+
+
+def test_an_arm_equal_to_the_baseline_has_no_measured_gain():
+    out = eg_by_domain(runs_table({"baseline": lambda C: C, "again": lambda C: C}), domains=["code", "web"])
+    for domain in ("code", "web"):
+        cell = out["arms"]["again"][domain]
+        for r in cell["rungs"]:
+            lo, hi = r["interval"]
+            assert lo < 1 < hi and r["verdict"] == "no measured gain"
+        lo, hi = cell["trend"]["interval"]
+        assert lo < 0 < hi and cell["trend"]["verdict"] == "no measured trend"
+
+
+def test_a_constant_compute_factor_is_recovered_with_a_flat_trend():
+    k = 1.3
+    out = eg_by_domain(runs_table({"baseline": lambda C: C, "dedup": lambda C: k * C}), domains=["code", "web"])
+    for domain in ("code", "web"):
+        cell = out["arms"]["dedup"][domain]
+        for r in cell["rungs"]:
+            lo, hi = r["interval"]
+            assert lo < k < hi
+            assert r["eg"] == pytest.approx(k, rel=0.2)
+        trend = cell["trend"]
+        assert trend["interval"][0] < 0 < trend["interval"][1]
+        assert abs(trend["slope"]) < 0.1
+
+
+def test_a_gain_growing_with_compute_has_its_slope_recovered():
+    b, C0 = 0.15, COMPUTE[0]
+    out = eg_by_domain(runs_table({"baseline": lambda C: C, "diverse": lambda C: C * (C / C0) ** b}, noise=0.001),
+                       domains=["code"])
+    trend = out["arms"]["diverse"]["code"]["trend"]
+    lo, hi = trend["interval"]
+    assert lo < b < hi and lo > 0
+    assert trend["verdict"] == "grows with scale"
+    assert trend["slope"] == pytest.approx(b, abs=0.05)
+    assert trend["method"] == "wls" and trend["dof"] == 3
+
+
+def test_the_trend_of_exact_points_is_their_slope_and_two_rungs_give_no_interval():
+    x = np.log([1e12, 1e13, 1e14])
+    eg = np.exp(0.05 + 0.1 * x)
+    intervals = [[v / 1.1, v * 1.1] for v in eg]
+    t = eg_trend(x, eg, intervals)
+    assert t["slope"] == pytest.approx(0.1, rel=1e-9)
+    assert t["birge_ratio"] == 1.0  # exact points: the rungs' own intervals set the width, never less
+    # The half-width: t(1) · σ / sqrt(Σ w (x - x̄)²), σ = log(1.1²) / (2 z).
+    from scipy import stats
+
+    sigma = 2 * math.log(1.1) / (2 * stats.norm.ppf(0.975))
+    se = sigma / math.sqrt(np.sum((x - x.mean()) ** 2))
+    assert t["interval"][1] - t["slope"] == pytest.approx(stats.t.ppf(0.975, 1) * se, rel=1e-9)
+    two = eg_trend(x[:2], eg[:2], intervals[:2])
+    assert two["slope"] == pytest.approx(0.1, rel=1e-9) and two["interval"] is None
+    unweighted = eg_trend(x, eg * np.array([1.0, 1.02, 1.0]), [None, None, None])
+    assert unweighted["method"] == "ols" and unweighted["interval"][0] < unweighted["slope"] < unweighted["interval"][1]
+
+
+def test_verdicts_of_an_interval():
+    assert eg_verdict([1.01, 1.2]) == "gain"
+    assert eg_verdict([0.8, 0.99]) == "loss"
+    assert eg_verdict([0.9, 1.1]) == "no measured gain"
+    assert eg_verdict(None) == "no interval"
+
+
+def test_bad_inputs_are_named():
+    df = runs_table({"baseline": lambda C: C, "x": lambda C: C}, seeds=(0,))
+    with pytest.raises(FitInputError, match="unknown domains"):
+        eg_by_domain(df, domains=["maths"])
+    with pytest.raises(FitInputError, match="baseline"):
+        eg_by_domain(df, baseline="none", domains=["code"])
+    with pytest.raises(FitInputError, match="bpb_<domain>"):
+        eg_by_domain(df[["arm", "rung", "train_flops"]])

@@ -1,0 +1,61 @@
+"""`ladder fit arms --csv`: one JSON object, a table, a figure, and bad input as exit 2 with one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ladder.cli import main
+from tests.fits.test_eg_scaling import runs_table
+
+
+@pytest.fixture(scope="module")
+def csv(tmp_path_factory):
+    path = tmp_path_factory.mktemp("arms") / "runs.csv"
+    runs_table({"baseline": lambda C: C, "dedup": lambda C: 1.3 * C}).to_csv(path, index=False)
+    return path
+
+
+def run(capsys, *argv):
+    code = main(["fit", "arms", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_has_each_arm_domain_and_rung_with_intervals_and_a_trend(csv, tmp_path, capsys):
+    png = tmp_path / "eg.png"
+    code, out, _ = run(capsys, "--csv", str(csv), "--baseline", "baseline", "--domains", "code,web",
+                       "--bootstrap", "100", "--plot", str(png), "--json")
+    assert code == 0
+    payload = json.loads(out)
+    assert payload["domains"] == ["code", "web"] and list(payload["arms"]) == ["dedup"]
+    for domain in ("code", "web"):
+        cell = payload["arms"]["dedup"][domain]
+        assert [r["rung"] for r in cell["rungs"]] == [2, 3, 4, 5, 6]
+        assert all(r["interval"][0] < 1.3 < r["interval"][1] for r in cell["rungs"])
+        assert {"slope", "interval", "verdict"} <= set(cell["trend"])
+    assert payload["plot"] == str(png) and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_table_names_the_readings(csv, capsys):
+    code, out, _ = run(capsys, "--csv", str(csv), "--baseline", "baseline", "--domains", "code", "--bootstrap", "50")
+    assert code == 0
+    assert "EG_FLOPs" in out and "trend" in out and "dedup" in out and "gain" in out
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--baseline", "nope"], "arm"),
+    (["--baseline", "baseline", "--domains", "maths"], "domains"),
+    (["--baseline", "baseline", "--rung", "L"], "L"),
+    (["--baseline", "baseline", "--ci-level", "1.5"], "--ci-level"),
+])
+def test_bad_input_exits_2_with_one_line_naming_the_field(csv, capsys, argv, field):
+    code, out, err = run(capsys, "--csv", str(csv), *argv)
+    assert code == 2 and out == ""
+    assert field in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_missing_file_exits_2(tmp_path, capsys):
+    code, _, err = run(capsys, "--csv", str(tmp_path / "none.csv"), "--baseline", "baseline")
+    assert code == 2 and "none.csv" in err
