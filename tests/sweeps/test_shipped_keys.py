@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ladder.plan.recipe import load_recipe
 from sweeps.plan import plan_sweep
 from sweeps.spec import available_specs, load_spec
 
@@ -21,8 +22,16 @@ KEYS_FILE = Path(__file__).with_name("shipped_trial_keys.json")
 def keyed_specs() -> list[str]:
     """Shipped specs whose keys are the same on every machine. A data arm's key carries the content hash of
     the corpus it names, built on the machine that runs it (sweeps/data_curation.yaml, by
-    scripts/build_curation_arms.py); its keys are tested in tests/sweeps/test_data_arms.py."""
-    return [n for n in available_specs() if not any(b.has_data_arms for b in load_spec(n).blocks)]
+    scripts/build_curation_arms.py); its keys are tested in tests/sweeps/test_data_arms.py. A spec whose recipe
+    (or itself) names a corpus by `data:` keys the manifest's absolute path, which depends on where the
+    checkout is (sweeps/independent_check.yaml; tests/scripts/test_build_machine_corpus.py plans it)."""
+    return [n for n in available_specs()
+            if not any(b.has_data_arms for b in load_spec(n).blocks) and not _names_a_corpus(n)]
+
+
+def _names_a_corpus(name: str) -> bool:
+    spec = load_spec(name)
+    return spec.data is not None or load_recipe(spec.recipe).data is not None
 
 
 def shipped_trial_keys() -> dict[str, dict[str, str]]:
