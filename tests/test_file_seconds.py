@@ -47,7 +47,7 @@ def test_junit_times_are_summed_per_file_set_up_included(tmp_path):
         "</testsuite></testsuites>")
     assert file_seconds_from_junit(xml) == {"tests/rungs/test_y.py": 4.0, "tests/ladder/test_x.py": 3.8,
                                             "tests/test_z.py": 0.1}
-    assert module_path("tests.rungs.dist.test_launch") == "tests/rungs/dist/test_launch.py"
+    assert module_path("tests.rungs.parallel.test_launch") == "tests/rungs/parallel/test_launch.py"
 
 
 def test_a_missing_table_orders_nothing(tmp_path):

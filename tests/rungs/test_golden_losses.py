@@ -100,7 +100,7 @@ def _sharded_job(rank: int, world: int, cfg: dict, run_dir: Path, out: Path) -> 
 
 
 def two_worker_losses(work_dir: Path, threads: int = 1) -> list[float]:
-    from tests.rungs.dist.spawn import run_ranks
+    from tests.rungs.parallel.spawn import run_ranks
 
     out = work_dir / "losses.json"
     run_ranks(_sharded_job, WORKERS, golden_config(threads), work_dir / "run", out)

@@ -283,7 +283,7 @@ def _dist_chunk_worker(rank: int, world: int) -> None:
 def test_dist_muon_in_bounded_batches_equals_one_batch():
     """3 gloo ranks, row-sharded, expert-sharded and replicated stacks of one matrix shape: batches
     of 1 and 3 matrices give the parameters of one batch."""
-    from tests.rungs.dist.spawn import run_ranks
+    from tests.rungs.parallel.spawn import run_ranks
 
     run_ranks(_dist_chunk_worker, 3)
 

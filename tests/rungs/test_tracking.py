@@ -78,7 +78,7 @@ def test_steps_a_resumed_job_runs_again_are_stored_once(tmp_path: Path) -> None:
 def test_failing_finish_with_the_store_gone_returns_promptly_and_raises_nothing(tmp_path: Path, caplog) -> None:
     import threading
 
-    from tests.rungs.dist.spawn import free_port
+    from tests.rungs.parallel.spawn import free_port
 
     tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "gone", tmp_path / "run", run_name="r", tags={},
                       params={})

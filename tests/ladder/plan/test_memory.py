@@ -29,7 +29,7 @@ from rungs.architecture import ModelConfig
 from rungs.model import Transformer
 from rungs.held_weights import held_expert_weights
 from rungs.router import load_balancing_loss
-from tests.rungs.dist.spawn import run_ranks
+from tests.rungs.parallel.spawn import run_ranks
 
 # window = seq_len: every layer takes the flash (is_causal) kernel the GPU path uses for all layers
 # (on CPU a narrower window runs a chunked SDPA that saves key/value copies a GPU does not make).

@@ -3,7 +3,7 @@
 the steps' losses equal a single-process, single-device run.
 
 AGC is off here, as the engine alone is under test; the whole job on Ray workers with AGC on (its
-readout gathered across processes) is tests/rungs/dist/test_one_loop.py's JAX test.
+readout gathered across processes) is tests/rungs/parallel/test_one_loop.py's JAX test.
 """
 
 from __future__ import annotations

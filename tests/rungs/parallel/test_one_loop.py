@@ -12,7 +12,7 @@ import pytest
 
 from rungs.launch import train_sharded
 from rungs.train import train
-from tests.rungs.dist.spawn import run_ranks
+from tests.rungs.parallel.spawn import run_ranks
 from tests.rungs.train_helpers import tiny_config
 from tests.xla_flags import jax_subprocess_env
 
@@ -124,7 +124,7 @@ def test_two_jax_workers_on_ray_train_as_one_process_on_four_devices_and_write_o
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = jax_subprocess_env(4)
     one_cfg = _jax_config(uri, "one")
-    proc = subprocess.run([sys.executable, "-c", "from tests.rungs.dist.test_one_loop import "
+    proc = subprocess.run([sys.executable, "-c", "from tests.rungs.parallel.test_one_loop import "
                            f"_one_jax_process_on_four_devices as f; f({json.dumps(one_cfg)!r}, "
                            f"{str(tmp_path / 'one')!r})"], cwd=REPO, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -38,8 +38,8 @@ from rungs.optim import clip_grad_norm_
 from rungs.parallel import dist_checkpoint
 from rungs.parallel.distributed import build_model, build_optimizer, setup, train_step
 from rungs.router import load_balancing_loss
-from tests.rungs.dist.spawn import run_ranks
-from tests.rungs.dist.test_distributed_train import CFG, _whole
+from tests.rungs.parallel.spawn import run_ranks
+from tests.rungs.parallel.test_distributed_train import CFG, _whole
 
 # vocab 49 over 4 ranks: FSDP's chunks are 13, 13, 13, 10 rows
 UNEVEN = dataclasses.replace(CFG, vocab_size=49)

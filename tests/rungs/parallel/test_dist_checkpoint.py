@@ -13,8 +13,8 @@ import torch
 from rungs.parallel import dist_checkpoint
 from rungs.parallel.distributed import build_optimizer, parallelize, setup, train_step
 from rungs.model import Transformer
-from tests.rungs.dist.spawn import run_ranks
-from tests.rungs.dist.test_distributed_train import CFG, CLIP, LB, LR, SEQS_PER_RANK, WD, _batches, _compare, _single, _whole
+from tests.rungs.parallel.spawn import run_ranks
+from tests.rungs.parallel.test_distributed_train import CFG, CLIP, LB, LR, SEQS_PER_RANK, WD, _batches, _compare, _single, _whole
 
 
 def _job(rank: int, world: int, dp: int, ep: int, steps: range, ckpt, load: bool, save: bool):

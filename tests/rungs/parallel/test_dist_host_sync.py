@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.rungs.dist.spawn import run_ranks
+from tests.rungs.parallel.spawn import run_ranks
 from tests.rungs.train_helpers import tiny_config
 
 # AGC's work after the step (`ShardedTorchEngine._end_agc_step`): decoding an event's context from the

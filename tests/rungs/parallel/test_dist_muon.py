@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from rungs.parallel.dist_muon import DistMuon, DistMuonError
-from tests.rungs.dist.spawn import run_ranks
+from tests.rungs.parallel.spawn import run_ranks
 
 COEFFS = (3.4445, -4.7750, 2.0315)
 LR, WD, MOMENTUM = 0.05, 0.1, 0.9

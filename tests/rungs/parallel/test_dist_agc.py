@@ -18,8 +18,8 @@ from rungs.parallel.distributed import build_optimizer, parallelize, setup, trai
 from rungs.model import Transformer
 from rungs.optim import build_optimizer as single_optimizer
 from rungs.optim import clip_grad_norm_
-from tests.rungs.dist.spawn import run_ranks
-from tests.rungs.dist.test_distributed_train import CFG, CLIP, LR, SEQS_PER_RANK, WD, _batches, _whole
+from tests.rungs.parallel.spawn import run_ranks
+from tests.rungs.parallel.test_distributed_train import CFG, CLIP, LR, SEQS_PER_RANK, WD, _batches, _whole
 
 
 def _threshold(world: int) -> float:

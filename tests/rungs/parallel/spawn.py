@@ -46,5 +46,5 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any) -> None:
 
 
 _PRELOAD = ["torch", "torch.distributed", "rungs.parallel.distributed", "rungs.parallel.expert_parallel", "rungs.parallel.dist_muon",
-            "rungs.model", "tests.rungs.dist.spawn"]
+            "rungs.model", "tests.rungs.parallel.spawn"]
 mp.set_forkserver_preload(_PRELOAD)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from rungs.host_sync import HostSyncCounter
 from rungs.moe import RoutedExperts
 from rungs.parallel.expert_parallel import ExpertParallelError, ExpertParallelExperts, check_layout, peak_allocated_bytes
-from tests.rungs.dist.spawn import run_ranks
+from tests.rungs.parallel.spawn import run_ranks
 
 E, LATENT, HIDDEN, K, TOKENS = 8, 32, 64, 2, 48
 

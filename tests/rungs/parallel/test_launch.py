@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rungs.launch import train_sharded
-from tests.rungs.dist.spawn import run_ranks
+from tests.rungs.parallel.spawn import run_ranks
 from tests.rungs.train_helpers import tiny_config
 
 
@@ -65,7 +65,7 @@ def test_torchrun_entry_point_trains_one_rung_expert_parallel(tmp_path):
     import subprocess
     import sys
 
-    from tests.rungs.dist.spawn import free_port
+    from tests.rungs.parallel.spawn import free_port
 
     cfg = tiny_config(max_steps=2, agc=False)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
