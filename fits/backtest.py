@@ -6,8 +6,10 @@
   loop), predicting the next rung from those below it, so the error can be watched shrinking.
 
 The interval is a prediction interval for a new run (or the mean of the held-out rung's runs): the law's
-parameter uncertainty, the run's seed noise and its held-out sampling error, Student-t with the
-residual dof plus the noise model's (`fits.prediction`; each source's share is in `interval.shares`).
+parameter uncertainty and the run's seed noise, Student-t with the residual dof plus the noise model's
+(`fits.prediction`; each source's share is in `interval.shares`). The held-out set's sampling error is
+shared by every rung (all are scored on the same documents), so it cancels in a prediction from the
+rungs below and is left out; its size is reported as `heldout_sampling_common` (± at the interval's level).
 Resampling the fit's own residuals, as it once did, kept 2 residual dof of 5 rungs and understated the
 noise: on a corpus the ladder was never tuned on two of five domains fell outside. It follows the one interval rule of the
 fit below the top (`FitResult.interval_note`): where that fit has no interval (its rungs are too few
@@ -29,13 +31,14 @@ import pandas as pd
 
 from fits.errors import FitError, FitInputError
 from fits.power_law import MIN_DISTINCT_X, PowerLawResult, fit_power_law
+from fits.prediction import HELDOUT_COMMON_NOTE
 from fits.validate import numeric_column, require_columns
 
 
 def prediction_interval(fit: PowerLawResult, x: np.ndarray, ci_level: float, *, eval_variance=0.0,
                         n_runs=1) -> dict[str, Any]:
-    """The interval of a new run (the mean of `n_runs`) at x: parameter uncertainty, seed noise and
-    held-out sampling error, t-based (`fits.prediction`)."""
+    """The interval of a new run (the mean of `n_runs`) at x: parameter uncertainty and seed noise, t-based;
+    the held-out set's common sampling error is reported beside it (`fits.prediction`)."""
     return fit.new_run_interval(x, ci_level, eval_variance=eval_variance, n_runs=n_runs)
 
 
@@ -47,7 +50,7 @@ def backtest_floor(floor: str) -> str:
 
 def _heldout_noise(test: pd.DataFrame, x: str, y: str, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
     """Per held-out x: how many runs its measured value averages, and their mean (se/y)² where the
-    table has the standard-error column `<y>_se` (0 otherwise)."""
+    table has the standard-error column `<y>_se` (0 otherwise): reported, not in the interval."""
     n_runs = test.groupby(x)[y].size().reindex(xs).to_numpy(dtype=float)
     se_col = f"{y}_se"
     if se_col not in test.columns or not np.all(np.isfinite(pd.to_numeric(test[se_col], errors="coerce"))):
@@ -79,7 +82,9 @@ def _predict_rows(fit: PowerLawResult, test: pd.DataFrame, x: str, y: str, ci_le
                      "interval": {"method": "delta method + noise model, Student-t", "dof": iv["dof"], "t": iv["t"],
                                   "shares": {s: float(v[k]) for s, v in iv["shares"].items()},
                                   "sd_log": {s: float(v[k]) for s, v in iv["sd_log"].items()},
-                                  "heldout_se_measured": measured, "noise_scale": model.scale,
+                                  "heldout_se_measured": measured,
+                                  "heldout_sampling_common": float(iv["heldout_sampling_common"][k]) if measured else None,
+                                  "heldout_sampling_note": HELDOUT_COMMON_NOTE, "noise_scale": model.scale,
                                   "residual_scale": model.residual_scale, "noise_source": model.noise_source}})
     return rows
 

@@ -9,7 +9,8 @@
   law refitted against wall seconds). EG > 1 means the change saves compute; the report quotes
   EG − 1 (activation gradient clipping: +2% at L18 growing to +28% at L42).
 An EG's interval carries the baseline law's parameter uncertainty and the candidate's measured BPB's
-own noise (one run's seed noise: EG is read off a single noisy point) through the law's slope
+own noise (one run's seed noise: EG is read off a single noisy point; the arms share the held-out sets,
+so their sampling error is common to both and cancels) through the law's slope
 (`fits.prediction.PredictionModel.inverse_interval`, Student-t; coverage measured in docs/fits.md);
 the iso-BPB multipliers' intervals come from the bootstrap draws of the laws (the reference's BPB is
 a published number). Both only where the one interval rule allows the law one (`FitResult.interval_note`); elsewhere the interval is null and

@@ -93,6 +93,8 @@ def bpb_from_law(law: PowerLawResult, train_flops: float, level: float = 0.95) -
         out["interval"] = [float(iv["lo"][0]), float(iv["hi"][0])]
         out["interval_kind"] = "prediction interval of one run (fits.prediction)"
         out["interval_shares"] = {k: float(v[0]) for k, v in iv["shares"].items()}
+        if law.prediction_model.heldout_variance > 0:  # the BPB is the held-out set's: its error is common
+            out["heldout_sampling_common"] = float(iv["heldout_sampling_common"][0])
     elif note is None:  # a laws file saved before the prediction model: the bootstrap band of the law
         lo, hi = law.predict_interval([train_flops], level)
         out["interval"] = [float(lo[0]), float(hi[0])]

@@ -101,5 +101,7 @@ def card_rows(card: dict[str, Any]) -> list[list[str]]:
             from fits.prediction import describe_shares
 
             interval += f" ({describe_shares(b['interval_shares'])})"
+        if b.get("heldout_sampling_common"):  # the BPB is on the ladder's held-out set; the domain's own differs
+            interval += f"; held-out set ±{b['heldout_sampling_common']:.1%} common to every rung, not in it"
         rows.append([f"BPB {domain}", f"{b['value']:.4f}{ext}", interval])
     return rows

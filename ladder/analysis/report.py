@@ -178,4 +178,6 @@ def _width(prediction: dict) -> str:
         return ""
     from fits.prediction import describe_shares
 
-    return f"±{prediction['half_width_rel']:.1%} ({describe_shares(prediction['interval']['shares'])})"
+    text = f"±{prediction['half_width_rel']:.1%} ({describe_shares(prediction['interval']['shares'])})"
+    common = prediction["interval"].get("heldout_sampling_common")
+    return text + (f"; held-out set ±{common:.1%}, common to every rung (not in the interval)" if common else "")

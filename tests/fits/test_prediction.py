@@ -68,17 +68,22 @@ def test_repeated_seeds_are_pooled_with_the_model_by_their_dof():
     assert replicate_variance(np.arange(4.0), np.zeros(4)) [1] == 0
 
 
-def test_the_heldout_standard_error_column_widens_the_interval_and_shows_its_share():
+def test_the_heldout_standard_error_is_common_to_every_rung_and_reported_beside_the_interval():
+    """Every rung is scored on the same held-out documents: a 3% standard error is a shift of the whole
+    curve, not independent noise per run, so a ladder on a law up to small seed noise predicts its top
+    rung as tightly with the se column as without it, and says how large the common error is."""
     rng = np.random.default_rng(0)
-    y = np.exp(np.log(50.0 * X ** -0.11) + 0.008 * rng.standard_normal(6))
+    y = np.exp(np.log(50.0 * X ** -0.11) + 0.004 * rng.standard_normal(6))
     df = pd.DataFrame({"train_flops": X, "bpb": y})
     plain = holdout_backtest(df, bootstrap=100)["predictions"][0]
-    with_se = holdout_backtest(df.assign(bpb_se=0.02 * y), bootstrap=100)["predictions"][0]
-    assert plain["interval"]["shares"]["heldout_sampling"] == 0.0
-    assert not plain["interval"]["heldout_se_measured"]
+    with_se = holdout_backtest(df.assign(bpb_se=0.03 * y), bootstrap=100)["predictions"][0]
+    assert set(with_se["interval"]["shares"]) == {"parameters", "seed_noise"}
+    assert not plain["interval"]["heldout_se_measured"] and plain["interval"]["heldout_sampling_common"] is None
     assert with_se["interval"]["heldout_se_measured"]
-    assert with_se["interval"]["shares"]["heldout_sampling"] > 0.3
-    assert with_se["half_width_rel"] > plain["half_width_rel"]
+    assert with_se["interval"]["heldout_sampling_common"] == pytest.approx(np.expm1(1.959964 * 0.03), rel=1e-4)
+    assert "shared by every rung" in with_se["interval"]["heldout_sampling_note"]
+    assert with_se["half_width_rel"] <= plain["half_width_rel"] * 1.03
+    assert with_se["half_width_rel"] < 0.5 * np.expm1(1.96 * 0.03)
 
 
 def test_a_law_saved_to_json_predicts_the_same_interval():

@@ -161,6 +161,9 @@ def _table_row(f: dict[str, Any], y: str, law) -> list[Any]:
         from fits.prediction import describe_shares
 
         width = f"±{pred['half_width_rel']:.1%} ({describe_shares(pred['interval']['shares'])})"
+        common = pred["interval"].get("heldout_sampling_common")
+        if common:  # the held-out set's error moves every rung alike: beside the interval, not in it
+            width += f"; held-out set ±{common:.1%} common to every rung*"
     if law is None:
         return [f["group"] or y, "not fitted", "-", "-", "-", f["n_points"], held_out, inside, width]
     ci = f["ci"].get("alpha")
@@ -184,6 +187,11 @@ def _notes(fits: list[dict[str, Any]], y: str, no_floor: bool) -> None:
             print(f"{label}: interval not available: {f['interval']['reason']}", file=sys.stderr)
     if no_floor:
         print(NO_FLOOR_HINT, file=sys.stderr)
+    if any((p.get("interval") or {}).get("heldout_sampling_common") for f in fits
+           for p in (f.get("backtest") or {}).get("predictions") or []):
+        from fits.prediction import HELDOUT_COMMON_NOTE
+
+        print(f"* {HELDOUT_COMMON_NOTE}", file=sys.stderr)
 
 
 def _backtest(part: pd.DataFrame, x: str, y: str, args: argparse.Namespace,
