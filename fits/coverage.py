@@ -2,8 +2,9 @@
 and the share of held-out truths that fall inside the prediction intervals (`fits.prediction`).
 
 A draw: rungs at the given compute, `seeds` runs each, log BPB = log(E + A·C^(−α)) + seed noise (+ held-out
-sampling noise where `heldout_se` is given, with the standard error passed to the interval as a runs
-table's `<y>_se` column would). The seed sd of each draw's ladder is the noise model's
+sampling error where `heldout_se` is given: one δ per ladder, shared by all its rungs, the target run and a
+candidate arm, as every run of a ladder is scored on the same held-out documents; its standard error is
+passed to the interval as a runs table's `<y>_se` column would). The seed sd of each draw's ladder is the noise model's
 (`fits.noise.SEED_NOISE_LOG_SD`) times exp(0.27·N(0, 1)): domains differ in noise by that much
 (`fits.noise`), and the interval does not know a draw's own sd. Every draw is fitted at once by the
 batched solver (`fits.batched`, the bootstrap's) from the true law, with the production's Huber δ and
@@ -56,13 +57,14 @@ def _residual_fn(z: np.ndarray, log_y: np.ndarray):
 
 def _draw(rng: np.random.Generator, law: SyntheticLaw, x: np.ndarray, draws: int,
           heldout_se: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """(log y (draws, n), eval variance (draws, n) or None)."""
+    """(log y (draws, n), eval variance (draws, n) or None): the held-out error is one δ per draw (ladder),
+    the same at every x."""
     sd = SEED_NOISE_LOG_SD * np.exp(DOMAIN_SPREAD * rng.standard_normal((draws, 1)))
     log_y = law.log_bpb(x)[None, :] + sd * rng.standard_normal((draws, len(x)))
     if heldout_se is None:
         return log_y, None
     se = rng.uniform(*heldout_se, size=(draws, 1)) * np.ones((1, len(x)))
-    return log_y + se * rng.standard_normal((draws, len(x))), se**2
+    return log_y + se[:, :1] * rng.standard_normal((draws, 1)), se**2
 
 
 def batched_fit(x: np.ndarray, log_y: np.ndarray, law: SyntheticLaw, *, delta: float = HUBER_DELTA,
@@ -112,14 +114,16 @@ def backtest_coverage(law: SyntheticLaw, rungs: np.ndarray, *, seeds: int = 1, d
 
 def card_coverage(law: SyntheticLaw, rungs: np.ndarray, *, target_factor: float = 10.0, seeds: int = 1,
                   draws: int = 400, levels: tuple[float, ...] = (0.95, 0.8), seed: int = 0,
-                  delta: float = HUBER_DELTA, floor: str = "auto") -> dict[str, float]:
-    """Share of draws whose new run at target_factor × the top compute lies inside the card's interval."""
+                  delta: float = HUBER_DELTA, floor: str = "auto",
+                  heldout_se: tuple[float, float] | None = None) -> dict[str, float]:
+    """Share of draws whose new run at target_factor × the top compute, scored on the same held-out set,
+    lies inside the card's interval."""
     rng = np.random.default_rng(seed)
     x = np.repeat(rungs, seeds)
     target = rungs[-1] * target_factor
-    log_y, _ = _draw(rng, law, np.append(x, target), draws, None)
+    log_y, eval_var = _draw(rng, law, np.append(x, target), draws, heldout_se)
     theta, log_x0, nested = batched_fit(x, log_y[:, :-1], law, delta=delta, floor=floor)
-    models = _models(x, log_y[:, :-1], None, theta, log_x0, nested)
+    models = _models(x, log_y[:, :-1], None if eval_var is None else eval_var[:, :-1], theta, log_x0, nested)
     actual = np.exp(log_y[:, -1])
     out = {}
     for level in levels:
@@ -131,16 +135,18 @@ def card_coverage(law: SyntheticLaw, rungs: np.ndarray, *, target_factor: float 
 
 def efficiency_coverage(law: SyntheticLaw, rungs: np.ndarray, *, multiplier: float = 1.2, rung: int = -2,
                         seeds: int = 1, draws: int = 400, levels: tuple[float, ...] = (0.95, 0.8), seed: int = 0,
-                        delta: float = HUBER_DELTA, floor: str = "auto") -> dict[str, float]:
+                        delta: float = HUBER_DELTA, floor: str = "auto",
+                        heldout_se: tuple[float, float] | None = None) -> dict[str, float]:
     """Share of draws whose true EG (`multiplier`) lies inside the interval of EG = C_base(y_cand) / C_cand,
-    the candidate measured by one run at `rungs[rung]` (its law: the baseline's at multiplier × compute)."""
+    the candidate measured by one run at `rungs[rung]` (its law: the baseline's at multiplier × compute),
+    scored on the baseline's held-out set (one δ for both arms)."""
     rng = np.random.default_rng(seed)
     x = np.repeat(rungs, seeds)
     c_cand = rungs[rung]
-    log_y, _ = _draw(rng, law, x, draws, None)
-    cand, _ = _draw(rng, law, np.array([c_cand * multiplier]), draws, None)
+    both, eval_var = _draw(rng, law, np.append(x, c_cand * multiplier), draws, heldout_se)
+    log_y, cand = both[:, :-1], both[:, -1:]
     theta, log_x0, nested = batched_fit(x, log_y, law, delta=delta, floor=floor)
-    models = _models(x, log_y, None, theta, log_x0, nested)
+    models = _models(x, log_y, None if eval_var is None else eval_var[:, :-1], theta, log_x0, nested)
     out = {}
     for level in levels:
         ivs = [m.inverse_interval(np.exp(cand[b]), level) for b, m in enumerate(models)]
