@@ -109,3 +109,16 @@ def test_the_inverse_interval_is_the_prediction_interval_through_the_slope():
     h = 1e-4  # |d log ŷ / d log x| by finite differences
     slope = abs(np.log(fit.predict([X[3] * np.exp(h)])[0] / fit.predict([X[3] * np.exp(-h)])[0]) / (2 * h))
     assert inv["half_width_log"][0] == pytest.approx(fwd["half_width_log"][0] / slope, rel=1e-5)
+
+
+def test_the_card_shows_the_common_heldout_error_beside_an_interval_that_leaves_it_out():
+    from fits.extrapolate import bpb_from_law
+
+    rng = np.random.default_rng(3)
+    y = np.exp(np.log(50.0 * X ** -0.11) + 0.006 * rng.standard_normal(6))
+    df = pd.DataFrame({"train_flops": X, "bpb": y})
+    plain = bpb_from_law(fit_power_law(df, bootstrap=100, floor="auto"), 1e15)
+    with_se = bpb_from_law(fit_power_law(df.assign(bpb_se=0.03 * y), bootstrap=100, floor="auto"), 1e15)
+    assert with_se["interval"] == pytest.approx(plain["interval"], rel=1e-9)
+    assert "heldout_sampling_common" not in plain
+    assert with_se["heldout_sampling_common"] == pytest.approx(np.expm1(1.959964 * 0.03), rel=1e-4)
