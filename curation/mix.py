@@ -44,7 +44,8 @@ def missing_attributes(meta: dict, rules: Rules) -> list[tuple[str, str]]:
     from curation.pipeline import producer_of
 
     have = {s for t in meta["taggers"].values() if t.get("done") for s in t.get("attributes", {})}
-    return [(r, producer_of(RULE_ATTRIBUTES[r])) for r in rules.active() if RULE_ATTRIBUTES[r] not in have]
+    return [(r, producer_of(RULE_ATTRIBUTES[r])) for r in rules.active()
+            if r in RULE_ATTRIBUTES and RULE_ATTRIBUTES[r] not in have]
 
 
 def mix(curation_dir: str | Path, rules: Rules, out: str | Path, *, rules_path: str = "rules") -> dict:
@@ -119,6 +120,9 @@ def _decide(store: Store, units, rules: Rules, sources: list[str]) -> tuple[dict
             for q in rules.quality_rules():
                 for source in q.sources(sources):
                     _keep_top(store, [u for u in units if u.source == source], index, keep, q.keep_top)
+        elif rule == "subsample":
+            for source in sources:
+                _keep_smallest_uids([u for u in units if u.source == source], index, keep, rules.subsample)
         else:
             for u in units:
                 keep[u.name] &= read_npz(store.attributes(RULE_ATTRIBUTES[rule], u.name))["keep"]
@@ -149,6 +153,22 @@ def _keep_top(store: Store, units, index, keep, fraction: float) -> None:
     order = candidates[np.lexsort((uid[candidates], -score[candidates]))]
     new = np.zeros(len(alive), dtype=bool)
     new[order[:n_keep]] = True
+    start = 0
+    for u in units:
+        n = len(keep[u.name])
+        keep[u.name] &= new[start:start + n]
+        start += n
+
+
+def _keep_smallest_uids(units, index, keep, fraction: float) -> None:
+    """Keep the `fraction` of the still-kept documents of these units with the smallest uids: a uid is a hash of
+    the document's id, so this is a uniform random sample, the same on every run and for any file layout."""
+    alive = np.concatenate([keep[u.name] for u in units])
+    uid = np.concatenate([index[u.name]["uid"] for u in units])
+    candidates = np.flatnonzero(alive)
+    order = candidates[np.argsort(uid[candidates], kind="stable")]
+    new = np.zeros(len(alive), dtype=bool)
+    new[order[:int(np.ceil(fraction * len(candidates)))]] = True
     start = 0
     for u in units:
         n = len(keep[u.name])

@@ -6,10 +6,12 @@
     semantic_duplicates: keep_one        # SemDeDup's choice within each semantic cluster
     quality: {source: web, keep_top: 0.3}   # or a list of these; no `source`: every source
     diversity: weight                    # a per-document `weight` field from the diversity weights
+    subsample: 0.5                       # a control: keep this fraction of each source's (still kept) documents,
+                                         # the smallest uids (a hash of the id: a random, reproducible sample)
 
-Filters apply in the order above (exact, near, semantic, quality), each to what the ones before kept, and
-the report counts what each removed. Each rule reads one attribute set, and names the tagger that writes it
-when it is missing.
+Filters apply in the order above (exact, near, semantic, quality, subsample), each to what the ones before kept,
+and the report counts what each removed. Each rule but subsample reads one attribute set, and names the tagger
+that writes it when it is missing.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from rungs.data.errors import DataInputError
 
 RULE_ATTRIBUTES = {"exact_duplicates": "exact", "near_duplicates": "near", "semantic_duplicates": "semantic",
                    "quality": "quality", "diversity": "diversity"}
-FILTER_ORDER = ("exact_duplicates", "near_duplicates", "semantic_duplicates", "quality")
+FILTER_ORDER = ("exact_duplicates", "near_duplicates", "semantic_duplicates", "quality", "subsample")
 
 
 class QualityRule(BaseModel):
@@ -46,9 +48,10 @@ class Rules(BaseModel):
     semantic_duplicates: Literal["keep_one"] | None = None
     quality: QualityRule | list[QualityRule] | None = None
     diversity: Literal["weight"] | None = None
+    subsample: float | None = Field(default=None, gt=0, le=1)
 
     def active(self) -> list[str]:
-        return [r for r in RULE_ATTRIBUTES if getattr(self, r) is not None]
+        return [r for r in (*RULE_ATTRIBUTES, "subsample") if getattr(self, r) is not None]
 
     def quality_rules(self) -> list[QualityRule]:
         if self.quality is None:
@@ -66,7 +69,7 @@ def load_rules(path: str | Path) -> Rules:
     except yaml.YAMLError as err:
         raise DataInputError(f"not valid YAML ({' '.join(str(err).split())})", where=where) from None
     if not isinstance(raw, dict) or not raw:
-        raise DataInputError(f"expected a mapping of rules; valid keys: name, {', '.join(RULE_ATTRIBUTES)}", where=where)
+        raise DataInputError(f"expected a mapping of rules; valid keys: name, {', '.join(RULE_ATTRIBUTES)}, subsample", where=where)
     try:
         return Rules.model_validate(raw)
     except ValidationError as err:
@@ -75,7 +78,7 @@ def load_rules(path: str | Path) -> Rules:
         first = min(errors, key=lambda e: e["type"] != "extra_forbidden")
         loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith(("QualityRule", "list[")))
         if first["type"] == "extra_forbidden":
-            message = (f"unknown rule; valid: name, {', '.join(RULE_ATTRIBUTES)}" if len(first["loc"]) == 1 else
+            message = (f"unknown rule; valid: name, {', '.join(RULE_ATTRIBUTES)}, subsample" if len(first["loc"]) == 1 else
                        "unknown key; valid: source, keep_top")
         elif first["type"] == "literal_error":
             message = f"got {first.get('input')!r}; {first['msg'].lower()}"

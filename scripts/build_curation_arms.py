@@ -6,7 +6,8 @@
    duplicates and diversity weights, and a quality classifier trained on stem, books and math against qa);
 2. mix one arm per rule set (`ladder data mix`), each adding one step to the one before:
    dedup (exact + near, keep one per cluster), quality (+ keep the top half of web by quality score),
-   diverse (+ D4-style diversity weights on every kept document);
+   diverse (+ D4-style diversity weights on every kept document); and a control known to be worse,
+   quarter (a random quarter of every source's documents, no other rule: four times the repetition);
 3. prepare the baseline (the demo corpus as it is) and every arm with the demo's tokenizer settings
    (`ladder data prepare ... --vocab-size 512`, a BPE trained on each corpus), so each arm's sources
    carry their own token counts: the sweep plans each arm's source scaling from them.
@@ -37,6 +38,7 @@ ARMS: dict[str, dict] = {
     "dedup": {"name": "dedup", **DEDUP},
     "quality": {"name": "quality", **DEDUP, **QUALITY_RULE},
     "diverse": {"name": "diverse", **DEDUP, **QUALITY_RULE, "diversity": "weight"},
+    "quarter": {"name": "quarter", "subsample": 0.25},
 }
 
 

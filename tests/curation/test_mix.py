@@ -100,3 +100,29 @@ def test_a_weight_rule_writes_each_kept_documents_weight(tmp_path):
     assert records and all(r["weight"] > 0 for r in records)
     meta = json.loads((root / "cur" / "curation.json").read_text())
     assert set(meta["taggers"]) == {"topics", "semantic"}  # semantic brings the topics it needs
+
+
+def test_subsample_keeps_the_same_random_fraction_of_every_source(curated, tmp_path, capsys):
+    """The control arm of a data ablation: a fraction of each source, the documents with the smallest uids (a hash of
+    source and id, so independent of the text and of the file layout), after the other filters."""
+    from curation.ids import doc_uid
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("name: half\nexact_duplicates: keep_one\nsubsample: 0.5\n")
+    arm = tmp_path / "arm"
+    assert main(["data", "mix", str(curated / "cur"), "--rules", str(rules), "--out", str(arm), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert [s["rule"] for s in payload["steps"]] == ["exact_duplicates", "subsample"]
+    rules.write_text("exact_duplicates: keep_one\n")
+    exact_only = tmp_path / "exact"
+    assert main(["data", "mix", str(curated / "cur"), "--rules", str(rules), "--out", str(exact_only)]) == 0
+    alive = load_manifest(exact_only / "manifest.yaml")
+    kept = load_manifest(arm / "manifest.yaml")
+    for before, after in zip(alive.sources, kept.sources):
+        ids = sorted((d.doc_id for d in before.documents()), key=lambda i: doc_uid(before.name, i))
+        expected = set(ids[:-(-len(ids) // 2)])
+        assert {d.doc_id for d in after.documents()} == expected
+        assert payload["kept"][before.name]["docs"] == len(expected) < len(ids)
+    rules.write_text("subsample: 0\n")
+    assert main(["data", "mix", str(curated / "cur"), "--rules", str(rules), "--out", str(tmp_path / "z")]) == 2
+    assert "subsample" in capsys.readouterr().err
