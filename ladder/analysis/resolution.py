@@ -48,7 +48,7 @@ def top_rung_half_width(flops: list[float], seeds: list[int], *, level: float = 
                             noise_source=noise.source)
     iv = model.interval([x[-1]], level, n_runs=int(m[-1]))
     return {"half_width": float(np.expm1(iv["half_width_log"][0])), "level": level, "dof": iv["dof"],
-            "shares": {k: float(v[0]) for k, v in iv["shares"].items() if k != "heldout_sampling"},
+            "shares": {k: float(v[0]) for k, v in iv["shares"].items()},
             "fitted_rungs": len(x) - 1, "runs_fitted": len(fit_x), "top_seeds": int(m[-1])}
 
 
