@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rungs.data.decontam import ngram_hashes
+from rungs.data.chunking import paragraph_chunks
 
 OUT = Path(__file__).resolve().parents[1] / "rungs" / "data" / "demo"
 MAX_DOC_CHARS = 12_000
@@ -103,22 +104,6 @@ def html_text(path: Path) -> str:
     parser = _SphinxText()
     parser.feed(path.read_text(encoding="utf-8", errors="replace"))
     return parser.text()
-
-
-def chunks(text: str, max_chars: int = MAX_DOC_CHARS) -> list[str]:
-    """Split at paragraph boundaries into documents of at most max_chars (a longer paragraph is cut)."""
-    out, current = [], ""
-    for para in text.split("\n\n"):
-        while len(para) > max_chars:
-            out.append(para[:max_chars])
-            para = para[max_chars:]
-        if current and len(current) + len(para) + 2 > max_chars:
-            out.append(current)
-            current = ""
-        current = f"{current}\n\n{para}" if current else para
-    if current.strip():
-        out.append(current)
-    return [c for c in out if len(c.strip()) >= 200]
 
 
 # ---- sources: each yields (group, text) where a group is one origin file ----
@@ -242,7 +227,7 @@ def split_domain(name: str, groups: Iterator[tuple[str, str]], train_bytes: int,
     seen_texts: set[str] = set()
     for group, text in groups:
         docs = []
-        for i, piece in enumerate(chunks(clean(text))):
+        for i, piece in enumerate(paragraph_chunks(clean(text), MAX_DOC_CHARS)):
             key = hashlib.sha256(piece.encode()).hexdigest()
             if key in seen_texts:  # exact duplicates (mail quoted in full, repeated boilerplate pages)
                 continue

@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rungs.data.decontam import ngram_hashes
+from rungs.data.chunking import paragraph_chunks
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "rungs" / "data" / "machine_corpus"
@@ -74,22 +75,6 @@ def clean(text: str) -> str:
     text = EMAIL_RE.sub("[email]", text.replace("\r\n", "\n").replace("\r", "\n"))
     text = SPACE_RE.sub("\n", text)
     return re.sub(r"\n{3,}", "\n\n", text).strip()
-
-
-def chunks(text: str, max_chars: int = MAX_DOC_CHARS) -> list[str]:
-    """Split at paragraph boundaries into documents of at most max_chars (a longer paragraph is cut)."""
-    out, current = [], ""
-    for para in text.split("\n\n"):
-        while len(para) > max_chars:
-            out.append(para[:max_chars])
-            para = para[max_chars:]
-        if current and len(current) + len(para) + 2 > max_chars:
-            out.append(current)
-            current = ""
-        current = f"{current}\n\n{para}" if current else para
-    if current.strip():
-        out.append(current)
-    return [c for c in out if len(c.strip()) >= 200]
 
 
 def text_hash(text: str) -> str:
@@ -191,7 +176,7 @@ def split_domain(name: str, groups: Iterator[tuple[str, str]], train_bytes: int,
     seen_grams: set = set()
     for origin, text in groups:
         docs = []
-        for i, piece in enumerate(chunks(clean(text))):
+        for i, piece in enumerate(paragraph_chunks(clean(text), MAX_DOC_CHARS)):
             if text_hash(piece) in demo:
                 drops["in_demo"] += 1
                 continue
