@@ -12,7 +12,9 @@ means the gain grows with scale. Each rung's EG carries its own uncertainty, σ_
 that of the weights scaled up by the Birge ratio √(χ²/dof) when the rungs scatter more than their
 intervals say (never down), and the interval Student-t with n − 2 degrees of freedom. Without rung
 intervals it is ordinary least squares with the residuals' standard error. Two rungs give a slope and
-no interval. A slope whose interval holds 0 is "no measured trend".
+no interval. A slope whose interval holds 0 is "no measured trend". The trend keeps its design (log
+compute, weights), dof and the covariance of (a, b), and each cell the compute range its rungs span:
+what `fits.eg_extrapolate` needs to carry the EG to a target's compute (`ladder extrapolate`'s card).
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float
     intercept = ym - slope * xm
     resid = y - (intercept + slope * x)
     out: dict[str, Any] = {"slope": slope, "intercept": intercept, "rungs": n, "dof": dof,
-                           "method": "wls" if weighted else "ols", "ci_level": ci_level}
+                           "method": "wls" if weighted else "ols", "ci_level": ci_level,
+                           "log_compute": x.tolist(), "weights": w.tolist()}
     if dof < min_dof_for_interval:
         out.update(interval=None, verdict="no interval", note=f"{n} rungs leave no degree of freedom for the "
                    "slope's interval; a trend with an interval needs three rungs")
@@ -94,6 +97,10 @@ def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float
     else:
         se = math.sqrt(chi2 / dof / sxx)
     out["se"] = se
+    # The covariance of (intercept, slope): what a prediction of log EG at a new log compute needs
+    # (fits.eg_extrapolate), with the same scale as the slope's standard error.
+    s2 = se**2 * sxx
+    out["cov"] = [[s2 * (1 / float(np.sum(w)) + xm**2 / sxx), -s2 * xm / sxx], [-s2 * xm / sxx, s2 / sxx]]
     out["interval"] = [slope - t * se, slope + t * se]
     out["verdict"] = verdict(out["interval"], 0.0, above="grows with scale", below="shrinks with scale",
                              inside="no measured trend")
@@ -139,7 +146,10 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
                              [c["interval"] for c in cells], ci_level=ci_level) \
                 if all(c["eg"] > 0 for c in cells) else {"slope": None, "interval": None, "verdict": "no trend",
                                                          "note": "an EG of 0 (the arm's BPB is below the law's floor)"}
-            per_arm.setdefault(str(name), {})[domain] = {"rungs": cells, "trend": trend}
+            measured = [c["train_flops"] for c in cells]
+            per_arm.setdefault(str(name), {})[domain] = {
+                "rungs": cells, "trend": trend,
+                "train_flops_range": [min(measured), max(measured)] if measured else None}
     if not per_arm and errors:
         raise FitInputError("no domain's baseline law could be fitted: " +
                             "; ".join(f"{d}: {e}" for d, e in errors.items()), column=baseline)
