@@ -11,6 +11,8 @@ from ladder.plan.compute import plan_compute
 from ladder.plan.generator import plan_rung
 from ladder.plan.recipe import load_recipe
 
+CARD_CI_LEVEL = 0.95  # every interval on the card (fits.extrapolate's interval95)
+
 
 def build_card(recipe_ref: str | Path, rung: int, laws: dict[str, Any], tpp: float | None = None) -> dict[str, Any]:
     """The recipe card of one target rung of a recipe (a shipped name or a path to a recipe file): the
@@ -45,7 +47,25 @@ def build_card(recipe_ref: str | Path, rung: int, laws: dict[str, Any], tpp: flo
         x_range = laws["power_law"][domain].extra.get("x_range")
         if x_range:
             b.update(data_position(spec.train_flops, x_range))
+    if laws.get("arms"):
+        card["data_arms"] = data_arms(laws["arms"], spec.train_flops)
+        card["warnings"] += card["data_arms"]["warnings"]
+        card["provenance"]["arms_files"] = {b: s.get("files", []) for b, s in laws["arms"].items()}
     return card
+
+
+def data_arms(sections: dict[str, dict[str, Any]], train_flops: float, level: float = CARD_CI_LEVEL) -> dict[str, Any]:
+    """The card's "data arms": each arm's EG against its baseline, per domain, carried to the target's
+    compute along its trend (`fits.eg_extrapolate`), with where the target lies against the arm's rungs."""
+    from fits.eg_extrapolate import arms_at, arms_warnings
+    from fits.results import jsonable
+
+    per_baseline = arms_at(sections, train_flops, level)
+    for baseline, per_arm in per_baseline.items():
+        for arm, per_domain in per_arm.items():
+            for domain, cell in per_domain.items():
+                cell.update(data_position(train_flops, sections[baseline]["arms"][arm][domain]["train_flops_range"]))
+    return jsonable({"ci_level": level, "baselines": per_baseline, "warnings": arms_warnings(per_baseline)})
 
 
 def data_position(train_flops: float, x_range: list[float]) -> dict[str, Any]:
@@ -104,4 +124,24 @@ def card_rows(card: dict[str, Any]) -> list[list[str]]:
         if b.get("heldout_sampling_common"):  # the BPB is on the ladder's held-out set; the domain's own differs
             interval += f"; held-out set ±{b['heldout_sampling_common']:.1%} common to every rung, not in it"
         rows.append([f"BPB {domain}", f"{b['value']:.4f}{ext}", interval])
+    return rows
+
+
+def _pct(value: float) -> str:
+    return f"{value - 1:+.1%}"
+
+
+def arms_rows(card: dict[str, Any]) -> list[list[str]]:
+    """The card's data arms as (baseline, arm, domain, EG − 1, interval, reading, trend) rows of text; none
+    when the card has no arms."""
+    rows = []
+    for baseline, per_arm in (card.get("data_arms") or {}).get("baselines", {}).items():
+        for arm, per_domain in per_arm.items():
+            for domain, c in per_domain.items():
+                iv = c.get("interval")
+                interval = f"[{_pct(iv[0])}, {_pct(iv[1])}]" if iv and None not in iv else "n/a"
+                slope = c.get("trend_slope")
+                trend = f"{slope:+.3f} ({c.get('trend_verdict')})" if slope is not None else "-"
+                value = _pct(c["eg"]) + _position_note(c) if c.get("eg") is not None else "-"
+                rows.append([baseline, arm, domain, value, interval, c["verdict"], trend])
     return rows

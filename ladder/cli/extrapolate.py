@@ -10,6 +10,11 @@ recipe's `hparam_laws` (the report's published laws) and says so on the card.
 
 A prediction beyond ~100× the largest fitted compute is flagged on the card and on stderr
 (`fits.extrapolate.FAR_EXTRAPOLATION`); `--plot` draws each law and its band out to the target.
+
+A laws file from `ladder fit arms --save` adds the card's "data arms": each arm's EG_FLOPs against its
+baseline per domain, carried along its trend (log EG linear in log compute) to the target's compute with
+the interval of the trend there (`fits.eg_extrapolate`), flagged in the same way past 100× the compute
+the arms were measured at. `--arms-baseline NAME` requires them, and shows only the arms against NAME.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, domains_of
 from ladder.cli.fit.inputs import NO_FLOOR_HINT, add_floor_arg, is_no_floor, load_input, per_domain_rows
 from ladder.cli.fit.laws_file import load_laws
 from ladder.cli.output import make_table, print_json, stdout_console
-from ladder.analysis.recipe_card import build_card, card_rows
+from ladder.analysis.recipe_card import arms_rows, build_card, card_rows
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --experiment or --csv, the runs the BPB laws are fitted on (as `ladder fit power-law "
                         "--select`)")
     add_floor_arg(p)
+    p.add_argument("--arms-baseline", metavar="NAME",
+                   help="show on the card only the data arms measured against this baseline arm (from a laws file "
+                        "`ladder fit arms --save` wrote), and refuse laws files without them")
     p.add_argument("--plot", help="write a PNG figure of each domain's law and its band out to the target")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
@@ -85,8 +93,22 @@ def laws_from_runs(args: argparse.Namespace, laws: dict[str, Any]) -> dict[str, 
     return laws
 
 
+def select_arms(laws: dict[str, Any], baseline: str) -> dict[str, Any]:
+    """The arms measured against `baseline`, refused when the laws files hold none or none against it."""
+    where = ", ".join(laws["files"]) or None
+    if not laws["arms"]:
+        raise LadderInputError("no data arms in the laws files; write them with `ladder fit arms --baseline NAME "
+                               "--save FILE.json` and pass --laws FILE.json", where=where, field="--arms-baseline")
+    if baseline not in laws["arms"]:
+        raise LadderInputError(f"no arms measured against {baseline!r}; the laws files have arms against "
+                               f"{sorted(laws['arms'])}", where=where, field="--arms-baseline")
+    return {baseline: laws["arms"][baseline]}
+
+
 def run(args: argparse.Namespace) -> int:
     laws = load_laws(args.laws)
+    if args.arms_baseline is not None:
+        laws["arms"] = select_arms(laws, args.arms_baseline)
     if args.experiment or args.csv:
         laws = laws_from_runs(args, laws)
     card = build_card(args.recipe, args.rung, laws, args.tpp)
@@ -120,3 +142,14 @@ def render(card: dict[str, Any]) -> None:
     if not card["predicted_bpb"]:
         stdout_console.print("no BPB laws given: pass --laws FILE.json (from `ladder fit power-law --save`), "
                              "--experiment or --csv")
+    arms = card.get("data_arms")
+    if arms:
+        stdout_console.print(make_table(f"data arms: EG_FLOPs − 1 at L{t['L']} from each arm's trend "
+                                        f"({arms['ci_level']:.0%} intervals)",
+                                        ["baseline", "arm", "domain", "EG − 1", "interval", "reading", "trend slope"],
+                                        arms_rows(card)))
+        for baseline, per_arm in arms["baselines"].items():
+            for arm, per_domain in per_arm.items():
+                for domain, cell in per_domain.items():
+                    if cell.get("interval_note"):
+                        stdout_console.print(f"{arm} {domain}: {cell['interval_note']}")

@@ -1,6 +1,10 @@
 """`ladder fit arms`: what each arm of an ablation (a data recipe, a curation step) buys against the
 baseline arm, per domain and per rung, with intervals, and whether it grows with scale
 (`fits.eg_scaling`). Registered under `ladder fit` by `ladder/cli/fit/__init__.py`.
+
+`--save FILE` writes the result as a laws file ({"arms": {baseline, ci_level, arms: {arm: {domain: EG
+per rung, trend, train_flops_range}}}}: `ladder/cli/fit/laws_file.py`); `ladder extrapolate --laws FILE`
+carries each arm's EG to the target's compute on the card (`fits.eg_extrapolate`).
 """
 
 from __future__ import annotations
@@ -69,7 +73,8 @@ def run_arms(args: argparse.Namespace) -> int:
         payload["plot"] = args.plot
     metrics = {f"{arm}/{domain}/{r['rung']}": r["eg"] for arm, per in out["arms"].items()
                for domain, cell in per.items() for r in cell["rungs"]}
-    finish(args, payload, source, df, None, metrics)
+    saved = {"arms": {k: v for k, v in payload.items() if k != "baseline_laws"}}  # the trends, not the laws' draws
+    finish(args, payload, source, df, saved, metrics)
     if args.json:
         print_json(payload)
         return 0

@@ -1,6 +1,9 @@
-"""The laws file: what `ladder fit power-law|hparams --save` writes and `ladder extrapolate --laws` and
-`ladder fit iso-bpb --laws` read ({"power_law": {domain: fit}, "hparams": {...}}, or a bare `fit hparams`
-JSON). Every way a file can be wrong is refused here, naming the file and the part."""
+"""The laws file: what `ladder fit power-law|hparams|arms --save` writes and `ladder extrapolate --laws`
+and `ladder fit iso-bpb --laws` read ({"power_law": {domain: fit}, "hparams": {...}, "arms": {...}}, any
+of them, or a bare `fit hparams` or `fit arms` JSON). "arms" is one `ladder fit arms` result:
+{"baseline": NAME, "ci_level", "arms": {arm: {domain: {"rungs": [...], "trend": {...},
+"train_flops_range": [lo, hi]}}}}, the trend with its intercept, slope, dof and covariance
+(`fits.eg_scaling`). Every way a file can be wrong is refused here, naming the file and the part."""
 
 from __future__ import annotations
 
@@ -12,11 +15,13 @@ from ladder.errors import LadderInputError
 
 
 def load_laws(paths: list[str]) -> dict[str, Any]:
-    """Merge laws files: {"power_law": {domain: fit}, "hparams": {...}} (or a bare `fit hparams` JSON)."""
+    """Merge laws files: {"power_law": {domain: fit}, "hparams": {...}, "arms": {baseline: result}} (or a bare
+    `fit hparams` or `fit arms` JSON). Arms measured against the same baseline in several files are merged,
+    a later file's arm replacing an earlier one's."""
     from fits.errors import FitInputError
     from fits.power_law import power_law_from_dict
 
-    laws: dict[str, Any] = {"power_law": {}, "hparams": None, "files": list(paths)}
+    laws: dict[str, Any] = {"power_law": {}, "hparams": None, "arms": {}, "files": list(paths)}
     for path in paths:
         try:
             data = json.loads(Path(path).read_bytes().decode("utf-8"))
@@ -33,9 +38,11 @@ def load_laws(paths: list[str]) -> dict[str, Any]:
             raise LadderInputError("expected a JSON object", where=path)
         if "lr_wd_product" in data and "selected" in data:
             data = {"hparams": data}
-        if not {"power_law", "hparams"} & set(data):
-            raise LadderInputError("no laws found: expected 'power_law' and/or 'hparams' keys (the files "
-                                   "`ladder fit power-law|hparams --save` write)", where=path)
+        if {"baseline", "arms", "ci_level"} <= set(data):  # a bare `ladder fit arms --json`
+            data = {"arms": data}
+        if not {"power_law", "hparams", "arms"} & set(data):
+            raise LadderInputError("no laws found: expected 'power_law', 'hparams' and/or 'arms' keys (the files "
+                                   "`ladder fit power-law|hparams|arms --save` write)", where=path)
         power_laws = data.get("power_law") or {}
         if not isinstance(power_laws, dict):
             raise LadderInputError(f"expected an object of domain → fit, got {type(power_laws).__name__}",
@@ -60,7 +67,37 @@ def load_laws(paths: list[str]) -> dict[str, Any]:
                                        where=path, field="hparams")
             _check_hparams(data["hparams"], path)
             laws["hparams"] = data["hparams"]
+        if data.get("arms") is not None:
+            section = _check_arms(data["arms"], path)
+            merged = laws["arms"].setdefault(section["baseline"], {**section, "arms": {}, "files": []})
+            merged["arms"].update(section["arms"])
+            merged["files"].append(path)
     return laws
+
+
+def _check_arms(section: Any, path: str) -> dict[str, Any]:
+    """A `ladder fit arms` result, each arm's trend evaluated once at a nominal compute so a file with
+    the keys but not the shapes the fit writes is refused here, naming the arm and domain."""
+    from fits.eg_extrapolate import eg_at
+
+    if not isinstance(section, dict):
+        raise LadderInputError(f"expected an object, got {type(section).__name__}", where=path, field="arms")
+    if not isinstance(section.get("baseline"), str) or not isinstance(section.get("arms"), dict):
+        raise LadderInputError("expected 'baseline' (the baseline arm's name) and 'arms' (arm → domain → EG per rung "
+                               "and trend), as `ladder fit arms --save` writes", where=path, field="arms")
+    for arm, per_domain in section["arms"].items():
+        if not isinstance(per_domain, dict):
+            raise LadderInputError(f"expected an object of domain → EG, got {type(per_domain).__name__}", where=path,
+                                   field=f"arms.{arm}")
+        for domain, cell in per_domain.items():
+            try:
+                if not isinstance(cell, dict):
+                    raise TypeError(f"expected an object, got {type(cell).__name__}")
+                eg_at(cell, 1e20)
+            except (KeyError, TypeError, ValueError, IndexError) as err:
+                raise LadderInputError(f"not the EG result `ladder fit arms --save` writes ({type(err).__name__}: "
+                                       f"{err})", where=path, field=f"arms.{arm}.{domain}") from None
+    return section
 
 
 def _check_hparams(hparams: dict[str, Any], path: str) -> None:
