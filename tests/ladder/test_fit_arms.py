@@ -59,3 +59,29 @@ def test_bad_input_exits_2_with_one_line_naming_the_field(csv, capsys, argv, fie
 def test_a_missing_file_exits_2(tmp_path, capsys):
     code, _, err = run(capsys, "--csv", str(tmp_path / "none.csv"), "--baseline", "baseline")
     assert code == 2 and "none.csv" in err
+
+
+def test_from_an_mlflow_experiment_the_eg_and_its_interval_are_logged_in_a_fit_run(tmp_path, capsys):
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("arms-test", artifact_location=str(tmp_path / "artifacts"))
+    table = runs_table({"baseline": lambda C: C, "dedup": lambda C: 1.3 * C})
+    for row in table.itertuples():
+        made = client.create_run(exp, tags={"rung": str(row.rung), "arm": row.arm, "diverged": "false"})
+        client.log_batch(made.info.run_id, metrics=[
+            Metric("total_train_flops", row.train_flops, 0, 1), Metric("final_bpb/code", row.bpb_code, 0, 1),
+            Metric("final_bpb/web", row.bpb_web, 0, 1)])
+        client.set_terminated(made.info.run_id, "FINISHED")
+    code, out, _ = run(capsys, "--experiment", "arms-test", "--tracking-uri", uri, "--baseline", "baseline",
+                       "--domains", "code", "--bootstrap", "50", "--json")
+    assert code == 0
+    payload = json.loads(out)
+    logged = client.get_run(payload["mlflow_fit_run_id"]).data.metrics
+    for r in payload["arms"]["dedup"]["code"]["rungs"]:
+        key = f"eg/dedup/code/L{r['rung']}"
+        assert logged[key] == pytest.approx(r["eg"])
+        assert [logged[f"{key}/low"], logged[f"{key}/high"]] == pytest.approx(r["interval"])
+    assert logged["eg_slope/dedup/code"] == pytest.approx(payload["arms"]["dedup"]["code"]["trend"]["slope"])

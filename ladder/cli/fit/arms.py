@@ -71,8 +71,16 @@ def run_arms(args: argparse.Namespace) -> int:
 
         plot_eg_by_domain(out, args.plot)
         payload["plot"] = args.plot
-    metrics = {f"{arm}/{domain}/{r['rung']}": r["eg"] for arm, per in out["arms"].items()
-               for domain, cell in per.items() for r in cell["rungs"]}
+    metrics = {}  # in the MLflow fit run: eg/<arm>/<domain>/L<rung> with its interval, and the trend's slope
+    for arm, per in out["arms"].items():
+        for domain, cell in per.items():
+            for r in cell["rungs"]:
+                key = f"eg/{arm}/{domain}/L{r['rung']}"
+                metrics[key] = r["eg"]
+                if r["interval"]:
+                    metrics[f"{key}/low"], metrics[f"{key}/high"] = r["interval"]
+            if cell["trend"].get("slope") is not None:
+                metrics[f"eg_slope/{arm}/{domain}"] = cell["trend"]["slope"]
     saved = {"arms": {k: v for k, v in payload.items() if k != "baseline_laws"}}  # the trends, not the laws' draws
     finish(args, payload, source, df, saved, metrics)
     if args.json:
