@@ -3,8 +3,6 @@ disk, and its arm names the held-out files by URL."""
 
 from __future__ import annotations
 
-import logging
-import os
 
 import pytest
 import yaml
@@ -14,39 +12,16 @@ from curation.pipeline import curate
 from curation.rules import Rules
 from tests.curation.corpus import write_corpus
 from tests.curation.test_pipeline import attributes
+from tests.s3_server import s3_server
 
 BUCKET = "curation-corpus"
-AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3",
-            "AWS_ENDPOINT_URL")
 
 
 @pytest.fixture()
 def s3():
     pytest.importorskip("s3fs")
-    import boto3
-    import s3fs
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    saved = {k: os.environ.get(k) for k in AWS_KEYS}
-    endpoint = f"http://127.0.0.1:{server.get_host_and_port()[1]}"
-    os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1",
-                      AWS_ENDPOINT_URL_S3=endpoint, AWS_ENDPOINT_URL=endpoint)
-    s3fs.S3FileSystem.clear_instance_cache()
-    client = boto3.client("s3", endpoint_url=endpoint)
-    client.create_bucket(Bucket=BUCKET)
-    try:
+    with s3_server(BUCKET) as client:
         yield client
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        s3fs.S3FileSystem.clear_instance_cache()
 
 
 def test_a_corpus_in_s3_curates_like_the_same_corpus_on_disk(s3, tmp_path):

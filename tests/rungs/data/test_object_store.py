@@ -8,7 +8,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import logging
 import os
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from rungs.data.prepare import prepare
 
 from . import formats
 from .conftest import make_docs, write_jsonl
+from tests.s3_server import fresh_filesystems, s3_server
 
 BUCKET = "ladder-corpus"
 SHARD_BYTES = 3_000  # the large JSONL file is read in ranged requests, several shards of it
@@ -30,37 +30,8 @@ SHARD_BYTES = 3_000  # the large JSONL file is read in ranged requests, several 
 def s3():
     """A moto S3 server on 127.0.0.1 (a port of its own), this process's AWS settings pointed at it; a boto3 client."""
     pytest.importorskip("s3fs")
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
-                                            "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")}
-    endpoint = f"http://127.0.0.1:{server.get_host_and_port()[1]}"
-    os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1",
-                      AWS_ENDPOINT_URL_S3=endpoint, AWS_ENDPOINT_URL=endpoint)
-    _fresh_filesystems()
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=endpoint)
-    client.create_bucket(Bucket=BUCKET)
-    try:
+    with s3_server(BUCKET) as client:
         yield client
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        _fresh_filesystems()
-
-
-def _fresh_filesystems() -> None:
-    import s3fs
-
-    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def _corpus(root: Path) -> Path:
@@ -205,7 +176,7 @@ def test_a_denied_request_is_one_line_naming_the_url_and_nothing_is_written(s3, 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", keys["AccessKeyId"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", keys["SecretAccessKey"])
     monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
-    _fresh_filesystems()
+    fresh_filesystems()
     url = f"s3://{BUCKET}/private/a.jsonl"  # listed (ListBucket is allowed), then refused when read
     (tmp_path / "m.yaml").write_text(f"sources:\n  - {{name: a, share: 1.0, files: ['s3://{BUCKET}/private/*.jsonl']}}\n")
     out = tmp_path / "out"
@@ -213,7 +184,7 @@ def test_a_denied_request_is_one_line_naming_the_url_and_nothing_is_written(s3, 
         assert main(["data", "prepare", str(tmp_path / "m.yaml"), "--out", str(out), "--tokenizer", "byte"]) == 2
     finally:
         monkeypatch.undo()
-        _fresh_filesystems()
+        fresh_filesystems()
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"ladder data: error: {url}: ") and "access denied" in err, err
     assert not out.exists()
