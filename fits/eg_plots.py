@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from fits.plots import new_figure, save_figure
 
@@ -45,6 +46,7 @@ def plot_eg_by_domain(result: dict[str, Any], path: str | Path | None = None) ->
                 ax.plot(grid, 100 * (fitted - 1), "--", color=f"C{i}", lw=0.9)
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # under two decades matplotlib labels every minor tick
         ax.set_title(domain, fontsize=9)
         ax.set_xlabel("training FLOPs", fontsize=8)
         ax.set_ylabel("EG_FLOPs − 1 (%)", fontsize=8)
