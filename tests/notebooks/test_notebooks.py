@@ -29,7 +29,7 @@ def test_notebook_limits_are_guards_far_above_any_run(tmp_path):
 
 
 def test_notebooks_are_stored_executed_in_order_with_their_figures_inline():
-    assert [p.name[:2] for p in execute.notebook_paths()] == ["01", "02", "03", "04"]
+    assert [p.name[:2] for p in execute.notebook_paths()] == ["01", "02", "03", "04", "05"]
     for path in execute.notebook_paths():
         cells = code_cells(path)
         assert [c.execution_count for c in cells] == list(range(1, len(cells) + 1)), f"{path.name}: run it whole"

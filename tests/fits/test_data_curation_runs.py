@@ -1,0 +1,48 @@
+"""The shipped data-curation experiment's real runs (notebooks/fixtures/data_curation_runs.csv, 46 runs of
+sweeps/data_curation.yaml) read through `ladder fit arms`: the method's two checks on real data. An arm with the
+baseline's data and other seeds must hold EG = 1 at every rung and domain, and an arm with a quarter of the
+unique tokens (four times the repetition) must lose compute outside its interval."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ladder.cli import main
+
+FIXTURE = Path(__file__).resolve().parents[2] / "notebooks" / "fixtures" / "data_curation_runs.csv"
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["fit", "arms", "--csv", str(FIXTURE), "--baseline", "baseline", "--floor", "auto",
+                     "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_the_replica_holds_one_at_every_rung_and_domain(result):
+    cells = [r for cell in result["arms"]["replica"].values() for r in cell["rungs"]]
+    assert len(cells) == 7 * 3  # six domains and their mean, L2-L4
+    assert all(r["interval"][0] <= 1 <= r["interval"][1] for r in cells)
+
+
+def test_a_quarter_of_the_data_loses_compute_outside_its_interval(result):
+    mean = {str(r["rung"]): r for r in result["arms"]["quarter"]["all"]["rungs"]}
+    assert all(mean[L]["interval"][1] < 1 and mean[L]["verdict"] == "loss" for L in ("3", "4", "5", "6"))
+    assert mean["2"]["eg"] < 1  # at L2 below 1, its interval reaching just above
+    code = result["arms"]["quarter"]["code"]["rungs"]  # the source it repeats most (2.6 → 10 epochs)
+    assert all(r["verdict"] == "loss" for r in code)
+
+
+def test_the_curation_steps_measure_no_gain_in_the_mean_over_domains(result):
+    for arm in ("dedup", "quality", "diverse"):
+        cell = result["arms"][arm]["all"]
+        assert [r["verdict"] for r in cell["rungs"]] == ["no measured gain"] * 5, arm
+        assert cell["trend"]["verdict"] == "no measured trend", arm
