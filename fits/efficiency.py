@@ -88,7 +88,7 @@ def iso_bpb_multipliers(laws: dict[str, PowerLawResult], references: list[dict[s
     return jsonable({"ci_level": ci_level, "references": out, "code_version": code_version()})
 
 
-def _baseline_law(base: pd.DataFrame, x: str, y: str, **fit_options: Any) -> PowerLawResult:
+def baseline_law(base: pd.DataFrame, x: str, y: str, **fit_options: Any) -> PowerLawResult:
     """The baseline arm's compute law through the one fitting step (`fits.compute_laws.fit_power_laws`),
     on every baseline run (select 'all': an ablation's seeds and rungs are all evidence), with the
     caller's floor rule; its error, if it cannot be fitted, is raised."""
@@ -127,8 +127,8 @@ def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "bas
         raise FitInputError(f"no rows with {arm} == {baseline!r}; arms present: {sorted(map(str, set(df[arm])))}", column=arm)
     base = df[df[arm] == baseline]
     fit_options = {"bootstrap": bootstrap, "ci_level": ci_level, "seed": seed, "floor": floor}
-    law_flops = _baseline_law(base, flops, y, **fit_options)
-    law_time = _baseline_law(base, wall, y, **fit_options) if wall else None
+    law_flops = baseline_law(base, flops, y, **fit_options)
+    law_time = baseline_law(base, wall, y, **fit_options) if wall else None
     arms = {}
     for name, group in df[df[arm] != baseline].groupby(arm, sort=True):
         rows = []

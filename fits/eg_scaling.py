@@ -26,12 +26,14 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from fits.eg_same_rung import same_rung_gains
 from fits.efficiency import efficiency_gains
 from fits.errors import FitError, FitInputError
 from fits.floors import DEFAULT_FLOOR
 from fits.results import jsonable
 from provenance import code_version
 
+AGAINST = ("law", "rung")
 DOMAIN_PREFIX = "bpb_"
 OVERALL = "bpb"
 
@@ -109,9 +111,14 @@ def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float
 
 def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", rung: str = "rung",
                  flops: str = "train_flops", domains: list[str] | None = None, bootstrap: int = 200,
-                 ci_level: float = 0.95, seed: int = 0, floor: str = DEFAULT_FLOOR) -> dict[str, Any]:
+                 ci_level: float = 0.95, seed: int = 0, floor: str = DEFAULT_FLOOR,
+                 against: str = "law") -> dict[str, Any]:
     """EG_FLOPs of every arm at every rung in every domain, each with its interval and verdict, and per
-    arm and domain the trend of log EG with log compute."""
+    arm and domain the trend of log EG with log compute. `against`: "law" reads the arm's BPB off the
+    baseline's law (the report's EG); "rung" compares it with the baseline's own runs at the same rung, the
+    law giving only its slope (`fits.eg_same_rung`: the law's misfit at a rung, shared by every arm, cancels)."""
+    if against not in AGAINST:
+        raise FitInputError(f"must be one of {list(AGAINST)}, got {against!r}", column="against")
     available = domain_columns(df)
     if not available:
         raise FitInputError("no metric columns: expected bpb_<domain> columns (or bpb)", column="bpb_<domain>")
@@ -123,11 +130,17 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
     per_arm: dict[str, dict[str, Any]] = {}
     laws: dict[str, Any] = {}
     errors: dict[str, str] = {}
+    noise: dict[str, Any] = {}
     for domain, column in available.items():
         rows_df = df.dropna(subset=[column])
         try:
-            out = efficiency_gains(rows_df, arm=arm, baseline=baseline, y=column, flops=flops, wall=None, rung=rung,
-                                   bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor)
+            if against == "rung":
+                out = same_rung_gains(rows_df, arm=arm, baseline=baseline, y=column, flops=flops, rung=rung,
+                                      bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor)
+                noise[domain] = out["seed_noise"]
+            else:
+                out = efficiency_gains(rows_df, arm=arm, baseline=baseline, y=column, flops=flops, wall=None,
+                                       rung=rung, bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor)
         except FitInputError:
             raise
         except FitError as err:  # a domain whose baseline law cannot be fitted: said, the others go on
@@ -153,5 +166,6 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
     if not per_arm and errors:
         raise FitInputError("no domain's baseline law could be fitted: " +
                             "; ".join(f"{d}: {e}" for d, e in errors.items()), column=baseline)
-    return jsonable({"baseline": baseline, "ci_level": ci_level, "domains": [d for d in available if d not in errors],
+    return jsonable({"baseline": baseline, "against": against, **({"seed_noise": noise} if noise else {}),
+                     "ci_level": ci_level, "domains": [d for d in available if d not in errors],
                      "arms": per_arm, "baseline_laws": laws, "errors": errors, "code_version": code_version()})

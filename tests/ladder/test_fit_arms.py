@@ -85,3 +85,17 @@ def test_from_an_mlflow_experiment_the_eg_and_its_interval_are_logged_in_a_fit_r
         assert logged[key] == pytest.approx(r["eg"])
         assert [logged[f"{key}/low"], logged[f"{key}/high"]] == pytest.approx(r["interval"])
     assert logged["eg_slope/dedup/code"] == pytest.approx(payload["arms"]["dedup"]["code"]["trend"]["slope"])
+
+
+def test_against_the_same_rung_is_a_flag_and_is_said(csv, capsys):
+    code, out, _ = run(capsys, "--csv", str(csv), "--baseline", "baseline", "--domains", "code", "--bootstrap", "50",
+                       "--against", "rung", "--json")
+    assert code == 0
+    payload = json.loads(out)
+    assert payload["against"] == "rung" and payload["seed_noise"]["code"]["dof"] == 10
+    rungs = payload["arms"]["dedup"]["code"]["rungs"]
+    assert all(r["verdict"] == "gain" for r in rungs)  # the true 1.3 is outside 1 at every rung ...
+    assert sum(r["interval"][0] < 1.3 < r["interval"][1] for r in rungs) >= 4  # ... and inside 95% intervals
+    code, out, _ = run(capsys, "--csv", str(csv), "--baseline", "baseline", "--domains", "code", "--bootstrap", "50",
+                       "--against", "rung")
+    assert code == 0 and "same rung" in out

@@ -27,6 +27,10 @@ def register(fit_sub: argparse._SubParsersAction, common) -> None:
     q.add_argument("--x", default="train_flops", help="compute column (default train_flops)")
     q.add_argument("--domains", help="comma-separated domains (default: every bpb_<domain> column, and 'all' for bpb)")
     q.add_argument("--block", help="only the runs of this sweep block (a `block` column)")
+    q.add_argument("--against", choices=["law", "rung"], default="law",
+                   help="read each arm's BPB off the baseline's law (law, the report's EG; default) or against the "
+                        "baseline's own runs at the same rung, the law giving its slope (rung: the law's misfit at a "
+                        "rung, shared by every arm, cancels; needs repeated seeds for an interval)")
     q.add_argument("--bootstrap", type=int, default=200,
                    help="bootstrap resamples of each baseline law (default 200)")
     add_ci_level_and_seed(q)
@@ -62,7 +66,8 @@ def run_arms(args: argparse.Namespace) -> int:
     domains = [d.strip() for d in args.domains.split(",") if d.strip()] if args.domains else None
     try:
         out = eg_by_domain(df, arm=args.arm, baseline=args.baseline, rung=args.rung, flops=args.x, domains=domains,
-                           bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed, floor=args.floor)
+                           bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed, floor=args.floor,
+                           against=args.against)
     except FitError as err:
         raise input_error(err, source) from None
     payload = {**out, "source": source}
@@ -98,7 +103,8 @@ def run_arms(args: argparse.Namespace) -> int:
             trends.append([arm, domain, f"{t['slope']:+.3f}" if t.get("slope") is not None else "-",
                            f"[{iv[0]:+.3f}, {iv[1]:+.3f}]" if iv else "n/a", t["verdict"]])
     level = f"{out['ci_level']:.0%}"
-    stdout_console.print(make_table(f"EG_FLOPs − 1 against {out['baseline']} ({level} intervals)",
+    reading = "its law" if out["against"] == "law" else "its own runs at the same rung"
+    stdout_console.print(make_table(f"EG_FLOPs − 1 against {out['baseline']}, {reading} ({level} intervals)",
                                     ["arm", "domain", "rung", "EG − 1", "interval", "reading"], rows))
     stdout_console.print(make_table(f"trend: slope of log EG against log compute ({level} intervals)",
                                     ["arm", "domain", "slope", "interval", "reading"], trends))

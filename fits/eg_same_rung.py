@@ -1,0 +1,89 @@
+"""EG_FLOPs against the baseline's own runs at the same rung, the baseline's law used only for its slope.
+
+`fits.efficiency.efficiency_gains` reads an arm's BPB off the baseline's fitted law: where the law passes
+above or below the baseline's own runs at a rung (its misfit there, or those runs' seed noise), every arm at
+that rung moves with it, an arm with the baseline's very data included. Against the baseline's runs at the
+same rung, that shared misfit cancels:
+
+    log EG = log(C_base / C_arm) + (log ȳ_base − log ȳ_arm) / s,   s = −d log L / d log C of the law at C_base,
+
+ȳ the mean BPB of each side's runs at the rung (the law through the baseline's point, with the law's local
+slope: the compute the baseline needs to move from its BPB to the arm's). Its uncertainty, by the delta
+method: the seed noise of both means, σ²·(1/n_base + 1/n_arm) with σ² the variance of log BPB between seeds
+pooled over every (arm, rung) with repeated seeds (its degrees of freedom Σ(n − 1) give the Student-t), and
+the slope's, from the law's bootstrap draws: var(log EG) = var(Δ)/s² + Δ²·var(s)/s⁴. Without repeated seeds
+there is no noise estimate and no interval. A rung where the baseline has no run gives no EG.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from fits.efficiency import baseline_law
+from fits.results import jsonable
+
+NO_REPEATS_NOTE = "no (arm, rung) has repeated seeds: the seed noise, and so the interval, cannot be estimated"
+
+
+def local_slope(E, A, alpha, train_flops: float):
+    """s = −d log L / d log C of E + A·C^−α at C (arrays of parameters give arrays)."""
+    power = A * train_flops ** (-alpha)
+    return alpha * power / (E + power)
+
+
+def seed_variance(df: pd.DataFrame, *, arm: str, rung: str, y: str) -> tuple[float | None, int]:
+    """(pooled variance of log y between seeds of the same arm and rung, its degrees of freedom)."""
+    logs = np.log(df[y].astype(float))
+    groups = logs.groupby([df[arm], df[rung]])
+    dof = int((groups.count() - 1).clip(lower=0).sum())
+    if dof == 0:
+        return None, 0
+    return float(groups.apply(lambda g: ((g - g.mean()) ** 2).sum()).sum() / dof), dof
+
+
+def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", y: str = "bpb",
+                    flops: str = "train_flops", rung: str = "rung", bootstrap: int = 200, ci_level: float = 0.95,
+                    seed: int = 0, floor: str = "auto") -> dict[str, Any]:
+    """Per non-baseline arm and rung: {"rung", "bpb", "train_flops", "eg_flops", "eg_flops_interval", ...}, the
+    shape of `efficiency_gains`' rows, and the pooled seed noise it used."""
+    base = df[df[arm] == baseline]
+    law = baseline_law(base, flops, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor)
+    p = law.params
+    draws = None
+    if law.interval_note is None:
+        draws = tuple(law.bootstrap_column(n) for n in ("E", "A", "alpha"))
+    var_log, dof = seed_variance(df, arm=arm, rung=rung, y=y)
+    t = float(stats.t.ppf(0.5 + ci_level / 2, dof)) if dof else None
+    base_at = {r: g for r, g in base.groupby(rung, sort=True)}
+    arms: dict[str, list[dict[str, Any]]] = {}
+    for name, group in df[df[arm] != baseline].groupby(arm, sort=True):
+        rows = []
+        for r, g in group.groupby(rung, sort=True):
+            b = base_at.get(r)
+            if b is None:
+                continue
+            c_base, c_arm = float(b[flops].mean()), float(g[flops].mean())
+            y_base, y_arm = float(np.exp(np.log(b[y]).mean())), float(np.exp(np.log(g[y]).mean()))
+            s = float(local_slope(p["E"], p["A"], p["alpha"], c_base))
+            delta = math.log(y_base) - math.log(y_arm)
+            log_eg = math.log(c_base / c_arm) + delta / s
+            row = {"rung": r, "bpb": float(g[y].mean()), "train_flops": c_arm, "eg_flops": math.exp(log_eg),
+                   "baseline_bpb": float(b[y].mean()), "local_slope": s, "runs": [len(b), len(g)]}
+            if t is None:
+                row["eg_flops_interval"], row["eg_flops_interval_note"] = None, NO_REPEATS_NOTE
+            else:
+                var_delta = var_log * (1 / len(b) + 1 / len(g))
+                var_s = float(np.var(local_slope(*draws, c_base), ddof=1)) if draws is not None else 0.0
+                se = math.sqrt(var_delta / s**2 + delta**2 * var_s / s**4)
+                row["eg_flops_interval"] = [math.exp(log_eg - t * se), math.exp(log_eg + t * se)]
+                row["eg_flops_interval_shares"] = {"seed_noise": var_delta / s**2 / se**2 if se else 1.0,
+                                                   "slope": delta**2 * var_s / s**4 / se**2 if se else 0.0}
+            rows.append(row)
+        arms[str(name)] = rows
+    return jsonable({"baseline": baseline, "ci_level": ci_level, "arms": arms, "baseline_law_flops": law.params,
+                     "seed_noise": {"log_sd": math.sqrt(var_log) if var_log is not None else None, "dof": dof}})

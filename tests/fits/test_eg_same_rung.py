@@ -1,0 +1,105 @@
+"""EG against the baseline's own runs at the same rung (fits.eg_same_rung): the formula computed by hand in
+float64, its intervals' coverage on ladders drawn from a known law, and a misfit of the law at one rung (shared
+by every arm) that moves the law-read EG and cancels in the same-rung one."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fits.eg_same_rung import local_slope, same_rung_gains, seed_variance
+from fits.eg_scaling import eg_by_domain
+from fits.errors import FitInputError
+
+COMPUTE = np.geomspace(1e12, 4e13, 5)
+E, A, ALPHA = 0.0, 25.0, 0.08  # the nested law the demo ladder fits (floor auto)
+
+
+def ladder(arms: dict, *, seeds=(0, 1), noise=0.005, rng=None, bump: dict | None = None) -> pd.DataFrame:
+    """One row per (arm, rung, seed): BPB = law(arms[name] · C) · (1 + bump[rung]) · exp(noise · N(0, 1))."""
+    rng = rng or np.random.default_rng(0)
+    rows = []
+    for name, factor in arms.items():
+        for i, C in enumerate(COMPUTE):
+            for seed in seeds:
+                y = (E + A * (factor * C) ** -ALPHA) * (1 + (bump or {}).get(i + 2, 0.0))
+                rows.append({"arm": name, "rung": i + 2, "seed": seed, "train_flops": C,
+                             "bpb": y * math.exp(noise * rng.standard_normal())})
+    return pd.DataFrame(rows)
+
+
+def test_the_estimate_is_the_formula_computed_by_hand():
+    df = ladder({"baseline": 1.0, "b": 1.3}, rng=np.random.default_rng(3))
+    out = same_rung_gains(df, baseline="baseline", bootstrap=50)
+    p = out["baseline_law_flops"]
+    var, dof = 0.0, 0
+    for _, g in df.groupby(["arm", "rung"]):
+        logs = np.log(g["bpb"].to_numpy(np.float64))
+        var += float(((logs - logs.mean()) ** 2).sum())
+        dof += len(logs) - 1
+    assert dof == 10 and out["seed_noise"]["dof"] == 10
+    assert out["seed_noise"]["log_sd"] == pytest.approx(math.sqrt(var / dof), rel=1e-12)
+    for row in out["arms"]["b"]:
+        base = df[(df.arm == "baseline") & (df.rung == row["rung"])]
+        arm = df[(df.arm == "b") & (df.rung == row["rung"])]
+        C = float(base["train_flops"].mean())
+        power = p["A"] * C ** -p["alpha"]
+        s = p["alpha"] * power / (p["E"] + power)
+        delta = float(np.log(base["bpb"]).mean() - np.log(arm["bpb"]).mean())
+        assert row["eg_flops"] == pytest.approx(math.exp(delta / s), rel=1e-12)
+        assert row["local_slope"] == pytest.approx(s, rel=1e-12)
+        lo, hi = row["eg_flops_interval"]
+        assert lo < row["eg_flops"] < hi
+    # the fitted law is close to the true one, so the arm's 1.3 is recovered within its intervals
+    assert all(r["eg_flops_interval"][0] < 1.3 < r["eg_flops_interval"][1] for r in out["arms"]["b"])
+
+
+def test_intervals_cover_the_true_gain_at_their_level():
+    rng = np.random.default_rng(11)
+    cover = total = 0
+    for _ in range(120):
+        out = same_rung_gains(ladder({"baseline": 1.0, "same": 1.0, "b": 1.2}, rng=rng), baseline="baseline",
+                              bootstrap=30, seed=int(rng.integers(1 << 30)))
+        for name, truth in (("same", 1.0), ("b", 1.2)):
+            for r in out["arms"][name]:
+                lo, hi = r["eg_flops_interval"]
+                cover += lo <= truth <= hi
+                total += 1
+    assert total == 1200
+    assert 0.92 <= cover / total <= 0.98  # nominal 0.95; 1200 correlated cells
+
+
+def test_a_misfit_of_the_law_at_one_rung_cancels_against_the_same_rung():
+    df = ladder({"baseline": 1.0, "replica": 1.0}, noise=0.002, bump={3: 0.02}, rng=np.random.default_rng(5))
+    by_law = eg_by_domain(df, baseline="baseline", bootstrap=100, floor="auto")
+    by_rung = eg_by_domain(df, baseline="baseline", bootstrap=100, floor="auto", against="rung")
+    law_l3 = next(r for r in by_law["arms"]["replica"]["all"]["rungs"] if r["rung"] == 3)
+    rung_l3 = next(r for r in by_rung["arms"]["replica"]["all"]["rungs"] if r["rung"] == 3)
+    assert law_l3["eg"] < 0.85  # the law passes below the bumped rung: every arm there reads as a loss
+    assert rung_l3["interval"][0] <= 1 <= rung_l3["interval"][1] and abs(rung_l3["eg"] - 1) < 0.1
+    assert by_rung["against"] == "rung" and by_rung["seed_noise"]["all"]["dof"] == 10
+
+
+def test_without_repeated_seeds_there_is_no_interval_and_the_reason_is_given():
+    df = ladder({"baseline": 1.0, "b": 1.3}, seeds=(0,))
+    assert seed_variance(df, arm="arm", rung="rung", y="bpb") == (None, 0)
+    rows = same_rung_gains(df, baseline="baseline", bootstrap=30)["arms"]["b"]
+    assert all(r["eg_flops_interval"] is None and "repeated seeds" in r["eg_flops_interval_note"] for r in rows)
+
+
+def test_local_slope_is_the_log_derivative():
+    C = 3e12
+
+    def law(c: float) -> float:
+        return 0.5 + 20.0 * c ** -0.1
+
+    numeric = -(math.log(law(C * 1.0001)) - math.log(law(C / 1.0001))) / (2 * math.log(1.0001))
+    assert local_slope(0.5, 20.0, 0.1, C) == pytest.approx(numeric, rel=1e-6)
+
+
+def test_an_unknown_comparison_is_refused():
+    with pytest.raises(FitInputError, match="against"):
+        eg_by_domain(ladder({"baseline": 1.0, "b": 1.1}), baseline="baseline", against="median")
