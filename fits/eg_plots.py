@@ -54,6 +54,8 @@ def plot_eg_by_domain(result: dict[str, Any], path: str | Path | None = None) ->
     for ax in axes[len(domains):]:
         ax.set_visible(False)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"efficiency gain against {result['baseline']} ({result['ci_level']:.0%} intervals; dashed: trend)",
+    reading = "its own runs at the same rung" if result.get("against") == "rung" else "its law"
+    fig.suptitle(f"efficiency gain against {result['baseline']}, {reading} ({result['ci_level']:.0%} intervals; "
+                 "dashed: trend)",
                  fontsize=9)
     return save_figure(fig, path)

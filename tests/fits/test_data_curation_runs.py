@@ -15,16 +15,25 @@ from ladder.cli import main
 FIXTURE = Path(__file__).resolve().parents[2] / "notebooks" / "fixtures" / "data_curation_runs.csv"
 
 
-@pytest.fixture(scope="module")
-def result(tmp_path_factory):
+def fit_arms(*extra: str) -> dict:
     import contextlib
     import io
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert main(["fit", "arms", "--csv", str(FIXTURE), "--baseline", "baseline", "--floor", "auto",
-                     "--json"]) == 0
+        assert main(["fit", "arms", "--csv", str(FIXTURE), "--baseline", "baseline", "--floor", "auto", "--json",
+                     *extra]) == 0
     return json.loads(out.getvalue())
+
+
+@pytest.fixture(scope="module")
+def result():
+    return fit_arms()
+
+
+@pytest.fixture(scope="module")
+def same_rung():
+    return fit_arms("--against", "rung")
 
 
 def test_the_replica_holds_one_at_every_rung_and_domain(result):
@@ -46,3 +55,15 @@ def test_the_curation_steps_measure_no_gain_in_the_mean_over_domains(result):
         cell = result["arms"][arm]["all"]
         assert [r["verdict"] for r in cell["rungs"]] == ["no measured gain"] * 5, arm
         assert cell["trend"]["verdict"] == "no measured trend", arm
+
+
+def test_against_the_same_rung_the_checks_hold_with_narrower_intervals(result, same_rung):
+    replica = [r for cell in same_rung["arms"]["replica"].values() for r in cell["rungs"]]
+    assert all(r["interval"][0] <= 1 <= r["interval"][1] for r in replica)
+    mean = same_rung["arms"]["replica"]["all"]["rungs"]
+    law = result["arms"]["replica"]["all"]["rungs"]
+    assert all((s["interval"][1] - s["interval"][0]) < (w["interval"][1] - w["interval"][0]) for s, w in zip(mean, law))
+    assert all((r["interval"][1] - r["interval"][0]) / 2 < 0.15 for r in mean)  # seed noise alone: about ±13%
+    quarter = same_rung["arms"]["quarter"]["all"]["rungs"]
+    assert [r["verdict"] for r in quarter] == ["loss"] * 5
+    assert same_rung["seed_noise"]["all"]["dof"] == 18  # 9 (arm, rung) pairs of two seeds, L2-L4
