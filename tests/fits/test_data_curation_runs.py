@@ -66,4 +66,4 @@ def test_against_the_same_rung_the_checks_hold_with_narrower_intervals(result, s
     assert all((r["interval"][1] - r["interval"][0]) / 2 < 0.15 for r in mean)  # seed noise alone: about ±13%
     quarter = same_rung["arms"]["quarter"]["all"]["rungs"]
     assert [r["verdict"] for r in quarter] == ["loss"] * 5
-    assert same_rung["seed_noise"]["all"]["dof"] == 18  # 9 (arm, rung) pairs of two seeds, L2-L4
+    assert same_rung["seed_noise"]["all"]["dof"] == 18  # 18 (arm, rung) pairs of two seeds at L2-L4, one dof each
