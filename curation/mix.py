@@ -144,29 +144,25 @@ def _decide(store: Store, units, rules: Rules, sources: list[str]) -> tuple[dict
 
 def _keep_top(store: Store, units, index, keep, fraction: float) -> None:
     """Keep the `fraction` of the still-kept documents of these units with the highest scores (ties: smaller uid)."""
-    scores = [read_npz(store.attributes("quality", u.name))["score"] for u in units]
-    alive = np.concatenate([keep[u.name] for u in units]) if units else np.zeros(0, dtype=bool)
-    score = np.concatenate(scores) if scores else np.zeros(0)
-    uid = np.concatenate([index[u.name]["uid"] for u in units]) if units else np.zeros(0, dtype=np.int64)
-    candidates = np.flatnonzero(alive)
-    n_keep = int(np.ceil(fraction * len(candidates)))
-    order = candidates[np.lexsort((uid[candidates], -score[candidates]))]
-    new = np.zeros(len(alive), dtype=bool)
-    new[order[:n_keep]] = True
-    start = 0
-    for u in units:
-        n = len(keep[u.name])
-        keep[u.name] &= new[start:start + n]
-        start += n
+    score = np.concatenate([read_npz(store.attributes("quality", u.name))["score"] for u in units])
+    uid = np.concatenate([index[u.name]["uid"] for u in units])
+    _keep_first(units, keep, (uid, -score), fraction)
 
 
 def _keep_smallest_uids(units, index, keep, fraction: float) -> None:
     """Keep the `fraction` of the still-kept documents of these units with the smallest uids: a uid is a hash of
     the document's id, so this is a uniform random sample, the same on every run and for any file layout."""
+    _keep_first(units, keep, (np.concatenate([index[u.name]["uid"] for u in units]),), fraction)
+
+
+def _keep_first(units, keep, sort_keys: tuple[np.ndarray, ...], fraction: float) -> None:
+    """Of the still-kept documents of these units (concatenated in order), keep the first ceil(fraction·n) in
+    `np.lexsort(sort_keys)` order (the last key primary); the rest are dropped from `keep`."""
+    if not units:
+        return
     alive = np.concatenate([keep[u.name] for u in units])
-    uid = np.concatenate([index[u.name]["uid"] for u in units])
     candidates = np.flatnonzero(alive)
-    order = candidates[np.argsort(uid[candidates], kind="stable")]
+    order = candidates[np.lexsort(tuple(k[candidates] for k in sort_keys))]
     new = np.zeros(len(alive), dtype=bool)
     new[order[:int(np.ceil(fraction * len(candidates)))]] = True
     start = 0

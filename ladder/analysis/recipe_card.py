@@ -127,7 +127,8 @@ def card_rows(card: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def _pct(value: float) -> str:
+def eg_pct(value: float) -> str:
+    """An efficiency gain as the percentage it saves or costs: 1.13 → "+13.0%"."""
     return f"{value - 1:+.1%}"
 
 
@@ -139,9 +140,9 @@ def arms_rows(card: dict[str, Any]) -> list[list[str]]:
         for arm, per_domain in per_arm.items():
             for domain, c in per_domain.items():
                 iv = c.get("interval")
-                interval = f"[{_pct(iv[0])}, {_pct(iv[1])}]" if iv and None not in iv else "n/a"
+                interval = f"[{eg_pct(iv[0])}, {eg_pct(iv[1])}]" if iv and None not in iv else "n/a"
                 slope = c.get("trend_slope")
                 trend = f"{slope:+.3f} ({c.get('trend_verdict')})" if slope is not None else "-"
-                value = _pct(c["eg"]) + _position_note(c) if c.get("eg") is not None else "-"
+                value = eg_pct(c["eg"]) + _position_note(c) if c.get("eg") is not None else "-"
                 rows.append([baseline, arm, domain, value, interval, c["verdict"], trend])
     return rows

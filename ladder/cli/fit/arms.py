@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from ladder.cli.fit.inputs import add_ci_level_and_seed, add_floor_arg
+from ladder.analysis.recipe_card import eg_pct
 from ladder.cli.output import make_table, print_json, stdout_console
 from ladder.errors import LadderInputError
 
@@ -36,10 +37,6 @@ def register(fit_sub: argparse._SubParsersAction, common) -> None:
     add_ci_level_and_seed(q)
     add_floor_arg(q)
     q.set_defaults(handler=run_arms)
-
-
-def _pct(value: float) -> str:
-    return f"{value - 1:+.1%}"
 
 
 def run_arms(args: argparse.Namespace) -> int:
@@ -96,8 +93,8 @@ def run_arms(args: argparse.Namespace) -> int:
         for domain, cell in per.items():
             for r in cell["rungs"]:
                 iv = r["interval"]
-                rows.append([arm, domain, str(r["rung"]), _pct(r["eg"]),
-                             f"[{_pct(iv[0])}, {_pct(iv[1])}]" if iv else "n/a", r["verdict"]])
+                rows.append([arm, domain, str(r["rung"]), eg_pct(r["eg"]),
+                             f"[{eg_pct(iv[0])}, {eg_pct(iv[1])}]" if iv else "n/a", r["verdict"]])
             t = cell["trend"]
             iv = t.get("interval")
             trends.append([arm, domain, f"{t['slope']:+.3f}" if t.get("slope") is not None else "-",
