@@ -78,6 +78,7 @@ def store_lock(tracking_uri: str) -> Iterator[None]:
 
     Jobs started together on a fresh `sqlite:///` store otherwise race in MLflow's schema migration
     ("duplicate column name: step") or in creating the same experiment. Other stores need no lock.
+    A missing store is created here, under the lock, from the empty-schema template (`seed_new_store`).
     """
     db = sqlite_path(tracking_uri)
     if db is None:
@@ -87,9 +88,68 @@ def store_lock(tracking_uri: str) -> Iterator[None]:
     with open(db.parent / (db.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
+            if not db.exists():
+                seed_new_store(db)
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def schema_cache_dir() -> Path:
+    """Where the empty-schema template lives: $XDG_CACHE_HOME/scaling-ladder (~/.cache by default)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scaling-ladder"
+
+
+def empty_schema_template(cache_dir: Path | None = None) -> Path | None:
+    """An empty SQLite file holding MLflow's whole schema (every migration applied, no experiment), made
+    once per machine and MLflow version; None where it cannot be made (a read-only cache, an MLflow
+    without the helper), and the store is then created by MLflow as before.
+
+    A new store built by MLflow runs its ~70 schema migrations one by one: 2-5 s of CPU a store, paid by
+    every new sweep, nightly and job store. Copied from here, it costs a file copy. The template holds no
+    default experiment: MLflow creates that when it first opens the copy, with the copy's own artifact
+    location, so a seeded store equals a migrated one (tests/rungs/test_tracking.py compares them).
+    """
+    try:
+        import mlflow
+        from mlflow.store.db.utils import _initialize_tables, create_sqlalchemy_engine_with_retry
+    except ImportError:
+        return None
+    cache = cache_dir or schema_cache_dir()
+    template = cache / f"mlflow-{mlflow.__version__}-schema.db"
+    if template.is_file():
+        return template
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with open(cache / (template.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # processes starting together build it once
+            try:
+                if not template.is_file():
+                    partial = template.with_name(f"{template.name}.{os.getpid()}.partial")
+                    partial.unlink(missing_ok=True)
+                    engine = create_sqlalchemy_engine_with_retry(f"sqlite:///{partial}")
+                    try:
+                        _initialize_tables(engine)
+                    finally:
+                        engine.dispose()
+                    os.replace(partial, template)  # whole or absent, never half-written
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+    except OSError as err:
+        log.warning("no MLflow schema template in %s (%s); new stores run MLflow's migrations", cache, err)
+        return None
+    return template
+
+
+def seed_new_store(db: Path) -> None:
+    """Start the missing SQLite store `db` as a copy of the empty-schema template (call under its
+    `store_lock`). Without a template nothing is written and MLflow creates the store itself."""
+    template = empty_schema_template()
+    if template is None:
+        return
+    partial = db.with_name(f"{db.name}.{os.getpid()}.partial")
+    shutil.copyfile(template, partial)
+    os.replace(partial, db)
 
 
 def mark_model_training(client: Any, experiment: Any) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ladder.errors import LadderInputError
 from rungs.run_files import process_alive
-from rungs.tracking import sqlite_path
+from rungs.tracking import sqlite_path, store_lock
 from rungs.tracking_uri import DEFAULT_TRACKING_URI
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,8 @@ class TrackingServer:
     def start(self) -> str:
         db = sqlite_path(self.store_uri)
         if db is not None:
-            db.parent.mkdir(parents=True, exist_ok=True)
+            with store_lock(self.store_uri):  # a new store starts from the schema template (rungs.tracking)
+                pass
         self.artifacts_dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port(self.host)
         self.uri = f"http://{self.host}:{self.port}"

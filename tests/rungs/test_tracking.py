@@ -1,13 +1,16 @@
-"""MLflow tracking: jobs that start together on a fresh SQLite store all get their run."""
+"""MLflow tracking: jobs that start together on a fresh SQLite store all get their run; a store seeded from
+the empty-schema template is the store MLflow's own migrations build."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import sqlite3
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
-from rungs.tracking import Tracker
+from rungs.tracking import Tracker, empty_schema_template, store_lock
 
 
 def _open_tracker(uri: str, run_dir: str, barrier, results) -> None:
@@ -20,7 +23,9 @@ def _open_tracker(uri: str, run_dir: str, barrier, results) -> None:
         results.put(("error", repr(err)))
 
 
-def test_jobs_starting_together_on_a_fresh_sqlite_store_all_get_runs(tmp_path: Path) -> None:
+def test_jobs_starting_together_on_a_fresh_sqlite_store_all_get_runs(tmp_path: Path, monkeypatch) -> None:
+    # An empty cache: the four jobs race to build the schema template too, not only the store
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
     ctx = mp.get_context("spawn")
     n = 4
@@ -40,6 +45,65 @@ def test_jobs_starting_together_on_a_fresh_sqlite_store_all_get_runs(tmp_path: P
     assert len(experiments) == 1
     runs = client.search_runs([experiments[0].experiment_id])
     assert sorted(r.info.run_id for r in runs) == sorted(detail for _, detail in outcomes)
+    assert [p.name for p in (tmp_path / "cache" / "scaling-ladder").glob("*.db")] == [empty_schema_template().name]
+    assert not list(tmp_path.rglob("*.partial"))
+
+
+def _schema(db: Path) -> tuple[list, list, list]:
+    """Tables, indexes and triggers as SQLite stores their DDL, the migration head, and the experiments."""
+    with sqlite3.connect(db) as con:
+        ddl = con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name").fetchall()
+        head = con.execute("SELECT version_num FROM alembic_version").fetchall()
+        experiments = con.execute("SELECT experiment_id, name, lifecycle_stage FROM experiments").fetchall()
+    return ddl, head, experiments
+
+
+def test_a_store_seeded_from_the_template_is_the_store_mlflows_migrations_build(tmp_path: Path, monkeypatch) -> None:
+    # The reference: MLflow building a store itself, the template out of reach (no cache can be made)
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    migrated = tmp_path / "migrated" / "mlflow.db"
+    with store_lock(f"sqlite:///{migrated}"):
+        assert not migrated.exists()  # nothing seeded: MLflow creates it below
+        MlflowClient(f"sqlite:///{migrated}").search_experiments()
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    seeded = tmp_path / "seeded" / "mlflow.db"
+    with store_lock(f"sqlite:///{seeded}"):
+        assert seeded.is_file()
+        client = MlflowClient(f"sqlite:///{seeded}")
+        client.search_experiments()
+    assert _schema(seeded) == _schema(migrated)
+    assert _schema(seeded)[2] == [(0, "Default", "active")]  # made by MLflow on first open, not in the template
+    # The default experiment's artifacts go where this store's own would, not the template's directory
+    assert "scaling-ladder" not in client.get_experiment("0").artifact_location
+    # and the store works: a run with a metric, read back
+    exp = client.create_experiment("seeded")
+    run = client.create_run(exp)
+    client.log_metric(run.info.run_id, "loss", 2.5, step=3)
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")] == [(3, 2.5)]
+
+
+def test_an_existing_store_is_never_replaced_by_the_template(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    with store_lock(uri):
+        MlflowClient(uri).create_experiment("kept")
+    with store_lock(uri):
+        assert "kept" in [e.name for e in MlflowClient(uri).search_experiments()]
+
+
+@pytest.mark.parametrize("cache", ["file", "missing-parent-file"])
+def test_without_a_usable_cache_mlflow_builds_the_store_as_before(tmp_path: Path, monkeypatch, cache) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker if cache == "file" else blocker / "sub"))
+    assert empty_schema_template() is None
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    with store_lock(uri):
+        MlflowClient(uri).create_experiment("works")
 
 
 def test_artifacts_of_a_server_created_experiment_land_where_the_server_keeps_them(tmp_path: Path) -> None:
