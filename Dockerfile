@@ -5,8 +5,8 @@
 #   docker buildx build --platform linux/amd64,linux/arm64 --build-arg REVISION=$(git rev-parse HEAD) \
 #       -t ghcr.io/ladder/scaling-ladder:0.1.0 --push .
 #
-# It installs the project as `make` does (`make .venv/.installed`: a venv in .venv/, pip install -e
-# '.[dev]', then the bytecode warm-up), then the `gpu` and `ray-cluster` extras (JAX's CUDA plugin; Ray's
+# It installs the project as `make` does (`make .venv/.installed`: a venv in .venv/, -e '.[dev]'
+# installed by uv with pip's settings, then the bytecode warm-up), then the `gpu` and `ray-cluster` extras (JAX's CUDA plugin; Ray's
 # dashboard, job server and client, at the version cluster/kuberay/raycluster-gb200.yaml names).
 #
 # torch is pinned to torch==2.13.0. Installed from PyPI, as here, that pin is the CUDA 13 build on both
