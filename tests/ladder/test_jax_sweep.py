@@ -16,6 +16,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from ladder.cli import main
 from ladder.plan.recipe import load_recipe
 from ladder.run.nightly import (GOLDENS_DIR, NOT_COMPARABLE, THROUGHPUT_METRIC, TrialMeasurement, compare,
                                 golden_machine_class, load_golden, trial_name)
@@ -45,7 +46,7 @@ def _ladder(args: list[str], cwd) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_a_sweep_with_a_jax_arm_logs_one_schema_and_fits_read_both_backends(tmp_path):
+def test_a_sweep_with_a_jax_arm_logs_one_schema_and_fits_read_both_backends(tmp_path, capsys):
     spec_path = tmp_path / "jax_smoke.yaml"
     spec_path.write_text(yaml.safe_dump(_spec()))
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -70,11 +71,14 @@ def test_a_sweep_with_a_jax_arm_logs_one_schema_and_fits_read_both_backends(tmp_
         assert run.data.tags["outcome"] == "finished" and run.data.tags["sweep"] == "jax_smoke"
         assert any(k.startswith("final_bpb/") for k in run.data.metrics)
 
-    fit = _ladder(["fit", "power-law", "--experiment", "sweep-jax_smoke", "--tracking-uri", store, "--all-runs",
-                   "--bootstrap", "0", "--holdout-top", "0", "--json"], REPO)
+    # The fit in this process: it only reads the store (a process of its own would add ~5 s of imports).
+    capsys.readouterr()
+    fit_rc = main(["fit", "power-law", "--experiment", "sweep-jax_smoke", "--tracking-uri", store, "--all-runs",
+                   "--bootstrap", "0", "--holdout-top", "0", "--json"])
+    fit = capsys.readouterr()
     # 1: no domain's law identified from a few steps (a boundary, said per domain), never bad input (2)
-    assert fit.returncode in (0, 1), fit.stderr[-3000:]
-    payload = json.loads(fit.stdout)
+    assert fit_rc in (0, 1), fit.err[-3000:]
+    payload = json.loads(fit.out)
     assert payload["source"]["n_runs"] == 3
     domains = {k.split("/", 1)[1] for k in torch_run.data.metrics if k.startswith("final_bpb/")}
     assert {f["group"] for f in payload["fits"]} == domains
@@ -83,7 +87,7 @@ def test_a_sweep_with_a_jax_arm_logs_one_schema_and_fits_read_both_backends(tmp_
             assert "distinct" not in f["reason"], f["reason"]
         else:
             assert f["n_points"] == 3, f
-    if fit.returncode == 0:
+    if fit_rc == 0:
         logged = client.get_run(payload["mlflow_fit_run_id"]).data.tags["source_runs"].split(",")
         assert set(logged) == {r.info.run_id for r in runs}
 
