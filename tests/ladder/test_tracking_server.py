@@ -99,19 +99,35 @@ def _listening_addresses(pid: int) -> set[tuple[str, int]]:
     return out
 
 
-@pytest.mark.parametrize("via_cli", [False, True], ids=["one-process", "mlflow-cli"])
-def test_server_listens_on_loopback_only(tmp_path, via_cli):
-    server = TrackingServer(f"sqlite:///{tmp_path / 'mlflow.db'}", via_cli=via_cli)
+@pytest.fixture(scope="module")
+def one_process_server(tmp_path_factory):
+    """The default (one-process) server on a store of its own, shared by the tests that only talk to it
+    while it runs: a server start and a new store cost seconds each on a busy machine."""
+    server = TrackingServer(f"sqlite:///{tmp_path_factory.mktemp('served') / 'mlflow.db'}")
     with server as uri:
-        listening = _listening_addresses(server._proc.pid)
-        assert listening, "the server listens on no TCP socket"
-        assert {ip for ip, _ in listening} == {"127.0.0.1"}, listening
-        assert ("127.0.0.1", server.port) in listening and uri == f"http://127.0.0.1:{server.port}"
-        # MLflow's own guards stay on: a request naming another host (DNS rebinding) or coming from
-        # another origin (a web page's script) is refused, as `mlflow server` refuses it
-        assert _search_status(server.port, host=f"127.0.0.1:{server.port}") == 200
-        assert _search_status(server.port, host="evil.example.com") == 403
-        assert _search_status(server.port, host=f"127.0.0.1:{server.port}", origin="http://evil.example.com") == 403
+        yield server, uri
+
+
+@pytest.mark.parametrize("via_cli", [False, True], ids=["one-process", "mlflow-cli"])
+def test_server_listens_on_loopback_only(tmp_path, request, via_cli):
+    if via_cli:
+        server = TrackingServer(f"sqlite:///{tmp_path / 'mlflow.db'}", via_cli=True)
+        with server as uri:
+            _check_listens_on_loopback_only(server, uri)
+    else:
+        _check_listens_on_loopback_only(*request.getfixturevalue("one_process_server"))
+
+
+def _check_listens_on_loopback_only(server: TrackingServer, uri: str) -> None:
+    listening = _listening_addresses(server._proc.pid)
+    assert listening, "the server listens on no TCP socket"
+    assert {ip for ip, _ in listening} == {"127.0.0.1"}, listening
+    assert ("127.0.0.1", server.port) in listening and uri == f"http://127.0.0.1:{server.port}"
+    # MLflow's own guards stay on: a request naming another host (DNS rebinding) or coming from
+    # another origin (a web page's script) is refused, as `mlflow server` refuses it
+    assert _search_status(server.port, host=f"127.0.0.1:{server.port}") == 200
+    assert _search_status(server.port, host="evil.example.com") == 403
+    assert _search_status(server.port, host=f"127.0.0.1:{server.port}", origin="http://evil.example.com") == 403
 
 
 def _search_status(port: int, *, host: str, origin: str | None = None) -> int:
@@ -127,23 +143,22 @@ def _search_status(port: int, *, host: str, origin: str | None = None) -> int:
         conn.close()
 
 
-def test_one_process_serves_the_store_and_its_artifacts_as_the_mlflow_cli_would(tmp_path):
+def test_one_process_serves_the_store_and_its_artifacts_as_the_mlflow_cli_would(tmp_path, one_process_server):
     import psutil
 
-    server = TrackingServer(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    server, uri = one_process_server
     payload = tmp_path / "eval.json"
     payload.write_text('{"bpb": 1.25}')
-    with server as uri:
-        (served,) = psutil.Process(server._proc.pid).children()  # the watchdog's one child
-        assert served.children() == []  # no second (uvicorn) process: the store opened once
-        client = MlflowClient(uri)
-        run = client.create_run(client.create_experiment("artifacts"))
-        assert run.info.artifact_uri.startswith("mlflow-artifacts:/")  # --serve-artifacts
-        client.log_artifact(run.info.run_id, str(payload))
-        client.log_metric(run.info.run_id, "bpb", 1.25, step=3)
-        fetched = client.download_artifacts(run.info.run_id, "eval.json", str(tmp_path))
-        assert open(fetched).read() == payload.read_text()
-    # where the CLI's --artifacts-destination puts it, beside the database
+    (served,) = psutil.Process(server._proc.pid).children()  # the watchdog's one child
+    assert served.children() == []  # no second (uvicorn) process: the store opened once
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("artifacts"))
+    assert run.info.artifact_uri.startswith("mlflow-artifacts:/")  # --serve-artifacts
+    client.log_artifact(run.info.run_id, str(payload))
+    client.log_metric(run.info.run_id, "bpb", 1.25, step=3)
+    fetched = client.download_artifacts(run.info.run_id, "eval.json", str(tmp_path))
+    assert open(fetched).read() == payload.read_text()
+    # where the CLI's --artifacts-destination puts it, beside the database; the metric in that database
     assert [p.read_text() for p in server.artifacts_dir.rglob("eval.json")] == [payload.read_text()]
-    assert MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_metric_history(run.info.run_id, "bpb")[0].step == 3
+    assert MlflowClient(server.store_uri).get_metric_history(run.info.run_id, "bpb")[0].step == 3
     assert "in one process" in server._log_path.read_text()
