@@ -124,7 +124,7 @@ def _single_process(loss: str, checkpointing: str = "none") -> dict[str, int]:
     return _measure(model, optimizer, step, _batches(0), loss)
 
 
-def _sharded(rank: int, world: int, ep: int, loss: str, precision: str, capacity_factor: float | None, out) -> None:
+def _sharded(rank: int, world: int, ep: int, loss: str, precision: str, capacity_factor: float | None) -> dict[str, int]:
     from rungs.parallel.distributed import (build_optimizer, clip_grad_norm, lbl_reduce, parallelize,
                                             reduce_expert_grads, setup)
 
@@ -150,7 +150,7 @@ def _sharded(rank: int, world: int, ep: int, loss: str, precision: str, capacity
 
     measured = _measure(model, optimizer, step, _batches(rank), loss, lbl_reduce(par))
     del measured["grads"]  # held unsharded between micro-batches, inside FSDP: in the MemTracker peak
-    out[rank] = measured
+    return measured
 
 
 def _check(measured: dict[str, int], layout: Layout, loss: str) -> None:
@@ -184,19 +184,55 @@ def test_checkpointing_within_15_percent(checkpointing):
     _check(_single_process("chunked", checkpointing), layout, "chunked")
 
 
+TWO_RANK_LAYOUTS = [(1, "fp32", None), (2, "fp32", None), (1, "bf16", None), (2, "bf16", None), (2, "fp32", 1.5)]
+EP_CAPACITY_FACTORS = [None, 1.5]
+EP_SHAPE = (8, 2, 128, 256, 512)  # experts, top-k, latent, hidden, tokens a rank
+
+
+def _two_layout(ep: int, precision: str, capacity_factor: float | None) -> Layout:
+    return Layout(dp=2 // ep, ep=ep, micro_batch_sequences=MICRO, precision=precision, capacity_factor=capacity_factor)
+
+
+# The two-rank measurements of a group of tests run one after another in one pair of gloo ranks: each
+# builds its own model, optimizer (or layer) and process groups, and measures the bytes a pair of ranks
+# of its own measures (checked, every layout); the pair pays the rank start and this module's imports
+# (FSDP, DTensor, MemTracker: seconds a rank on a busy machine) once a group instead of once a test.
+# Two groups, so that `-m "not slow"` runs the expert-parallel calls without the slow layouts.
+
+def _measure_in_turn(rank: int, world: int, measurements: list[tuple], out) -> None:
+    for key, fn, args in measurements:
+        out[(key, rank)] = fn(rank, world, *args)
+
+
+def _on_two_ranks(measurements: list[tuple]) -> dict:
+    """{(key, rank): what `fn(rank, 2, *args)` returned} for each (key, fn, args)."""
+    with torch.multiprocessing.Manager() as manager:
+        out = manager.dict()
+        run_ranks(_measure_in_turn, 2, measurements, out)
+        return dict(out)
+
+
+@pytest.fixture(scope="module")
+def two_rank_layouts() -> dict:
+    return _on_two_ranks([(layout, _sharded, (layout[0], job_loss(_two_layout(*layout)), *layout[1:]))
+                          for layout in TWO_RANK_LAYOUTS])
+
+
+@pytest.fixture(scope="module")
+def expert_parallel_calls() -> dict:
+    return _on_two_ranks([(factor, _ep_call, ((*EP_SHAPE, factor),)) for factor in EP_CAPACITY_FACTORS])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("ep,precision,capacity_factor", [(1, "fp32", None), (2, "fp32", None), (1, "bf16", None),
-                                                          (2, "bf16", None), (2, "fp32", 1.5)])
-def test_two_ranks_within_15_percent(ep, precision, capacity_factor):
-    out = torch.multiprocessing.Manager().dict()
-    layout = Layout(dp=2 // ep, ep=ep, micro_batch_sequences=MICRO, precision=precision, capacity_factor=capacity_factor)
+@pytest.mark.parametrize("ep,precision,capacity_factor", TWO_RANK_LAYOUTS)
+def test_two_ranks_within_15_percent(ep, precision, capacity_factor, two_rank_layouts):
+    layout = _two_layout(ep, precision, capacity_factor)
     loss = job_loss(layout)  # the sharded step gives the model the targets: the chunked loss path
-    run_ranks(_sharded, 2, ep, loss, precision, capacity_factor, out)
     for rank in range(2):
-        _check(out[rank], layout, loss)
+        _check(two_rank_layouts[((ep, precision, capacity_factor), rank)], layout, loss)
 
 
-def _ep_call(rank: int, world: int, shape: tuple, out) -> None:
+def _ep_call(rank: int, world: int, shape: tuple) -> dict[str, int]:
     """One ExpertParallelExperts call: its forward's transients (peak less what outlives the call) and
     its backward's peak, parameters and gradients left out (MemTracker's own categories)."""
     from rungs.moe import RoutedExperts
@@ -224,19 +260,18 @@ def _ep_call(rank: int, world: int, shape: tuple, out) -> None:
     backward.track_external(ep, x)
     with backward:
         y.backward(grad)
-    out[rank] = {"forward": measured(forward, "peak") - measured(forward, "current"),
-                 "backward": measured(backward, "peak"), "rounds": ep.last_stats["rounds"]}
+    return {"forward": measured(forward, "peak") - measured(forward, "current"),
+            "backward": measured(backward, "peak"), "rounds": ep.last_stats["rounds"]}
 
 
-@pytest.mark.parametrize("capacity_factor", [None, 1.5])
-def test_an_expert_parallel_call_within_15_percent(capacity_factor):
+@pytest.mark.parametrize("capacity_factor", EP_CAPACITY_FACTORS)
+def test_an_expert_parallel_call_within_15_percent(capacity_factor, expert_parallel_calls):
     """The exchange, compute and index buffers of one layer call (fp32, 2 gloo ranks, 8 experts top-2,
     512 tokens a rank): what the planner adds to a phase for the experts, against the measured call."""
     from ladder.plan.expert_memory import expert_backward, expert_forward
 
-    E, k, lat, hid, tokens = 8, 2, 128, 256, 512
-    out = torch.multiprocessing.Manager().dict()
-    run_ranks(_ep_call, 2, (E, k, lat, hid, tokens, capacity_factor), out)
+    E, k, lat, hid, tokens = EP_SHAPE
+    out = {rank: expert_parallel_calls[(capacity_factor, rank)] for rank in range(2)}
     planned = {"forward": expert_forward(E, k, lat, hid, tokens, 2, 4, capacity_factor),
                "backward": expert_backward(E, k, lat, hid, tokens, 2, 4, capacity_factor)}
     for rank in range(2):
