@@ -37,6 +37,7 @@ def _worker(out: str) -> None:
     from rungs.config import parse_config
     from rungs.jaxjob.engine import JaxEngine
     from rungs.jaxjob.sharding import make_mesh
+    from rungs.jaxjob.train import compilation_cache_dir, enable_compilation_cache
     from rungs.torch_engine import lr_schedule
     from rungs.train import train
 
@@ -45,6 +46,11 @@ def _worker(out: str) -> None:
     schedule = lr_schedule(cfg)
     result: dict = {}
     run = Path(out).parent
+    # The trials below compile through the persistent cache the job keeps beside its run directory
+    # (here in tmp_path, new each run). Open it from the start: the gradient program does not depend
+    # on Newton-Schulz's dtype, so the bf16 reference and the trials on (1, 4) and (2, 2) load the
+    # fp32 engines' compiled gradient programs instead of compiling them again.
+    enable_compilation_cache(compilation_cache_dir(run / "trialNone"))
     for mesh in [None, *MESHES]:
         engine = JaxEngine(cfg, mesh=None if mesh is None else make_mesh(*mesh), ns_dtype=jnp.float32)
         engine.build()
