@@ -50,37 +50,41 @@ def _ray_node(args: list[str], temp_dir: Path) -> subprocess.Popen:
 GUARD_SECONDS = 3600
 
 
-def _wait_for_nodes(address: str, count: int, timeout_seconds: float = GUARD_SECONDS) -> None:
+def _wait_in_probe(address: str, condition: str, why: str, timeout_seconds: float = GUARD_SECONDS) -> None:
+    """Until `condition` (Python, with `ray` connected to the cluster) holds. One probe process polls it
+    in a loop, so each wait pays for one Python start and `import ray`, not one per poll; a probe
+    that cannot connect yet (the head is still starting) exits and the next one tries again."""
     probe = textwrap.dedent(f"""
+        import time
         import ray
         ray.init(address="{address}", logging_level="ERROR")
-        print(sum(1 for n in ray.nodes() if n["Alive"]))
+        while not ({condition}):
+            time.sleep(0.5)
+        print("ready")
     """)
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
-        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
-        if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(count)]:
-            return
-        time.sleep(2)
-    raise TimeoutError(f"Ray cluster at {address} did not reach {count} nodes")
-
-
-def _wait_for_idle_cluster(address: str, timeout_seconds: float = GUARD_SECONDS) -> None:
-    """Until every CPU of the cluster is free again (no trial of a dead driver still holds one)."""
-    probe = textwrap.dedent(f"""
-        import ray
-        ray.init(address="{address}", logging_level="ERROR")
-        print(ray.available_resources().get("CPU", 0.0) >= ray.cluster_resources().get("CPU", 0.0))
-    """)
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
-        if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == ["True"]:
+        try:
+            out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                 env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+                                 timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            break
+        if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == ["ready"]:
             return
         time.sleep(1)
-    raise TimeoutError(f"Ray cluster at {address} still runs the killed driver's trials")
+    raise TimeoutError(f"Ray cluster at {address} {why}")
+
+
+def _wait_for_nodes(address: str, count: int) -> None:
+    _wait_in_probe(address, f'sum(1 for n in ray.nodes() if n["Alive"]) == {count}',
+                   f"did not reach {count} nodes")
+
+
+def _wait_for_idle_cluster(address: str) -> None:
+    """Until every CPU of the cluster is free again (no trial of a dead driver still holds one)."""
+    _wait_in_probe(address, 'ray.available_resources().get("CPU", 0.0) >= ray.cluster_resources().get("CPU", 0.0)',
+                   "still runs the killed driver's trials")
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +103,20 @@ def ray_cluster():
         os.environ["RAY_AUTH_MODE"] = "disabled"
         yield address
     finally:
-        for proc in reversed(nodes):  # only the sessions this fixture started
-            for sig in (signal.SIGTERM, signal.SIGKILL):
+        # Only the sessions this fixture started; both nodes are signalled before either is waited for,
+        # so their 5 s of grace run at once (a draining node waits 30 s for nothing here).
+        pending = list(reversed(nodes))
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for proc in list(pending):
                 try:
                     os.killpg(proc.pid, sig)
-                    proc.wait(timeout=5)  # a draining node waits 30 s for nothing here
-                    break
                 except ProcessLookupError:
-                    break
+                    pending.remove(proc)
+            deadline = time.monotonic() + 5
+            for proc in list(pending):
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    pending.remove(proc)
                 except subprocess.TimeoutExpired:
                     continue
         shutil.rmtree(short, ignore_errors=True)
@@ -128,6 +138,16 @@ def _sweep(args: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run([*LADDER, "sweep", *args], capture_output=True, text=True, timeout=GUARD_SECONDS, **kw)
 
 
+def _sweep_here(args: list[str], capsys) -> tuple[int, str, str]:
+    """`ladder sweep ...` in this process: (exit code, stdout, stderr). For the commands that start no Ray
+    and no server (status, a spec refused by the plan, a rerun with every trial finished): a process of
+    their own would add only its imports (~5 s of torch, MLflow and Ray)."""
+    capsys.readouterr()
+    rc = main(["sweep", *args])
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
 # The smoke sweep, one trial at a time and long enough that the third trial spends many polls between
 # its first checkpoint and its end: the kill below waits for that state, whatever the machine's speed
 # (with two trials at once and 20 steps the window was a few seconds and a loaded machine missed it).
@@ -143,7 +163,7 @@ def _kill_spec(tmp_path: Path) -> str:
 
 
 @pytest.mark.slow
-def test_killed_driver_rerun_finishes_every_trial_exactly_once(ray_cluster, tmp_path):
+def test_killed_driver_rerun_finishes_every_trial_exactly_once(ray_cluster, tmp_path, capsys):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     smoke = _kill_spec(tmp_path)
     cmd = [*LADDER, "sweep", "run", smoke, "--address", ray_cluster, "--tracking-uri", store, "--new-store", "--json"]
@@ -165,7 +185,9 @@ def test_killed_driver_rerun_finishes_every_trial_exactly_once(ray_cluster, tmp_
     finished_before = {k for k, s in states.items() if s == "finished"}
     interrupted = {k for k, s in states.items() if s == "running"}
     assert len(finished_before) == 2 and len(interrupted) == 1, states
-    status = json.loads(_sweep(["status", smoke, "--tracking-uri", store, "--json"]).stdout)
+    rc, out, err = _sweep_here(["status", smoke, "--tracking-uri", store, "--json"], capsys)
+    assert rc == 0, err
+    status = json.loads(out)
     (running,) = [t for t in status["trials"] if t["state"] == "running"]
     step, total = re.match(r"step (\d+)/(\d+), \d+ s ago$", running["progress"]).groups()
     assert int(step) < int(total)  # the steps up to its checkpoint are in MLflow; the rest were not run
@@ -200,10 +222,11 @@ def test_killed_driver_rerun_finishes_every_trial_exactly_once(ray_cluster, tmp_
         else:
             assert steps == set(range(1, KILL_STEPS + 1))
 
-    again = _sweep(["run", smoke, "--address", ray_cluster, "--tracking-uri", store, "--json"])
-    assert again.returncode == 0
-    counts = {k: v for k, v in json.loads(again.stdout).items() if k in ("trials", "completed", "skipped", "failed",
-                                                                         "diverged")}
+    # Every trial finished: the rerun decides from MLflow alone and starts neither Ray nor a server.
+    rc, out, _ = _sweep_here(["run", smoke, "--address", ray_cluster, "--tracking-uri", store, "--json"], capsys)
+    assert rc == 0
+    counts = {k: v for k, v in json.loads(out).items() if k in ("trials", "completed", "skipped", "failed",
+                                                                "diverged")}
     assert counts == {"trials": 3, "completed": 0, "skipped": 3, "failed": 0, "diverged": 0}
 
 
@@ -219,7 +242,7 @@ FAULTS = {
 
 
 @pytest.mark.slow
-def test_raising_trial_is_retried_then_failed_and_diverged_trial_is_not_retried(ray_cluster, tmp_path):
+def test_raising_trial_is_retried_then_failed_and_diverged_trial_is_not_retried(ray_cluster, tmp_path, capsys):
     spec_path = tmp_path / "faults.yaml"
     # A manifest the plan accepts (it exists, its files exist, it has cpu-demo's sources) whose documents are
     # not JSON: only preparing it, on the worker, finds that out.
@@ -253,7 +276,9 @@ def test_raising_trial_is_retried_then_failed_and_diverged_trial_is_not_retried(
     assert "broken.jsonl" in (by_arm["broken"]["error"] or "") and "\n" not in by_arm["broken"]["error"]
     assert by_arm["blowup"]["state"] == "diverged" and by_arm["blowup"]["attempts"] == 1
 
-    status = json.loads(_sweep(["status", str(spec_path), "--tracking-uri", store, "--json"]).stdout)
+    rc, out, err = _sweep_here(["status", str(spec_path), "--tracking-uri", store, "--json"], capsys)
+    assert rc == 0, err
+    status = json.loads(out)
     assert status["counts"] == {"finished": 1, "failed": 1, "diverged": 1}
     failed = [t for t in status["trials"] if t["state"] == "failed"]
     assert "broken.jsonl" in failed[0]["error"]  # the reason, not just the state
@@ -321,7 +346,7 @@ def test_planned_configs_equal_resolving_each_trial_alone(name):
 
 
 @pytest.mark.slow
-def test_multi_worker_trial_runs_as_one_torchtrainer_job_and_one_mlflow_run(ray_cluster, tmp_path):
+def test_multi_worker_trial_runs_as_one_torchtrainer_job_and_one_mlflow_run(ray_cluster, tmp_path, capsys):
     spec = {"name": "two_workers", "recipe": "cpu-demo", "max_steps": 4, "max_failures": 0,
             "resources": {"cpus": 1, "workers": 2}, "blocks": [{"name": "b", "rungs": [3]}]}
     path = tmp_path / "two.yaml"
@@ -329,8 +354,8 @@ def test_multi_worker_trial_runs_as_one_torchtrainer_job_and_one_mlflow_run(ray_
     # A batch the two ranks cannot split evenly is refused before launch; an even one runs.
     spec["overrides"] = {"batch_sequences": 7, **ONE_DOC_EVAL}
     path.write_text(yaml.safe_dump(spec))
-    refused = _sweep(["run", str(path), "--address", ray_cluster, "--tracking-uri", store, "--json"])
-    assert refused.returncode == 2 and "does not split over 2 workers" in refused.stderr
+    rc, _, err = _sweep_here(["run", str(path), "--address", ray_cluster, "--tracking-uri", store, "--json"], capsys)
+    assert rc == 2 and "does not split over 2 workers" in err
     spec["overrides"] = {"batch_sequences": 8, **ONE_DOC_EVAL}
     path.write_text(yaml.safe_dump(spec))
     out = _sweep(["run", str(path), "--address", ray_cluster, "--tracking-uri", store, "--new-store", "--json"])
