@@ -13,7 +13,10 @@ from tests.rungs.train_helpers import tiny_config
 
 def _cfg(**overrides):
     # AGC in median mode and the router bias both carry state across steps: the checkpoint must hold them.
-    return tiny_config(max_steps=6, deterministic=True, expert_bias=True, agc_threshold=2.0, **overrides)
+    # Two of the rung's three layers: what is saved does not depend on depth, but more than one layer's
+    # state (biases, AGC thresholds per layer) must come back; each of the 4 jobs traces the model anew.
+    return tiny_config(max_steps=6, deterministic=True, expert_bias=True, agc_threshold=2.0, n_layers=2,
+                       **overrides)
 
 
 def test_n_steps_restart_n_steps_equals_2n_and_another_config_is_refused(tmp_path):
