@@ -316,7 +316,11 @@ class JaxEngine:
             logits = self._host(self._logits(self.params, self.buffers, self._batch_put(x)))
             return torch.from_numpy(np.array(logits[:B, :T]))
 
-        return score_domains(logits_fn, self.corpus, cfg, final=final)
+        # Traced on the mesh as the step is: off it, the forward's MoE layers fall back to XLA's generic
+        # partitioning instead of expert parallelism (a final eval on a (2, 2) mesh: 20.5 -> 6.4 CPU s,
+        # the same BPB to 5 decimals).
+        with sharding.use_mesh(self.mesh):
+            return score_domains(logits_fn, self.corpus, cfg, final=final)
 
     def unigram_bpb(self) -> dict[str, float]:
         return unigram_bpb(self.corpus, self.cfg)

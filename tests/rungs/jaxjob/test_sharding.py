@@ -82,12 +82,13 @@ def _worker(out: str) -> None:
     for step in range(cfg.run_steps):
         one.append(engine.train_step(step, schedule(step))["loss"])
         engine.update_router_bias()
+    one_bpb = {domain: score.bpb for domain, score in engine.evaluate(final=True).items()}
     trials = {}
     for expert in (None, 2):  # the default mesh over 4 devices, and (2, 2)
         res = train(_cfg(backend="jax", jax_mesh_expert=expert, tracking_uri=f"sqlite:///{run / 'mlflow.db'}"),
                     run_dir=run / f"trial{expert}", progress=False)
-        trials[str(expert)] = {"loss": res.losses, "devices": res.devices, "run_id": res.run_id}
-    result["trial"] = {"one": one, "meshes": trials}
+        trials[str(expert)] = {"loss": res.losses, "devices": res.devices, "run_id": res.run_id, "bpb": res.bpb}
+    result["trial"] = {"one": one, "one_bpb": one_bpb, "meshes": trials}
     Path(out).write_text(json.dumps(result))
 
 
@@ -121,6 +122,11 @@ def test_sharded_meshes_equal_one_device_a_trial_shards_over_every_device_and_4_
         assert got["devices"] == 4, expert
         # the tolerance of the job's bf16 Newton-Schulz (the resume check below)
         np.testing.assert_allclose(got["loss"], trial["one"], rtol=1e-4, err_msg=expert)
+        # the final eval runs on the mesh as the step does (expert parallelism in its MoE layers) and
+        # scores what one device scores, to the same tolerance
+        assert got["bpb"].keys() == trial["one_bpb"].keys() and got["bpb"], expert
+        for domain, bpb in trial["one_bpb"].items():
+            assert got["bpb"][domain] == pytest.approx(bpb, rel=1e-4), (expert, domain)
     # 8 experts over 4 devices: all 4 on the expert axis by default; jax_mesh_expert=2 asks (2, 2)
     assert {k: (t["dp"], t["ep"], t["workers"]) for k, t in tags.items()} == {"None": ("1", "4", "1"),
                                                                                "2": ("2", "2", "1")}
