@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from provenance import code_version  # the one code version (fit results, run tags, goldens)
+from rungs.data.atomic import temporary_for  # the hidden, pid-marked name a file is written under before its rename
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +101,11 @@ def schema_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scaling-ladder"
 
 
-def empty_schema_template(cache_dir: Path | None = None) -> Path | None:
+def empty_schema_template() -> Path | None:
     """An empty SQLite file holding MLflow's whole schema (every migration applied, no experiment), made
-    once per machine and MLflow version; None where it cannot be made (a read-only cache, an MLflow
-    without the helper), and the store is then created by MLflow as before.
+    once per machine and MLflow version in `schema_cache_dir()`; None where it cannot be made (a read-only
+    cache, an MLflow without the helper, any error while building it), and the store is then created by
+    MLflow as before.
 
     A new store built by MLflow runs its ~70 schema migrations one by one: 2-5 s of CPU a store, paid by
     every new sweep, nightly and job store. Copied from here, it costs a file copy. The template holds no
@@ -115,17 +117,17 @@ def empty_schema_template(cache_dir: Path | None = None) -> Path | None:
         from mlflow.store.db.utils import _initialize_tables, create_sqlalchemy_engine_with_retry
     except ImportError:
         return None
-    cache = cache_dir or schema_cache_dir()
+    cache = schema_cache_dir()
     template = cache / f"mlflow-{mlflow.__version__}-schema.db"
     if template.is_file():
         return template
+    partial = temporary_for(template)  # this process's own name: no other file is ever removed
     try:
         cache.mkdir(parents=True, exist_ok=True)
         with open(cache / (template.name + ".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # processes starting together build it once
             try:
                 if not template.is_file():
-                    partial = template.with_name(f"{template.name}.{os.getpid()}.partial")
                     partial.unlink(missing_ok=True)
                     engine = create_sqlalchemy_engine_with_retry(f"sqlite:///{partial}")
                     try:
@@ -135,8 +137,12 @@ def empty_schema_template(cache_dir: Path | None = None) -> Path | None:
                     os.replace(partial, template)  # whole or absent, never half-written
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
-    except OSError as err:
-        log.warning("no MLflow schema template in %s (%s); new stores run MLflow's migrations", cache, err)
+    except Exception as err:  # a template is only a shortcut: MLflow's own migrations still build the store
+        log.warning("no MLflow schema template in %s (%r); new stores run MLflow's migrations", cache, err)
+        try:
+            partial.unlink(missing_ok=True)
+        except OSError:
+            pass
         return None
     return template
 
@@ -147,9 +153,13 @@ def seed_new_store(db: Path) -> None:
     template = empty_schema_template()
     if template is None:
         return
-    partial = db.with_name(f"{db.name}.{os.getpid()}.partial")
-    shutil.copyfile(template, partial)
-    os.replace(partial, db)
+    partial = temporary_for(db)
+    try:
+        shutil.copyfile(template, partial)
+        os.replace(partial, db)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def mark_model_training(client: Any, experiment: Any) -> None:

@@ -7,6 +7,7 @@ import multiprocessing as mp
 import sqlite3
 from pathlib import Path
 
+import mlflow
 import pytest
 from mlflow import MlflowClient
 
@@ -46,7 +47,7 @@ def test_jobs_starting_together_on_a_fresh_sqlite_store_all_get_runs(tmp_path: P
     runs = client.search_runs([experiments[0].experiment_id])
     assert sorted(r.info.run_id for r in runs) == sorted(detail for _, detail in outcomes)
     assert [p.name for p in (tmp_path / "cache" / "scaling-ladder").glob("*.db")] == [empty_schema_template().name]
-    assert not list(tmp_path.rglob("*.partial"))
+    assert not list(tmp_path.rglob(".*.tmp*"))  # no temporary of the template or the store is left
 
 
 def _schema(db: Path) -> tuple[dict, list, list]:
@@ -114,6 +115,48 @@ def test_without_a_usable_cache_mlflow_builds_the_store_as_before(tmp_path: Path
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     with store_lock(uri):
         MlflowClient(uri).create_experiment("works")
+
+
+def test_an_error_building_the_template_falls_back_to_mlflow_and_leaves_no_temporary(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    import sqlalchemy.exc
+    from mlflow.store.db import utils
+
+    def broken(engine) -> None:
+        with engine.connect() as con:  # the temporary exists by now, half-built
+            con.exec_driver_sql("CREATE TABLE half (x INTEGER)")
+            con.commit()
+        raise sqlalchemy.exc.OperationalError("CREATE TABLE", {}, Exception("database is locked"))
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(utils, "_initialize_tables", broken)
+    assert empty_schema_template() is None
+    assert list((tmp_path / "cache" / "scaling-ladder").iterdir()) == [
+        tmp_path / "cache" / "scaling-ladder" / f"mlflow-{mlflow.__version__}-schema.db.lock"]
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "other-cache"))
+    monkeypatch.setattr(utils, "_initialize_tables", broken)
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    with store_lock(uri):
+        assert not (tmp_path / "store" / "mlflow.db").exists()  # not seeded: MLflow builds it
+    monkeypatch.undo()
+    with store_lock(uri):
+        MlflowClient(uri).create_experiment("works")
+
+
+def test_building_the_template_leaves_other_files_in_the_cache_alone(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cache = tmp_path / "cache" / "scaling-ladder"
+    cache.mkdir(parents=True)
+    name = f"mlflow-{mlflow.__version__}-schema.db"
+    # another process's temporary (pid 1 is always alive), an older version's template, a user's file
+    foreign = {cache / f".{name}.tmp1": b"building", cache / "mlflow-0.0.1-schema.db": b"old",
+               cache / "notes.txt": b"mine"}
+    for path, data in foreign.items():
+        path.write_bytes(data)
+    assert empty_schema_template() == cache / name
+    assert {path: path.read_bytes() for path in foreign} == foreign
+    assert sorted(p.name for p in cache.iterdir()) == sorted([*(p.name for p in foreign), name, name + ".lock"])
 
 
 def test_artifacts_of_a_server_created_experiment_land_where_the_server_keeps_them(tmp_path: Path) -> None:
