@@ -2,8 +2,8 @@
 
 The same contract as `rungs.train.train` (same TrainResult, result files, MLflow metric names),
 with the run tagged backend=jax and the jax version. XLA's compiled programs are kept in a
-persistent compilation cache under runs/ (`compilation_cache_dir`), so a rerun or the next trial of
-the same shapes loads its step instead of compiling it.
+persistent compilation cache under runs/ (`compilation_cache_dir`; JAX_COMPILATION_CACHE_DIR names another), so a
+rerun or the next trial of the same shapes loads its step instead of compiling it.
 
 A job uses every device it sees (`jax.devices()`: this process's, or after
 `rungs.jaxjob.distributed.initialize` every process's): a (data, expert) mesh whose expert axis is
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from pathlib import Path
 
 import jax
@@ -31,11 +32,16 @@ from rungs.torch_engine import lr_schedule
 log = logging.getLogger(__name__)
 
 CACHE_DIR_NAME = "jax_cache"
+CACHE_DIR_ENV = "JAX_COMPILATION_CACHE_DIR"
 
 
 def compilation_cache_dir(run_dir: Path) -> Path:
-    """`runs/jax_cache` for a run directory under a folder named runs (the nearest), else a
-    `jax_cache` beside the run directory."""
+    """The directory named by JAX_COMPILATION_CACHE_DIR (JAX's own variable: one cache for every job that
+    sees it, across sweeps and run folders) when set; else `runs/jax_cache` for a run directory under a
+    folder named runs (the nearest), else a `jax_cache` beside the run directory."""
+    shared = os.environ.get(CACHE_DIR_ENV)
+    if shared:
+        return Path(shared)
     run_dir = Path(run_dir).resolve()
     for parent in run_dir.parents:
         if parent.name == "runs":
