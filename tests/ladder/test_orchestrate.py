@@ -25,10 +25,10 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from ladder.cli import main
-from ladder.run.orchestrate import STALE_AFTER_SECONDS, _progress
 from ladder.run.sweep_runs import find_runs, trial_state
 from ladder.run.tracking_server import free_port
 from sweeps.spec import SWEEPS_DIR
+from tests.ladder.test_sweep_checks import bad_spec
 # What these tests check is where trials end up (finished, resumed, retried, diverged), never their BPB:
 # their trials evaluate one held-out document per domain.
 from tests.rungs.train_helpers import ONE_DOC_EVAL
@@ -288,36 +288,10 @@ def test_raising_trial_is_retried_then_failed_and_diverged_trial_is_not_retried(
     assert all(r.tags["outcome"] == "failed" for r in runs[by_arm["broken"]["key"]])
 
 
-def _bad_spec(tmp_path: Path, **changes) -> str:
-    data = yaml.safe_load((SWEEPS_DIR / "smoke.yaml").read_text())
-    data.update(changes)
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
-
-
-@pytest.mark.parametrize("changes, says", [
-    ({"recipe": "no-such-recipe"}, "no recipe named"),
-    ({"blocks": [{"name": "b", "rungs": [3], "lr_wd": {"log_lr": {"offsets": []}}}]}, "no points"),
-    ({"blocks": [{"name": "b", "rungs": [3], "lr_wd": {"centre": {"lr": -0.01, "weight_decay": 0.1}}}]},
-     "greater than 0"),
-    ({"blocks": []}, "blocks"),
-    ({"overrides": {"no_such_knob": 1}}, "unknown override key"),
-])
-def test_bad_specs_exit_2_before_anything_starts(tmp_path, capsys, changes, says):
-    store = tmp_path / "mlflow.db"
-    rc = main(["sweep", "run", _bad_spec(tmp_path, **changes), "--tracking-uri", f"sqlite:///{store}", "--json"])
-    captured = capsys.readouterr()
-    assert rc == 2
-    assert says in captured.err and "bad.yaml" in captured.err
-    assert captured.out == ""
-    assert not store.exists()  # nothing was launched or tracked
-
-
 @pytest.mark.slow
 def test_resources_larger_than_the_cluster_exit_2_before_any_trial(ray_cluster, tmp_path):
     # A batch that splits over 4 workers, so the cluster check (not the batch check) is what refuses.
-    spec = _bad_spec(tmp_path, resources={"cpus": 2, "workers": 4},
+    spec = bad_spec(tmp_path, resources={"cpus": 2, "workers": 4},
                      overrides={"checkpoint_interval": 5, "batch_sequences": 8})
     store = tmp_path / "mlflow.db"
     out = _sweep(["run", spec, "--address", ray_cluster, "--tracking-uri", f"sqlite:///{store}", "--new-store",
@@ -326,23 +300,6 @@ def test_resources_larger_than_the_cluster_exit_2_before_any_trial(ray_cluster, 
     assert "cluster has 3 CPU" in out.stderr and "Traceback" not in out.stderr
     assert out.stdout == ""
     assert find_runs(f"sqlite:///{store}", "sweep-smoke") == {}
-
-
-@pytest.mark.parametrize("name", ["smoke", "demo", "dropout", "agc_ablation", "nightly"])
-def test_planned_configs_equal_resolving_each_trial_alone(name):
-    """plan_sweep resolves once per rung and sets the grid knobs; that must equal resolve() per trial."""
-    from ladder.plan.resolve import resolve_train_config
-    from sweeps.plan import plan_sweep
-    from sweeps.keys import trial_key
-    from sweeps.spec import load_spec
-
-    spec = load_spec(name)
-    planned = plan_sweep(spec)
-    for p in planned:
-        direct = resolve_train_config(spec.recipe, p.trial.L, dict(p.trial.overrides), max_steps=p.trial.max_steps)
-        assert p.config == direct
-        assert p.key == trial_key(direct)
-    assert len({p.key for p in planned}) == len(planned)
 
 
 @pytest.mark.slow
@@ -365,18 +322,6 @@ def test_multi_worker_trial_runs_as_one_torchtrainer_job_and_one_mlflow_run(ray_
     assert len(runs) == 1  # rank 0 alone tracks
     assert runs[0].tags["workers"] == "2" and runs[0].tags["outcome"] == "finished"
     assert runs[0].tags["ep"] == "2"  # no ep in the spec: the memory planner's (ladder.run.trial.expert_parallel_size)
-
-
-def test_status_progress_marks_a_silent_running_run_as_stale(tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(store)
-    run_id = client.create_run(client.create_experiment("x")).info.run_id
-    assert _progress(store, run_id, 100) == "starting"
-    now_ms = int(time.time() * 1000)
-    client.log_metric(run_id, "loss", 3.0, timestamp=now_ms - 10_000, step=7)
-    assert re.fullmatch(r"step 7/100, 1[01] s ago", _progress(store, run_id, 100))
-    client.log_metric(run_id, "loss", 2.9, timestamp=now_ms - int(STALE_AFTER_SECONDS * 1000) - 60_000, step=8)
-    assert _progress(store, run_id, 100).startswith("step 8/100") and "stale" in _progress(store, run_id, 100)
 
 
 TWIN = {"name": "twin", "recipe": "cpu-demo", "max_steps": 6, "max_failures": 0, "max_concurrent": 1,
