@@ -13,6 +13,12 @@ method: the seed noise of both means, σ²·(1/n_base + 1/n_arm) with σ² the v
 pooled over every (arm, rung) with repeated seeds (its degrees of freedom Σ(n − 1) give the Student-t), and
 the slope's, from the law's bootstrap draws: var(log EG) = var(Δ)/s² + Δ²·var(s)/s⁴. Without repeated seeds
 there is no noise estimate and no interval. A rung where the baseline has no run gives no EG.
+
+How many seeds would narrow it: with n seeds on each side, the seed-noise part of the interval is
+±t·σ·√(2/n)/s in log EG, t with the G·(n − 1) degrees of freedom of the same G (arm, rung) groups at n seeds
+each, so an interval of ±h (in log, log(1 + h)) needs the least n ≥ 2 with t·σ·√(2/n)/s ≤ log(1 + h)
+(`seeds_for_half_width`; one seed measures no noise). It takes σ as measured and leaves out the slope's
+part (Δ²·var(s)/s⁴, zero for an arm that buys nothing).
 """
 
 from __future__ import annotations
@@ -46,11 +52,28 @@ def seed_variance(df: pd.DataFrame, *, arm: str, rung: str, y: str) -> tuple[flo
     return float(groups.apply(lambda g: ((g - g.mean()) ** 2).sum()).sum() / dof), dof
 
 
+def seeds_for_half_width(log_sd: float, slope: float, half_width: float, *, groups: int,
+                         ci_level: float = 0.95, most: int = 10_000) -> int | None:
+    """Seeds on each side (arm and baseline alike) for a ±`half_width` EG interval from seed noise alone
+    (module docstring): `log_sd` the sd of log BPB between seeds, `slope` the law's local slope
+    −d log L / d log C at the rung, `groups` the (arm, rung) groups the noise is pooled over, each with n
+    seeds then (groups·(n − 1) degrees of freedom). None above `most`."""
+    if not (log_sd >= 0 and slope > 0 and half_width > 0 and groups >= 1 and 0 < ci_level < 1):
+        raise ValueError(f"need log_sd >= 0, slope > 0, half_width > 0, groups >= 1 and 0 < ci_level < 1; got "
+                         f"{log_sd}, {slope}, {half_width}, {groups}, {ci_level}")
+    target = math.log1p(half_width) * slope / log_sd if log_sd > 0 else math.inf
+    for n in range(2, most + 1):
+        if float(stats.t.ppf(0.5 + ci_level / 2, groups * (n - 1))) * math.sqrt(2 / n) <= target:
+            return n
+    return None
+
+
 def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", y: str = "bpb",
                     flops: str = "train_flops", rung: str = "rung", bootstrap: int = 200, ci_level: float = 0.95,
-                    seed: int = 0, floor: str = "auto") -> dict[str, Any]:
+                    seed: int = 0, floor: str = "auto", target_half_width: float = 0.10) -> dict[str, Any]:
     """Per non-baseline arm and rung: {"rung", "bpb", "train_flops", "eg_flops", "eg_flops_interval", ...}, the
-    shape of `efficiency_gains`' rows, and the pooled seed noise it used."""
+    shape of `efficiency_gains`' rows, with "seeds_for_target": the seeds a side that would make the interval
+    ±`target_half_width` (`seeds_for_half_width`); and the pooled seed noise it used."""
     base = df[df[arm] == baseline]
     law = baseline_law(base, flops, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor)
     p = law.params
@@ -58,6 +81,7 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
     if law.interval_note is None:
         draws = tuple(law.bootstrap_column(n) for n in ("E", "A", "alpha"))
     var_log, dof = seed_variance(df, arm=arm, rung=rung, y=y)
+    groups = int(df.groupby([df[arm], df[rung]]).ngroups)
     t = float(stats.t.ppf(0.5 + ci_level / 2, dof)) if dof else None
     base_at = {r: g for r, g in base.groupby(rung, sort=True)}
     arms: dict[str, list[dict[str, Any]]] = {}
@@ -83,7 +107,10 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
                 row["eg_flops_interval"] = [math.exp(log_eg - t * se), math.exp(log_eg + t * se)]
                 row["eg_flops_interval_shares"] = {"seed_noise": var_delta / s**2 / se**2 if se else 1.0,
                                                    "slope": delta**2 * var_s / s**4 / se**2 if se else 0.0}
+                row["seeds_for_target"] = seeds_for_half_width(math.sqrt(var_log), s, target_half_width,
+                                                               groups=groups, ci_level=ci_level) if s > 0 else None
             rows.append(row)
         arms[str(name)] = rows
     return jsonable({"baseline": baseline, "ci_level": ci_level, "arms": arms, "baseline_law_flops": law.params,
-                     "seed_noise": {"log_sd": math.sqrt(var_log) if var_log is not None else None, "dof": dof}})
+                     "seed_noise": {"log_sd": math.sqrt(var_log) if var_log is not None else None, "dof": dof},
+                     "target_half_width": target_half_width})

@@ -112,13 +112,16 @@ def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float
 def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", rung: str = "rung",
                  flops: str = "train_flops", domains: list[str] | None = None, bootstrap: int = 200,
                  ci_level: float = 0.95, seed: int = 0, floor: str = DEFAULT_FLOOR,
-                 against: str = "law") -> dict[str, Any]:
+                 against: str = "law", target_half_width: float = 0.10) -> dict[str, Any]:
     """EG_FLOPs of every arm at every rung in every domain, each with its interval and verdict, and per
     arm and domain the trend of log EG with log compute. `against`: "law" reads the arm's BPB off the
     baseline's law (the report's EG); "rung" compares it with the baseline's own runs at the same rung, the
-    law giving only its slope (`fits.eg_same_rung`: the law's misfit at a rung, shared by every arm, cancels)."""
+    law giving only its slope (`fits.eg_same_rung`: the law's misfit at a rung, shared by every arm, cancels),
+    and each cell says how many seeds a side would make its interval ±`target_half_width`."""
     if against not in AGAINST:
         raise FitInputError(f"must be one of {list(AGAINST)}, got {against!r}", column="against")
+    if not target_half_width > 0:
+        raise FitInputError(f"must be above 0, got {target_half_width}", column="target_half_width")
     available = domain_columns(df)
     if not available:
         raise FitInputError("no metric columns: expected bpb_<domain> columns (or bpb)", column="bpb_<domain>")
@@ -136,7 +139,8 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
         try:
             if against == "rung":
                 out = same_rung_gains(rows_df, arm=arm, baseline=baseline, y=column, flops=flops, rung=rung,
-                                      bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor)
+                                      bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor,
+                                      target_half_width=target_half_width)
                 noise[domain] = out["seed_noise"]
             else:
                 out = efficiency_gains(rows_df, arm=arm, baseline=baseline, y=column, flops=flops, wall=None,
@@ -153,6 +157,7 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
                 iv = r.get("eg_flops_interval")
                 cells.append({"rung": r["rung"], "train_flops": r["train_flops"], "bpb": r["bpb"],
                               "eg": r["eg_flops"], "interval": iv, "verdict": eg_verdict(iv),
+                              **({"seeds_for_target": r["seeds_for_target"]} if "seeds_for_target" in r else {}),
                               **({"interval_note": r["eg_flops_interval_note"]}
                                  if r.get("eg_flops_interval_note") else {})})
             trend = eg_trend(np.log([c["train_flops"] for c in cells]), np.array([c["eg"] for c in cells]),
@@ -166,6 +171,7 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
     if not per_arm and errors:
         raise FitInputError("no domain's baseline law could be fitted: " +
                             "; ".join(f"{d}: {e}" for d, e in errors.items()), column=baseline)
-    return jsonable({"baseline": baseline, "against": against, **({"seed_noise": noise} if noise else {}),
+    return jsonable({"baseline": baseline, "against": against,
+                     **({"seed_noise": noise, "target_half_width": target_half_width} if noise else {}),
                      "ci_level": ci_level, "domains": [d for d in available if d not in errors],
                      "arms": per_arm, "baseline_laws": laws, "errors": errors, "code_version": code_version()})

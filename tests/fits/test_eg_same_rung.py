@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fits.eg_same_rung import local_slope, same_rung_gains, seed_variance
+from fits.eg_same_rung import local_slope, same_rung_gains, seed_variance, seeds_for_half_width
 from fits.eg_scaling import eg_by_domain
 from fits.errors import FitInputError
 
@@ -103,3 +103,49 @@ def test_local_slope_is_the_log_derivative():
 def test_an_unknown_comparison_is_refused():
     with pytest.raises(FitInputError, match="against"):
         eg_by_domain(ladder({"baseline": 1.0, "b": 1.1}), baseline="baseline", against="median")
+
+
+def test_seeds_for_a_width_is_the_interval_formula_solved_for_n():
+    from scipy import stats
+
+    sd, slope, groups = 0.0047, 0.077, 28  # the demo curation experiment's pooled noise, local slope, groups
+    n = seeds_for_half_width(sd, slope, 0.10, groups=groups)
+
+    def half(k: int) -> float:  # the seed-noise part of a k-a-side interval, t with the groups' dof at k seeds
+        return math.expm1(stats.t.ppf(0.975, groups * (k - 1)) * sd * math.sqrt(2 / k) / slope)
+
+    assert n == 4 and half(n) <= 0.10 < half(n - 1)
+    assert seeds_for_half_width(sd, slope, 0.20, groups=groups) == 2  # never fewer than two: one measures no noise
+    assert seeds_for_half_width(sd, slope, 0.05, groups=groups) > n
+    assert seeds_for_half_width(2 * sd, slope, 0.10, groups=groups) > n
+    assert seeds_for_half_width(sd, 2 * slope, 0.10, groups=groups) < n
+    assert seeds_for_half_width(sd, slope, 1e-6, groups=groups, most=100) is None
+    for bad in ((-0.1, slope, 0.1), (sd, 0.0, 0.1), (sd, slope, 0.0)):
+        with pytest.raises(ValueError):
+            seeds_for_half_width(*bad, groups=groups)
+
+
+def test_the_seeds_it_names_give_intervals_that_wide_on_ladders_drawn_with_that_noise():
+    # Ladders from a known law and noise: the seeds a side the formula names for ±10% give intervals that
+    # wide (the median over 12 ladders), one seed fewer does not
+    noise, target = 0.005, 0.10
+    n = seeds_for_half_width(noise, ALPHA, target, groups=10)  # E = 0: the local slope is α everywhere
+    rng = np.random.default_rng(21)
+
+    def median_half_width(k: int) -> float:
+        widths = []
+        for _ in range(12):
+            out = same_rung_gains(ladder({"baseline": 1.0, "replica": 1.0}, seeds=range(k), noise=noise, rng=rng),
+                                  baseline="baseline", bootstrap=0)
+            widths += [math.sqrt(r["eg_flops_interval"][1] / r["eg_flops_interval"][0]) - 1
+                       for r in out["arms"]["replica"]]
+        return float(np.median(widths))
+
+    assert n == 4 and median_half_width(n) <= target < median_half_width(n - 1)
+    # each cell names it from the measured noise, its rung's slope and the ladder's (arm, rung) groups
+    out = same_rung_gains(ladder({"baseline": 1.0, "replica": 1.0, "b": 1.2}, noise=noise, rng=rng),
+                          baseline="baseline", bootstrap=0, target_half_width=0.15)
+    assert out["target_half_width"] == 0.15
+    for r in out["arms"]["replica"] + out["arms"]["b"]:
+        assert r["seeds_for_target"] == seeds_for_half_width(out["seed_noise"]["log_sd"], r["local_slope"], 0.15,
+                                                             groups=15)

@@ -49,6 +49,7 @@ def test_table_names_the_readings(csv, capsys):
     (["--baseline", "baseline", "--domains", "maths"], "domains"),
     (["--baseline", "baseline", "--rung", "L"], "L"),
     (["--baseline", "baseline", "--ci-level", "1.5"], "--ci-level"),
+    (["--baseline", "baseline", "--against", "rung", "--target-width", "0"], "--target-width"),
 ])
 def test_bad_input_exits_2_with_one_line_naming_the_field(csv, capsys, argv, field):
     code, out, err = run(capsys, "--csv", str(csv), *argv)
@@ -96,6 +97,7 @@ def test_against_the_same_rung_is_a_flag_and_is_said(csv, capsys):
     rungs = payload["arms"]["dedup"]["code"]["rungs"]
     assert all(r["verdict"] == "gain" for r in rungs)  # the true 1.3 is outside 1 at every rung ...
     assert sum(r["interval"][0] < 1.3 < r["interval"][1] for r in rungs) >= 4  # ... and inside 95% intervals
+    assert payload["target_half_width"] == 0.10 and all(r["seeds_for_target"] >= 2 for r in rungs)
     code, out, _ = run(capsys, "--csv", str(csv), "--baseline", "baseline", "--domains", "code", "--bootstrap", "50",
-                       "--against", "rung")
-    assert code == 0 and "same rung" in out
+                       "--against", "rung", "--target-width", "0.05")
+    assert code == 0 and "same rung" in out and "seeds a side for ±5%" in out

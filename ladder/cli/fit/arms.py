@@ -32,6 +32,9 @@ def register(fit_sub: argparse._SubParsersAction, common) -> None:
                    help="read each arm's BPB off the baseline's law (law, the report's EG; default) or against the "
                         "baseline's own runs at the same rung, the law giving its slope (rung: the law's misfit at a "
                         "rung, shared by every arm, cancels; needs repeated seeds for an interval)")
+    q.add_argument("--target-width", type=float, default=0.10, metavar="FRACTION",
+                   help="with --against rung: the half-width of EG interval to say how many seeds a side would "
+                        "reach, from the measured seed noise (default 0.10: ±10%%)")
     q.add_argument("--bootstrap", type=int, default=200,
                    help="bootstrap resamples of each baseline law (default 200)")
     add_ci_level_and_seed(q)
@@ -47,6 +50,8 @@ def run_arms(args: argparse.Namespace) -> int:
 
     if not 0 < args.ci_level < 1:
         raise LadderInputError(f"must be in (0, 1), got {args.ci_level}", field="--ci-level")
+    if not args.target_width > 0:
+        raise LadderInputError(f"must be above 0, got {args.target_width}", field="--target-width")
     if args.bootstrap < 0:
         raise LadderInputError(f"must be 0 or more, got {args.bootstrap}", field="--bootstrap")
     df, source = load_input(args)
@@ -64,7 +69,7 @@ def run_arms(args: argparse.Namespace) -> int:
     try:
         out = eg_by_domain(df, arm=args.arm, baseline=args.baseline, rung=args.rung, flops=args.x, domains=domains,
                            bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed, floor=args.floor,
-                           against=args.against)
+                           against=args.against, target_half_width=args.target_width)
     except FitError as err:
         raise input_error(err, source) from None
     payload = {**out, "source": source}
@@ -89,20 +94,25 @@ def run_arms(args: argparse.Namespace) -> int:
         print_json(payload)
         return 0
     rows, trends = [], []
+    seeds_column = "target_half_width" in out  # against the same rung, with a noise estimate
     for arm, per in out["arms"].items():
         for domain, cell in per.items():
             for r in cell["rungs"]:
                 iv = r["interval"]
                 rows.append([arm, domain, str(r["rung"]), eg_pct(r["eg"]),
-                             f"[{eg_pct(iv[0])}, {eg_pct(iv[1])}]" if iv else "n/a", r["verdict"]])
+                             f"[{eg_pct(iv[0])}, {eg_pct(iv[1])}]" if iv else "n/a", r["verdict"],
+                             *([str(r.get("seeds_for_target") or "-")] if seeds_column else [])])
             t = cell["trend"]
             iv = t.get("interval")
             trends.append([arm, domain, f"{t['slope']:+.3f}" if t.get("slope") is not None else "-",
                            f"[{iv[0]:+.3f}, {iv[1]:+.3f}]" if iv else "n/a", t["verdict"]])
     level = f"{out['ci_level']:.0%}"
     reading = "its law" if out["against"] == "law" else "its own runs at the same rung"
+    columns = ["arm", "domain", "rung", "EG − 1", "interval", "reading"]
+    if seeds_column:
+        columns.append(f"seeds a side for ±{out['target_half_width']:.0%}")
     stdout_console.print(make_table(f"EG_FLOPs − 1 against {out['baseline']}, {reading} ({level} intervals)",
-                                    ["arm", "domain", "rung", "EG − 1", "interval", "reading"], rows))
+                                    columns, rows))
     stdout_console.print(make_table(f"trend: slope of log EG against log compute ({level} intervals)",
                                     ["arm", "domain", "slope", "interval", "reading"], trends))
     for domain, error in out["errors"].items():
