@@ -33,8 +33,8 @@ def register(fit_sub: argparse._SubParsersAction, common) -> None:
                         "baseline's own runs at the same rung, the law giving its slope (rung: the law's misfit at a "
                         "rung, shared by every arm, cancels; needs repeated seeds for an interval)")
     q.add_argument("--target-width", type=float, default=0.10, metavar="FRACTION",
-                   help="with --against rung: the half-width of EG interval to say how many seeds a side would "
-                        "reach, from the measured seed noise (default 0.10: ±10%%)")
+                   help="with --against rung: say how many seeds a side would make each EG interval this wide "
+                        "(its half-width, a fraction), from the measured seed noise (default 0.10: ±10%%)")
     q.add_argument("--bootstrap", type=int, default=200,
                    help="bootstrap resamples of each baseline law (default 200)")
     add_ci_level_and_seed(q)
