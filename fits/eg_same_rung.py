@@ -17,8 +17,10 @@ there is no noise estimate and no interval. A rung where the baseline has no run
 How many seeds would narrow it: with n seeds on each side, the seed-noise part of the interval is
 ±t·σ·√(2/n)/s in log EG, t with the G·(n − 1) degrees of freedom of the same G (arm, rung) groups at n seeds
 each, so an interval of ±h (in log, log(1 + h)) needs the least n ≥ 2 with t·σ·√(2/n)/s ≤ log(1 + h)
-(`seeds_for_half_width`; one seed measures no noise). It takes σ as measured and leaves out the slope's
-part (Δ²·var(s)/s⁴, zero for an arm that buys nothing).
+(`seeds_for_half_width`; one seed measures no noise). It leaves out the slope's part (Δ²·var(s)/s⁴, zero
+for an arm that buys nothing). σ is itself measured, on few degrees of freedom, and n grows as σ²: the
+number comes with the range the χ² interval of σ gives at the same level (`seed_sd_interval`; with 18
+degrees of freedom σ is known to within −24%/+48% at 95%, so n to within about ×0.6 to ×2.2).
 """
 
 from __future__ import annotations
@@ -68,12 +70,20 @@ def seeds_for_half_width(log_sd: float, slope: float, half_width: float, *, grou
     return None
 
 
+def seed_sd_interval(log_sd: float, dof: int, ci_level: float = 0.95) -> tuple[float, float]:
+    """The χ² interval of a noise sd estimated as `log_sd` on `dof` degrees of freedom (normal noise)."""
+    tail = (1 - ci_level) / 2
+    return (log_sd * math.sqrt(dof / float(stats.chi2.ppf(1 - tail, dof))),
+            log_sd * math.sqrt(dof / float(stats.chi2.ppf(tail, dof))))
+
+
 def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", y: str = "bpb",
                     flops: str = "train_flops", rung: str = "rung", bootstrap: int = 200, ci_level: float = 0.95,
                     seed: int = 0, floor: str = "auto", target_half_width: float = 0.10) -> dict[str, Any]:
     """Per non-baseline arm and rung: {"rung", "bpb", "train_flops", "eg_flops", "eg_flops_interval", ...}, the
     shape of `efficiency_gains`' rows, with "seeds_for_target": the seeds a side that would make the interval
-    ±`target_half_width` (`seeds_for_half_width`); and the pooled seed noise it used."""
+    ±`target_half_width` (`seeds_for_half_width`) and "seeds_for_target_range", that number at either end of
+    the seed noise's own interval; and the pooled seed noise it used."""
     base = df[df[arm] == baseline]
     law = baseline_law(base, flops, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor)
     p = law.params
@@ -107,10 +117,17 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
                 row["eg_flops_interval"] = [math.exp(log_eg - t * se), math.exp(log_eg + t * se)]
                 row["eg_flops_interval_shares"] = {"seed_noise": var_delta / s**2 / se**2 if se else 1.0,
                                                    "slope": delta**2 * var_s / s**4 / se**2 if se else 0.0}
-                row["seeds_for_target"] = seeds_for_half_width(math.sqrt(var_log), s, target_half_width,
-                                                               groups=groups, ci_level=ci_level) if s > 0 else None
+                if s > 0:
+                    def seeds(sd: float) -> int | None:
+                        return seeds_for_half_width(sd, s, target_half_width, groups=groups, ci_level=ci_level)
+
+                    row["seeds_for_target"] = seeds(math.sqrt(var_log))
+                    row["seeds_for_target_range"] = [seeds(sd) for sd in seed_sd_interval(math.sqrt(var_log), dof,
+                                                                                          ci_level)]
             rows.append(row)
         arms[str(name)] = rows
     return jsonable({"baseline": baseline, "ci_level": ci_level, "arms": arms, "baseline_law_flops": law.params,
-                     "seed_noise": {"log_sd": math.sqrt(var_log) if var_log is not None else None, "dof": dof},
+                     "seed_noise": {"log_sd": math.sqrt(var_log) if var_log is not None else None, "dof": dof,
+                                    **({"log_sd_interval": list(seed_sd_interval(math.sqrt(var_log), dof, ci_level))}
+                                       if var_log is not None else {})},
                      "target_half_width": target_half_width})

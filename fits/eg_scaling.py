@@ -157,7 +157,7 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
                 iv = r.get("eg_flops_interval")
                 cells.append({"rung": r["rung"], "train_flops": r["train_flops"], "bpb": r["bpb"],
                               "eg": r["eg_flops"], "interval": iv, "verdict": eg_verdict(iv),
-                              **({"seeds_for_target": r["seeds_for_target"]} if "seeds_for_target" in r else {}),
+                              **{k: r[k] for k in ("seeds_for_target", "seeds_for_target_range") if k in r},
                               **({"interval_note": r["eg_flops_interval_note"]}
                                  if r.get("eg_flops_interval_note") else {})})
             trend = eg_trend(np.log([c["train_flops"] for c in cells]), np.array([c["eg"] for c in cells]),

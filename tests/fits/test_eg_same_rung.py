@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fits.eg_same_rung import local_slope, same_rung_gains, seed_variance, seeds_for_half_width
+from fits.eg_same_rung import local_slope, same_rung_gains, seed_sd_interval, seed_variance, seeds_for_half_width
 from fits.eg_scaling import eg_by_domain
 from fits.errors import FitInputError
 
@@ -149,3 +149,21 @@ def test_the_seeds_it_names_give_intervals_that_wide_on_ladders_drawn_with_that_
     for r in out["arms"]["replica"] + out["arms"]["b"]:
         assert r["seeds_for_target"] == seeds_for_half_width(out["seed_noise"]["log_sd"], r["local_slope"], 0.15,
                                                              groups=15)
+        ends = [seeds_for_half_width(sd, r["local_slope"], 0.15, groups=15)
+                for sd in out["seed_noise"]["log_sd_interval"]]
+        assert r["seeds_for_target_range"] == ends and ends[0] <= r["seeds_for_target"] <= ends[1]
+
+
+def test_the_seed_noise_interval_is_chi_square_and_covers_at_its_level():
+    from scipy import stats
+
+    lo, hi = seed_sd_interval(0.005, 18)
+    assert lo == pytest.approx(0.005 * math.sqrt(18 / stats.chi2.ppf(0.975, 18)), rel=1e-12)
+    assert hi == pytest.approx(0.005 * math.sqrt(18 / stats.chi2.ppf(0.025, 18)), rel=1e-12)
+    assert lo / 0.005 == pytest.approx(0.756, abs=1e-3) and hi / 0.005 == pytest.approx(1.479, abs=1e-3)
+    # pooled sds of 9 groups of 3 draws (18 dof) from noise of sd 0.005: the interval holds 0.005 ~95% of the time
+    rng = np.random.default_rng(4)
+    draws = rng.normal(0.0, 0.005, size=(4000, 9, 3))
+    sds = np.sqrt(((draws - draws.mean(axis=2, keepdims=True)) ** 2).sum(axis=(1, 2)) / 18)
+    cover = np.mean([a <= 0.005 <= b for a, b in (seed_sd_interval(float(sd), 18) for sd in sds)])
+    assert 0.94 <= cover <= 0.96

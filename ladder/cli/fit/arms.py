@@ -42,6 +42,18 @@ def register(fit_sub: argparse._SubParsersAction, common) -> None:
     q.set_defaults(handler=run_arms)
 
 
+def seeds_text(cell: dict) -> str:
+    """"4 [3–8]": the seeds a side for the target width, and that number at either end of the seed noise's
+    interval ("-" where there is none; ">10000" past the search)."""
+    def one(n: int | None) -> str:
+        return str(n) if n is not None else ">10000"
+
+    if "seeds_for_target" not in cell:
+        return "-"
+    lo, hi = cell.get("seeds_for_target_range") or (None, None)
+    return f"{one(cell['seeds_for_target'])} [{one(lo)}–{one(hi)}]"
+
+
 def run_arms(args: argparse.Namespace) -> int:
     from fits.eg_scaling import eg_by_domain
     from fits.errors import FitError
@@ -101,7 +113,7 @@ def run_arms(args: argparse.Namespace) -> int:
                 iv = r["interval"]
                 rows.append([arm, domain, str(r["rung"]), eg_pct(r["eg"]),
                              f"[{eg_pct(iv[0])}, {eg_pct(iv[1])}]" if iv else "n/a", r["verdict"],
-                             *([str(r.get("seeds_for_target") or "-")] if seeds_column else [])])
+                             *([seeds_text(r)] if seeds_column else [])])
             t = cell["trend"]
             iv = t.get("interval")
             trends.append([arm, domain, f"{t['slope']:+.3f}" if t.get("slope") is not None else "-",
@@ -110,7 +122,7 @@ def run_arms(args: argparse.Namespace) -> int:
     reading = "its law" if out["against"] == "law" else "its own runs at the same rung"
     columns = ["arm", "domain", "rung", "EG − 1", "interval", "reading"]
     if seeds_column:
-        columns.append(f"seeds a side for ±{out['target_half_width']:.0%}")
+        columns.append(f"seeds a side for ±{out['target_half_width']:.0%} [{level}]")
     stdout_console.print(make_table(f"EG_FLOPs − 1 against {out['baseline']}, {reading} ({level} intervals)",
                                     columns, rows))
     stdout_console.print(make_table(f"trend: slope of log EG against log compute ({level} intervals)",
