@@ -45,6 +45,9 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any) -> None:
                        start_method="forkserver")
 
 
+# What the ranks import, once: the sharded job's modules and MLflow, which every rank of a tracked job
+# imports (`rungs.tracking`; ~1.6 CPU-seconds a process). None of them starts a thread (a fork would copy it
+# half-way); JAX and Ray stay out.
 _PRELOAD = ["torch", "torch.distributed", "rungs.parallel.distributed", "rungs.parallel.expert_parallel", "rungs.parallel.dist_muon",
-            "rungs.model", "tests.rungs.parallel.spawn"]
+            "rungs.model", "rungs.launch", "mlflow", "mlflow.tracking", "tests.rungs.parallel.spawn"]
 mp.set_forkserver_preload(_PRELOAD)
