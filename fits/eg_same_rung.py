@@ -63,10 +63,16 @@ def seeds_for_half_width(log_sd: float, slope: float, half_width: float, *, grou
     if not (log_sd >= 0 and slope > 0 and half_width > 0 and groups >= 1 and 0 < ci_level < 1):
         raise ValueError(f"need log_sd >= 0, slope > 0, half_width > 0, groups >= 1 and 0 < ci_level < 1; got "
                          f"{log_sd}, {slope}, {half_width}, {groups}, {ci_level}")
-    target = math.log1p(half_width) * slope / log_sd if log_sd > 0 else math.inf
-    for n in range(2, most + 1):
-        if float(stats.t.ppf(0.5 + ci_level / 2, groups * (n - 1))) * math.sqrt(2 / n) <= target:
+    if log_sd == 0:
+        return 2
+    target = math.log1p(half_width) * slope / log_sd
+    q = 0.5 + ci_level / 2
+    # t > z at any degrees of freedom, so no n below the normal quantile's answer will do: start there
+    n = max(2, math.floor(2 * (float(stats.norm.ppf(q)) / target) ** 2))
+    while n <= most:
+        if float(stats.t.ppf(q, groups * (n - 1))) * math.sqrt(2 / n) <= target:
             return n
+        n += 1
     return None
 
 

@@ -115,6 +115,10 @@ def test_seeds_for_a_width_is_the_interval_formula_solved_for_n():
         return math.expm1(stats.t.ppf(0.975, groups * (k - 1)) * sd * math.sqrt(2 / k) / slope)
 
     assert n == 4 and half(n) <= 0.10 < half(n - 1)
+    narrow = seeds_for_half_width(sd, slope, 0.005, groups=groups)  # far past the start: found, not searched for
+    assert narrow > 1000 and math.expm1(stats.t.ppf(0.975, groups * (narrow - 1)) * sd * math.sqrt(2 / narrow) / slope) \
+        <= 0.005 < math.expm1(stats.t.ppf(0.975, groups * (narrow - 2)) * sd * math.sqrt(2 / (narrow - 1)) / slope)
+    assert seeds_for_half_width(0.0, slope, 0.10, groups=groups) == 2  # no noise at all
     assert seeds_for_half_width(sd, slope, 0.20, groups=groups) == 2  # never fewer than two: one measures no noise
     assert seeds_for_half_width(sd, slope, 0.05, groups=groups) > n
     assert seeds_for_half_width(2 * sd, slope, 0.10, groups=groups) > n
