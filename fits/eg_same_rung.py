@@ -99,6 +99,8 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
     var_log, dof = seed_variance(df, arm=arm, rung=rung, y=y)
     groups = int(df.groupby([df[arm], df[rung]]).ngroups)
     t = float(stats.t.ppf(0.5 + ci_level / 2, dof)) if dof else None
+    if var_log is not None:
+        sd_measured, sd_interval = math.sqrt(var_log), seed_sd_interval(math.sqrt(var_log), dof, ci_level)
     base_at = {r: g for r, g in base.groupby(rung, sort=True)}
     arms: dict[str, list[dict[str, Any]]] = {}
     for name, group in df[df[arm] != baseline].groupby(arm, sort=True):
@@ -124,16 +126,12 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
                 row["eg_flops_interval_shares"] = {"seed_noise": var_delta / s**2 / se**2 if se else 1.0,
                                                    "slope": delta**2 * var_s / s**4 / se**2 if se else 0.0}
                 if s > 0:
-                    def seeds(sd: float) -> int | None:
-                        return seeds_for_half_width(sd, s, target_half_width, groups=groups, ci_level=ci_level)
-
-                    row["seeds_for_target"] = seeds(math.sqrt(var_log))
-                    row["seeds_for_target_range"] = [seeds(sd) for sd in seed_sd_interval(math.sqrt(var_log), dof,
-                                                                                          ci_level)]
+                    counts = [seeds_for_half_width(sd, s, target_half_width, groups=groups, ci_level=ci_level)
+                              for sd in (sd_measured, *sd_interval)]
+                    row["seeds_for_target"], row["seeds_for_target_range"] = counts[0], counts[1:]
             rows.append(row)
         arms[str(name)] = rows
     return jsonable({"baseline": baseline, "ci_level": ci_level, "arms": arms, "baseline_law_flops": law.params,
-                     "seed_noise": {"log_sd": math.sqrt(var_log) if var_log is not None else None, "dof": dof,
-                                    **({"log_sd_interval": list(seed_sd_interval(math.sqrt(var_log), dof, ci_level))}
-                                       if var_log is not None else {})},
+                     "seed_noise": {"log_sd": sd_measured, "dof": dof, "log_sd_interval": list(sd_interval)}
+                     if var_log is not None else {"log_sd": None, "dof": dof},
                      "target_half_width": target_half_width})
