@@ -86,6 +86,14 @@ def test_from_an_mlflow_experiment_the_eg_and_its_interval_are_logged_in_a_fit_r
         assert logged[key] == pytest.approx(r["eg"])
         assert [logged[f"{key}/low"], logged[f"{key}/high"]] == pytest.approx(r["interval"])
     assert logged["eg_slope/dedup/code"] == pytest.approx(payload["arms"]["dedup"]["code"]["trend"]["slope"])
+    assert not any(k.endswith("/seeds_for_target") for k in logged)  # read off the law: no seed count
+    code, out, _ = run(capsys, "--experiment", "arms-test", "--tracking-uri", uri, "--baseline", "baseline",
+                       "--domains", "code", "--bootstrap", "50", "--against", "rung", "--json")
+    assert code == 0
+    payload = json.loads(out)
+    logged = client.get_run(payload["mlflow_fit_run_id"]).data.metrics
+    for r in payload["arms"]["dedup"]["code"]["rungs"]:
+        assert logged[f"eg/dedup/code/L{r['rung']}/seeds_for_target"] == r["seeds_for_target"] >= 2
 
 
 def test_against_the_same_rung_is_a_flag_and_is_said(csv, capsys):

@@ -90,7 +90,8 @@ def run_arms(args: argparse.Namespace) -> int:
 
         plot_eg_by_domain(out, args.plot)
         payload["plot"] = args.plot
-    metrics = {}  # in the MLflow fit run: eg/<arm>/<domain>/L<rung> with its interval, and the trend's slope
+    metrics = {}  # in the MLflow fit run: eg/<arm>/<domain>/L<rung> with its interval (and, against the same
+    # rung, the seeds a side for the target width), and the trend's slope
     for arm, per in out["arms"].items():
         for domain, cell in per.items():
             for r in cell["rungs"]:
@@ -98,6 +99,8 @@ def run_arms(args: argparse.Namespace) -> int:
                 metrics[key] = r["eg"]
                 if r["interval"]:
                     metrics[f"{key}/low"], metrics[f"{key}/high"] = r["interval"]
+                if r.get("seeds_for_target") is not None:  # against the same rung
+                    metrics[f"{key}/seeds_for_target"] = r["seeds_for_target"]
             if cell["trend"].get("slope") is not None:
                 metrics[f"eg_slope/{arm}/{domain}"] = cell["trend"]["slope"]
     saved = {"arms": {k: v for k, v in payload.items() if k != "baseline_laws"}}  # the trends, not the laws' draws
