@@ -139,10 +139,8 @@ def empty_schema_template() -> Path | None:
                 fcntl.flock(lock, fcntl.LOCK_UN)
     except Exception as err:  # a template is only a shortcut: MLflow's own migrations still build the store
         log.warning("no MLflow schema template in %s (%r); new stores run MLflow's migrations", cache, err)
-        try:
+        with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
-        except OSError:
-            pass
         return None
     return template
 
