@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from provenance import code_version  # the one code version (fit results, run tags, goldens)
-from rungs.data.atomic import temporary_for  # the hidden, pid-marked name a file is written under before its rename
+from rungs.data.atomic import atomic_write_bytes, temporary_for  # hidden, pid-marked temporaries, renamed whole
 
 log = logging.getLogger(__name__)
 
@@ -151,13 +151,7 @@ def seed_new_store(db: Path) -> None:
     template = empty_schema_template()
     if template is None:
         return
-    partial = temporary_for(db)
-    try:
-        shutil.copyfile(template, partial)
-        os.replace(partial, db)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(db, template.read_bytes())  # a few hundred KB; whole or absent, as every prepared file
 
 
 def mark_model_training(client: Any, experiment: Any) -> None:

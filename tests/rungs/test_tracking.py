@@ -4,6 +4,7 @@ the empty-schema template is the store MLflow's own migrations build."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import sqlite3
 from pathlib import Path
 
@@ -157,6 +158,31 @@ def test_building_the_template_leaves_other_files_in_the_cache_alone(tmp_path: P
     assert empty_schema_template() == cache / name
     assert {path: path.read_bytes() for path in foreign} == foreign
     assert sorted(p.name for p in cache.iterdir()) == sorted([*(p.name for p in foreign), name, name + ".lock"])
+
+
+def test_a_failed_seed_removes_only_its_own_temporary_beside_the_store(tmp_path: Path, monkeypatch) -> None:
+    import rungs.data.atomic as atomic
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    store_dir = tmp_path / "store"
+    store_dir.mkdir()
+    # a user's other store, another process's temporary of this store (pid 1 is always alive), a note
+    foreign = {store_dir / "other.db": b"theirs", store_dir / ".mlflow.db.tmp1": b"busy", store_dir / "notes.txt": b"x"}
+    for path, data in foreign.items():
+        path.write_bytes(data)
+    assert empty_schema_template() is not None  # built before the disk fills
+    real_replace = os.replace
+
+    def full_disk(src, dst):  # the copy is written, then its rename fails
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(atomic.os, "replace", full_disk)
+    with pytest.raises(OSError, match="disk full"):
+        with store_lock(f"sqlite:///{store_dir / 'mlflow.db'}"):
+            pass
+    monkeypatch.setattr(atomic.os, "replace", real_replace)
+    assert {path: path.read_bytes() for path in foreign} == foreign
+    assert sorted(p.name for p in store_dir.iterdir()) == sorted([*(p.name for p in foreign), "mlflow.db.lock"])
 
 
 def test_artifacts_of_a_server_created_experiment_land_where_the_server_keeps_them(tmp_path: Path) -> None:
