@@ -35,6 +35,7 @@ from scipy import stats
 from fits.efficiency import baseline_law
 from fits.results import jsonable
 
+SEEDS_SEARCHED = 10_000  # `seeds_for_half_width` says None past this many seeds a side
 NO_REPEATS_NOTE = "no (arm, rung) has repeated seeds: the seed noise, and so the interval, cannot be estimated"
 
 
@@ -55,7 +56,7 @@ def seed_variance(df: pd.DataFrame, *, arm: str, rung: str, y: str) -> tuple[flo
 
 
 def seeds_for_half_width(log_sd: float, slope: float, half_width: float, *, groups: int,
-                         ci_level: float = 0.95, most: int = 10_000) -> int | None:
+                         ci_level: float = 0.95, most: int = SEEDS_SEARCHED) -> int | None:
     """Seeds on each side (arm and baseline alike) for a ±`half_width` EG interval from seed noise alone
     (module docstring): `log_sd` the sd of log BPB between seeds, `slope` the law's local slope
     −d log L / d log C at the rung, `groups` the (arm, rung) groups the noise is pooled over, each with n

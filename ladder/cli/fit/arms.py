@@ -45,8 +45,10 @@ def register(fit_sub: argparse._SubParsersAction, common) -> None:
 def seeds_text(cell: dict) -> str:
     """"4 [3–8]": the seeds a side for the target width, and that number at either end of the seed noise's
     interval ("-" where there is none; ">10000" past the search)."""
+    from fits.eg_same_rung import SEEDS_SEARCHED
+
     def one(n: int | None) -> str:
-        return str(n) if n is not None else ">10000"
+        return str(n) if n is not None else f">{SEEDS_SEARCHED}"
 
     if "seeds_for_target" not in cell:
         return "-"
