@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from tests.file_seconds import load_file_seconds
+from tests.threads import one_thread_per_process
 from tests.xla_flags import with_suite_flags
 
 
@@ -37,6 +38,9 @@ subprocess._USE_VFORK = False
 
 # Before any test imports jax (XLA reads its flags once, at backend start-up); children inherit it.
 os.environ["XLA_FLAGS"] = with_suite_flags(os.environ.get("XLA_FLAGS", ""))
+
+# One BLAS and one OpenMP thread per process (tests/threads.py says why and what it measured).
+one_thread_per_process()
 
 
 # Every test sees the CLI's output as a pipe does (tables 200 columns wide): pytest-xdist's workers have
