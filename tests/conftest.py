@@ -22,6 +22,14 @@ def longest_file_first(items: list[pytest.Item], rootpath, file_seconds: dict[st
                                            -slow[item.path]))
 
 
+# The test modules this run collected, before any deselection (tests/test_collection.py reads them).
+COLLECTED_MODULES = pytest.StashKey[set]()
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    item.config.stash.setdefault(COLLECTED_MODULES, set()).add(item.path)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items[:] = longest_file_first(items, config.rootpath, load_file_seconds())
 
