@@ -6,6 +6,12 @@ training file with their original ids, and a `weight` where a rule weights), `re
 documents each rule removed, for `ladder data inspect`) and `arm.json` (the rules, the counts). Shares stay
 the curated manifest's; held-out sets are never curated: the arm's `eval` names the original files by
 absolute path or URL. A directory that is not empty and holds no `arm.json` is refused.
+
+Mixing again into an arm replaces what the last mix wrote there and nothing else: `arm.json` lists the files
+a mix wrote, and a rejected mix (bad rules, a source left empty) writes nothing. The new files are written
+under `.mix-staging/` first and moved into place after; while they move, `arm.json` says `incomplete` and
+lists the old and new files, so a crash there leaves an arm the next mix replaces whole and that
+`ladder data inspect` refuses.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import gzip
 import io
 import json
 import logging
+import os
+import re
 import shutil
 from pathlib import Path
 
@@ -31,10 +39,14 @@ log = logging.getLogger("curation")
 ARM_META = "arm.json"
 
 
+STAGING = ".mix-staging"
+
+
 def _check_arm_dir(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise DataInputError("exists and is not a directory", where=str(out), field="--out")
-    if out.is_dir() and any(out.iterdir()) and not (out / ARM_META).is_file():
+    # a staging folder alone is what a mix that crashed before its first arm.json leaves
+    if out.is_dir() and any(p.name != STAGING for p in out.iterdir()) and not (out / ARM_META).is_file():
         raise DataInputError("is not empty and holds no arm.json: refusing to write into a directory mix did not "
                              "create (choose an empty or new --out)", where=str(out), field="--out")
 
@@ -65,16 +77,44 @@ def mix(curation_dir: str | Path, rules: Rules, out: str | Path, *, rules_path: 
     check_sources(rules, sources, rules_path)
     _check_arm_dir(out)
     units = units_of(manifest)
-    keep, steps = _decide(store, units, rules, sources)
-    if (out / "data").is_dir():
-        shutil.rmtree(out / "data")  # this arm's own documents, from a previous mix into the same directory
-    out.mkdir(parents=True, exist_ok=True)
+    keep, steps, index = _decide(store, units, rules, sources)
+    kept_per_source = {s: {"docs": 0, "bytes": 0} for s in sources}
+    for unit in units:
+        kept_per_source[unit.source]["docs"] += int(keep[unit.name].sum())
+        kept_per_source[unit.source]["bytes"] += int(index[unit.name]["bytes"][keep[unit.name]].sum())
+    empty = [s for s, k in kept_per_source.items() if not k["docs"]]
+    if empty:
+        raise DataInputError(f"the rules keep no document of source(s) {empty}; an arm needs every source",
+                             where=rules_path)
+    staging, created = out / STAGING, not out.exists()
+    if staging.exists():
+        shutil.rmtree(staging)  # a crashed mix's own leftovers
+    try:
+        written = _write_files(store, units, keep, steps, rules, staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    _replace_files(out, staging, written)
+    _write_manifest(out, manifest, rules)
+    payload = {"curation": str(store.root.resolve()), "manifest": str(out / "manifest.yaml"),
+               "rules": rules.model_dump(exclude_none=True), "steps": steps, "kept": kept_per_source,
+               "files": written}
+    atomic_write_json(out / ARM_META, payload)
+    return payload
+
+
+def _write_files(store: Store, units, keep: dict[str, np.ndarray], steps: list[dict], rules: Rules,
+                 root: Path) -> list[str]:
+    """The arm's removed/ and data/ files under `root`; their paths relative to it."""
+    written = []
     for step in steps:
         unit_no, rows = step.pop("removed_rows")
-        write_npz(out / "removed" / f"{step['rule']}.npz", unit=unit_no, row=rows)
+        write_npz(root / "removed" / f"{step['rule']}.npz", unit=unit_no, row=rows)
+        written.append(f"removed/{step['rule']}.npz")
     weights = {u.name: read_npz(store.attributes("diversity", u.name))["weight"] for u in units} \
         if rules.diversity else {}
-    kept_per_source = {s: {"docs": 0, "bytes": 0} for s in sources}
     for unit in units:
         mask = keep[unit.name]
         if not mask.any():
@@ -91,24 +131,52 @@ def mix(curation_dir: str | Path, rules: Rules, out: str | Path, *, rules_path: 
                     if rules.diversity:
                         record["weight"] = float(weights[unit.name][row])
                     gz.write((json.dumps(record, ensure_ascii=False) + "\n").encode())
-        path = out / "data" / unit.source / f"{unit.name}.jsonl.gz"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, buf.getvalue())
-        kept_per_source[unit.source]["docs"] += int(mask.sum())
-        kept_per_source[unit.source]["bytes"] += int(index["bytes"][mask].sum())
-    empty = [s for s, k in kept_per_source.items() if not k["docs"]]
-    if empty:
-        raise DataInputError(f"the rules keep no document of source(s) {empty}; an arm needs every source",
-                             where=rules_path)
-    _write_manifest(out, manifest, rules)
-    payload = {"curation": str(store.root.resolve()), "manifest": str(out / "manifest.yaml"),
-               "rules": rules.model_dump(exclude_none=True), "steps": steps, "kept": kept_per_source}
-    atomic_write_json(out / ARM_META, payload)
-    return payload
+        rel = f"data/{unit.source}/{unit.name}.jsonl.gz"
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(root / rel, buf.getvalue())
+        written.append(rel)
+    return written
 
 
-def _decide(store: Store, units, rules: Rules, sources: list[str]) -> tuple[dict[str, np.ndarray], list[dict]]:
-    """Per unit the kept mask, and per filter step and source the documents and bytes it removed."""
+# What a mix names its files (for an arm.json written before arms listed their files).
+_OWN_FILE = re.compile(r"data/(?P<source>[^/]+)/(?P=source)-\d{5}\.jsonl\.gz|removed/(%s)\.npz" % "|".join(FILTER_ORDER))
+
+
+def _own_files(out: Path) -> list[str]:
+    """The files the last mix into `out` wrote (relative paths): arm.json's list, else mix's own file names."""
+    meta = out / ARM_META
+    if not meta.is_file():
+        return []
+    try:
+        listed = json.loads(meta.read_text()).get("files")
+    except (OSError, ValueError):
+        listed = None
+    if isinstance(listed, list):
+        return [f for f in listed if isinstance(f, str) and _OWN_FILE.fullmatch(f)]
+    return sorted(p.relative_to(out).as_posix() for p in [*out.glob("data/*/*.jsonl.gz"), *out.glob("removed/*.npz")]
+                  if _OWN_FILE.fullmatch(p.relative_to(out).as_posix()))
+
+
+def _replace_files(out: Path, staging: Path, written: list[str]) -> None:
+    """Move the staged files into `out` in place of the last mix's; other files in `out` are left alone."""
+    old = _own_files(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / ARM_META, {"incomplete": True, "files": sorted(set(old) | set(written))})
+    for rel in set(old) - set(written):
+        (out / rel).unlink(missing_ok=True)
+    for rel in written:
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging / rel, out / rel)
+    shutil.rmtree(staging)
+    for folder in ("data", "removed"):  # folders the old files leave empty
+        for sub in sorted((out / folder).glob("*"), reverse=True):
+            if sub.is_dir() and not any(sub.iterdir()):
+                sub.rmdir()
+
+
+def _decide(store: Store, units, rules: Rules,
+            sources: list[str]) -> tuple[dict[str, np.ndarray], list[dict], dict[str, dict[str, np.ndarray]]]:
+    """Per unit the kept mask; per filter step and source the documents and bytes it removed; per unit its index."""
     index = {u.name: read_npz(store.unit_index(u.name)) for u in units}
     keep = {u.name: np.ones(len(index[u.name]["uid"]), dtype=bool) for u in units}
     steps = []
@@ -139,7 +207,7 @@ def _decide(store: Store, units, rules: Rules, sources: list[str]) -> tuple[dict
         unit_no = np.concatenate([np.full(len(removed_rows[u.name]), k, dtype=np.int32) for k, u in enumerate(units)])
         rows = np.concatenate([removed_rows[u.name] for u in units]).astype(np.int32)
         steps[-1]["removed_rows"] = (unit_no, rows)
-    return keep, steps
+    return keep, steps, index
 
 
 def _keep_top(store: Store, units, index, keep, fraction: float) -> None:

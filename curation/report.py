@@ -94,11 +94,14 @@ def removed_samples(directory: str | Path, step: str, n: int, chars: int = 300) 
         import json
 
         payload = json.loads(arm.read_text())
+        if payload.get("incomplete"):
+            raise DataInputError("a mix into this arm did not finish: mix it again", where=str(directory))
         store = Store(Path(payload["curation"]))
         path = directory / "removed" / f"{step}.npz"
-        if not path.is_file():
-            raise DataInputError(f"the arm has no rule {step!r}; its rules: {[s['rule'] for s in payload['steps']]}",
-                                 where=str(directory), field="--removed")
+        rules = [s["rule"] for s in payload["steps"]]
+        if step not in rules or not path.is_file():
+            raise DataInputError(f"the arm has no rule {step!r}; its rules: {rules}", where=str(directory),
+                                 field="--removed")
         picks = read_npz(path)
         meta = store.meta()
         pairs = list(zip(picks["unit"].tolist(), picks["row"].tolist()))

@@ -126,3 +126,107 @@ def test_subsample_keeps_the_same_random_fraction_of_every_source(curated, tmp_p
     rules.write_text("subsample: 0\n")
     assert main(["data", "mix", str(curated / "cur"), "--rules", str(rules), "--out", str(tmp_path / "z")]) == 2
     assert "subsample" in capsys.readouterr().err
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def mirrored(tmp_path_factory) -> Path:
+    """The tiny corpus plus a source `mirror` whose one document is an exact copy of one in `a` that exact
+    dedup keeps over it (a larger uid): `exact_duplicates: keep_one` leaves `mirror` empty."""
+    from curation.ids import doc_uid
+
+    root = tmp_path_factory.mktemp("mirror")
+    write_corpus(root / "corpus")
+    first = json.loads((root / "corpus" / "a0.jsonl").read_text().splitlines()[3])  # a planted duplicate's text
+    floor = min(doc_uid("a", i) for i in ("a/f0-d3", "a/f0-d7"))
+    mirror_id = next(f"m{k}" for k in range(1000) if doc_uid("mirror", f"m{k}") > floor)
+    (root / "corpus" / "m.jsonl").write_text(json.dumps({"id": mirror_id, "text": first["text"]}) + "\n")
+    manifest = root / "corpus" / "manifest.yaml"
+    manifest.write_text(manifest.read_text().replace("eval:", "  - {name: mirror, domain: a, share: 0.1, "
+                                                                "files: [m.jsonl]}\neval:")
+                        .replace("share: 0.5", "share: 0.45"))
+    curate(manifest, root / "cur", taggers=["exact"], partitions=2)
+    (root / "all.yaml").write_text("name: all\n")
+    (root / "dedup.yaml").write_text("exact_duplicates: keep_one\n")
+    (root / "half.yaml").write_text("subsample: 0.5\n")
+    return root
+
+
+def test_a_rejected_mix_writes_nothing_and_a_remix_touches_only_what_mix_wrote(mirrored, tmp_path, capsys):
+    cur, arm = mirrored / "cur", tmp_path / "arm"
+    assert main(["data", "mix", str(cur), "--rules", str(mirrored / "all.yaml"), "--out", str(arm)]) == 0
+    (arm / "data" / "notes.txt").write_text("mine")  # the user's files, beside and inside mix's folders
+    (arm / "data" / "mirror" / "keep.jsonl.gz").write_bytes(b"mine too")
+    before = _files(arm)
+    capsys.readouterr()
+    # the rules empty `mirror`: refused, and the arm is byte for byte what it was
+    assert main(["data", "mix", str(cur), "--rules", str(mirrored / "dedup.yaml"), "--out", str(arm)]) == 2
+    err = capsys.readouterr().err
+    assert "keep no document of source(s) ['mirror']" in err and err.count("\n") == 1
+    assert _files(arm) == before
+    # into a new directory: nothing is left behind, so the directory stays usable
+    fresh = tmp_path / "fresh"
+    assert main(["data", "mix", str(cur), "--rules", str(mirrored / "dedup.yaml"), "--out", str(fresh)]) == 2
+    assert not fresh.exists()
+    assert main(["data", "mix", str(cur), "--rules", str(mirrored / "all.yaml"), "--out", str(fresh)]) == 0
+    capsys.readouterr()
+    # a re-mix with other rules replaces mix's own files and keeps the user's
+    assert main(["data", "mix", str(cur), "--rules", str(mirrored / "half.yaml"), "--out", str(arm), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    after = _files(arm)
+    assert after["data/notes.txt"] == b"mine" and after["data/mirror/keep.jsonl.gz"] == b"mine too"
+    assert sorted(payload["files"]) == sorted(f for f in after if f.startswith(("data/", "removed/"))
+                                              and f not in ("data/notes.txt", "data/mirror/keep.jsonl.gz"))
+    assert [f for f in after if f.startswith("removed/")] == ["removed/subsample.npz"]
+    assert not (arm / ".mix-staging").exists()
+    kept = {d.doc_id for s in load_manifest(arm / "manifest.yaml").sources if s.name != "mirror"
+            for d in s.documents()}
+    assert len(kept) == payload["kept"]["a"]["docs"] + payload["kept"]["b"]["docs"]
+
+
+def test_inspect_refuses_a_rule_the_arm_does_not_have_after_a_remix(curated, tmp_path, capsys):
+    cur, arm = curated / "cur", tmp_path / "arm"
+    (tmp_path / "dedup.yaml").write_text("exact_duplicates: keep_one\n")
+    (tmp_path / "half.yaml").write_text("subsample: 0.5\n")
+    assert main(["data", "mix", str(cur), "--rules", str(tmp_path / "dedup.yaml"), "--out", str(arm)]) == 0
+    assert main(["data", "mix", str(cur), "--rules", str(tmp_path / "half.yaml"), "--out", str(arm)]) == 0
+    assert sorted(p.name for p in (arm / "removed").iterdir()) == ["subsample.npz"]
+    assert main(["data", "inspect", str(arm), "--removed", "subsample", "-n", "1", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["data", "inspect", str(arm), "--removed", "exact_duplicates"]) == 2
+    assert "its rules: ['subsample']" in capsys.readouterr().err
+
+
+def test_a_crash_while_files_move_leaves_an_arm_the_next_mix_replaces(mirrored, tmp_path, capsys, monkeypatch):
+    import os
+
+    import curation.mix as mix_module
+
+    cur, arm = mirrored / "cur", tmp_path / "arm"
+    assert main(["data", "mix", str(cur), "--rules", str(mirrored / "all.yaml"), "--out", str(arm)]) == 0
+    moves, replace = [], os.replace
+
+    def crash_on_second_move(src, dst):  # out of the staging folder into the arm; other replaces pass
+        if ".mix-staging" in str(src) and ".mix-staging" not in str(dst):
+            moves.append(dst)
+            if len(moves) == 2:
+                raise KeyboardInterrupt
+        replace(src, dst)
+
+    monkeypatch.setattr(mix_module.os, "replace", crash_on_second_move)
+    with pytest.raises(KeyboardInterrupt):
+        mix(cur, load_rules(mirrored / "half.yaml"), arm)
+    monkeypatch.undo()
+    assert json.loads((arm / "arm.json").read_text())["incomplete"] is True
+    capsys.readouterr()
+    assert main(["data", "inspect", str(arm), "--removed", "subsample"]) == 2
+    assert "did not finish" in capsys.readouterr().err
+    assert main(["data", "mix", str(cur), "--rules", str(mirrored / "half.yaml"), "--out", str(arm)]) == 0
+    reference = tmp_path / "reference"
+    assert main(["data", "mix", str(cur), "--rules", str(mirrored / "half.yaml"), "--out", str(reference)]) == 0
+    got, want = _files(arm), _files(reference)
+    assert {k: v for k, v in got.items() if k not in ("arm.json", "manifest.yaml")} == \
+        {k: v for k, v in want.items() if k not in ("arm.json", "manifest.yaml")}
