@@ -151,6 +151,12 @@ def render(payload: dict) -> None:
                          f"held-out documents reported; details in {decon['report']}")
 
 
+def sample_docs(n_docs: int, docs: int) -> list[int]:
+    """`docs` documents (at most all `n_docs`) spread evenly over a set: its first and last and between."""
+    take = min(docs, n_docs)
+    return [round(k * (n_docs - 1) / max(take - 1, 1)) for k in range(take)]
+
+
 def inspect_payload(directory: Path, docs: int, chars: int) -> dict:
     """The shard manifest and, per set, `docs` documents spread over it, decoded (first `chars` characters)."""
     corpus = PreparedCorpus.open(directory)
@@ -159,7 +165,7 @@ def inspect_payload(directory: Path, docs: int, chars: int) -> dict:
     for split, entries in (("train", corpus.meta["sources"]), ("eval", corpus.meta["eval"])):
         for e in entries:
             shard = corpus.train_shard(e["name"]) if split == "train" else corpus.eval_shard(e["name"])
-            picks = sorted({round(k * (shard.n_docs - 1) / max(docs - 1, 1)) for k in range(min(docs, shard.n_docs))})
+            picks = sample_docs(shard.n_docs, docs)
             sample = [{"doc": i, "id": shard.doc_ids[i], "tokens": int(shard.index[i, 1]) - 1,
                        "bytes": int(shard.index[i, 2]), "text": tok.decode(shard.document_tokens(i).tolist())[:chars]}
                       for i in picks]

@@ -174,7 +174,14 @@ class PreparedCorpus:
         meta_path = path / "meta.json"
         if not meta_path.exists():
             raise DataInputError("not a prepared corpus (no meta.json; run `ladder data prepare` first)", where=str(path))
-        meta = json.loads(meta_path.read_text())
+        try:
+            meta = json.loads(meta_path.read_text())
+        except ValueError as err:  # not JSON, or not UTF-8
+            raise DataInputError(f"is not valid JSON ({err}); rerun `ladder data prepare` into {path} to prepare it "
+                                 "again", where=str(meta_path)) from None
+        if not isinstance(meta, dict):
+            raise DataInputError(f"is not a JSON object; rerun `ladder data prepare` into {path} to prepare it again",
+                                 where=str(meta_path))
         if meta.get("format_version") != FORMAT_VERSION:
             raise DataInputError(f"prepared in format {meta.get('format_version')}, this version reads "
                                  f"{FORMAT_VERSION}: run `ladder data prepare` again", where=str(path))

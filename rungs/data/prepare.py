@@ -19,17 +19,19 @@ document table, not by the size of a file.
 
 Every file is written to a temporary name and renamed into place; a shard is finished once its `.json`
 is there, so a killed prepare resumes without redoing finished shards and a finished one is a no-op; a
-temporary a killed prepare left behind is removed by the next run. A prepare never deletes a file it did
-not write (`out_dir`): it refuses an `out_dir` holding other files or another corpus (unless `overwrite`),
-and replaces only the files its own state names. Token ids are range-checked against
-the vocabulary before they are cast to the shard dtype (a cast would wrap silently on numpy 1.x).
+temporary a killed prepare left behind is removed by the next run. Finished means for these inputs and this
+`shard_bytes` (the shards' cut): a rerun at another size cuts the shards again, as a fresh prepare would
+(`workers` and `split_bytes` change no byte, so they do not count); a `meta.json` that cannot be read is not
+finished either. A prepare never deletes a file it did not write (`out_dir`): it refuses an `out_dir`
+holding other files or another corpus (unless `overwrite`), and replaces only the files its own state names.
+Token ids are range-checked against the vocabulary before they are cast to the shard dtype (a cast would
+wrap silently on numpy 1.x).
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
-import json
 import logging
 import os
 import time
@@ -41,7 +43,7 @@ from rungs.data.errors import DataDiskFullError, DataInputError
 from rungs.data.filework import ENCODE_BATCH_BYTES, ENCODE_BATCH_DOCS, SHARD_BYTES, SHARD_TEXT_BYTES, \
     tokenize_documents, tokenize_unit
 from rungs.data.manifest import DEMO_MANIFEST, Manifest, load_manifest
-from rungs.data.out_dir import OWNED_STEP, check_out_dir, owned_files, planned_files
+from rungs.data.out_dir import OWNED_STEP, TOKENIZER_FILE, check_out_dir, owned_files, planned_files, read_state
 from rungs.data.outputs import Progress, write_meta, write_set_table
 from rungs.data.scanning import FileKey, ScanResult, scan, units_of
 from rungs.data.segments import FilePlan, plan_file
@@ -96,8 +98,7 @@ def prepare(manifest_path: str | Path, out_dir: str | Path, *, vocab_size: int, 
     identity = {"manifest": str(manifest.path.resolve()), "tokenizer": tokenizer_key(tokenizer),
                 "vocab_size": vocab_size}
     check_out_dir(out, manifest, key, identity, overwrite=overwrite)
-    meta_path = out / "meta.json"
-    if meta_path.exists() and json.loads(meta_path.read_text()).get("key") == key:
+    if _finished(out, key, shard_bytes):
         log.info("prepare: %s is already prepared for these inputs", out)
         return out
     t0 = time.perf_counter()
@@ -115,6 +116,37 @@ def prepare(manifest_path: str | Path, out_dir: str | Path, *, vocab_size: int, 
         raise
     log.info("prepare: done in %.1f s -> %s", time.perf_counter() - t0, out)
     return out
+
+
+def _shard_key(key: str, shard_bytes: int) -> str:
+    """What a shard's record carries: shards are cut by input position at `shard_bytes`, so another size (or
+    shards cut by text before) gives other shards, which are redone."""
+    return f"{key}:{shard_bytes}:input"
+
+
+def _finished(out: Path, key: str, shard_bytes: int) -> bool:
+    """Whether `out` holds the finished corpus of `key` cut at `shard_bytes`: its `meta.json` has this key and
+    every set's first shard is recorded under this size (all the shards of a finished corpus are). A
+    `meta.json` that cannot be read is not finished: the directory is prepared again."""
+    meta_path = out / "meta.json"
+    if not meta_path.exists():
+        return False
+    meta = read_state(meta_path)
+    if meta is None:
+        log.warning("prepare: %s is not a meta.json prepare can read; preparing %s again", meta_path, out)
+        return False
+    if meta["key"] != key:
+        return False
+    entries = [e for field in ("sources", "eval") if isinstance(meta.get(field), list) for e in meta[field]]
+    try:
+        firsts = [read_state(out / f"{e['shards'][0]['stem']}.json") for e in entries]
+    except (KeyError, IndexError, TypeError):
+        firsts = []
+    if firsts and all(r is not None and r["key"] == _shard_key(key, shard_bytes) for r in firsts):
+        return True
+    log.info("prepare: %s holds shards of another --shard-bytes; cutting them again at %d input bytes",
+             out, shard_bytes)
+    return False
 
 
 def plan_inputs(manifest: Manifest, shard_bytes: int, *, parallel: bool = False) -> dict[FileKey, FilePlan]:
@@ -136,8 +168,17 @@ def _prepare_into(out: Path, key: str, identity: dict, manifest: Manifest, plans
     (out / "train").mkdir(exist_ok=True)
     (out / "eval").mkdir(exist_ok=True)
     remove_stale_temporaries(out)
+    if (out / "progress.json").exists() and read_state(out / "progress.json") is None:
+        # Unreadable (check_out_dir found this directory prepare's by its meta.json): started over.
+        log.warning("prepare: %s is not a progress.json prepare can read; starting over", out / "progress.json")
+        (out / "progress.json").unlink()
     # Before progress.json starts over (--overwrite): what an earlier prepare wrote here and is still there.
     earlier = {f for f in owned_files(out) if (out / f).exists()}
+    writes_tokenizer = tokenizer != "byte"
+    if not writes_tokenizer and TOKENIZER_FILE in earlier:
+        # An earlier prepare's tokenizer (its records say so), not part of a byte corpus: removed.
+        (out / TOKENIZER_FILE).unlink()
+        earlier.discard(TOKENIZER_FILE)
     progress = Progress(out, key)
     progress.state.update(identity)  # which corpus this is: the same manifest may resume or update it
     sets = [("train", ds) for ds in manifest.sources] + [("eval", ds) for ds in manifest.eval_sets]
@@ -146,7 +187,8 @@ def _prepare_into(out: Path, key: str, identity: dict, manifest: Manifest, plans
     # Recorded before anything else is written: a prepare killed halfway leaves only files the next one can
     # prove it wrote (and so may replace).
     stems = [shard_stem(u.split, u.spec.set_name, u.file_index, s.index) for u in units for s in u.segments]
-    progress.mark(OWNED_STEP, {"files": sorted(earlier | planned_files(stems, [(split, ds.name) for split, ds in sets]))})
+    planned = planned_files(stems, [(split, ds.name) for split, ds in sets], tokenizer=writes_tokenizer)
+    progress.mark(OWNED_STEP, {"files": sorted(earlier | planned)})
     (out / "meta.json").unlink(missing_ok=True)
     report = scanned.report
     if not progress.done("decontamination"):
@@ -155,8 +197,7 @@ def _prepare_into(out: Path, key: str, identity: dict, manifest: Manifest, plans
                                           "flagged": len(report["flagged_eval"])})
     by_file = {(name, i): frozenset().union(*segs) for (_, name, i), segs in scanned.removed.items()}
     tok = tokenizer_step(out, progress, tokenizer, vocab_size, manifest, by_file, fixed)
-    # Shards are cut by input position at this size: another size, or shards cut by text before, are redone.
-    shard_key = f"{key}:{shard_bytes}:input"
+    shard_key = _shard_key(key, shard_bytes)
     calls = []
     for u in units:
         file_key = (u.split, u.spec.set_name, u.file_index)
@@ -200,8 +241,7 @@ def ensure_prepared(manifest_path: str | Path | None = None, *, vocab_size: int,
     with open(cache_root / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            meta = target / "meta.json"
-            if meta.exists() and json.loads(meta.read_text()).get("key") == key:
+            if _finished(target, key, SHARD_BYTES):
                 return target
             # The cache's own directory for this key: anything of another key there is a stale prepare's.
             return prepare(manifest.path, target, vocab_size=vocab_size, tokenizer=tokenizer, workers=workers,

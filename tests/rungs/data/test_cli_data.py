@@ -61,3 +61,37 @@ def test_workers_below_one_exit_2(tiny_manifest, tmp_path, capsys):
     assert main(["data", "prepare", str(tiny_manifest), "--out", str(tmp_path / "o"), "--workers", "0"]) == 2
     assert "--workers must be at least 1, got 0" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_inspect_shows_as_many_documents_as_asked_up_to_all_spread_over_each_set(tiny_bpe, capsys):
+    for asked in (1, 11, 12, 13, 20, 40, 41, 100):
+        assert main(["data", "inspect", str(tiny_bpe), "--json", "--docs", str(asked)]) == 0
+        for s in json.loads(capsys.readouterr().out)["sets"]:
+            picks = [d["doc"] for d in s["sample"]]
+            assert len(picks) == min(asked, s["docs"]) and picks == sorted(set(picks)), (asked, s["name"], picks)
+            assert picks[0] == 0 and (asked == 1 or picks[-1] == s["docs"] - 1)
+            if asked >= s["docs"]:
+                assert picks == list(range(s["docs"]))
+
+
+def test_inspect_of_a_two_document_set_shows_both(tmp_path, capsys):
+    manifest = write_manifest(tmp_path / "corpus", eval_docs=2)
+    assert main(["data", "prepare", str(manifest), "--out", str(tmp_path / "p"), "--tokenizer", "byte",
+                 "--json"]) == 0
+    capsys.readouterr()
+    assert main(["data", "inspect", str(tmp_path / "p"), "--json", "--docs", "3"]) == 0
+    sets = {(s["split"], s["name"]): s for s in json.loads(capsys.readouterr().out)["sets"]}
+    assert [d["id"] for d in sets[("eval", "x")]["sample"]] == ["x-0", "x-1"]
+
+
+def test_inspect_of_an_unreadable_meta_json_names_the_file(tmp_path, capsys):
+    meta = tmp_path / "meta.json"
+    for text, problem in (("{", "is not valid JSON"), ("[1]", "is not a JSON object")):
+        meta.write_text(text)
+        assert main(["data", "inspect", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert f"{meta}: {problem}" in err and "ladder data prepare" in err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    meta.write_bytes(b"\xff\xfe{")
+    assert main(["data", "inspect", str(tmp_path)]) == 2
+    assert f"{meta}: is not valid JSON" in capsys.readouterr().err

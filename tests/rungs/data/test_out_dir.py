@@ -4,6 +4,7 @@ files is refused (exit 2, one line, nothing touched), a prepared directory of an
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -113,3 +114,71 @@ def test_the_library_refuses_before_creating_anything(tmp_path):
     with pytest.raises(DataInputError, match="holds or sits among"):
         prepare(manifest, tmp_path / "lay" / "train" / "new", vocab_size=257, tokenizer="byte")
     assert not (tmp_path / "lay" / "train" / "new").exists()
+
+
+def test_an_unreadable_meta_json_of_a_prepared_directory_is_prepared_again(tiny_manifest, tmp_path, capsys):
+    out = tmp_path / "out"
+    prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte")
+    (out / "README").write_text("mine")
+    before = tree_bytes(out)
+    (out / "meta.json").write_text("{")
+    assert main(["data", "prepare", str(tiny_manifest), "--out", str(out), *BYTE, "--json"]) == 0
+    assert tree_bytes(out) == before
+    # An unreadable progress.json beside a meta.json of other inputs: nothing says it is the same corpus
+    # (--overwrite needed), and progress starts over.
+    (out / "progress.json").write_text("[")
+    (out / "meta.json").write_text(json.dumps({**json.loads(before["meta.json"]), "key": "another input key"}))
+    _refused(["data", "prepare", str(tiny_manifest), "--out", str(out), *BYTE], capsys)
+    assert main(["data", "prepare", str(tiny_manifest), "--out", str(out), *BYTE, "--overwrite", "--json"]) == 0
+    got = tree_bytes(out)
+    assert got.pop("progress.json") and {k: v for k, v in before.items() if k != "progress.json"} == got
+
+
+def test_a_directory_whose_records_are_both_unreadable_is_refused_naming_them(tiny_manifest, tmp_path, capsys):
+    out = tmp_path / "out"
+    prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte")
+    (out / "meta.json").write_text("{")
+    (out / "progress.json").write_text("{")
+    before = tree_bytes(out)
+    err = _refused(["data", "prepare", str(tiny_manifest), "--out", str(out), *BYTE], capsys)
+    assert f"{out}: out: is not empty and not a prepared directory (its meta.json and progress.json cannot be " \
+           "read as prepare's records)" in err
+    assert tree_bytes(out) == before
+
+
+@pytest.mark.parametrize("old_records", [False, True])
+def test_a_tokenizer_json_prepare_did_not_write_is_never_replaced(old_records, tiny_manifest, tmp_path, capsys):
+    """A byte corpus writes no tokenizer.json: one there is the user's, kept by a byte prepare and in the way
+    of one that writes a tokenizer (refused, even with --overwrite). `old_records`: a byte prepare's list of
+    the files it writes that (as before this was fixed) names tokenizer.json proves nothing."""
+    out = tmp_path / "out"
+    prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte")
+    if old_records:
+        progress = json.loads((out / "progress.json").read_text())
+        progress["steps"]["owned"]["files"].append("tokenizer.json")
+        (out / "progress.json").write_text(json.dumps(progress))
+    (out / "tokenizer.json").write_text('{"mine": true}')
+    before = tree_bytes(out)
+    for extra in ([], ["--overwrite"]):
+        err = _refused(["data", "prepare", str(tiny_manifest), "--out", str(out), "--vocab-size", "300", *extra],
+                       capsys)
+        assert tree_bytes(out) == before
+    assert f"{out}: out: holds a tokenizer.json that prepare did not write" in err and "move your file" in err
+    with pytest.raises(DataInputError, match="holds a tokenizer.json that prepare did not write"):
+        prepare(tiny_manifest, out, vocab_size=300, tokenizer="bpe", overwrite=True)
+    prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte", shard_bytes=2_000)  # a byte prepare: kept
+    assert (out / "tokenizer.json").read_text() == '{"mine": true}'
+    (out / "tokenizer.json").unlink()  # moved away: the BPE prepare goes ahead
+    assert main(["data", "prepare", str(tiny_manifest), "--out", str(out), "--vocab-size", "300", "--overwrite",
+                 "--json"]) == 0
+    assert json.loads((out / "tokenizer.json").read_text())["model"]["type"] == "BPE"
+
+
+def test_a_byte_prepare_over_a_bpe_corpus_removes_the_tokenizer_it_wrote(tiny_manifest, tiny_byte, tmp_path):
+    out = tmp_path / "out"
+    prepare(tiny_manifest, out, vocab_size=300, tokenizer="bpe")
+    assert (out / "tokenizer.json").exists()
+    prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte", overwrite=True)
+    got, want = tree_bytes(out), tree_bytes(tiny_byte)
+    assert got.pop("progress.json") and want.pop("progress.json")
+    assert got == want  # no tokenizer.json left from the BPE corpus

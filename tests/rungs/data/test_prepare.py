@@ -159,3 +159,34 @@ def test_text_files_and_parquet_are_documents(tmp_path):
     out = prepare(tmp_path / "m.yaml", tmp_path / "out", vocab_size=257, tokenizer="byte")
     assert np.array_equal(PreparedCorpus.open(out).train_shard("t").document_tokens(0),
                           list(b"a whole file is a document"))
+
+
+def test_another_shard_size_cuts_the_shards_again_and_the_same_flags_are_a_no_op(tiny_manifest, tiny_byte, tmp_path):
+    """The shards of a finished directory are those of its `shard_bytes`: a rerun at another size gives the
+    directory a fresh prepare at that size gives (not the old shards), and a rerun with the same size, any
+    `split_bytes` or `workers`, is a no-op."""
+    out = tmp_path / "out"
+    small = prepare(tiny_manifest, tmp_path / "small", vocab_size=257, tokenizer="byte", shard_bytes=2_000)
+    prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte", shard_bytes=2_000)
+    assert len(json.loads((out / "meta.json").read_text())["sources"][0]["shards"]) > 2
+    prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte")  # the default size: one shard a file
+    got, want = _files(out), _files(tiny_byte)
+    assert got.pop("progress.json") and want.pop("progress.json")
+    assert got == want
+    stamp = (out / "meta.json").stat()
+    prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte")
+    prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte", split_bytes=3_000)  # changes no byte
+    assert ((out / "meta.json").stat().st_ino, (out / "meta.json").stat().st_mtime_ns) == \
+           (stamp.st_ino, stamp.st_mtime_ns)
+    prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte", shard_bytes=2_000)  # and back
+    got, want = _files(out), _files(small)
+    assert got.pop("progress.json") and want.pop("progress.json")
+    assert got == want
+
+
+def test_ensure_prepared_repairs_an_unreadable_meta_json(tiny_manifest, tmp_path):
+    target = ensure_prepared(tiny_manifest, vocab_size=257, tokenizer="byte", cache_root=tmp_path)
+    meta = (target / "meta.json").read_bytes()
+    (target / "meta.json").write_text("{")
+    assert ensure_prepared(tiny_manifest, vocab_size=257, tokenizer="byte", cache_root=tmp_path) == target
+    assert (target / "meta.json").read_bytes() == meta
