@@ -5,17 +5,26 @@
     DIR/attributes/<tagger>/<unit>.npz per tagger and file: one value per document, rows as in units/
     DIR/work/<tagger>/...              the tagger's shuffle files (partitioned keys, edges, labels)
     DIR/done/<stage>/<task>.json       completion markers: a task with a marker is never run again
+    DIR/done/ids/<source>.json         the source's ids were checked unique across its files
     DIR/report.json, DIR/cluster_sizes.png
 
 Every file is written through a temporary and a rename (`rungs.data.atomic`), and a task's marker only
 after all its files, so a run killed at any point resumes where it was. A directory that is not empty
 and holds no `curation.json` is refused: the curation only ever writes and removes its own files.
+
+Input is checked as `prepare` checks it, with its messages: each file as it is read (`checked_documents`: no
+empty file, no id twice in it, valid text), and each source's ids unique across its files by the uids of the
+unit indexes (`check_source_ids`, run by whichever task indexes the source's last file). A curation of this
+manifest that finished no tagger (it stopped on bad input, say) starts over once the manifest or its files
+are edited; one that finished a tagger is refused then, as is a curation of another manifest.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +32,15 @@ import numpy as np
 
 from rungs.data.atomic import atomic_write_bytes, atomic_write_json, remove_stale_temporaries
 from rungs.data.errors import DataInputError
-from rungs.data.manifest import DocumentSet, Manifest
-from rungs.data.readers import Document, FileSpec, segment_documents, whole_plan
+from rungs.data.manifest import DocumentSet, Manifest, checked_documents, duplicate_id, load_manifest
+from rungs.data.readers import Document, FileSpec
 from rungs.data.storage import DataFile
 
+log = logging.getLogger("curation")
 FORMAT_VERSION = 1
 META = "curation.json"
+IDS_CHECKED = "ids"  # done/ids/<source>.json: the source's ids are unique across its files
+OWN_FOLDERS = ("units", "attributes", "work", "done")  # what a curation that starts over removes (its own)
 
 
 @dataclass(frozen=True)
@@ -39,14 +51,19 @@ class Unit:
     source: str
     file: DataFile
     spec: FileSpec
+    source_files: int = 1  # how many files the source has (units `<source>-0` ... `<source>-<n-1>`)
 
     def documents(self):
-        plan = whole_plan(self.file)
-        yield from segment_documents(self.file, plan, plan.segments[0], self.spec, first_line=0)
+        """The file's documents in order, refused as `prepare` refuses them (`checked_documents`)."""
+        return checked_documents(self.file, self.spec)
+
+
+def unit_name(source: str, k: int) -> str:
+    return f"{source}-{k:05d}"
 
 
 def units_of(manifest: Manifest) -> list[Unit]:
-    return [Unit(f"{ds.name}-{k:05d}", ds.name, f, ds.spec(f)) for ds in manifest.sources
+    return [Unit(unit_name(ds.name, k), ds.name, f, ds.spec(f), len(ds.files)) for ds in manifest.sources
             for k, f in enumerate(ds.files)]
 
 
@@ -93,7 +110,8 @@ class Store:
 
     def open_for_writing(self, manifest: Manifest, key: str) -> dict:
         """The directory's metadata, created for `manifest` if the directory is new or empty; refused if it
-        holds anything else, or a curation of another manifest (or of this one since edited)."""
+        holds anything else, or a curation of another manifest (or of this one since edited, unless that one
+        finished no tagger: it then starts over, its own files removed)."""
         root = self.root
         if root.exists() and not root.is_dir():
             raise DataInputError("exists and is not a directory", where=str(root), field="--out")
@@ -102,11 +120,21 @@ class Store:
                                  "curate did not create (choose an empty or new --out)", where=str(root), field="--out")
         if self.meta_path.is_file():
             meta = self.meta()
-            if meta.get("manifest_key") != key:
+            if meta.get("manifest_key") == key:
+                remove_stale_temporaries(root)
+                return meta
+            finished = [name for name, t in meta.get("taggers", {}).items() if t.get("done")]
+            if meta.get("manifest") != str(manifest.path) or finished:
                 raise DataInputError(f"holds a curation of another manifest ({meta.get('manifest')}) or of this one "
                                      "before an edit: choose a new --out", where=str(root), field="--out")
+            # This manifest's, edited since (a file fixed after curate refused it): no tagger finished, so
+            # nothing here is worth keeping, and what is here describes the old files.
+            log.info("curate: %s changed since %s began and no tagger finished there: starting over", manifest.path,
+                     root)
+            for folder in OWN_FOLDERS:
+                shutil.rmtree(root / folder, ignore_errors=True)
+            self.meta_path.unlink()
             remove_stale_temporaries(root)
-            return meta
         root.mkdir(parents=True, exist_ok=True)
         return {"format_version": FORMAT_VERSION, "manifest": str(manifest.path), "manifest_key": key, "taggers": {}}
 
@@ -133,13 +161,61 @@ class Store:
 
 
 def write_unit_index(store: Store, unit: Unit, docs: list[Document]) -> None:
-    """units/<unit>.npz: written by whichever tagger reads the file first (the same bytes every time)."""
+    """units/<unit>.npz: written by whichever tagger reads the file first (the same bytes every time); then the
+    source's ids are checked across its files (`check_source_ids`)."""
     from curation.ids import doc_uids
 
     path = store.unit_index(unit.name)
-    if path.is_file():
+    if not path.is_file():
+        ids = [d.doc_id for d in docs]
+        write_npz(path, uid=doc_uids(unit.source, ids), id=np.array(ids, dtype=str),
+                  bytes=np.array([len(d.text.encode()) for d in docs], dtype=np.int64),
+                  words=np.array([len(d.text.split()) for d in docs], dtype=np.int64))
+    check_source_ids(store, unit)
+
+
+def check_source_ids(store: Store, unit: Unit) -> None:
+    """Refuse an id that two files of `unit`'s source share, as `prepare` does (each file's own ids are checked
+    as it is read): a DataInputError naming the later file, with `prepare`'s message.
+
+    Run by each task after it wrote its unit index, so the task that indexes a source's last file (a few, if
+    they finish together; in any order, in any process) finds every index there and checks them all: their
+    uids (64-bit hashes of source and id, 8 bytes a document) sorted, and the ids of equal uids compared. A
+    marker spares the tasks after it; a task that refused keeps no marker, so a rerun refuses again."""
+    if unit.source_files <= 1 or store.done(IDS_CHECKED, unit.source) is not None:
         return
-    ids = [d.doc_id for d in docs]
-    write_npz(path, uid=doc_uids(unit.source, ids), id=np.array(ids, dtype=str),
-              bytes=np.array([len(d.text.encode()) for d in docs], dtype=np.int64),
-              words=np.array([len(d.text.split()) for d in docs], dtype=np.int64))
+    paths = [store.unit_index(unit_name(unit.source, k)) for k in range(unit.source_files)]
+    if not all(p.is_file() for p in reversed(paths)):  # the last first: tasks start in file order
+        return  # a file not indexed yet: the task that indexes it checks
+    flat = np.concatenate([_index_array(p, "uid") for p in paths])
+    docs = len(flat)
+    flat.sort()
+    shared = np.unique(flat[1:][flat[1:] == flat[:-1]])
+    del flat
+    if len(shared):  # the ids of the shared uids, in file order: the first one met again is named
+        seen: dict[int, set[str]] = {}
+        for k, p in enumerate(paths):
+            uid = _index_array(p, "uid")
+            rows = np.flatnonzero(np.isin(uid, shared))
+            if not len(rows):
+                continue
+            ids = _index_array(p, "id")
+            for r in rows.tolist():
+                doc_id = str(ids[r])
+                if doc_id in seen.setdefault(int(uid[r]), set()):
+                    raise DataInputError(duplicate_id(doc_id), where=str(_source_file(store, unit, k)),
+                                         field=unit.source)
+                seen[int(uid[r])].add(doc_id)  # another id of the same uid: a collision, not a repeat
+    store.mark(IDS_CHECKED, unit.source, {"files": len(paths), "docs": docs})
+
+
+def _index_array(path: Path, name: str) -> np.ndarray:
+    with np.load(path, allow_pickle=False) as z:
+        return z[name]
+
+
+def _source_file(store: Store, unit: Unit, k: int) -> DataFile:
+    """The k-th file of `unit`'s source (read from the curated manifest unless it is the unit's own)."""
+    if unit.name == unit_name(unit.source, k):
+        return unit.file
+    return source_of(load_manifest(store.meta()["manifest"]), unit.source).files[k]

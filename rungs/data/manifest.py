@@ -13,7 +13,8 @@ A manifest is YAML, paths relative to the manifest file (or to `base`):
 `files` entries may be globs, and local paths or object-store URLs (`s3://`, `gs://`, `hf://`:
 `rungs.data.storage`). The formats and how a file is read are `rungs.data.readers`'; how a large file
 is cut for parallel work is `rungs.data.segments`'. Every file must hold at least one non-empty
-document; an empty, binary or non-UTF-8 file is refused with an error naming the file. A document's
+document; an empty, binary or non-UTF-8 file is refused with an error naming the file, as is an id that
+appears twice within a set (`checked_documents` applies both checks to one file). A document's
 collection is its id up to the first '/' (`metamath/set.mm#3` is in `metamath`); the sampler gives
 each collection of a source the same share of every rung's unique subset.
 """
@@ -22,9 +23,11 @@ from __future__ import annotations
 
 import glob
 import hashlib
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -33,8 +36,12 @@ from rungs.data.readers import MAX_DOCUMENT_BYTES, PART_SUFFIX, Document, FileSp
     split_document, whole_plan
 from rungs.data.storage import FINGERPRINT_BYTES, DataFile, RemoteFile, fingerprints, is_url, list_remote
 
+if TYPE_CHECKING:
+    import numpy as np
+
 __all__ = ["Document", "DocumentSet", "Manifest", "load_manifest", "split_document", "file_fingerprint",
-           "MAX_DOCUMENT_BYTES", "PART_SUFFIX", "FINGERPRINT_BYTES", "DEMO_MANIFEST"]
+           "checked_documents", "duplicate_id", "MAX_DOCUMENT_BYTES", "PART_SUFFIX", "FINGERPRINT_BYTES",
+           "DEMO_MANIFEST"]
 SHARE_TOLERANCE = 1e-6
 DEMO_MANIFEST = Path(__file__).resolve().parent / "demo" / "manifest.yaml"
 
@@ -71,20 +78,64 @@ class DocumentSet:
         for path in self.files:
             for doc in self.file_documents(path):
                 if doc.doc_id in seen:
-                    raise DataInputError(f"document id {doc.doc_id!r} appears twice; ids must be unique within a set",
-                                         where=str(path), field=self.name)
+                    raise DataInputError(duplicate_id(doc.doc_id), where=str(path), field=self.name)
                 seen.add(doc.doc_id)
                 yield doc
 
     def file_documents(self, path: DataFile) -> Iterator[Document]:
-        """The non-empty documents of one of this set's files (long ones as pieces), read start to end."""
-        non_empty = 0
-        for doc in segment_documents(path, whole_plan(path), whole_plan(path).segments[0], self.spec(path),
-                                     first_line=0):
-            non_empty += 1
-            yield doc
-        if not non_empty:
-            raise DataInputError("holds no non-empty document (an empty file?)", where=str(path), field=self.name)
+        """The non-empty documents of one of this set's files (long ones as pieces), read start to end and
+        checked as `checked_documents` checks them."""
+        return checked_documents(path, self.spec(path))
+
+
+def checked_documents(path: DataFile, spec: FileSpec) -> Iterator[Document]:
+    """The non-empty documents of one file (long ones as pieces), read start to end, checked as `prepare`'s
+    scan checks a file: a DataInputError naming it (with `prepare`'s message) when it holds no document, or
+    one id twice. Ids are checked by their 64-bit hashes (8 bytes a document) once the file is read through
+    (the repeated id is then found by reading it again); a reader that stops early has no id check."""
+    import numpy as np
+
+    from rungs.data.filework import id_hash
+
+    plan = whole_plan(path)
+    hashes = array("Q")
+    for doc in segment_documents(path, plan, plan.segments[0], spec, first_line=0):
+        hashes.append(id_hash(doc.doc_id))
+        yield doc
+    if not hashes:
+        raise DataInputError(EMPTY_FILE, where=str(path), field=spec.set_name)
+    repeated = repeated_id(path, spec, np.frombuffer(hashes, dtype=np.uint64))
+    if repeated is not None:
+        raise DataInputError(duplicate_id(repeated), where=str(path), field=spec.set_name)
+
+
+EMPTY_FILE = "holds no non-empty document (an empty file?)"
+
+
+def duplicate_id(doc_id: str) -> str:
+    """The message for an id that appears twice in a set (prepare's, curate's)."""
+    return f"document id {doc_id!r} appears twice; ids must be unique within a set"
+
+
+def repeated_id(path: DataFile, spec: FileSpec, hashes: np.ndarray) -> str | None:
+    """The first id of the file that appears twice in it, given its documents' id hashes (`id_hash`, in file
+    order); None when no two hashes are equal, or only two different ids share one (a collision, not a repeat)."""
+    import numpy as np
+
+    from rungs.data.filework import id_hash
+
+    ordered = np.sort(hashes)
+    shared = set(ordered[1:][ordered[1:] == ordered[:-1]].tolist())
+    if not shared:
+        return None
+    seen: set[str] = set()
+    plan = whole_plan(path)
+    for doc in segment_documents(path, plan, plan.segments[0], spec, first_line=0):
+        if id_hash(doc.doc_id) in shared:
+            if doc.doc_id in seen:
+                return doc.doc_id
+            seen.add(doc.doc_id)
+    return None
 
 
 @dataclass(frozen=True)

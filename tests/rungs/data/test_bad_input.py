@@ -7,6 +7,8 @@ import gzip
 import pytest
 
 from ladder.cli import main
+from rungs.data.errors import DataInputError
+from rungs.data.manifest import load_manifest
 
 from .conftest import write_manifest
 
@@ -37,6 +39,32 @@ def _binary_but_utf8(root):
 def _latin1_jsonl(root):
     (root / "b.jsonl").write_bytes('{"id": "1", "text": "plain"}\n{"id": "2", "text": "café"}\n'.encode("latin-1"))
     return root / "b.jsonl", "b: is not UTF-8 text (byte 0xe9 at offset 53)"
+
+
+def _lone_surrogate_text(root):
+    with open(root / "b.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"id": "s1", "text": "lone \\ud800 surrogate"}\n')
+    return root / "b.jsonl", "b: line 41: field 'text' holds a lone surrogate escape (\\ud800 at character 5)"
+
+
+def _lone_surrogate_id(root):
+    with open(root / "b.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"id": "x\\udc80", "text": "fine text"}\n')
+    return root / "b.jsonl", "b: line 41: field 'id' holds a lone surrogate escape (\\udc80 at character 1)"
+
+
+def _lone_surrogate_gzip(root):
+    text = "".join(f'{{"id": "g{k}", "text": "caf\\u00e9 {k}"}}\n' for k in range(20)) + \
+        '{"id": "g20", "text": "\\ud83d\\ude00 is a pair, \\ude00 is not"}\n'
+    (root / "b.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    _retarget(root, "b.jsonl", "b.jsonl.gz")
+    return root / "b.jsonl.gz", "b: line 21: field 'text' holds a lone surrogate escape (\\ude00 at character 13)"
+
+
+def _id_twice(root):
+    with open(root / "b.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"id": "b-3", "text": "another text under an id the file has"}\n')
+    return root / "b.jsonl", "b: document id 'b-3' appears twice; ids must be unique within a set"
 
 
 def _not_gzip(root):
@@ -111,7 +139,8 @@ def _retarget(root, old: str, new: str) -> None:
     manifest.write_text(manifest.read_text().replace(old, new))
 
 
-CASES = [_empty, _blank_text_file, _binary, _binary_but_utf8, _latin1_jsonl, _not_gzip, _truncated_gzip, _bad_parquet,
+CASES = [_empty, _blank_text_file, _binary, _binary_but_utf8, _latin1_jsonl, _lone_surrogate_text, _lone_surrogate_id,
+         _lone_surrogate_gzip, _id_twice, _not_gzip, _truncated_gzip, _bad_parquet,
          _manifest_not_utf8, _manifest_bad_yaml, _manifest_unknown_key, _source_unknown_key,
          _decontamination_unknown_key, _decontamination_not_a_mapping, _share_is_a_bool, _missing]
 
@@ -147,3 +176,22 @@ def test_an_unusable_tokenizer_file_is_named(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"{tokenizer}: {message}" in err, err
         assert not (tmp_path / "out").exists()
+
+
+def test_a_set_s_file_is_read_with_prepare_s_checks(tmp_path, monkeypatch):
+    """`DocumentSet.file_documents` (what curate and the BPE sample read) refuses an empty file and an id twice with
+    prepare's messages; ids that only share a hash are not a repeat."""
+    root = tmp_path / "corpus"
+    manifest = write_manifest(root)
+    (root / "b.jsonl").write_text('{"id": "p", "text": "one"}\n{"id": "q", "text": "two"}\n')
+    ds = load_manifest(manifest).sources[1]
+    monkeypatch.setattr("rungs.data.filework.id_hash", lambda doc_id: 7)  # every id one hash
+    assert [d.doc_id for d in ds.file_documents(ds.files[0])] == ["p", "q"]
+    with open(root / "b.jsonl", "a") as f:
+        f.write('{"id": "r", "text": "three"}\n{"id": "q", "text": "two again"}\n')
+    with pytest.raises(DataInputError) as err:
+        list(ds.file_documents(ds.files[0]))
+    assert str(err.value) == f"{root / 'b.jsonl'}: b: document id 'q' appears twice; ids must be unique within a set"
+    (root / "b.jsonl").write_text("\n")
+    with pytest.raises(DataInputError, match="b: holds no non-empty document"):
+        list(ds.file_documents(ds.files[0]))
