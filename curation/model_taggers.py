@@ -11,7 +11,12 @@ score (a classifier), wired into the pipeline as stages of per-file and per-part
   partition (mean 1 over its documents), not over the whole corpus: no step sees every document.
 - quality: `curation.quality.train_quality_classifier` on documents of the sources named as positives and
   negatives (the first `quality_docs` of each source, in file order), or a saved model; `score` per file
-  → attributes/quality (`score`, probability of looking like the positives).
+  → attributes/quality (`score`, probability of looking like the positives). The classifier is trained (or
+  copied) once, into work/quality/model, and a resumed run scores with that one; `check_quality_sources`
+  refuses sources it could not be trained on before any tagger runs.
+
+`ModelOptions` leaves a setting unset (None, or no sources) where the caller did not give it: `curate` takes
+the one the directory was tagged with, else the default (`curation.pipeline.resolve_settings`).
 """
 
 from __future__ import annotations
@@ -36,11 +41,18 @@ class ModelOptions:
     n_topics: int | None = None  # default: about one topic per 50 documents, between 1 and 100
     topic_sample_size: int = 100_000
     seed: int = 0
-    semantic_eps: float = 0.01
+    semantic_eps: float | None = None  # default: curation.semantic.DEFAULT_EPS (0.01)
     quality_positive: tuple[str, ...] = ()
     quality_negative: tuple[str, ...] = ()
     quality_model: str | None = None
     quality_docs: int = 2000
+
+    def __post_init__(self) -> None:
+        if self.n_topics is not None and self.n_topics < 1:
+            raise DataInputError(f"must be at least 1, got {self.n_topics}", field="--topics")
+        if self.semantic_eps is not None and not 0.0 <= self.semantic_eps < 2.0:  # NaN included
+            raise DataInputError(f"must be in [0, 2) (duplicates have cosine >= 1 - eps), got {self.semantic_eps}",
+                                 field="--semantic-eps")
 
     @property
     def quality_configured(self) -> bool:
@@ -173,43 +185,64 @@ def run_topics(ctx) -> dict:
 
 
 def run_semantic(ctx) -> dict:
-    parts = ctx.run_stage("semantic.partitions", semantic_partition, ctx.per_partition(ctx.model_options.semantic_eps))
+    from curation.semantic import DEFAULT_EPS
+
+    eps = DEFAULT_EPS if ctx.model_options.semantic_eps is None else ctx.model_options.semantic_eps
+    parts = ctx.run_stage("semantic.partitions", semantic_partition, ctx.per_partition(eps))
     attrs = ctx.run_stage("semantic.attributes", semantic_attributes, ctx.per_unit())
-    return {"docs": sum(r["docs"] for r in parts.values()), "eps": ctx.model_options.semantic_eps, "units": attrs}
+    return {"docs": sum(r["docs"] for r in parts.values()), "eps": eps, "units": attrs}
+
+
+def check_quality_sources(manifest, units: list[Unit], opts: ModelOptions) -> None:
+    """Refuses, before any tagger runs, positives or negatives the classifier cannot be trained on: a source
+    the manifest does not name, or too few documents on one side to hold out a fifth and train on the rest
+    (it reads at most that many documents of each source). Nothing to check with a saved model."""
+    from curation.quality import HELDOUT_FRACTION, min_documents
+
+    if opts.quality_model:
+        return
+    names = {ds.name for ds in manifest.sources}
+    need = min_documents(HELDOUT_FRACTION)
+    for flag, chosen in (("--quality-positive", opts.quality_positive), ("--quality-negative", opts.quality_negative)):
+        if set(chosen) - names:
+            raise DataInputError(f"unknown source(s) {sorted(set(chosen) - names)}; the manifest's: {sorted(names)}",
+                                 field=flag)
+        have = len(_first_docs(units, chosen, min(need, opts.quality_docs)))
+        if have < need:
+            which = f"source {chosen[0]} has" if len(chosen) == 1 else f"sources {', '.join(chosen)} have"
+            raise DataInputError(f"{which} {have} document{'s' if have != 1 else ''}: the quality classifier needs "
+                                 f"at least {need} on each side (it holds out {HELDOUT_FRACTION:.0%} of them to "
+                                 "measure its AUC and trains on the rest)", field=flag)
 
 
 def run_quality(ctx) -> dict:
-    from curation.quality import QualityModel, train_quality_classifier
+    from curation.quality import META_FILE, QualityModel, train_quality_classifier
 
     opts: ModelOptions = ctx.model_options
     if not opts.quality_configured:
         raise DataInputError("the quality tagger needs a classifier: --quality-model DIR, or --quality-positive "
                              "SOURCES and --quality-negative SOURCES to train one", field="--taggers")
     model_dir = ctx.store.work("quality") / "model"
-    if opts.quality_model:
+    if (model_dir / META_FILE).is_file():  # a resumed run: the classifier it began with (its settings are fixed)
+        model = QualityModel.load(model_dir)
+    elif opts.quality_model:
         model = QualityModel.load(opts.quality_model)
         model.save(model_dir)
-    elif not (model_dir / "model.json").is_file():
-        names = {ds.name for ds in ctx.manifest.sources}
-        for flag, chosen in (("--quality-positive", opts.quality_positive), ("--quality-negative", opts.quality_negative)):
-            if set(chosen) - names:
-                raise DataInputError(f"unknown source(s) {sorted(set(chosen) - names)}; the manifest's: {sorted(names)}",
-                                     field=flag)
-        model = train_quality_classifier(_first_docs(ctx, opts.quality_positive, opts.quality_docs),
-                                         _first_docs(ctx, opts.quality_negative, opts.quality_docs), opts.seed)
+    else:  # the sources were checked before any tagger ran (check_quality_sources, from curate)
+        model = train_quality_classifier(_first_docs(ctx.units, opts.quality_positive, opts.quality_docs),
+                                         _first_docs(ctx.units, opts.quality_negative, opts.quality_docs), opts.seed)
         model.save(model_dir)
-    else:
-        model = QualityModel.load(model_dir)
     scored = ctx.run_stage("quality.score", score, [(u.name, (str(ctx.store.root), u)) for u in ctx.units])
     return {"docs": sum(r["docs"] for r in scored.values()), "heldout_auc": model.heldout_auc,
             "positive": list(opts.quality_positive), "negative": list(opts.quality_negative)}
 
 
-def _first_docs(ctx, sources: tuple[str, ...], limit: int) -> list[str]:
+def _first_docs(units: list[Unit], sources: tuple[str, ...], limit: int) -> list[str]:
+    """The texts of the first `limit` documents of each of `sources`, in file order."""
     texts: list[str] = []
     for name in sources:
         taken = 0
-        for unit in (u for u in ctx.units if u.source == name):
+        for unit in (u for u in units if u.source == name):
             for doc in unit.documents():
                 if taken >= limit:
                     break

@@ -9,18 +9,27 @@ Taggers (`TAGGERS`): `exact` (`curation.exact`), `near` (`curation.near`), and o
 (`curation.model_taggers`) `topics`, `semantic` (semantic-duplicate cluster and diversity weight) and
 `quality`. A new tagger is a `TaggerSpec` whose `run(ctx)` writes `attributes/<set>/<unit>.npz` per file,
 one array per attribute, rows in the file's document order; the mixer's rules name the attribute sets.
+
+Settings (`SETTING_FLAGS`: the LSH parameters, the topic count, SemDeDup's eps, the quality classifier) are
+fixed for a directory once their tagger has begun: `curate` records them in curation.json's `settings` before
+the tagger's first stage. A later run takes each setting it is not given from there (else the default), and
+refuses one given with another value (`resolve_settings`): resuming, adding a tagger or rerunning needs no
+flags repeated, and no changed flag is silently ignored.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from curation import components, exact, near
 from curation.minhash import LSHParams
-from curation.model_taggers import ModelOptions, run_quality, run_semantic, run_topics
+from curation.model_taggers import ModelOptions, check_quality_sources, run_quality, run_semantic, run_topics
 from curation.store import Store, Unit, units_of
 from rungs.data.errors import DataInputError
 from rungs.data.manifest import Manifest, load_manifest
@@ -163,38 +172,167 @@ def parse_taggers(value: str | None, model_options: ModelOptions | None = None) 
     return [n for n in TAGGERS if n in wanted]
 
 
+# Each tagger's settings, as curation.json's `settings` records them, and the flag that sets each.
+SETTING_FLAGS: dict[str, dict[str, str]] = {
+    "near": {"bands": "--bands", "rows": "--rows", "threshold": "--jaccard", "seed": "seed"},
+    "topics": {"n_topics": "--topics"},
+    "semantic": {"eps": "--semantic-eps"},
+    "quality": {"model": "--quality-model", "positive": "--quality-positive", "negative": "--quality-negative"},
+}
+
+
+def default_settings() -> dict[str, dict[str, Any]]:
+    from curation.semantic import DEFAULT_EPS
+
+    lsh = LSHParams()
+    return {"near": {"bands": lsh.bands, "rows": lsh.rows, "threshold": lsh.threshold, "seed": lsh.seed},
+            "topics": {"n_topics": None},  # None: about one topic per 50 documents
+            "semantic": {"eps": DEFAULT_EPS}, "quality": {"model": None, "positive": [], "negative": []}}
+
+
+def given_settings(lsh: LSHParams | None = None, model_options: ModelOptions | None = None, *,
+                   bands: int | None = None, rows: int | None = None, threshold: float | None = None
+                   ) -> dict[str, dict[str, Any]]:
+    """The settings a caller gave, in `SETTING_FLAGS`' shape, None where not given: all of `lsh` (or those of
+    `bands`, `rows`, `threshold` given), and the `model_options` that are set."""
+    o = model_options or ModelOptions()
+    near_given = ({"bands": lsh.bands, "rows": lsh.rows, "threshold": lsh.threshold, "seed": lsh.seed} if lsh
+                  else {"bands": bands, "rows": rows, "threshold": threshold, "seed": None})
+    return {"near": near_given, "topics": {"n_topics": o.n_topics}, "semantic": {"eps": o.semantic_eps},
+            "quality": {"model": str(Path(o.quality_model).resolve()) if o.quality_model else None,
+                        "positive": list(o.quality_positive) or None, "negative": list(o.quality_negative) or None}}
+
+
+def tagged_settings(store: Store, meta: dict) -> dict[str, dict[str, Any]]:
+    """The settings of each tagger that has begun in the directory (fixed from then on)."""
+    tagged = {t: dict(v) for t, v in meta.get("settings", {}).items()}
+    done = meta.get("taggers", {})
+    # a directory written before curation.json had `settings`: the LSH record and the finished taggers' summaries
+    if "near" not in tagged and "lsh" in meta and store.marker("near.scan", "-").parent.is_dir():
+        tagged["near"] = dict(meta["lsh"])
+    if "topics" not in tagged and "n_topics" in done.get("topics", {}):
+        tagged["topics"] = {"n_topics": done["topics"]["n_topics"]}
+    if "semantic" not in tagged and "eps" in done.get("semantic", {}):
+        tagged["semantic"] = {"eps": done["semantic"]["eps"]}
+    if "quality" not in tagged and done.get("quality", {}).get("positive"):
+        tagged["quality"] = {"model": None, "positive": done["quality"]["positive"],
+                             "negative": done["quality"]["negative"]}
+    if "topics" in tagged and tagged["topics"].get("n_topics") is None:  # the default count is fixed once fitted
+        centroids = store.work("topics") / "centroids.npy"
+        if centroids.is_file():
+            tagged["topics"]["n_topics"] = int(np.load(centroids, mmap_mode="r").shape[0])
+        else:
+            del tagged["topics"]  # nothing depends on the count yet
+    return tagged
+
+
+def _describe(tagger: str, values: dict[str, Any]) -> str:
+    if tagger == "near":
+        return (f"--bands {values['bands']} --rows {values['rows']} --jaccard {values['threshold']} "
+                f"(seed {values['seed']})")
+    if tagger == "quality":
+        if values.get("model"):
+            return f"--quality-model {values['model']}"
+        return f"--quality-positive {','.join(values['positive'])} --quality-negative {','.join(values['negative'])}"
+    return " ".join(f"{SETTING_FLAGS[tagger][k]} {v}" for k, v in values.items())
+
+
+def _same(given: Any, stored: Any) -> bool:
+    if isinstance(given, list) and isinstance(stored, list):  # sources: the same set, in any order
+        return sorted(given) == sorted(stored)
+    return given == stored
+
+
+def resolve_settings(store: Store, meta: dict, given: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every tagger's settings for a run into `store` (whose curation.json holds `meta`): for a tagger that has
+    begun there, the ones it began with, and a setting `given` (not None) with another value is refused (a
+    DataInputError naming its flag: it needs a new --out); for the others, the ones given, else the defaults."""
+    tagged = tagged_settings(store, meta)
+    settings = default_settings()
+    for tagger, values in given.items():
+        stored = tagged.get(tagger)
+        for key, value in values.items():
+            if value is None:
+                continue
+            if stored is None:
+                settings[tagger][key] = value
+            elif not _same(value, stored.get(key)):
+                flag = SETTING_FLAGS[tagger][key]
+                shown = ",".join(value) if isinstance(value, list) else value
+                raise DataInputError(f"was tagged with {_describe(tagger, stored)}; {flag} {shown} needs a new --out "
+                                     f"(without {flag}, curate keeps the value it was tagged with)",
+                                     where=str(store.root), field=flag)
+        if stored is not None:
+            settings[tagger] = stored
+    return settings
+
+
+def _options(settings: dict[str, dict[str, Any]], model_options: ModelOptions | None) -> ModelOptions:
+    q = settings["quality"]
+    return replace(model_options or ModelOptions(), n_topics=settings["topics"]["n_topics"],
+                   semantic_eps=settings["semantic"]["eps"], quality_model=q["model"],
+                   quality_positive=tuple(q["positive"]), quality_negative=tuple(q["negative"]))
+
+
+def plan_curation(manifest_path: str | Path, out: str | Path, *, taggers: str | None = None, bands: int | None = None,
+                  rows: int | None = None, threshold: float | None = None,
+                  model_options: ModelOptions | None = None) -> tuple[list[str], LSHParams, ModelOptions]:
+    """What `curate` will run, checked before any work and without writing anything: the taggers (`--taggers`
+    syntax) and every setting, those not given (None; unset in `model_options`) as `out` was tagged with, else
+    the defaults. A DataInputError for a given setting that `out` was tagged with otherwise, unknown taggers,
+    and quality sources the classifier cannot be trained on."""
+    manifest = load_manifest(manifest_path)
+    store = Store(Path(out))
+    meta = store.meta() if store.meta_path.is_file() else {}
+    if meta.get("manifest") != str(manifest.path):  # another manifest's curation: `curate` refuses it (one line)
+        meta = {}
+    elif not any(t.get("done") for t in meta.get("taggers", {}).values()) \
+            and meta.get("manifest_key") != manifest.content_hash():
+        meta = {}  # edited since, with no tagger finished: `curate` starts over (Store.open_for_writing)
+    settings = resolve_settings(store, meta, given_settings(model_options=model_options, bands=bands, rows=rows,
+                                                            threshold=threshold))
+    options = _options(settings, model_options)
+    names = parse_taggers(taggers, options)
+    if "quality" in names and not meta.get("taggers", {}).get("quality", {}).get("done"):
+        check_quality_sources(manifest, units_of(manifest), options)
+    return names, LSHParams(**settings["near"]), options
+
+
 def curate(manifest_path: str | Path, out: str | Path, *, taggers: list[str] | None = None, partitions: int = 8,
            mapper: Mapper = local_mapper, lsh: LSHParams | None = None, model_options: ModelOptions | None = None,
            on_stage: Callable[[str, int], None] | None = None, on_task: Callable[[str], None] | None = None) -> dict:
     """Run `taggers` (all by default) over the manifest's training files into `out`; returns the summary
-    that `out/curation.json` records. Held-out sets are never tagged."""
+    that `out/curation.json` records. Held-out sets are never tagged. Settings not given (`lsh` None, unset
+    `model_options`) are those `out` was tagged with, else the defaults; one given with a value other than the
+    one `out` was tagged with is refused (`resolve_settings`)."""
     manifest = load_manifest(manifest_path)
     store = Store(Path(out))
     meta = store.open_for_writing(manifest, manifest.content_hash())
     partitions = int(meta.get("partitions", partitions))
-    if "lsh" in meta and store.marker("near.scan", "-").parent.is_dir():  # near-duplicate tagging has begun
-        stored = LSHParams(**meta["lsh"])
-        if lsh is not None and lsh != stored:
-            raise DataInputError(f"was tagged with bands={stored.bands}, rows={stored.rows}, jaccard={stored.threshold}, "
-                                 f"seed={stored.seed}; other near-duplicate settings need a new --out",
-                                 where=str(store.root), field="--out")
-        lsh = stored
-    lsh = lsh or LSHParams()
+    settings = resolve_settings(store, meta, given_settings(lsh, model_options))
+    lsh, options = LSHParams(**settings["near"]), _options(settings, model_options)
+    names = parse_taggers(",".join(taggers) if taggers else None, options)
     units = units_of(manifest)
-    meta.update(partitions=partitions, lsh={"bands": lsh.bands, "rows": lsh.rows, "threshold": lsh.threshold,
-                                             "seed": lsh.seed},
+    if "quality" in names and not meta["taggers"].get("quality", {}).get("done"):
+        check_quality_sources(manifest, units, options)
+    meta.update(partitions=partitions, lsh=dict(settings["near"]),
                 units=[{"unit": u.name, "source": u.source, "file": u.spec.rel} for u in units])
     store.write_meta(meta)
-    ctx = Context(store, manifest, units, partitions, mapper, lsh, model_options or ModelOptions())
+    ctx = Context(store, manifest, units, partitions, mapper, lsh, options)
     if on_stage is not None:
         ctx.on_stage = on_stage
     if on_task is not None:
         ctx.on_task = on_task
-    for name in parse_taggers(",".join(taggers) if taggers else None, model_options):
+    for name in names:
         if meta["taggers"].get(name, {}).get("done"):
             log.info("curate: %s already done", name)
             continue
+        if name in SETTING_FLAGS:  # fixed from now on: a later run resumes with them
+            meta.setdefault("settings", {})[name] = settings[name]
+            store.write_meta(meta)
         summary = TAGGERS[name].run(ctx)
+        if name == "topics":  # the count the default chose
+            meta["settings"]["topics"]["n_topics"] = summary["n_topics"]
         meta["taggers"][name] = dict(summary, done=True, attributes={k: list(v) for k, v in
                                                                      TAGGERS[name].attributes.items()})
         store.write_meta(meta)

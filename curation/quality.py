@@ -13,24 +13,41 @@ scikit-learn is installed already and gives the same model from the same inputs.
 is the one fitted on the rest, so the AUC describes exactly the model that scores. `save` writes a directory
 holding `weights.npz` (the non-zero coefficients and their feature indices, the intercept) and `model.json`
 (the vectorizer's settings, the AUC, the counts): no pickle, loadable with `allow_pickle=False`.
-Documents are scored on their first `max_chars` characters (default 20,000).
+Documents are scored on their first `max_chars` characters (default 20,000). A path that holds no saved model
+(or a damaged one) and a class too small to split are the caller's input: `rungs.data.errors.DataInputError`
+(a ValueError), which the CLI reports as one line.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import zipfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from rungs.data.errors import DataInputError
+
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "weights.npz"
 META_FILE = "model.json"
+HELDOUT_FRACTION = 0.2
+
+
+def min_documents(heldout_fraction: float = HELDOUT_FRACTION) -> int:
+    """The fewest documents of one class that `train_quality_classifier` can split: at least one held out
+    (`heldout_fraction` of them, rounded) and at least one to train on (3 at the default fifth)."""
+    if not 0.0 < heldout_fraction < 1.0:
+        raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+    n = 2
+    while not 1 <= round(n * heldout_fraction) < n:
+        n += 1
+    return n
 
 
 @dataclass(frozen=True)
@@ -107,21 +124,33 @@ class QualityModel:
 
     @classmethod
     def load(cls, path: str | Path) -> QualityModel:
+        """The model `save` wrote in `path`; a DataInputError (a ValueError) naming the file if `path` is not
+        one, or holds a damaged one."""
         src = Path(path)
         meta_path, weights_path = src / META_FILE, src / WEIGHTS_FILE
         if not meta_path.is_file() or not weights_path.is_file():
-            raise ValueError(f"{src}: not a saved quality model (needs {META_FILE} and {WEIGHTS_FILE})")
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != "curation.quality" or meta.get("version") != FORMAT_VERSION:
-            raise ValueError(f"{meta_path}: format {meta.get('format')!r} version {meta.get('version')!r}, "
-                             f"expected 'curation.quality' version {FORMAT_VERSION}")
-        with np.load(weights_path, allow_pickle=False) as w:
-            return cls(HashingSettings(**meta["settings"]), w["coef_index"], w["coef_value"],
-                       float(w["intercept"][0]), float(meta["heldout_auc"]), dict(meta.get("counts", {})))
+            missing = "does not exist" if not src.exists() else f"has no {META_FILE} and {WEIGHTS_FILE}"
+            raise DataInputError(f"{missing}: not a saved quality model (a directory `QualityModel.save` wrote)",
+                                 where=str(src))
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise DataInputError(f"not valid JSON ({err}): not a saved quality model", where=str(meta_path)) from None
+        if not isinstance(meta, dict) or meta.get("format") != "curation.quality" \
+                or meta.get("version") != FORMAT_VERSION:
+            found = (meta.get("format"), meta.get("version")) if isinstance(meta, dict) else (None, None)
+            raise DataInputError(f"format {found[0]!r} version {found[1]!r}, expected 'curation.quality' version "
+                                 f"{FORMAT_VERSION}: not a saved quality model", where=str(meta_path))
+        try:
+            with np.load(weights_path, allow_pickle=False) as w:
+                return cls(HashingSettings(**meta["settings"]), w["coef_index"], w["coef_value"],
+                           float(w["intercept"][0]), float(meta["heldout_auc"]), dict(meta.get("counts", {})))
+        except (OSError, EOFError, zipfile.BadZipFile, KeyError, IndexError, TypeError, ValueError) as err:
+            raise DataInputError(f"a damaged quality model ({type(err).__name__}: {err})", where=str(src)) from None
 
 
 def train_quality_classifier(positive_texts: Sequence[str], negative_texts: Sequence[str], seed: int, *,
-                             heldout_fraction: float = 0.2, C: float = 10.0, max_iter: int = 1000,
+                             heldout_fraction: float = HELDOUT_FRACTION, C: float = 10.0, max_iter: int = 1000,
                              settings: HashingSettings | None = None) -> QualityModel:
     """Fit on a stratified (1 - heldout_fraction) split of positives (label 1) and negatives (label 0), fixed
     by `seed`; measure the ROC AUC on the rest. `C`: inverse L2 strength (rows are unit-norm, so the default
@@ -133,11 +162,11 @@ def train_quality_classifier(positive_texts: Sequence[str], negative_texts: Sequ
     pos, neg = _check_texts(positive_texts, "positive_texts"), _check_texts(negative_texts, "negative_texts")
     if not 0.0 < heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+    need = min_documents(heldout_fraction)
     for name, texts in (("positive_texts", pos), ("negative_texts", neg)):
-        n_held = int(round(len(texts) * heldout_fraction))
-        if n_held < 1 or len(texts) - n_held < 1:
-            raise ValueError(f"{name} has {len(texts)} documents: too few to hold out {heldout_fraction:.0%} "
-                             "and train on the rest (need at least one of each, per class)")
+        if len(texts) < need:  # too few to split: the caller's sources are too small (input, not a bug)
+            raise DataInputError(f"{name} has {len(texts)} documents: too few to hold out {heldout_fraction:.0%} "
+                                 f"and train on the rest (needs at least {need}: one of each, per class)")
     if not C > 0:
         raise ValueError(f"C must be > 0, got {C}")
     settings = settings or HashingSettings()

@@ -28,6 +28,7 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from curation.topics import check_centroids, check_embeddings, normalise_rows
+from rungs.data.errors import DataInputError
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,14 @@ def check_labels(labels: np.ndarray, n: int, n_topics: int) -> np.ndarray:
     if n and (arr.min() < 0 or arr.max() >= n_topics):
         raise ValueError(f"labels must lie in [0, {n_topics}) (one per centroid), got [{arr.min()}, {arr.max()}]")
     return arr.astype(np.int64)
+
+
+def check_eps(eps: float) -> float:
+    """`eps` if it is a valid SemDeDup threshold (in [0, 2); NaN is not), else a DataInputError (a ValueError):
+    eps is the user's setting (`ladder data curate --semantic-eps`)."""
+    if not 0.0 <= eps < 2.0:
+        raise DataInputError(f"eps must be in [0, 2) (duplicates have cosine >= 1 - eps), got {eps}")
+    return eps
 
 
 def group_id(doc_id: str) -> int:
@@ -100,8 +109,7 @@ def semantic_duplicates(doc_ids: Sequence[str], embeddings: np.ndarray, labels: 
         raise ValueError("doc_ids must be unique")
     c = normalise_rows(check_centroids(centroids, x.shape[1]).astype(np.float64))
     lab = check_labels(labels, n, c.shape[0])
-    if not 0.0 <= eps < 2.0:
-        raise ValueError(f"eps must be in [0, 2) (duplicates have cosine >= 1 - eps), got {eps}")
+    check_eps(eps)
     if block_rows < 1:
         raise ValueError(f"block_rows must be >= 1, got {block_rows}")
     xn = normalise_rows(x.astype(np.float64))

@@ -4,7 +4,7 @@ semantic duplicates and diversity weights, quality scores) without changing the 
 attributes and rules; `ladder data inspect DIR --removed STEP -n 5`: documents a step removed.
 
 Exit 2 with one line naming the file and field on bad input (a bad rule, a rule whose tagger did not run, an
---out that is not the command's own directory).
+--out that is not the command's own directory, a tagger setting other than the one --out was tagged with).
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ from rungs.data.errors import DataInputError
 
 
 def register(data_sub: argparse._SubParsersAction) -> None:
-    c = data_sub.add_parser("curate", help="tag training documents: duplicate clusters, topics, quality (resumable)")
+    c = data_sub.add_parser("curate", help="tag training documents: duplicate clusters, topics, quality (resumable)",
+                            description="Tag training documents into --out (resumable). A tagger's settings are "
+                                        "fixed for --out once it has begun there: a rerun keeps those it is not "
+                                        "given, and refuses other values (they need a new --out).")
     c.add_argument("manifest", help="corpus manifest YAML, or 'demo' for the shipped demo corpus")
     c.add_argument("--out", required=True, help="the curation directory (new, empty, or one this command wrote)")
     c.add_argument("--taggers", default=None,
@@ -28,12 +31,15 @@ def register(data_sub: argparse._SubParsersAction) -> None:
     c.add_argument("--workers", type=int, default=1, help="Ray workers (default 1: in this process); the attributes "
                                                           "are the same for any number")
     c.add_argument("--address", default=None, help="a Ray cluster to run the workers on (e.g. ray://head:10001)")
-    c.add_argument("--bands", type=int, default=14, help="MinHash LSH bands (default 14)")
-    c.add_argument("--rows", type=int, default=8, help="MinHash rows per band (default 8)")
-    c.add_argument("--jaccard", type=float, default=0.7,
+    # The tagger settings default to None (not given): the values --out was tagged with, else the defaults
+    # named in the help. A tagger's settings are fixed once it has begun in --out; another value needs a new one.
+    c.add_argument("--bands", type=int, default=None, help="MinHash LSH bands (default 14)")
+    c.add_argument("--rows", type=int, default=None, help="MinHash rows per band (default 8)")
+    c.add_argument("--jaccard", type=float, default=None,
                    help="exact Jaccard of word 5-gram sets at which a candidate pair is a near duplicate (default 0.7)")
     c.add_argument("--topics", type=int, default=None, help="topic buckets (default: one per ~50 documents, <= 100)")
-    c.add_argument("--semantic-eps", type=float, default=0.01, help="semantic duplicates: cosine >= 1 - eps")
+    c.add_argument("--semantic-eps", type=float, default=None,
+                   help="semantic duplicates: cosine >= 1 - eps, eps in [0, 2) (default 0.01)")
     c.add_argument("--quality-positive", default="", help="comma-separated sources the quality classifier learns as good")
     c.add_argument("--quality-negative", default="", help="comma-separated sources it learns as the rest")
     c.add_argument("--quality-model", default=None, help="a saved quality classifier directory to score with instead")
@@ -67,28 +73,37 @@ def _sources(value: str) -> tuple[str, ...]:
 
 
 def run_curate(args: argparse.Namespace) -> int:
-    from curation.minhash import LSHParams
     from curation.model_taggers import ModelOptions
-    from curation.pipeline import parse_taggers
+    from curation.pipeline import plan_curation
+    from curation.quality import QualityModel
     from ladder.run.curate import run_curation
     from rungs.data.manifest import DEMO_MANIFEST
 
     t0 = time.perf_counter()
-    for flag, value, low in (("--workers", args.workers, 1), ("--bands", args.bands, 1), ("--rows", args.rows, 1)):
-        if value < low:
+    for flag, value, low in (("--workers", args.workers, 1), ("--bands", args.bands, 1), ("--rows", args.rows, 1),
+                             ("--topics", args.topics, 1)):
+        if value is not None and value < low:
             raise LadderInputError(f"must be at least {low}, got {value}", field=flag)
-    if not 0 < args.jaccard <= 1:
+    if args.jaccard is not None and not 0 < args.jaccard <= 1:
         raise LadderInputError(f"must be in (0, 1], got {args.jaccard}", field="--jaccard")
-    if args.topics is not None and args.topics < 1:
-        raise LadderInputError(f"must be at least 1, got {args.topics}", field="--topics")
+    if args.semantic_eps is not None and not 0 <= args.semantic_eps < 2:  # NaN included
+        raise LadderInputError(f"must be in [0, 2) (semantic duplicates have cosine >= 1 - eps), got "
+                               f"{args.semantic_eps}", field="--semantic-eps")
+    if args.quality_model is not None:
+        try:
+            QualityModel.load(args.quality_model)
+        except DataInputError as err:
+            raise LadderInputError(err.detail, where=err.where, field="--quality-model") from None
     options = ModelOptions(n_topics=args.topics, semantic_eps=args.semantic_eps,
                            quality_positive=_sources(args.quality_positive),
                            quality_negative=_sources(args.quality_negative), quality_model=args.quality_model)
     manifest = DEMO_MANIFEST if args.manifest == "demo" else Path(args.manifest)
     try:
-        taggers = parse_taggers(args.taggers, options)
+        # every flag against the settings --out was tagged with (those not passed take them), before any work
+        taggers, lsh, options = plan_curation(manifest, Path(args.out), taggers=args.taggers, bands=args.bands,
+                                              rows=args.rows, threshold=args.jaccard, model_options=options)
         report = run_curation(manifest, Path(args.out), taggers=taggers, workers=args.workers, address=args.address,
-                              lsh=LSHParams(args.bands, args.rows, args.jaccard), model_options=options)
+                              lsh=lsh, model_options=options)
     except DataInputError as err:
         raise LadderInputError(err.detail, where=err.where or args.manifest, field=err.field) from None
     report["wall_seconds"] = time.perf_counter() - t0
