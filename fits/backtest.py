@@ -104,8 +104,11 @@ def holdout_backtest(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *
     if holdout_top < 1:
         raise FitInputError(f"holdout_top must be ≥ 1, got {holdout_top}", column=x)
     if len(levels) - holdout_top < MIN_DISTINCT_X:
-        raise FitInputError(f"holding out {holdout_top} rung(s) leaves {len(levels) - holdout_top} distinct values; "
-                            f"the power law needs {MIN_DISTINCT_X} to fit", column=x)
+        left, most = len(levels) - holdout_top, len(levels) - MIN_DISTINCT_X
+        raise FitInputError(f"cannot hold out {holdout_top} rung(s) of {len(levels)} (distinct values): "
+                            + (f"that leaves {left} distinct values and " if left >= 0 else "")
+                            + f"the power law needs {MIN_DISTINCT_X} below the held-out ones to fit, so "
+                            + (f"at most {most} can be held out" if most > 0 else "none can be held out"), column=x)
     cut = levels[-holdout_top]
     train, test = df[xs < cut], df[xs >= cut]
     fit = fit_power_law(train, x, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor, **fit_kwargs)

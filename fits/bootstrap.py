@@ -106,11 +106,12 @@ ESTIMATE_TOL = 1e-6  # relative: how far outside its interval an estimate may si
 
 
 def judge_power_law_interval(params: dict[str, float], ci: dict[str, tuple[float, float]], alpha_draws: np.ndarray,
-                             *, ci_level: float, n_distinct: int, alpha_bounds: tuple[float, float],
-                             floor_at_zero: bool) -> dict[str, Any]:
+                             *, ci_level: float, n_distinct: int,
+                             alpha_bounds: tuple[float, float]) -> dict[str, Any]:
     """Whether a power law's bootstrap interval can be trusted: `{"interval": {"available": True, ...},
     "flags": [...]}`, or `{"interval": {"available": False, "reason", "unreliable_ci"}}` (the law then
-    reports no `ci`/`se`)."""
+    reports no `ci`/`se`). Every parameter's interval must contain its estimate, E's included (an E
+    reported as 0 has its interval from 0: `fits.power_law.floor_interval`)."""
     reasons = []
     if n_distinct < MIN_DISTINCT_FOR_INTERVAL:
         reasons.append(f"{n_distinct} distinct x: below {MIN_DISTINCT_FOR_INTERVAL} a bootstrap over rows mostly "
@@ -123,8 +124,7 @@ def judge_power_law_interval(params: dict[str, float], ci: dict[str, tuple[float
     # Outside by more than the optimisers' tolerance: on noise-free data the resamples' solver lands 1e-10
     # from the full fit's, a zero-width interval "missing" its estimate by that is no verdict.
     outside = [k for k, (lo, hi) in ci.items()
-               if not lo - ESTIMATE_TOL * abs(params[k]) <= params[k] <= hi + ESTIMATE_TOL * abs(params[k])
-               and not (k == "E" and floor_at_zero)]  # E reported as 0 on its floor
+               if not lo - ESTIMATE_TOL * abs(params[k]) <= params[k] <= hi + ESTIMATE_TOL * abs(params[k])]
     if outside:
         reasons.append(f"the interval of {', '.join(outside)} excludes the estimate")
     if reasons:

@@ -36,7 +36,7 @@ from scipy.optimize import minimize
 
 from fits.bootstrap import bootstrap_chinchilla
 from fits.convergence import PG_TOL, polish, projected_gradient
-from fits.errors import FitBoundaryError, FitConvergenceError
+from fits.errors import FitBoundaryError, FitConvergenceError, FitInputError
 from fits.identify import require_span, wide_interval_flags
 from fits.results import FitResult, bootstrap_fields, percentile_interval
 from fits.robust import HUBER_DELTA, huber, huber_grad, reduce_weight
@@ -135,6 +135,15 @@ def varpro_starts(N: np.ndarray, D: np.ndarray, L: np.ndarray) -> np.ndarray:
     return np.column_stack([np.log(A), np.log(B), np.log(E), al, be])
 
 
+def check_n_starts(n_starts: int | None) -> None:
+    """n_starts is a count of grid starts (≥ 1) or None (all): a negative one would slice the grid from its end."""
+    if n_starts is None:
+        return
+    if isinstance(n_starts, bool) or not isinstance(n_starts, (int, np.integer)) or n_starts < 1:
+        raise FitInputError(f"n_starts must be a whole number ≥ 1, the grid starts refined (--n-starts 0, "
+                            f"n_starts=None: all of them), got {n_starts!r}")
+
+
 def fit_chinchilla_arrays(N: np.ndarray, D: np.ndarray, L: np.ndarray, *, delta: float = HUBER_DELTA,
                           reduction: str = "sum", starts: str | np.ndarray = "hoffmann", n_starts: int | None = 64,
                           options: dict | None = None, check: bool = True) -> RawChinchilla:
@@ -144,6 +153,7 @@ def fit_chinchilla_arrays(N: np.ndarray, D: np.ndarray, L: np.ndarray, *, delta:
         grid = hoffmann_starts() if starts == "hoffmann" else varpro_starts(N, D, L)
         if starts not in ("hoffmann", "varpro"):
             raise ValueError(f"starts must be 'hoffmann', 'varpro' or an array, got {starts!r}")
+        check_n_starts(n_starts)
         if n_starts is not None and n_starts < len(grid):
             grid = grid[np.argsort(_score(grid, log_n, log_d, log_l, delta), kind="stable")[:n_starts]]
     else:
@@ -227,7 +237,9 @@ def fit_chinchilla(df: pd.DataFrame, n: str = "params", d: str = "tokens", y: st
                    delta: float = HUBER_DELTA, reduction: str = "sum", starts: str = "hoffmann",
                    n_starts: int | None = 64, options: dict | None = None, bootstrap: int = 0, ci_level: float = 0.95, seed: int = 0,
                    id_column: str | None = "run_id") -> ChinchillaResult:
-    """Fit L(N, D) = E + A/N^α + B/D^β to the rows of `df`."""
+    """Fit L(N, D) = E + A/N^α + B/D^β to the rows of `df`. `n_starts`: how many grid starts are refined
+    (a whole number ≥ 1; None: every one)."""
+    check_n_starts(n_starts)
     require_columns(df, [n, d, y])
     N = numeric_column(df, n, positive=True)
     D = numeric_column(df, d, positive=True)

@@ -22,8 +22,11 @@ def chinchilla_holdout(df: pd.DataFrame, n: str = "params", d: str = "tokens", y
     if holdout_top < 1:
         raise FitInputError(f"holdout_top must be ≥ 1, got {holdout_top}", column=n)
     if len(sizes) - holdout_top < 2:
-        raise FitInputError(f"holding out {holdout_top} model size(s) leaves {len(sizes) - holdout_top}; the exponent "
-                            "on N needs at least 2 below them", column=n)
+        left, most = len(sizes) - holdout_top, len(sizes) - 2
+        raise FitInputError(f"cannot hold out {holdout_top} model size(s) of {len(sizes)}: "
+                            + (f"that leaves {left} and " if left >= 0 else "")
+                            + "the exponent on N needs at least 2 below the held-out ones, so "
+                            + (f"at most {most} can be held out" if most > 0 else "none can be held out"), column=n)
     cut = sizes[-holdout_top]
     train, test = df[N < cut], df[N >= cut]
     if len(train) < MIN_POINTS:

@@ -14,8 +14,9 @@ gradient. A solution on a bound raises `FitBoundaryError` (an α at the grid's e
 - "auto": E is fitted, and where it runs to its lower bound the constrained optimum under E ≥ 0 is
   kept, the nested law A·x^(−α), reported with E = 0 and `extra["floor_at_zero"] = True` (predictions
   inside and near the range are identified, E itself is not). Its bootstrap leaves E free, so the band
-  also carries the floors the resamples find. `ladder demo` and every backtest fit this way: what a
-  backtest tests is the prediction, not E;
+  also carries the floors the resamples find; E's own interval then runs from 0 (the value reported)
+  to the resamples' upper percentile (`floor_interval`), so that it contains the E reported.
+  `ladder demo` and every backtest fit this way: what a backtest tests is the prediction, not E;
 - "zero": E is fixed at 0 for the fit and for every resample: the nested law A·x^(−α) by assumption.
 
 δ may be a number or "auto" (δ = 1.345 × the replicate noise of log y, `fits.robust`).
@@ -210,6 +211,11 @@ class PowerLawResult(FitResult):
             raise ValueError(f"{self.law}: interval not available: {note or 'no prediction model (refit the law)'}")
         return model.interval(x, level or self.ci_level or 0.95, **kwargs)
 
+    def conf_int(self, level: float | None = None) -> dict[str, tuple[float, float]]:
+        """Each parameter's interval at `level` from the draws; E's from 0 where the law reports E = 0
+        (`floor_interval`)."""
+        return floor_interval(super().conf_int(level), bool(self.extra.get("floor_at_zero")))
+
     def predict_interval(self, x, level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(low, high) of the law's bootstrap band at x. Raises where the interval rule
         (`interval_note`) says there is none: callers show "not available" instead."""
@@ -219,23 +225,79 @@ class PowerLawResult(FitResult):
         return percentile_interval(self.predict_draws(x), level or self.ci_level or 0.95)
 
 
+def floor_interval(ci: dict[str, tuple[float, float]], floor_at_zero: bool) -> dict[str, tuple[float, float]]:
+    """Where the law reports E = 0 (the nested law under floor "auto"), E's interval from 0 to the draws'
+    upper percentile. Under "auto" the resamples leave E free and stop at its lower bound (e^−12 ≈ 6e-6 ×
+    the smallest y, `LOG_E_SPAN_BELOW`, not 0) or above, so their percentiles exclude the 0 reported; 0 is
+    the value the data cannot tell from the resamples' smallest floors, the upper end the largest floor
+    they find. (Under "zero" the draws' E is 0 already.)"""
+    if not floor_at_zero or "E" not in ci:
+        return ci
+    return {**ci, "E": (0.0, max(0.0, float(ci["E"][1])))}
+
+
+# What a saved law's parameters may be: name → (test, what it must be).
+_PARAM_RULES = {"E": (lambda v: v >= 0, "a finite number ≥ 0"), "A": (lambda v: v > 0, "a finite number > 0"),
+                "alpha": (lambda v: v > 0, "a finite number > 0")}
+
+
+def _finite(value, key: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise FitInputError(f"{key} must be a finite number, got {value!r}") from None
+    if not np.isfinite(number):
+        raise FitInputError(f"{key} must be a finite number, got {value!r}")
+    return number
+
+
 def power_law_from_dict(d: dict) -> PowerLawResult:
-    """Rebuild a result from its `to_dict(include_draws=True)` form (a saved laws file)."""
+    """Rebuild a result from its `to_dict(include_draws=True)` form (a saved laws file). A parameter, an
+    interval end or a bootstrap draw that is not a finite number (NaN or inf in the file), or a parameter
+    out of its range, is refused naming its key."""
     known = {"law", "formula", "params", "ci", "se", "ci_level", "n_bootstrap", "objective", "n_points",
              "rows_used", "residuals", "options", "code_version", "bootstrap_draws"}
-    try:
-        params = {k: float(d["params"][k]) for k in PARAM_NAMES}
-    except (KeyError, TypeError, ValueError):
-        raise FitInputError(f"not a power-law result: needs params {list(PARAM_NAMES)}") from None
+    if not isinstance(d.get("params"), dict) or any(k not in d["params"] for k in PARAM_NAMES):
+        raise FitInputError(f"not a power-law result: needs params {list(PARAM_NAMES)}")
+    params = {k: _finite(d["params"][k], f"params.{k}") for k in PARAM_NAMES}
+    for k, (ok, what) in _PARAM_RULES.items():
+        if not ok(params[k]):
+            raise FitInputError(f"params.{k} must be {what}, got {params[k]!r}")
+    ci_in = d.get("ci") or {}
+    if not isinstance(ci_in, dict):
+        raise FitInputError(f"ci must be an object of parameter → [low, high], got {type(ci_in).__name__}")
+    ci = {}
+    for k, v in ci_in.items():
+        if not isinstance(v, (list, tuple)) or len(v) != 2:
+            raise FitInputError(f"ci.{k} must be [low, high], got {v!r}")
+        lo, hi = _finite(v[0], f"ci.{k}[0]"), _finite(v[1], f"ci.{k}[1]")
+        if lo > hi:
+            raise FitInputError(f"ci.{k} must be [low, high] with low ≤ high, got {list(v)!r}")
+        ci[k] = (lo, hi)
     draws = d.get("bootstrap_draws")
+    bootstrap = None
+    if draws:
+        try:
+            bootstrap = np.asarray(draws, dtype=float)
+        except (TypeError, ValueError):
+            raise FitInputError(f"bootstrap_draws must be rows of {len(PARAM_NAMES)} numbers "
+                                f"({', '.join(PARAM_NAMES)})") from None
+        if bootstrap.ndim != 2 or bootstrap.shape[1] != len(PARAM_NAMES):
+            raise FitInputError(f"bootstrap_draws must be rows of {len(PARAM_NAMES)} numbers ({', '.join(PARAM_NAMES)}), "
+                                f"got shape {list(bootstrap.shape)}")
+        bad = ~np.isfinite(bootstrap)
+        if bad.any():
+            row, col = (int(i) for i in np.argwhere(bad)[0])
+            raise FitInputError(f"bootstrap_draws[{row}][{col}] ({PARAM_NAMES[col]}) must be a finite number, got "
+                                f"{bootstrap[row, col]!r} ({int(bad.any(axis=1).sum())} draw(s) have one)")
     return PowerLawResult(
         law="power_law", formula=d.get("formula", FORMULA), params=params, objective=float(d.get("objective") or 0.0),
         n_points=int(d.get("n_points") or 0), rows_used=list(d.get("rows_used") or []),
         residuals=list(d.get("residuals") or []), options=dict(d.get("options") or {}),
-        ci={k: tuple(v) for k, v in (d.get("ci") or {}).items()}, se=dict(d.get("se") or {}),
+        ci=floor_interval(ci, bool(d.get("floor_at_zero"))), se=dict(d.get("se") or {}),
         ci_level=d.get("ci_level"), n_bootstrap=int(d.get("n_bootstrap") or 0),
         extra={k: v for k, v in d.items() if k not in known}, code_version=d.get("code_version") or "unknown",
-        bootstrap_params=np.asarray(draws, dtype=float) if draws else None,
+        bootstrap_params=bootstrap,
     )
 
 
@@ -303,9 +365,9 @@ def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, d
         if floor == "zero":  # E is 0 by assumption in every resample, as in the law itself
             draws = BootstrapDraws(params=draws.params * np.array([0.0, 1.0, 1.0]), failed=draws.failed)
         intervals = bootstrap_fields(list(PARAM_NAMES), draws, ci_level)
+        intervals["ci"] = floor_interval(intervals["ci"], at_zero)  # E reported as 0: its interval from 0
         judged = judge_power_law_interval(params, intervals["ci"], draws.params[:, PARAM_NAMES.index("alpha")],
-                                          ci_level=ci_level, n_distinct=len(np.unique(xs)), alpha_bounds=ALPHA_BOUNDS,
-                                          floor_at_zero=at_zero)
+                                          ci_level=ci_level, n_distinct=len(np.unique(xs)), alpha_bounds=ALPHA_BOUNDS)
         extra |= {"bootstrap_failed": draws.failed, **judged}
         if not judged["interval"]["available"]:
             intervals |= {"ci": {}, "se": {}}

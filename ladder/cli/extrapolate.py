@@ -69,7 +69,7 @@ def laws_from_runs(args: argparse.Namespace, laws: dict[str, Any]) -> dict[str, 
     runs, source = load_input(args)
     where = source.get("csv") or f"experiment {args.experiment}"
     info = {**source, "run_ids": runs["run_id"].tolist() if "run_id" in runs else [], "domains": domains_of(runs)}
-    long = per_domain_rows(runs, "domain", "bpb", where=where)
+    long = per_domain_rows(runs, "domain", "bpb", where=where, x="train_flops")
     try:
         power_laws = fit_power_laws(long, "train_flops", "bpb", group="domain", select=args.select, floor=args.floor,
                                     bootstrap=args.bootstrap)
@@ -105,7 +105,18 @@ def select_arms(laws: dict[str, Any], baseline: str) -> dict[str, Any]:
     return {baseline: laws["arms"][baseline]}
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """The flags' own values, before any file is read: one line naming the flag."""
+    if args.rung < 1:
+        raise LadderInputError(f"a rung is a positive scale parameter L (the target model's, e.g. 102), got "
+                               f"{args.rung}", field="--rung")
+    if args.bootstrap < 0:
+        raise LadderInputError(f"must be ≥ 0 (0: the laws fitted here without intervals), got {args.bootstrap}",
+                               field="--bootstrap")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_flags(args)
     laws = load_laws(args.laws)
     if args.arms_baseline is not None:
         laws["arms"] = select_arms(laws, args.arms_baseline)

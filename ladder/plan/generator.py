@@ -103,7 +103,7 @@ def kv_heads_for(n_heads: int, wanted: int) -> int:
 
 def architecture(recipe: Recipe, L: int) -> Architecture:
     if L <= 0:
-        raise LadderInputError(f"a rung is a positive scale parameter L, got L={L}", field="--rungs")
+        raise LadderInputError(f"a rung is a positive scale parameter L, got L={L}", field="L")
     d = recipe.d_model(L)
     heads = max(recipe.heads.min_heads, recipe.heads.multiple * round_half_up(L / recipe.heads.multiple))
     moe = recipe.moe

@@ -7,7 +7,8 @@ weight_decay), dropout, steps, tpp, params_active, train_flops (metric total_tra
 wall_seconds, rung (tag), arm (tag), diverged (tag), `bpb_<domain>` (metric final_bpb/<domain>)
 and bpb (their mean), and `bpb_se_<domain>` (metric final_bpb_se/<domain>: the final BPB's standard
 error from the held-out documents' sampling; absent for runs logged before it existed).
-`long_by_domain` stacks the domains for one law per domain (with a `bpb_se` column when known).
+`long_by_domain` stacks the domains for one law per domain (with a `bpb_se` column when known);
+`check_domain_bpb` and `missing_bpb` say, before that, which `bpb_<domain>` cells are wrong or empty.
 `log_fit_run` records a fit as an MLflow run of its own (tag kind=fit) in the same experiment,
 with the source run ids, the options, the numeric results as metrics and the full JSON as an
 artifact; `read_runs` leaves such runs out.
@@ -44,10 +45,28 @@ BPB_SE_PREFIX = "metrics.final_bpb_se/"
 SE_COLUMN_PREFIX = "bpb_se_"  # `bpb_se_<domain>`: a standard error, not a domain's BPB
 
 
-def _client(tracking_uri: str):
-    from mlflow.tracking import MlflowClient
+# What a --tracking-uri may be, in the words a user can act on (MLflow's own list is in its error).
+TRACKING_URI_FORMS = ("sqlite:///path/to/mlflow.db, a store directory (./mlruns or file:///path), or an MLflow "
+                      "server http(s)://host:port")
 
-    return MlflowClient(tracking_uri=tracking_uri)
+
+def _client(tracking_uri: str):
+    """An MlflowClient for the store; a URI whose scheme MLflow cannot read, or whose database driver is
+    not installed, is refused as bad input naming the URI (MLflow resolves the store when the client is
+    made)."""
+    from mlflow.tracking import MlflowClient
+    from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
+
+    try:
+        return MlflowClient(tracking_uri=tracking_uri)
+    except UnsupportedModelRegistryStoreURIException as err:
+        schemes = [f"{s}://" for s in getattr(err, "supported_uri_schemes", None) or [] if s]
+        raise LadderInputError(f"{tracking_uri!r}: MLflow cannot read a store with this scheme; give "
+                               f"{TRACKING_URI_FORMS}" + (f" (schemes MLflow knows: {', '.join(schemes)})"
+                                                          if schemes else ""), field="--tracking-uri") from None
+    except ModuleNotFoundError as err:  # a database URI (postgresql://, mysql://) whose driver is not installed
+        raise LadderInputError(f"{tracking_uri!r}: MLflow needs the Python module {err.name!r} to read this store; "
+                               f"install it, or give {TRACKING_URI_FORMS}", field="--tracking-uri") from None
 
 
 def _number(value: str) -> Any:
@@ -138,9 +157,57 @@ def domains_of(table: pd.DataFrame) -> list[str]:
     return sorted(c[4:] for c in table.columns if c.startswith("bpb_") and not c.startswith(SE_COLUMN_PREFIX))
 
 
+def describe_rows(table: pd.DataFrame, labels: list, limit: int = 6) -> str:
+    """Rows of a runs table as a user finds them: "lines 4, 9" where the index names the file's lines (the
+    CLI's CSVs), else "runs <run_id>, ..." where there are run ids, else "rows 3, 7"; the first `limit`."""
+    if table.index.name:
+        kind, names = table.index.name, [str(label) for label in labels]
+    elif "run_id" in table.columns:
+        kind, names = "run", [str(table.at[label, "run_id"]) for label in labels]
+    else:
+        kind, names = "row", [str(label) for label in labels]
+    more = f", … ({len(names) - limit} more)" if len(names) > limit else ""
+    return f"{kind}{'s' if len(names) > 1 else ''} {', '.join(names[:limit])}{more}"
+
+
+def check_domain_bpb(table: pd.DataFrame) -> None:
+    """Refuse a `bpb_<domain>` cell that is neither a positive finite number nor empty (an empty cell is a run
+    with no BPB on that domain: `missing_bpb`), naming the column and the row (`describe_rows`)."""
+    for d in domains_of(table):
+        column = f"bpb_{d}"
+        raw = table[column]
+        values = pd.to_numeric(raw, errors="coerce")
+        text = values.isna() & raw.notna()
+        if text.any():
+            first = raw.index[text.to_numpy()][0]
+            raise LadderInputError(f"has a non-numeric value {raw[first]!r} ({describe_rows(table, [first])}); a BPB "
+                                   "is a positive number, or an empty cell for a run with none on this domain",
+                                   field=column)
+        bad = values.notna() & ~(np.isfinite(values) & (values > 0))
+        if bad.any():
+            labels = list(values.index[bad.to_numpy()])
+            raise LadderInputError(f"has {len(labels)} value(s) that are not a positive finite BPB (first "
+                                   f"{values[labels[0]]:g}, {describe_rows(table, labels[:1])}); a BPB is a positive "
+                                   "number, or an empty cell for a run with none on this domain", field=column)
+
+
+def missing_bpb(table: pd.DataFrame) -> dict[str, list]:
+    """Per domain with any, the index labels of the runs whose `bpb_<domain>` is empty (NaN): a run that
+    diverged (`fit_table` blanks its BPB) or was not evaluated on that domain. `long_by_domain` leaves them
+    out of that domain's rows."""
+    out = {}
+    for d in domains_of(table):
+        empty = table[f"bpb_{d}"].isna().to_numpy()
+        if empty.any():
+            out[d] = list(table.index[empty])
+    return out
+
+
 def long_by_domain(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, domain) with columns `domain` and `bpb` (rows with no BPB dropped), and `bpb_se`
-    where the runs logged it."""
+    """One row per (run, domain) with columns `domain` and `bpb` (runs with no BPB on a domain left out of
+    its rows: `missing_bpb` lists them), and `bpb_se` where the runs logged it. Where the table's index names
+    its rows (the CLI's CSVs: their lines in the file), each row keeps it with its domain, "15 (code)", so
+    an error about a row of the long table names the file's line."""
     domains = domains_of(table)
     if not domains:
         raise LadderInputError("the runs have no final_bpb/<domain> metrics to fit", field="--experiment")
@@ -148,7 +215,11 @@ def long_by_domain(table: pd.DataFrame) -> pd.DataFrame:
     parts = [table[keep].assign(domain=d, bpb=table[f"bpb_{d}"]) for d in domains]
     if any(SE_COLUMN_PREFIX + d in table.columns for d in domains):
         parts = [part.assign(bpb_se=table.get(SE_COLUMN_PREFIX + d, np.nan)) for part, d in zip(parts, domains)]
-    return pd.concat(parts, ignore_index=True).dropna(subset=["bpb"])
+    name = table.index.name
+    if name:  # unique labels (one row of the file per domain) that still name the line
+        parts = [part.set_axis(pd.Index([f"{label} ({d})" for label in part.index], name=name), axis=0)
+                 for part, d in zip(parts, domains)]
+    return pd.concat(parts, ignore_index=not name).dropna(subset=["bpb"])
 
 
 def _flat_numbers(obj: Any, prefix: str = "") -> dict[str, float]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,8 @@ import pandas as pd
 
 from fits.floors import DEFAULT_FLOOR, FLOOR_RULES
 from ladder.errors import LadderInputError
-from ladder.run.mlflow_runs import domains_of, fit_table, log_fit_run, long_by_domain, read_runs
+from ladder.run.mlflow_runs import (check_domain_bpb, describe_rows, domains_of, fit_table, log_fit_run, long_by_domain,
+                                    missing_bpb, read_runs)
 
 
 def add_floor_arg(q: argparse.ArgumentParser) -> None:
@@ -42,19 +45,80 @@ def add_ci_level_and_seed(q: argparse.ArgumentParser) -> None:
     q.add_argument("--ci-level", type=float, default=0.95,
                    help="coverage of every interval printed, in (0, 1) (default 0.95: percentiles 2.5 and 97.5 of the "
                         "bootstrap draws)")
-    q.add_argument("--seed", type=int, default=0,
-                   help="seed of the bootstrap resamples (default 0): the same seed and runs give the same intervals")
+    q.add_argument("--seed", type=seed_arg, default=0,
+                   help="seed of the bootstrap resamples, a whole number ≥ 0 (default 0): the same seed and runs give "
+                        "the same intervals")
 
 
-def per_domain_rows(df: pd.DataFrame, group: str | None, y: str, *, where: str | None) -> pd.DataFrame:
+def seed_arg(text: str) -> int:
+    """--seed: a whole number ≥ 0 (numpy's generators take no negative seed)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number ≥ 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a whole number ≥ 0, got {text!r}")
+    return value
+
+
+def per_domain_rows(df: pd.DataFrame, group: str | None, y: str, *, where: str | None,
+                    x: str | None = None) -> pd.DataFrame:
     """The table a grouped fit reads: as given, or, for `--group domain` on a runs table with per-domain
     `bpb_<domain>` columns and no `domain` column (an MLflow experiment's, the demo fixture), one row per
-    (run, domain) with the domain's BPB in `bpb`. A group column that is not there is refused."""
+    (run, domain) with the domain's BPB in `bpb`. A group column that is not there is refused.
+
+    The wide table is checked before it is reshaped, so an error names the file's line and the column as
+    the file has them: a `bpb_<domain>` cell that is not a positive finite number is refused
+    (`check_domain_bpb`), and so is a bad value of the compute column `x` where the caller names it (one
+    cell, not one per domain). An empty `bpb_<domain>` cell is a run with no BPB on that domain (it
+    diverged, or was not evaluated there): it is left out of that domain's law and said so on stderr, with
+    the lines (or runs); a domain with no BPB in any run is reported as not fitted, with that reason."""
     if group is None or group in df.columns:
         return df
     if group == "domain" and y == "bpb" and domains_of(df):
+        try:
+            check_domain_bpb(df)
+        except LadderInputError as err:
+            raise LadderInputError(err.detail, where=where, field=err.field) from None
+        if x is not None and x in df.columns:
+            from fits.errors import FitInputError
+            from fits.validate import numeric_column
+
+            try:
+                numeric_column(df, x, positive=True)
+            except FitInputError as err:
+                raise LadderInputError(err.detail, where=where, field=x) from None
+        _note_missing_bpb(df, where)
         return long_by_domain(df)
     raise LadderInputError(f"no such column; the table has {sorted(map(str, df.columns))}", where=where, field=group)
+
+
+def _note_missing_bpb(df: pd.DataFrame, where: str | None) -> None:
+    """Say on stderr which runs each domain's law leaves out for want of a BPB (domains missing the same
+    runs in one line), and which domains have none at all; refuse a table with no BPB anywhere."""
+    missing = missing_bpb(df)
+    if not missing:
+        return
+    empty = [d for d, rows in missing.items() if len(rows) == len(df)]
+    if len(empty) == len(domains_of(df)):
+        raise LadderInputError(f"every bpb_<domain> column is empty ({len(df)} runs): no BPB to fit", where=where,
+                               field="bpb_<domain>")
+    for d in empty:
+        print(f"{d}: not fitted: bpb_{d} is empty in all {len(df)} runs (no run has a BPB on this domain)",
+              file=sys.stderr)
+    by_rows: dict[tuple, list[str]] = {}
+    for d, rows in missing.items():
+        if d not in empty:
+            by_rows.setdefault(tuple(rows), []).append(d)
+    diverged = df["diverged"].astype(str).str.lower().eq("true") if "diverged" in df.columns else None
+    for rows, domains in by_rows.items():
+        n = len(rows)
+        why = ""
+        if diverged is not None and (k := int(diverged.loc[list(rows)].sum())):
+            why = f"; {k} of them diverged"
+        print(f"{', '.join(domains)}: {n} run{'s' if n > 1 else ''} with no BPB (an empty bpb_<domain> cell) left out "
+              f"of {'its law' if len(domains) == 1 else 'their laws'} ({describe_rows(df, list(rows))}{why})",
+              file=sys.stderr)
 
 
 def delta_arg(text: str) -> float | str:
@@ -64,7 +128,7 @@ def delta_arg(text: str) -> float | str:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"a positive number or 'auto', got {text!r}") from None
-    if not value > 0:
+    if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"a positive number or 'auto', got {text!r}")
     return value
 
