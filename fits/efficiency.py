@@ -19,6 +19,7 @@ a published number). Both only where the one interval rule allows the law one (`
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -37,28 +38,57 @@ from provenance import code_version
 
 
 def load_references(path: str | Path) -> dict[str, Any]:
-    """A references YAML: {references: [{name, train_flops, bpb: {domain: value}, provenance}]}."""
+    """A references YAML: {references: [{name, train_flops, bpb: {domain: value}, provenance}]}. Its
+    errors name the part that is wrong, in one line, and leave the path to the caller (who names it once)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise FitInputError(f"{path}: cannot read references YAML: {err}") from None
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except OSError as err:
+        raise FitInputError(f"cannot read references YAML: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise FitInputError(f"not UTF-8 text (byte {err.start}); a references YAML is text") from None
+    except yaml.YAMLError as err:
+        raise FitInputError(f"not a valid references YAML: {_yaml_error(err)}") from None
     refs = data.get("references") if isinstance(data, dict) else None
     if not isinstance(refs, list) or not refs:
-        raise FitInputError(f"{path}: expected a mapping with a non-empty 'references' list")
+        raise FitInputError("expected a mapping with a non-empty 'references' list")
     for i, ref in enumerate(refs):
+        if not isinstance(ref, dict):
+            raise FitInputError(f"references[{i}] must be a mapping with name, train_flops, bpb; got "
+                                f"{type(ref).__name__}")
         for key in ("name", "train_flops", "bpb"):
             if key not in ref:
-                raise FitInputError(f"{path}: references[{i}] has no {key!r}; each needs name, train_flops, bpb")
-        try:  # YAML 1.1 reads "1.2e25" (no dot, no sign) as a string
-            ref["train_flops"] = float(ref["train_flops"])
-        except (TypeError, ValueError):
-            ref["train_flops"] = -1.0
-        if not ref["train_flops"] > 0:
-            raise FitInputError(f"{path}: references[{i}].train_flops must be a positive number")
-        if not isinstance(ref["bpb"], dict) or not all(isinstance(v, (int, float)) and v > 0 for v in ref["bpb"].values()):
-            raise FitInputError(f"{path}: references[{i}].bpb must map domains to positive BPB values")
+                raise FitInputError(f"references[{i}] has no {key!r}; each needs name, train_flops, bpb")
+        flops = _positive_finite(ref["train_flops"])  # YAML 1.1 reads "1.2e25" (no dot, no sign) as a string
+        if flops is None:
+            raise FitInputError(f"references[{i}].train_flops must be a finite positive number, got "
+                                f"{ref['train_flops']!r}")
+        ref["train_flops"] = flops
+        if not isinstance(ref["bpb"], dict):
+            raise FitInputError(f"references[{i}].bpb must map domains to finite positive BPB values")
+        for domain, value in ref["bpb"].items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or _positive_finite(value) is None:
+                raise FitInputError(f"references[{i}].bpb.{domain} must be a finite positive BPB, got {value!r}")
     return data
+
+
+def _positive_finite(value: Any) -> float | None:
+    """The value as a finite number > 0, or None (bools are not numbers here)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if np.isfinite(number) and number > 0 else None
+
+
+def _yaml_error(err: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: where the parser stopped and what it found."""
+    mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(err).split())
+    return f"line {mark.line + 1}, column {mark.column + 1}: {' '.join(problem.split())}"
 
 
 def iso_bpb_multipliers(laws: dict[str, PowerLawResult], references: list[dict[str, Any]],
@@ -140,7 +170,10 @@ def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "bas
                 if law is None:
                     continue
                 row[key] = float(law.inverse([y_c])[0] / used)
-                if law.interval_note is None:
+                if not math.isfinite(row[key]):  # below the law's floor: no compute reaches it, no interval either
+                    row[f"{key}_interval"] = None
+                    row[f"{key}_interval_note"] = "the arm's BPB is below the baseline law's floor"
+                elif law.interval_note is None:
                     lo, hi, shares = _eg_interval(law, y_c, len(g), used, ci_level)
                     row[f"{key}_interval"] = [float(lo), float(hi)]
                     if shares is not None:

@@ -1,6 +1,7 @@
 """The figure of `fits.eg_scaling`: EG − 1 against compute, one panel per domain (small multiples), one
 line per arm with each rung's interval, and the fitted trend (log EG = a + b·log C) dashed through it,
-in the shape of the report's AGC figure (`fits.plots.plot_efficiency`)."""
+in the shape of the report's AGC figure (`fits.plots.plot_efficiency`). A rung whose BPB lies below the
+baseline law's floor (an unbounded EG) is a triangle at the panel's top."""
 
 from __future__ import annotations
 
@@ -30,10 +31,17 @@ def plot_eg_by_domain(result: dict[str, Any], path: str | Path | None = None) ->
             cell = per_domain.get(domain)
             if cell is None:
                 continue
-            rows = cell["rungs"]
+            rows = [r for r in cell["rungs"] if r["eg"] is not None]
+            # rungs where the arm's BPB is below the baseline law's floor (an unbounded EG): a mark at the top
+            beyond = [r["train_flops"] for r in cell["rungs"] if r["eg"] is None]
+            if beyond:
+                ax.plot(beyond, [0.96] * len(beyond), "^", color=f"C{i}", transform=ax.get_xaxis_transform(),
+                        clip_on=False, label=None if rows else f"{arm} (below the baseline's floor)")
+            if not rows:
+                continue
             C = np.array([r["train_flops"] for r in rows])
             eg = np.array([r["eg"] for r in rows])
-            if all(r["interval"] is not None for r in rows):
+            if all(r["interval"] is not None and None not in r["interval"] for r in rows):
                 iv = np.array([r["interval"] for r in rows])
                 ax.errorbar(C, 100 * (eg - 1), yerr=100 * np.abs(iv.T - eg), fmt="o-", color=f"C{i}", capsize=3,
                             label=arm)

@@ -47,11 +47,19 @@ def domain_columns(df: pd.DataFrame) -> dict[str, str]:
     return cols
 
 
-def verdict(interval: list[float] | None, null: float, *, above: str, below: str, inside: str) -> str:
-    if interval is None:
+def verdict(interval: list[float | None] | None, null: float, *, above: str, below: str, inside: str) -> str:
+    """`above` when the interval lies above `null`, `below` when below, else `inside`; an end that is None (an
+    infinite one, as `jsonable` writes it) is unbounded on its side."""
+    if interval is None or interval[0] is None and interval[1] is None:
         return "no interval"
-    lo, hi = interval
+    lo = -math.inf if interval[0] is None else interval[0]
+    hi = math.inf if interval[1] is None else interval[1]
     return above if lo > null else below if hi < null else inside
+
+
+# An arm whose BPB lies below the baseline law's floor: no compute brings the baseline there, so its EG_FLOPs
+# is unbounded (`efficiency_gains` gives None, `jsonable`'s infinity).
+BEYOND_FLOOR = "gain beyond the baseline's floor"
 
 
 def eg_verdict(interval: list[float] | None) -> str:
@@ -155,15 +163,18 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
             cells = []
             for r in rows:
                 iv = r.get("eg_flops_interval")
+                beyond = r["eg_flops"] is None and r["bpb"] is not None
                 cells.append({"rung": r["rung"], "train_flops": r["train_flops"], "bpb": r["bpb"],
-                              "eg": r["eg_flops"], "interval": iv, "verdict": eg_verdict(iv),
+                              "eg": r["eg_flops"], "interval": iv,
+                              "verdict": BEYOND_FLOOR if beyond else eg_verdict(iv),
                               **{k: r[k] for k in ("seeds_for_target", "seeds_for_target_range") if k in r},
                               **({"interval_note": r["eg_flops_interval_note"]}
                                  if r.get("eg_flops_interval_note") else {})})
             trend = eg_trend(np.log([c["train_flops"] for c in cells]), np.array([c["eg"] for c in cells]),
                              [c["interval"] for c in cells], ci_level=ci_level) \
-                if all(c["eg"] > 0 for c in cells) else {"slope": None, "interval": None, "verdict": "no trend",
-                                                         "note": "an EG of 0 (the arm's BPB is below the law's floor)"}
+                if all(c["eg"] is not None and c["eg"] > 0 for c in cells) else {
+                    "slope": None, "interval": None, "verdict": "no trend",
+                    "note": "a rung's EG is unbounded (the arm's BPB is below the baseline law's floor) or 0"}
             measured = [c["train_flops"] for c in cells]
             per_arm.setdefault(str(name), {})[domain] = {
                 "rungs": cells, "trend": trend,

@@ -109,3 +109,29 @@ def test_against_the_same_rung_is_a_flag_and_is_said(csv, capsys):
     code, out, _ = run(capsys, "--csv", str(csv), "--baseline", "baseline", "--domains", "code", "--bootstrap", "50",
                        "--against", "rung", "--target-width", "0.05")
     assert code == 0 and "same rung" in out and "seeds a side for ±5%" in out
+
+
+def test_an_arm_below_the_baseline_laws_floor_is_an_unbounded_gain_said_in_table_json_and_figure(tmp_path, capsys):
+    """The baseline's law has a floor E = 1.2; the arm's BPB, from a law with E = 0.9, drops below it: no compute
+    brings the baseline there, so the arm's EG is unbounded at those rungs (it was a TypeError)."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    rows = [{"run_id": f"{arm}{k}{s}", "rung": k + 2, "arm": arm, "seed": s, "train_flops": C,
+             "bpb": (E + 300 * C ** -0.2) * np.exp(rng.normal(0, 0.003))}
+            for k, C in enumerate(np.geomspace(1e15, 1e18, 5)) for s in range(2)
+            for arm, E in (("baseline", 1.2), ("better", 0.9))]
+    path = tmp_path / "floor.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    png = tmp_path / "eg.png"
+    code, out, _ = run(capsys, "--csv", str(path), "--baseline", "baseline", "--bootstrap", "50", "--floor", "fit",
+                       "--plot", str(png), "--json")
+    assert code == 0
+    cell = json.loads(out)["arms"]["better"]["all"]
+    beyond = [r for r in cell["rungs"] if r["eg"] is None]
+    assert beyond and all(r["verdict"] == "gain beyond the baseline's floor" for r in beyond)
+    assert cell["trend"]["slope"] is None and "floor" in cell["trend"]["note"]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    code, out, _ = run(capsys, "--csv", str(path), "--baseline", "baseline", "--bootstrap", "50", "--floor", "fit")
+    assert code == 0 and "+∞" in out and "gain beyond the baseline's floor" in out

@@ -4,7 +4,9 @@ experiment.
 JSON contracts (docs/architecture.md): power-law → `ladder/cli/fit/power_law.py`; chinchilla → E, A, B, alpha,
 beta; hparams → {"lr_wd_product": {coef, steps_exponent}, "log_lr": {intercept, log_tpp, log_steps},
 "slices": [...]}. Fits read from MLflow are logged back as an MLflow run of their own. `--save
-FILE.json` writes the laws (with bootstrap draws) in the form `ladder extrapolate --laws` reads.
+FILE.json` writes the laws (with bootstrap draws): power-law, hparams, arms and efficiency in the form
+`ladder extrapolate --laws` reads (`ladder/cli/fit/laws_file.py`; iso-bpb reads the power laws);
+chinchilla writes {"chinchilla": L(N, D) with its draws}, which no command reads back.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ def run_chinchilla(args: argparse.Namespace) -> int:
     n, d, y = column_arg(args, "n", "params_active"), column_arg(args, "d", "tokens"), column_arg(args, "y", "bpb")
     if args.bootstrap < 0 or args.holdout_top < 0 or not 0 < args.ci_level < 1:
         raise LadderInputError("--bootstrap and --holdout-top must be ≥ 0 and --ci-level in (0, 1)", field="--bootstrap")
+    if args.n_starts < 0:
+        raise LadderInputError(f"must be 0 (all 4,500 starts) or more, got {args.n_starts}", field="--n-starts")
     if args.delta == "auto":
         raise LadderInputError("the Chinchilla fit takes a number for --delta ('auto' is for power laws)", field="--delta")
     kw = {"starts": args.starts, "n_starts": args.n_starts or None, **({} if args.delta is None else {"delta": args.delta})}
@@ -110,6 +114,9 @@ def run_chinchilla(args: argparse.Namespace) -> int:
                                                      seed=args.seed, **kw)
         except FitError as err:  # the law is fitted; only the backtest cannot run: say why
             payload["backtest"] = {"skipped": str(err)}
+    if args.plot:
+        plot_chinchilla(fit, df, n=n, d=d, y=y, path=args.plot, backtest=payload.get("backtest"))
+        payload["plot"] = args.plot
     finish(args, payload, source, df, {"chinchilla": fit.to_dict(include_draws=True)},
            {**fit.params, **out["compute_optimal"]})
     if args.json:
@@ -117,8 +124,9 @@ def run_chinchilla(args: argparse.Namespace) -> int:
         return 0
     rows = [[k, v, f"[{fit.ci[k][0]:.4g}, {fit.ci[k][1]:.4g}]" if k in fit.ci else "-"] for k, v in fit.params.items()]
     rows += [[f"compute-optimal {k}", v, "-"] for k, v in out["compute_optimal"].items()]
-    stdout_console.print(make_table(f"{y} = E + A/{n}^α + B/{d}^β ({fit.n_points} points, objective "
-                                    f"{fit.objective:.6g})", ["name", "value", "CI"], rows))
+    form = f"E + A/{n}^η + B/{d}^η (shared η)" if args.shared_exponent else f"E + A/{n}^α + B/{d}^β"
+    stdout_console.print(make_table(f"{y} = {form} ({fit.n_points} points, objective {fit.objective:.6g})",
+                                    ["name", "value", "CI"], rows))
     bt = payload.get("backtest")
     if bt and "predictions" in bt:
         top = max(bt["predictions"], key=lambda p: (p["N"], p["D"]))
@@ -130,6 +138,48 @@ def run_chinchilla(args: argparse.Namespace) -> int:
     for flag in out.get("flags") or []:
         print(flag, file=sys.stderr)
     return 0
+
+
+def plot_chinchilla(fit, df, *, n: str, d: str, y: str, path: str, backtest: dict | None = None) -> None:
+    """The fitted L(N, D) against the runs, as a PNG at `path`: left, the loss against tokens, one colour
+    and one law curve per model size (the held-out sizes' predictions, where a backtest ran, with their
+    intervals); right, the loss against compute 6·N·D with the law's compute-optimal frontier."""
+    import numpy as np
+    from matplotlib import colormaps
+
+    from fits.plots import log_axes, new_figure, save_figure
+
+    N, D, L = (df[c].to_numpy(float) for c in (n, d, y))
+    sizes = np.unique(N)
+    colours = colormaps["viridis"](np.linspace(0.0, 0.9, len(sizes)))
+    fig, (ax_d, ax_c) = new_figure(ncols=2)
+    p = fit.params
+    for size, colour in zip(sizes, colours):
+        at = N == size
+        grid = np.geomspace(D[at].min() / 2, D[at].max() * 2, 100)
+        ax_d.plot(grid, fit.predict(size, grid), color=colour, lw=1)
+        labelled = len(sizes) <= 10 or size in (sizes[0], sizes[-1])  # a legend of a few sizes, not fifty
+        ax_d.scatter(D[at], L[at], color=colour, s=14, zorder=3, label=f"{n} {size:.3g}" if labelled else None)
+        ax_c.scatter(6 * size * D[at], L[at], color=colour, s=14, zorder=3)
+    for row in (backtest or {}).get("predictions", []):
+        ax_d.errorbar(row["D"], row["predicted"], yerr=[[row["predicted"] - row["lo"]], [row["hi"] - row["predicted"]]],
+                      fmt="_", color="C3", capsize=3, ms=10, zorder=5)
+    if (backtest or {}).get("predictions"):
+        ax_d.plot([], [], "_", color="C3", label=f"predicted without the {backtest['holdout_top']} largest")
+    opt = fit.extra["compute_optimal"]
+    C = np.geomspace((6 * N * D).min() / 2, (6 * N * D).max() * 10, 200)
+    n_opt, d_opt = opt["G"] * (C / 6) ** opt["a"], (C / 6) ** opt["b"] / opt["G"]
+    ax_c.plot(C, fit.predict(n_opt, d_opt), color="C3",
+              label=f"compute-optimal (a = {opt['a']:.3g}, b = {opt['b']:.3g})")
+    for ax, xlabel in ((ax_d, d), (ax_c, f"compute 6·{n}·{d}")):
+        ax.axhline(p["E"], color="grey", lw=0.8, ls=":", label=f"E = {p['E']:.4g}")
+        log_axes(ax)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(y)
+        ax.legend(fontsize=7)
+    ax_d.set_title(f"{fit.formula}: alpha {p['alpha']:.3g}, beta {p['beta']:.3g}", fontsize=9)
+    ax_c.set_title("the runs against compute, and the law's frontier", fontsize=9)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------- hyperparameters

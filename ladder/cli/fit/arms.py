@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ladder.cli.fit.efficiency import check_other_arms
 from ladder.cli.fit.inputs import add_ci_level_and_seed, add_floor_arg
 from ladder.analysis.recipe_card import eg_pct
 from ladder.cli.output import make_table, print_json, stdout_console
@@ -79,6 +80,7 @@ def run_arms(args: argparse.Namespace) -> int:
             raise LadderInputError(f"no runs of block {args.block!r}", where=where, field="--block")
         df = df[df["block"].astype(str) == args.block]
     df = df.assign(**{args.arm: df[args.arm].astype(str)})
+    check_other_arms(df, args.arm, args.baseline, where=where)
     domains = [d.strip() for d in args.domains.split(",") if d.strip()] if args.domains else None
     try:
         out = eg_by_domain(df, arm=args.arm, baseline=args.baseline, rung=args.rung, flops=args.x, domains=domains,
@@ -115,9 +117,9 @@ def run_arms(args: argparse.Namespace) -> int:
     for arm, per in out["arms"].items():
         for domain, cell in per.items():
             for r in cell["rungs"]:
-                iv = r["interval"]
-                rows.append([arm, domain, str(r["rung"]), eg_pct(r["eg"]),
-                             f"[{eg_pct(iv[0])}, {eg_pct(iv[1])}]" if iv else "n/a", r["verdict"],
+                iv = r["interval"] if r["interval"] and r["interval"] != [None, None] else None
+                rows.append([arm, domain, str(r["rung"]), _eg_text(r["eg"]),
+                             f"[{_eg_text(iv[0])}, {_eg_text(iv[1])}]" if iv else "n/a", r["verdict"],
                              *([seeds_text(r)] if seeds_column else [])])
             t = cell["trend"]
             iv = t.get("interval")
@@ -135,3 +137,8 @@ def run_arms(args: argparse.Namespace) -> int:
     for domain, error in out["errors"].items():
         print(f"{domain}: no baseline law ({error})", file=sys.stderr)
     return 0
+
+
+def _eg_text(value: float | None) -> str:
+    """EG − 1 as a percentage; None is an unbounded EG (`jsonable`'s infinity: below the baseline law's floor)."""
+    return "+∞" if value is None else eg_pct(value)

@@ -1,6 +1,8 @@
-"""The laws file: what `ladder fit power-law|hparams|arms --save` writes and `ladder extrapolate --laws`
+"""The laws file: what `ladder fit power-law|hparams|arms|efficiency --save` writes and `ladder extrapolate --laws`
 and `ladder fit iso-bpb --laws` read ({"power_law": {domain: fit}, "hparams": {...}, "arms": {...}}, any
-of them, or a bare `fit hparams` or `fit arms` JSON). "arms" is one `ladder fit arms` result:
+of them, or a bare `fit hparams` or `fit arms` JSON). `fit chinchilla --save` writes {"chinchilla": L(N, D)},
+which neither reads: such a file is refused saying so. "arms" is one `ladder fit arms` result (or `ladder
+fit efficiency`'s EG_FLOPs in the same form, one domain named after its metric):
 {"baseline": NAME, "ci_level", "arms": {arm: {domain: {"rungs": [...], "trend": {...},
 "train_flops_range": [lo, hi]}}}}, the trend with its intercept, slope, dof and covariance
 (`fits.eg_scaling`). Every way a file can be wrong is refused here, naming the file and the part."""
@@ -40,9 +42,15 @@ def load_laws(paths: list[str]) -> dict[str, Any]:
             data = {"hparams": data}
         if {"baseline", "arms", "ci_level"} <= set(data):  # a bare `ladder fit arms --json`
             data = {"arms": data}
+        chinchilla = "chinchilla" in data or str(data.get("law", "")).startswith("chinchilla")
+        if chinchilla and not {"power_law", "hparams", "arms"} & set(data):
+            raise LadderInputError("an L(N, D) law from `ladder fit chinchilla`: `ladder extrapolate --laws` and "
+                                   "`ladder fit iso-bpb --laws` do not read Chinchilla laws; they read compute laws "
+                                   "(`ladder fit power-law --save`), LR/WD laws (`fit hparams --save`) and data arms "
+                                   "(`fit arms|efficiency --save`)", where=path, field="chinchilla")
         if not {"power_law", "hparams", "arms"} & set(data):
             raise LadderInputError("no laws found: expected 'power_law', 'hparams' and/or 'arms' keys (the files "
-                                   "`ladder fit power-law|hparams|arms --save` write)", where=path)
+                                   "`ladder fit power-law|hparams|arms|efficiency --save` write)", where=path)
         power_laws = data.get("power_law") or {}
         if not isinstance(power_laws, dict):
             raise LadderInputError(f"expected an object of domain → fit, got {type(power_laws).__name__}",

@@ -61,9 +61,13 @@ def run_power_law(args: argparse.Namespace) -> int:
     df, source = load_input(args)
     x, y = column_arg(args, "x", "train_flops"), column_arg(args, "y", "bpb")
     group = args.group or ("domain" if args.experiment and y == "bpb" else None)
-    df = per_domain_rows(df, group, y, where=source.get("csv") or args.experiment)
+    df = per_domain_rows(df, group, y, where=source.get("csv") or args.experiment, x=x)
     if args.bootstrap < 0 or args.holdout_top < 0 or not 0 < args.ci_level < 1:
         raise LadderInputError("--bootstrap and --holdout-top must be ≥ 0 and --ci-level in (0, 1)", field="--bootstrap")
+    if args.cluster and args.cluster not in df.columns:  # the whole table's problem: once, before any group is fitted
+        raise LadderInputError(f"no column {args.cluster!r} to bootstrap clusters of; the table has "
+                               f"{sorted(map(str, df.columns))}", where=source.get("csv") or args.experiment,
+                               field="--cluster")
     select = "all" if args.all_runs else args.select
     delta_kw = {} if args.delta is None else {"delta": args.delta}
     try:  # table-level problems (a missing or non-numeric column, no ladder rows) are bad input for every group
@@ -143,8 +147,38 @@ def run_power_law(args: argparse.Namespace) -> int:
                                          "top rung held out: actual vs predicted (interval)", "inside",
                                          "interval ± (variance shares)"],
                                         [_table_row(f, y, laws.get(f["group"] or y)) for f in fits]))
+        if args.progressive:
+            stdout_console.print(make_table(f"progressive backtest: each rung predicted by the law fitted on the "
+                                            f"rungs below it ({args.ci_level:.0%} intervals)",
+                                            ["domain", "rungs fitted", x, "actual vs predicted (interval)", "inside",
+                                             "alpha"], _progressive_rows(fits, y)))
     _notes(fits, y, no_floor)
     return 0
+
+
+def _progressive_rows(fits: list[dict[str, Any]], y: str) -> list[list[Any]]:
+    """The progressive backtest of every group as table rows: one per step, a step that could not be fitted
+    (or a group whose progressive backtest could not run) with its reason."""
+    rows: list[list[Any]] = []
+    for f in fits:
+        label = f["group"] or y
+        if f["E"] is None:
+            rows.append([label, "-", "-", "law not fitted: no progressive backtest", "-", "-"])
+            continue
+        prog = f.get("progressive_backtest") or {}
+        if "skipped" in prog:
+            rows.append([label, "-", "-", f"skipped: {prog['skipped']}", "-", "-"])
+        for step in prog.get("steps", []):
+            if "error" in step:  # the reason, often long and the same for every group, once on stderr (_notes)
+                rows.append([label, step["n_rungs_fitted"], f"{step['x']:.4g}", "not fitted (reason below)", "-", "-"])
+                continue
+            available = step.get("interval_available", True) and step.get("lo") is not None
+            band = f"[{step['lo']:.4g}, {step['hi']:.4g}]" if available else "(interval n/a)"
+            rows.append([label, step["n_rungs_fitted"], f"{step['x']:.4g}",
+                         f"{step['actual']:.4g} vs {step['predicted']:.4g} {band} {step['rel_error']:+.2%}"
+                         + (" (E=0)" if step.get("floor_at_zero") else ""),
+                         str(step.get("inside")) if available else "n/a", f"{step['alpha']:.4g}"])
+    return rows
 
 
 def _table_row(f: dict[str, Any], y: str, law) -> list[Any]:
@@ -185,6 +219,14 @@ def _notes(fits: list[dict[str, Any]], y: str, no_floor: bool) -> None:
             print(f"{label}: {flag}", file=sys.stderr)
         if (f.get("interval") or {}).get("available") is False:
             print(f"{label}: interval not available: {f['interval']['reason']}", file=sys.stderr)
+    step_errors: dict[tuple[int, str], list[str]] = {}
+    for f in fits:
+        for step in (f.get("progressive_backtest") or {}).get("steps", []):
+            if "error" in step:
+                step_errors.setdefault((step["n_rungs_fitted"], step["error"]), []).append(f["group"] or y)
+    for (k, error), labels in step_errors.items():
+        print(f"progressive backtest, law on the {k} lowest rungs not fitted ({', '.join(labels)}): {error}",
+              file=sys.stderr)
     if no_floor:
         print(NO_FLOOR_HINT, file=sys.stderr)
     if any((p.get("interval") or {}).get("heldout_sampling_common") for f in fits
