@@ -100,6 +100,13 @@ def test_a_seed_that_is_not_a_whole_number_is_refused_at_the_flag(capsys):
 
 # ---------------------------------------------------------------- 3. --tracking-uri
 
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-1"])
+def test_a_huber_delta_that_is_not_a_positive_finite_number_is_refused_at_the_flag(capsys, value):
+    # inf passed the flag before and failed once per domain, exit 1
+    refused_by_argparse(*run(capsys, "fit", "power-law", "--csv", str(DEMO), *GROUPED[2:], "--delta", value),
+                        "--delta", repr(value))
+
+
 def test_a_tracking_uri_mlflow_cannot_read_is_refused_naming_it_and_what_works(capsys, tmp_path):
     line = refused(*run(capsys, "fit", "power-law", "--experiment", "x", "--tracking-uri", "bogus://foo"),
                    "--tracking-uri", "'bogus://foo'", "sqlite:///", "http(s)://")
