@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rungs.data.errors import DataInputError
+
 EOS_TEXT = "<|endoftext|>"
 UINT16_VOCAB = 1 << 16  # ids 0..65,535 fit uint16; a larger vocabulary needs uint32
 
@@ -107,4 +109,13 @@ def load_tokenizer(directory: Path, meta: dict):
         return ByteTokenizer()
     from tokenizers import Tokenizer
 
-    return BpeTokenizer(Tokenizer.from_file(str(directory / "tokenizer.json")))
+    path = directory / "tokenizer.json"
+    if not path.is_file():
+        raise DataInputError(f"is missing: the shards were cut with the BPE tokenizer it held; remove {directory} and "
+                             "prepare the corpus again", where=str(path))
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as err:  # noqa: BLE001 - the tokenizers library raises a bare Exception for a bad file
+        raise DataInputError(f"is not a tokenizer file ({err}): the shards were cut with the tokenizer it held; remove "
+                             f"{directory} and prepare the corpus again", where=str(path)) from None
+    return BpeTokenizer(tokenizer)

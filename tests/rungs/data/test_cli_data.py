@@ -95,3 +95,20 @@ def test_inspect_of_an_unreadable_meta_json_names_the_file(tmp_path, capsys):
     meta.write_bytes(b"\xff\xfe{")
     assert main(["data", "inspect", str(tmp_path)]) == 2
     assert f"{meta}: is not valid JSON" in capsys.readouterr().err
+
+
+def test_a_missing_or_broken_bpe_tokenizer_is_named_with_what_to_do(tiny_bpe, tmp_path, capsys):
+    import shutil
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tiny_bpe, corpus)
+    tokenizer = corpus / "tokenizer.json"
+    for broken in ("{", None):  # not a tokenizer file, then no file
+        if broken is None:
+            tokenizer.unlink()
+        else:
+            tokenizer.write_text(broken)
+        assert main(["data", "inspect", str(corpus)]) == 2
+        err = capsys.readouterr().err
+        assert f"{tokenizer}: " in err and f"remove {corpus} and prepare the corpus again" in err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
