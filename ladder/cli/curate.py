@@ -44,7 +44,7 @@ def register(data_sub: argparse._SubParsersAction) -> None:
     c.add_argument("--quality-negative", default="", help="comma-separated sources it learns as the rest")
     c.add_argument("--quality-model", default=None, help="a saved quality classifier directory to score with instead")
     c.add_argument("--json", action="store_true", help="print one JSON object")
-    c.set_defaults(handler=run_curate)
+    c.set_defaults(handler=run_curate, on_interrupt="rerun the same command to resume: finished tasks are kept")
     m = data_sub.add_parser("mix", help="write an arm: a manifest of the documents the rules keep (no tagger reruns)")
     m.add_argument("dir", help="a directory written by `ladder data curate`")
     m.add_argument("--rules", required=True, help="rules YAML (exact_duplicates, near_duplicates, semantic_duplicates, "

@@ -165,7 +165,8 @@ def test_an_interrupted_tagger_resumes_with_the_settings_it_began_with(corpus, t
     with monkeypatch.context() as m:
         m.setattr(model_taggers, "semantic_partition", interrupted)
         assert main([*curate, "--semantic-eps", "0.2"]) == 130
-    capsys.readouterr()
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "ladder data: interrupted; rerun the same command to resume: finished tasks are kept")
     _fails([*curate, "--semantic-eps", "0.5"], capsys, "--semantic-eps: was tagged with --semantic-eps 0.2")
     assert main([*curate, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["taggers"]["semantic"]["eps"] == 0.2
