@@ -216,8 +216,13 @@ def test_a_domain_with_no_bpb_at_all_is_reported_not_fitted_with_its_reason(caps
     csv = demo_with(tmp_path, "allnan_code.csv", "bpb_code", np.nan, last_only=False)
     code, out, err = run(capsys, *GROUPED, "--csv", csv, "--bootstrap", "0", "--holdout-top", "0", "--json")
     assert code == 0
-    assert sorted(f["group"] for f in json.loads(out)["fits"]) == ["books", "math", "qa", "stem", "web"]
-    assert "code: not fitted: bpb_code is empty in all 14 runs" in err
+    fits = {f["group"]: f for f in json.loads(out)["fits"]}
+    assert sorted(fits) == ["books", "code", "math", "qa", "stem", "web"]
+    assert fits["code"]["E"] is None and fits["code"]["n_points"] == 0 and "no run has a BPB" in fits["code"]["reason"]
+    assert all(fits[d]["E"] is not None for d in fits if d != "code")
+    assert err.count("code: ") == 1 and "code: not fitted: bpb_code is empty in all 14 runs" in err
+    code, out, err = run(capsys, *GROUPED, "--csv", csv, "--bootstrap", "0", "--holdout-top", "0")
+    assert code == 0 and "not fitted" in out and err.count("code: ") == 1
 
 
 def test_a_table_with_no_bpb_anywhere_is_refused(capsys, tmp_path):

@@ -54,6 +54,7 @@ def register(fit_sub: argparse._SubParsersAction, common) -> None:
 
 
 def run_power_law(args: argparse.Namespace) -> int:
+    from ladder.run.mlflow_runs import domains_of
     from fits.bootstrap import TooFewRungsForBootstrap
     from fits.compute_laws import fit_power_laws
     from fits.errors import FitBoundaryError, FitError
@@ -61,6 +62,7 @@ def run_power_law(args: argparse.Namespace) -> int:
     df, source = load_input(args)
     x, y = column_arg(args, "x", "train_flops"), column_arg(args, "y", "bpb")
     group = args.group or ("domain" if args.experiment and y == "bpb" else None)
+    wide_domains = domains_of(df) if group == "domain" and y == "bpb" and "domain" not in df.columns else []
     df = per_domain_rows(df, group, y, where=source.get("csv") or args.experiment, x=x)
     if args.bootstrap < 0 or args.holdout_top < 0 or not 0 < args.ci_level < 1:
         raise LadderInputError("--bootstrap and --holdout-top must be ≥ 0 and --ci-level in (0, 1)", field="--bootstrap")
@@ -112,6 +114,10 @@ def run_power_law(args: argparse.Namespace) -> int:
                      **{k: d[k] for k in ("interval", "flags") if k in d}})
         saved[label] = fit.to_dict(include_draws=True)
         laws[label] = fit
+    for domain in sorted(set(wide_domains) - {str(f["group"]) for f in fits}):  # no run has a BPB there (said above)
+        reason = f"{domain}: no run has a BPB on this domain (bpb_{domain} is empty in every run)"
+        fits.append({"group": domain, "E": None, "A": None, "alpha": None, "ci": {}, "ci_level": args.ci_level,
+                     "backtest": None, "n_points": 0, "not_identified": reason, "reason": reason})
     no_floor = any(f.get("hint") == NO_FLOOR_HINT for f in fits)
     few_rungs = any(f.get("hint") == SMALL_LADDER_HINT for f in fits)
     if not laws and not group:
@@ -210,7 +216,7 @@ def _notes(fits: list[dict[str, Any]], y: str, no_floor: bool) -> None:
     """What the table cannot say, on stderr: refusals, E = 0 laws, flags, intervals not available."""
     for f in fits:
         label = f["group"] or y
-        if f["E"] is None:
+        if f["E"] is None and f["n_points"]:  # a domain with no BPB at all was said when the table was read
             print(f["not_identified"], file=sys.stderr)
         if f.get("floor_at_zero") and f["options"].get("floor") != "zero":
             print(f"{label}: E = 0, no loss floor over these rungs: the nested law A·x^(−α); its predictions near "
