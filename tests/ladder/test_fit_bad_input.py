@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from ladder.cli import main
+from tests.ladder.test_hostile_input import refused
 
 FIXTURES = Path(__file__).resolve().parents[2] / "notebooks" / "fixtures"
 DEMO = FIXTURES / "demo_runs.csv"
@@ -30,18 +31,6 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
         code = stop.code
     captured = capsys.readouterr()
     return code, captured.out, captured.err
-
-
-def refused(code: int, out: str, err: str, *says: str) -> str:
-    """Exit 2, nothing on stdout, no traceback, one error line that says each of `says`."""
-    assert code == 2, err
-    assert out == ""
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    for word in says:
-        assert word in lines[0], lines[0]
-    return lines[0]
 
 
 def refused_by_argparse(code: int, out: str, err: str, *says: str) -> str:

@@ -50,7 +50,8 @@ def _run_in_empty_dir(tmp_path: Path, monkeypatch, capsys, argv: list[str]) -> t
     return rc, captured.out, captured.err, sorted(p.name for p in work.iterdir())
 
 
-def _assert_refused(rc: int, out: str, err: str, left: list[str], *says: str) -> None:
+def refused(rc: int, out: str, err: str, *says: str) -> str:
+    """Exit 2, nothing on stdout, no traceback, one error line that says each of `says`; that line."""
     assert rc == 2, err
     assert out == ""
     assert "Traceback" not in err
@@ -58,6 +59,11 @@ def _assert_refused(rc: int, out: str, err: str, left: list[str], *says: str) ->
     assert len(lines) == 1, err
     for word in says:
         assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def _assert_refused(rc: int, out: str, err: str, left: list[str], *says: str) -> None:
+    refused(rc, out, err, *says)
     assert left == [], f"bad input left files behind: {left}"
 
 
