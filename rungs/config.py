@@ -133,7 +133,7 @@ class TrainConfig(BaseModel):
     # "auto": bf16 autocast on a GPU; fp32 on CPU, where at demo widths bf16 autocast measured 2x
     # slower than fp32 (casts dominate tiny matmuls; benchmarks/train_step.py).
     precision: Literal["auto", "bf16", "fp32"] = "auto"
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)  # torch and numpy seed with 0..2**32-1
     deterministic: bool = False
     # Which job runs the rung: the PyTorch engine or the JAX one (rungs.jaxjob). The default is
     # a legacy value: "torch" leaves every existing key as it was; "jax" is a different trial.

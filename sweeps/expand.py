@@ -5,9 +5,12 @@ A trial here is (recipe, rung L, overrides, max_steps, resources) plus the coord
 config (`sweeps.keys`); resolving a trial into a config is the training job's business
 (`ladder.plan.resolve`), so the orchestrator does that step and deduplicates by key.
 
-Override precedence, lowest first: spec.overrides, block.overrides, the grid point (lr,
-weight_decay, dropout, seed, tpp), the arm. An arm may therefore pin any knob, the learning rate
-included (that is how a forced-divergence arm is written).
+Override precedence, lowest first: the grid point (lr, weight_decay, dropout, seed, tpp), spec.overrides,
+block.overrides, the arm. A spec's or block's lr / weight_decay replaces the law's centre of a block
+without its own `lr_wd` grid; one beside such a grid, a tpp or dropout beside the block's list of them, and
+a seed outside `seeds:` are refused (`sweeps.spec.check_override_values`), so the grid never silently
+discards an override. An arm may pin any knob, the learning rate included (that is how a forced-divergence
+arm is written); a trial's coordinates are the values it runs with.
 
 A data arm (`data:` in an arm) is not an override: the arm's trials plan on the recipe re-planned on the
 arm's own prepared corpus (`ladder.plan.data_arms`), so every source's repetition follows the arm's own
@@ -22,7 +25,7 @@ from functools import lru_cache
 
 from ladder.plan.generator import RungSpec, plan_rung
 from ladder.plan.recipe import Recipe, load_recipe
-from sweeps.spec import ARM_DATA_KEY, Block, Centre, Resources, SweepSpec
+from sweeps.spec import ARM_DATA_KEY, Block, Centre, Resources, SweepSpec, check_override_values
 
 # Names of the resolved-config knobs the grid sets (the override keys `ladder.plan.resolve` accepts).
 LR_KEY = "lr"
@@ -114,6 +117,21 @@ class _Planners:
         return self._arms[data]
 
 
+def _trial(spec: SweepSpec, block: Block, planners: _Planners, L: int, arm: str, data: str | None,
+           overrides: dict, d_lr: float, d_prod: float, max_steps: int | None, resources: Resources) -> Trial:
+    """The trial of one merged set of overrides: its coordinates (label, MLflow coord.* tags) are the
+    values the trial runs with, an arm's pinned seed, TPP, dropout, LR or WD included."""
+    planner = planners.for_data(data, f"blocks.{block.name}.arms.{arm}")
+    tpp = None if overrides.get(TPP_KEY) is None else float(overrides[TPP_KEY])
+    dropout = overrides.get(DROPOUT_KEY)
+    return Trial(
+        sweep=spec.name, block=block.name, recipe=spec.recipe, L=L, tpp=planner.plan(L, tpp).tpp,
+        lr=float(overrides[LR_KEY]), weight_decay=float(overrides[WD_KEY]),
+        dropout=None if dropout is None else float(dropout), arm=arm, seed=int(overrides[SEED_KEY]),
+        log_lr_offset=d_lr, log_lr_wd_offset=d_prod, overrides=overrides, max_steps=max_steps,
+        resources=resources, data=data)
+
+
 def expand_block(spec: SweepSpec, block: Block, planners: _Planners) -> list[Trial]:
     trials = []
     seeds = block.seeds if block.seeds is not None else spec.seeds
@@ -128,20 +146,18 @@ def expand_block(spec: SweepSpec, block: Block, planners: _Planners) -> list[Tri
                     for arm, arm_entry in block.arms.items():
                         data = block.arm_data(arm)
                         arm_overrides = {k: v for k, v in arm_entry.items() if k != ARM_DATA_KEY}
-                        arm_tpp = rung.tpp if data is None else \
-                            planners.for_data(data, f"blocks.{block.name}.arms.{arm}").plan(L, tpp).tpp
                         for seed in seeds:
-                            overrides = {**spec.overrides, **block.overrides, LR_KEY: lr, WD_KEY: wd, SEED_KEY: seed}
+                            # A spec's or block's lr / weight_decay replaces the law's centre (sweeps.spec
+                            # refuses one beside the block's own lr_wd grid), so the grid sets only the rest.
+                            overrides = {LR_KEY: lr, WD_KEY: wd, **spec.overrides, **block.overrides,
+                                         SEED_KEY: seed}
                             if tpp is not None:
                                 overrides[TPP_KEY] = tpp
                             if dropout is not None:
                                 overrides[DROPOUT_KEY] = dropout
                             overrides.update(arm_overrides)
-                            trials.append(Trial(
-                                sweep=spec.name, block=block.name, recipe=spec.recipe, L=L, tpp=arm_tpp,
-                                lr=float(overrides.get(LR_KEY, lr)), weight_decay=float(overrides.get(WD_KEY, wd)),
-                                dropout=dropout, arm=arm, seed=seed, log_lr_offset=d_lr, log_lr_wd_offset=d_prod,
-                                overrides=overrides, max_steps=max_steps, resources=resources, data=data))
+                            trials.append(_trial(spec, block, planners, L, arm, data, overrides, d_lr, d_prod,
+                                                 max_steps, resources))
     return trials
 
 
@@ -152,6 +168,7 @@ def expand(spec: SweepSpec, recipe: Recipe | None = None) -> list[Trial]:
     Trials whose overrides coincide (a grid centre that is also a plain ladder rung) appear once,
     under the first block that asks for them.
     """
+    check_override_values(spec)  # values expansion reads as numbers (plan_sweep checks first, naming the file)
     recipe = recipe or load_recipe(spec.recipe, data=spec.data)
     planners = _Planners(spec, recipe)
     seen: set[tuple] = set()

@@ -19,7 +19,7 @@ from ladder.plan.recipe import Recipe, load_recipe
 from rungs.tracking import sqlite_path
 from sweeps.expand import DROPOUT_KEY, LR_KEY, SEED_KEY, WD_KEY, Trial, expand
 from sweeps.keys import trial_key
-from sweeps.spec import Resources, SweepSpec
+from sweeps.spec import Resources, SweepSpec, check_override_values
 
 Resolver = Callable[..., dict]
 DATA_KEY = "data_manifest"  # the training config's corpus (rungs.config.TrainConfig)
@@ -59,6 +59,7 @@ def plan_sweep(spec: SweepSpec, *, where: str = "sweep spec", recipe: Recipe | N
                resolve: Resolver | None = None) -> list[PlannedTrial]:
     """Resolve and key every trial, and check its inputs (its corpus exists and has the sources its
     mixture names), before anything runs; trials that resolve to the same config run once."""
+    check_override_values(spec, where=where)
     if recipe is None:
         recipe = spec_recipe(spec, where=where)
     resolve = resolve or default_resolver()
@@ -78,7 +79,7 @@ def plan_sweep(spec: SweepSpec, *, where: str = "sweep spec", recipe: Recipe | N
             config = _resolve(resolve, spec.recipe, trial, bases)
         except LadderInputError as err:
             raise LadderInputError(f"trial {trial.label}: {err.detail}", where=where,
-                                   field=f"blocks.{trial.block}" + (f".{err.field}" if err.field else "")) from None
+                                   field=_override_field(spec, trial, err.field)) from None
         except ValueError as err:  # the training job's own config errors (rungs.config.TrainConfigError)
             raise LadderInputError(f"trial {trial.label}: {err}", where=where, field=f"blocks.{trial.block}") from None
         workers = trial.resources.workers
@@ -118,6 +119,26 @@ def check_arm_evals(spec: SweepSpec, recipe: Recipe, *, where: str) -> None:
                     f"{', '.join(e[0] for e in evals) or 'none'}; the names, domains or files differ): arms are "
                     "compared on the same held-out text; prepare every arm from a manifest whose eval sets name "
                     "the same files", where=where, field=field)
+
+
+def _override_field(spec: SweepSpec, trial: Trial, key: str | None) -> str:
+    """Where the override `key` a trial's resolution refused was written: the arm, the block's or the
+    spec's overrides (`--set`, the resolver's name for its overrides, is the first unknown key's)."""
+    if key == "--set":
+        from ladder.plan.resolve import valid_override_keys
+
+        valid = {*valid_override_keys(), "tpp"}
+        key = next((k for k in trial.overrides if k not in valid), None)
+    block = next(b for b in spec.blocks if b.name == trial.block)
+    if key is None:
+        return f"blocks.{trial.block}"
+    if key in block.arms.get(trial.arm, {}):
+        return f"blocks.{trial.block}.arms.{trial.arm}.{key}"
+    if key in block.overrides:
+        return f"blocks.{trial.block}.overrides.{key}"
+    if key in spec.overrides:
+        return f"overrides.{key}"
+    return f"blocks.{trial.block}.{key}"
 
 
 def _data_field(spec: SweepSpec, trial: Trial) -> str:

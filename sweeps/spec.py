@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from ladder.errors import LadderInputError
 from ladder.plan.byte_sizes import parse_bytes
@@ -37,7 +37,10 @@ def _check_name(v: str) -> str:
     return v
 
 
-Name = Annotated[str, AfterValidator(_check_name)]  # block and sweep names: safe in paths and MLflow
+Name = Annotated[str, AfterValidator(_check_name)]  # block, arm and sweep names: safe in paths and MLflow
+# A training seed: torch and numpy take 0..2**32-1 (rungs.config.TrainConfig.seed has the same bound).
+MAX_SEED = 2**32 - 1
+Seed = Annotated[StrictInt, Field(ge=0, le=MAX_SEED)]
 
 
 class _Strict(BaseModel):
@@ -50,7 +53,7 @@ class Axis(_Strict):
     (an even count straddles the centre), or an explicit list of `offsets`."""
 
     spacing: float = Field(default=0.0, ge=0)
-    points: int = Field(default=1, ge=1)
+    points: StrictInt = Field(default=1, ge=1)
     offsets: list[float] | None = None
 
     @model_validator(mode="after")
@@ -145,13 +148,13 @@ class Block(_Strict):
     """One cross product of the spec. Fields left out inherit the spec's value."""
 
     name: Name
-    rungs: list[int] = Field(min_length=1)
+    rungs: list[StrictInt] = Field(min_length=1)
     tpp: list[float | None] = Field(default=[None], min_length=1, description="None: the recipe's TPP")
     lr_wd: LrWdGrid = LrWdGrid()
     dropout: list[float] | None = Field(default=None, description="None: the recipe's dropout")
     arms: dict[str, dict[str, OverrideValue]] = Field(default={"base": {}}, min_length=1)
-    seeds: list[int] | None = None
-    max_steps: int | None = Field(default=None, gt=0)
+    seeds: list[Seed] | None = None
+    max_steps: StrictInt | None = Field(default=None, gt=0)
     overrides: dict[str, OverrideValue] = Field(default_factory=dict)
     resources: Resources | None = None
 
@@ -187,6 +190,8 @@ class Block(_Strict):
     @classmethod
     def _arm_data_is_a_path(cls, arms: dict[str, dict[str, OverrideValue]]) -> dict[str, dict[str, OverrideValue]]:
         for name, arm in arms.items():
+            if not _NAME.match(name):  # arm names key MLflow tags and labels, as block names do
+                raise ValueError(f"arm name {name!r} must be letters, digits, '_', '-' or '.'")
             value = arm.get(ARM_DATA_KEY, "")
             if ARM_DATA_KEY in arm and (not isinstance(value, str) or not value.strip()):
                 raise ValueError(f"arm {name!r}: data must be the path of a prepared corpus (`ladder data prepare "
@@ -212,8 +217,8 @@ class SweepSpec(_Strict):
     description: str = ""
     experiment: str | None = Field(default=None, description="MLflow experiment (default: sweep-<name>)")
     blocks: list[Block] = Field(min_length=1)
-    seeds: list[int] = Field(default=[0], min_length=1)
-    max_steps: int | None = Field(default=None, gt=0, description="cap on optimizer steps (smoke/nightly runs)")
+    seeds: list[Seed] = Field(default=[0], min_length=1)
+    max_steps: StrictInt | None = Field(default=None, gt=0, description="cap on optimizer steps (smoke/nightly runs)")
     overrides: dict[str, OverrideValue] = Field(default_factory=dict, description="applied to every trial")
     resources: Resources = Resources()
     max_concurrent: int | None = Field(default=None, ge=1)
@@ -254,8 +259,64 @@ def resolve_spec_path(name_or_path: str | Path) -> Path:
 
 
 def parse_spec(data: object, where: str) -> SweepSpec:
-    return validate_mapping(SweepSpec, data, where=where, what="a sweep spec", schema="sweeps/spec.py",
+    spec = validate_mapping(SweepSpec, data, where=where, what="a sweep spec", schema="sweeps/spec.py",
                             messages={"too_short": "{msg}: an empty list would give an empty sweep"})
+    check_override_values(spec, where=where)
+    return spec
+
+
+def _number(value: OverrideValue) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# The knobs the grid sets, and what a value of each must be (the training config's bounds,
+# rungs.config.TrainConfig): (is it valid, what is valid).
+_GRID_VALUES: dict[str, tuple] = {
+    "lr": (lambda v: _number(v) and v > 0, "a positive number (the peak learning rate)"),
+    "weight_decay": (lambda v: _number(v) and v >= 0, "a non-negative number"),
+    "dropout": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "tpp": (lambda v: _number(v) and v > 0, "a positive number (tokens per parameter)"),
+    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_SEED,
+             f"an integer in 0..{MAX_SEED}"),
+}
+# A spec's or block's override of a grid knob contradicts the block's own grid of it (the grid would
+# silently replace it); the block field that makes the grid, per knob.
+_GRID_FIELDS = {"lr": "lr_wd", "weight_decay": "lr_wd", "tpp": "tpp", "dropout": "dropout"}
+
+
+def check_override_values(spec: SweepSpec, *, where: str = "sweep spec") -> None:
+    """The grid knobs (lr, weight_decay, dropout, tpp, seed) in `overrides` and in arms hold values a run
+    can use, and no spec or block override is one a block's grid would silently replace: a spec's or
+    block's lr / weight_decay replaces the law's centre of a block without an `lr_wd` grid (and is refused
+    beside one), its tpp / dropout applies to a block without a `tpp` / `dropout` list, and seeds are
+    set with `seeds:`. Raises LadderInputError naming the field (`blocks.b.arms.a.lr`)."""
+    def check(values: dict[str, OverrideValue], field: str) -> None:
+        for key, (ok, valid) in _GRID_VALUES.items():
+            if key in values and not ok(values[key]):
+                raise LadderInputError(f"must be {valid}, got {values[key]!r}", where=where, field=f"{field}.{key}")
+
+    def contradicts(values: dict[str, OverrideValue], field: str, blocks: list[Block]) -> None:
+        if "seed" in values:
+            raise LadderInputError("the seed is not an override: list seeds in `seeds:` (the spec's or a block's), "
+                                   "or pin one in an arm", where=where, field=f"{field}.seed")
+        for key, grid in _GRID_FIELDS.items():
+            if key not in values:
+                continue
+            for block in blocks:
+                if grid in block.model_fields_set and getattr(block, grid) not in (None, [None]):
+                    raise LadderInputError(
+                        f"contradicts the `{grid}` of block {block.name!r}, which sets {key} for every trial; "
+                        f"remove one of them (an arm may pin {key} for its own trials)", where=where,
+                        field=f"{field}.{key}")
+
+    check(spec.overrides, "overrides")
+    contradicts(spec.overrides, "overrides", spec.blocks)
+    for block in spec.blocks:
+        base = f"blocks.{block.name}"
+        check(block.overrides, f"{base}.overrides")
+        contradicts(block.overrides, f"{base}.overrides", [block])
+        for arm, values in block.arms.items():
+            check(values, f"{base}.arms.{arm}")
 
 
 def load_spec(name_or_path: str | Path) -> SweepSpec:
