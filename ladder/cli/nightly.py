@@ -29,11 +29,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def _check_out(root: Path, *, given: bool) -> None:
+    """--out must be a directory or creatable as one: not a file, nor under one, nor unwritable."""
+    import os
+
+    flag = "--out" if given else "--out (default runs/nightly)"
+    for path in (root, *root.parents):
+        if not path.exists():
+            continue
+        if not path.is_dir():
+            what = "is a file" if path == root else f"is under {path}, which is a file"
+            raise LadderInputError(f"{root} {what}, not a directory; give a directory for the runs and the report",
+                                   field=flag)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise LadderInputError(f"cannot write under {path} (permission denied); give a writable directory",
+                                   field=flag)
+        return
+
+
 def run(args: argparse.Namespace) -> int:
     path = resolve_spec_path(args.spec)
     spec = load_spec(path)
     baseline = Path(args.baseline) if args.baseline else GOLDENS_DIR / f"{spec.name}.json"
     root = Path(args.out or "runs/nightly").resolve()
+    _check_out(root, given=args.out is not None)  # before Ray starts: nothing can be written under a file
     if args.update_baseline:
         if args.repeats < 2:
             raise LadderInputError("tolerances come from the spread of repeats; use at least 2", field="--repeats")

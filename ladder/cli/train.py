@@ -61,6 +61,13 @@ def run(args: argparse.Namespace) -> int:
     if args.tracking_uri:
         overrides.append(f"tracking_uri={args.tracking_uri}")
     config = resolve_train_config(args.recipe, args.rung, overrides, max_steps=args.max_steps, data=args.data)
+    if config.get("tracking_uri"):
+        from ladder.run.stores import check_store
+
+        # As `ladder sweep run` does, before data is prepared or the run directory written: a server that
+        # is down, a damaged store or a scheme MLflow cannot read fails here in one line. A job creates
+        # its SQLite store (or store directory) on first use, so a missing one is allowed.
+        check_store(config["tracking_uri"], create=True)
     run_dir = args.run_dir or default_run_dir(config)
     try:
         result = train(config, run_dir=run_dir, resume=not args.fresh, progress=True)

@@ -20,6 +20,33 @@ Model = TypeVar("Model", bound=BaseModel)
 _UNION_MEMBERS = frozenset({"bool", "int", "float", "str", "none"})
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping names one key twice: YAML leaves it to the loader, and safe_load keeps the last silently."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load's loader, except that a mapping with a duplicate key is refused."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the base constructor reports it
+                    continue
+                mark = key_node.start_mark
+                if first is not None:
+                    raise DuplicateKeyError(f"duplicate key {key!r} at line {mark.line + 1}, column {mark.column + 1} "
+                                            f"(first at line {first.line + 1}); YAML would keep only the last, so "
+                                            f"remove or rename one")
+                seen[key] = mark
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path) -> object:
     """Parse a YAML file (safe_load only: no tags that build Python objects)."""
     try:
@@ -32,7 +59,9 @@ def read_yaml(path: Path) -> object:
     except OSError as err:
         raise LadderInputError(f"cannot read: {err.strerror or err}", where=str(path)) from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader's subclass: no Python objects
+    except DuplicateKeyError as err:
+        raise LadderInputError(str(err), where=str(path)) from None
     except yaml.YAMLError as err:
         raise LadderInputError(describe_yaml_error(err), where=str(path)) from None
 

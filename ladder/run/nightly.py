@@ -257,14 +257,63 @@ def _judge(trial: str, metric: str, golden: float, current: float, tolerance: fl
 
 
 def load_golden(path: Path) -> dict:
+    """The golden file, checked before anything runs: a JSON object whose `tolerances` and `trials` have
+    the keys and types `compare` reads; anything else is bad input naming the file and the key."""
     if not path.is_file():
         raise LadderInputError("no golden file; create one with `ladder nightly SPEC --update-baseline`",
                                where=str(path), field="--baseline")
     try:
-        golden = json.loads(path.read_text())
+        golden = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise LadderInputError(f"not UTF-8 text (byte {err.start} is 0x{err.object[err.start]:02x}); regenerate it with "
+                               f"--update-baseline", where=str(path), field="--baseline") from None
     except json.JSONDecodeError as err:
         raise LadderInputError(f"not valid JSON: {err}", where=str(path)) from None
+    except OSError as err:
+        raise LadderInputError(f"cannot read: {err.strerror or err}", where=str(path), field="--baseline") from None
+    regenerate = "regenerate with --update-baseline"
+    if not isinstance(golden, dict):
+        raise LadderInputError(f"a golden file is a JSON object, this holds {_json_kind(golden)}; {regenerate}",
+                               where=str(path), field="--baseline")
     for key in ("tolerances", "trials"):
         if key not in golden:
-            raise LadderInputError(f"missing {key!r}; regenerate with --update-baseline", where=str(path), field=key)
+            raise LadderInputError(f"missing {key!r}; {regenerate}", where=str(path), field=key)
+        if not isinstance(golden[key], dict):
+            raise LadderInputError(f"must be a JSON object, not {_json_kind(golden[key])}; {regenerate}",
+                                   where=str(path), field=key)
+    for key in ("bpb_abs", "tokens_per_second_log_ratio", "moe_rounds_abs"):
+        _require_number(golden["tolerances"], key, f"tolerances.{key}", path)
+    for name, trial in golden["trials"].items():
+        if not isinstance(trial, dict):
+            raise LadderInputError(f"must be a JSON object, not {_json_kind(trial)}; {regenerate}", where=str(path),
+                                   field=f"trials.{name}")
+        bpb = trial.get("bpb")
+        if not isinstance(bpb, dict):
+            raise LadderInputError(("missing" if bpb is None else f"must be a JSON object, not {_json_kind(bpb)}")
+                                   + f"; {regenerate}", where=str(path), field=f"trials.{name}.bpb")
+        for domain in bpb:
+            _require_number(bpb, domain, f"trials.{name}.bpb.{domain}", path)
+        _require_number(trial, "tokens_per_second", f"trials.{name}.tokens_per_second", path)
+        if not trial["tokens_per_second"] > 0:  # compared as its logarithm
+            raise LadderInputError(f"must be positive, got {trial['tokens_per_second']}; {regenerate}",
+                                   where=str(path), field=f"trials.{name}.tokens_per_second")
+        _require_number(trial, "moe_rounds_mean", f"trials.{name}.moe_rounds_mean", path)
+    if golden.get("machine") is not None and not isinstance(golden["machine"], dict):
+        raise LadderInputError(f"must be a JSON object, not {_json_kind(golden['machine'])}; {regenerate}",
+                               where=str(path), field="machine")
     return golden
+
+
+def _json_kind(value: object) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _require_number(mapping: dict, key: str, field: str, path: Path) -> None:
+    value = mapping.get(key)
+    if value is None:
+        raise LadderInputError("missing; regenerate with --update-baseline", where=str(path), field=field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise LadderInputError(f"must be a number, not {_json_kind(value)}; regenerate with --update-baseline",
+                               where=str(path), field=field)

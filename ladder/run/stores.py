@@ -10,6 +10,7 @@ seconds instead of after MLflow's minutes of retries.
 
 from __future__ import annotations
 
+import os
 import threading
 import urllib.error
 import urllib.request
@@ -31,8 +32,12 @@ def check_store(store: str, *, create: bool) -> None:
     A `sqlite:///` file or a store directory that does not exist is created only when `create` (the
     default store of `ladder sweep run`, or `--new-store`): a mistyped path would otherwise become an
     empty store that shows every trial pending. An existing SQLite file must be a whole, unlocked
-    MLflow database. An HTTP(S) tracking server must answer within `SERVER_WAIT_SECONDS`; other
-    servers and databases behind URLs are checked by MLflow when first used.
+    MLflow database. An HTTP(S) tracking server must answer within `SERVER_WAIT_SECONDS`. An in-memory
+    SQLite URI keeps nothing and is refused; so are a scheme MLflow does not know, a database whose
+    driver is not installed, Databricks without a workspace, and file-store directories (MLflow 3
+    refuses them unless MLFLOW_ALLOW_FILE_STORE is set; then an existing one must hold experiments).
+    A store to be created may not lie under a file. Whether a database answers MLflow checks when first
+    used.
     """
     if not store.strip():
         raise StoreError("empty tracking URI; leave the flag out for the default store (sqlite:///runs/mlflow.db) "
@@ -42,15 +47,24 @@ def check_store(store: str, *, create: bool) -> None:
         return
     db = sqlite_path(store)
     if db is None:
+        if _is_in_memory(store):
+            raise StoreError(f"{store!r} is an in-memory SQLite store: it keeps nothing once the command ends (every "
+                             f"trial would show pending, and a sweep's results would be lost); give a file, "
+                             f"sqlite:///path/to/mlflow.db", field="--tracking-uri")
         directory = _directory_store(store)
-        if directory is not None and not directory.exists() and not create:
-            raise StoreError(f"no MLflow store at {directory}: the directory does not exist. Check the path, or create a "
-                             f"new, empty store there with `ladder sweep run SPEC --tracking-uri {store} --new-store`", field="--tracking-uri")
+        if directory is None:
+            _check_other_scheme(store)
+            return
+        _check_directory_store(store, directory, create=create)
         return
+    if _is_in_memory(store):
+        raise StoreError(f"{store!r} is an in-memory SQLite store: it keeps nothing once the command ends; give a "
+                         f"file, sqlite:///path/to/mlflow.db", field="--tracking-uri")
     if not str(db) or str(db) == ".":
         raise StoreError(f"{store} names no database file; write sqlite:///path/to/mlflow.db", field="--tracking-uri")
     if not db.exists():
         if create:
+            _check_creatable(db)
             return
         if store == DEFAULT_TRACKING_URI:
             raise StoreError(f"no MLflow store at {db}: nothing has been tracked from this directory yet. Run from the "
@@ -70,6 +84,114 @@ def _directory_store(store: str) -> Path | None:
     if "://" in store or store.startswith(("databricks", "uc:")):
         return None
     return Path(store)
+
+
+def _is_in_memory(store: str) -> bool:
+    """`sqlite://`, `sqlite:///:memory:` (and `sqlite+driver://` forms): a database that lives and dies with
+    the process."""
+    scheme, sep, rest = store.partition("://")
+    if not sep or scheme.split("+", 1)[0].lower() != "sqlite":
+        return False
+    path = rest.split("?", 1)[0]
+    return path in ("", "/:memory:") or path.startswith("/file::memory:")  # sqlite:/// names no file: refused apart
+
+
+def _uri_forms() -> str:
+    from ladder.run.mlflow_runs import TRACKING_URI_FORMS  # here: mlflow_runs imports this module
+
+    return TRACKING_URI_FORMS
+
+
+def _check_other_scheme(store: str) -> None:
+    """A database or service URI (postgresql://, mysql://, databricks, foo://): the scheme must be one
+    MLflow reads, its database driver installed and, for Databricks, its credentials configured; the
+    same refusals as `ladder.run.mlflow_runs._client`, made before anything runs."""
+    scheme = store.partition("://")[0] if "://" in store else store.partition(":")[0]
+    base = scheme.split("+", 1)[0].lower()
+    try:
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        known = sorted(s for s in _tracking_store_registry._registry if s)
+    except Exception:  # noqa: BLE001 - a private MLflow name; without it, the schemes this MLflow shipped with
+        known = ["databricks", "databricks-uc", "file", "http", "https", "mssql", "mysql", "postgresql", "sqlite", "uc"]
+    if base not in known:
+        raise StoreError(f"{store!r}: MLflow cannot read a store with this scheme; give {_uri_forms()} (schemes "
+                         f"MLflow knows: {', '.join(s + '://' for s in known)})", field="--tracking-uri")
+    if base in ("postgresql", "mysql", "mssql"):
+        try:
+            from sqlalchemy.engine import make_url
+
+            make_url(store).get_dialect().import_dbapi()
+        except ModuleNotFoundError as err:
+            raise StoreError(f"{store!r}: MLflow needs the Python module {err.name!r} to read this store; install it, "
+                             f"or give {_uri_forms()}", field="--tracking-uri") from None
+        except Exception as err:  # noqa: BLE001 - a URL SQLAlchemy cannot parse, an unknown driver
+            raise StoreError(f"{store!r}: not a database URL MLflow can use ({' '.join(str(err).split())}); give "
+                             f"{_uri_forms()}", field="--tracking-uri") from None
+        return
+    if base in ("databricks", "databricks-uc", "uc"):
+        import logging
+
+        quiet = logging.getLogger("mlflow.utils.databricks_utils")  # its warning would be a second line
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            from mlflow.utils.databricks_utils import get_databricks_host_creds
+
+            get_databricks_host_creds(store)
+        except Exception as err:  # noqa: BLE001 - MlflowException, a missing databricks-sdk
+            first = " ".join(str(err).split()).split(". ")[0]
+            raise StoreError(f"{store!r}: no Databricks workspace is configured for this URI ({first}); set "
+                             f"DATABRICKS_HOST and DATABRICKS_TOKEN or a profile, or give {_uri_forms()}",
+                             field="--tracking-uri") from None
+        finally:
+            quiet.setLevel(level)
+
+
+def _file_store_allowed() -> bool:
+    return os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("true", "1")
+
+
+def _check_directory_store(store: str, directory: Path, *, create: bool) -> None:
+    """A file store (`./mlruns`, `file:///path`): MLflow 3 refuses these unless MLFLOW_ALLOW_FILE_STORE is
+    set; an existing path must be a directory that holds an MLflow file store (an empty or foreign one
+    would show every trial pending); a missing one is created only when `create`."""
+    if directory.exists() and not directory.is_dir():
+        hint = ""
+        try:
+            with open(directory, "rb") as fh:
+                if fh.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC:
+                    hint = f"; for an SQLite store write sqlite:///{directory}"
+        except OSError:
+            pass
+        raise StoreError(f"{directory} is a file, not an MLflow store directory{hint}; give {_uri_forms()}",
+                         field="--tracking-uri")
+    if not directory.exists() and not create:  # a mistyped path first: that is the likelier mistake
+        raise StoreError(f"no MLflow store at {directory}: the directory does not exist. Check the path, or create "
+                         f"a new, empty store there with `ladder sweep run SPEC --tracking-uri {store} --new-store`",
+                         field="--tracking-uri")
+    if not _file_store_allowed():
+        raise StoreError(f"{store!r} is a file-store directory, and this MLflow refuses file stores (they are in "
+                         f"maintenance mode): use an SQLite store, sqlite:///path/to/mlflow.db (`mlflow "
+                         f"migrate-filestore` moves an existing one there), or set MLFLOW_ALLOW_FILE_STORE=true",
+                         field="--tracking-uri")
+    if not directory.exists():
+        _check_creatable(directory)
+        return
+    if not create and not any((child / "meta.yaml").is_file() for child in directory.iterdir() if child.is_dir()):
+        raise StoreError(f"{directory} is a directory but not an MLflow file store (no experiment in it holds a "
+                         f"meta.yaml); check the path, or start a new store there with --new-store",
+                         field="--tracking-uri")
+
+
+def _check_creatable(path: Path) -> None:
+    """A store to be created at `path`: no ancestor of it may be a file (mkdir would fail half-way)."""
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise StoreError(f"cannot create the MLflow store {path}: {parent} is a file, not a directory",
+                                 field="--tracking-uri")
+            return
 
 
 def _check_sqlite(db: Path) -> None:
