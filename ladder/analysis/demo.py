@@ -23,7 +23,6 @@ from ladder.analysis.recipe_card import build_card
 from ladder.analysis.sweep_eta import SweepEta
 from ladder.errors import LadderInputError
 from ladder.run.mlflow_runs import fit_table, long_by_domain, read_runs
-from ladder.plan.recipe import load_recipe
 
 if TYPE_CHECKING:
     from fits.compute_laws import PowerLawSet
@@ -124,17 +123,39 @@ def demo_cards(recipe_ref: str, target_rung: int, laws: dict) -> dict[str, dict]
             "mai-base-2 L102": build_card("mai-base-2", 102, {"power_law": {}, "hparams": None, "files": []})}
 
 
+def check_demo_inputs(spec_name: str, tracking_uri: str | None, *, new_store: bool = False):
+    """The checks `ladder sweep run` makes, before the demo writes anything: the spec (a bad one is named
+    by its file, as `ladder sweep plan` names it), a trial that cannot fit its GPU, and the store (a
+    --tracking-uri the user names must exist unless `new_store`; the default store may be created).
+    Returns (spec, where, recipe, store, create_store)."""
+    from ladder.run.orchestrate import default_store
+    from ladder.run.stores import check_store
+    from sweeps.cost import check_fits_memory, cost_sweep
+    from sweeps.plan import plan_sweep, spec_recipe
+    from sweeps.spec import load_spec, resolve_spec_path
+
+    where = str(resolve_spec_path(spec_name))
+    spec = load_spec(where)
+    planned = plan_sweep(spec, where=where)  # bad specs fail here, named by their file
+    recipe = spec_recipe(spec, where=where)
+    if any(p.trial.resources.gpu_memory for p in planned):
+        check_fits_memory(cost_sweep(planned, recipe), where=where)
+    store = default_store(tracking_uri)
+    create_store = new_store or tracking_uri is None
+    check_store(store, create=create_store)  # reads only: a missing store it may create is created later
+    return spec, where, recipe, store, create_store
+
+
 def run_demo(*, out_dir: Path = Path("runs/demo"), tracking_uri: str | None = None, spec_name: str = DEMO_SPEC,
-             bootstrap: int = 1000, progress: Callable[[str], None] = log.info) -> DemoResult:
+             bootstrap: int = 1000, progress: Callable[[str], None] = log.info, new_store: bool = False) -> DemoResult:
+    """The demo (module docstring). Its spec and store are checked (`check_demo_inputs`) before any
+    folder is created or data prepared; `new_store` lets a named --tracking-uri that does not exist
+    be created (the default store always may be)."""
     from ladder.run.orchestrate import run_sweep
-    from rungs.tracking_uri import DEFAULT_TRACKING_URI
     from rungs.data.prepare import ensure_prepared
-    from sweeps.spec import load_spec
 
     t0 = time.perf_counter()
-    spec = load_spec(spec_name)
-    recipe = load_recipe(spec.recipe)
-    uri = tracking_uri or DEFAULT_TRACKING_URI
+    spec, where, recipe, uri, create_store = check_demo_inputs(spec_name, tracking_uri, new_store=new_store)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     progress("[1/5] demo corpus: tokenizing the shipped multi-domain corpus (cached after the first run)")
@@ -144,7 +165,7 @@ def run_demo(*, out_dir: Path = Path("runs/demo"), tracking_uri: str | None = No
              "an AMX CPU, 23 min on 2 AVX2 cores; the time left follows each finished trial)")
     eta = SweepEta(_trial_flops(spec), progress)
     eta.start()
-    outcome = run_sweep(spec, tracking_uri=uri, progress=eta)
+    outcome = run_sweep(spec, where=where, tracking_uri=uri, progress=eta, create_store=create_store)
     sweep = {"trials": len(outcome.rows), "states": pd.Series([r.state for r in outcome.rows]).value_counts().to_dict(),
              "ran_now": sum(bool(getattr(r, "ran_now", False)) for r in outcome.rows)}
     result = DemoResult(out_dir=out_dir, tracking_uri=uri, experiment=outcome.experiment, sweep=sweep)

@@ -1,6 +1,11 @@
 """`ladder demo`: the whole flow on embedded defaults (local Ray, SQLite MLflow under runs/).
 
-`--plan-only` prints the planning flow alone (`ladder plan` on both shipped recipes), in seconds.
+`--plan-only` prints the planning flow alone (`ladder plan` on both shipped recipes), in seconds; with
+`--json` one object `{"demo": "plan-only", "spec": <spec file>, "plans": [<ladder plan --json>, ...]}`,
+one plan per recipe (the demo spec's recipe, then mai-base-2).
+
+The spec and the store are checked before anything is written, as `ladder sweep run` checks them: a
+`--tracking-uri` that names a missing store is refused unless `--new-store` (the default store is created).
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the whole flow: corpus, ladder sweep, fits, backtest, recipe cards, report")
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="where the report goes")
     p.add_argument("--tracking-uri", help="MLflow store (default: sqlite:///runs/mlflow.db)")
+    p.add_argument("--new-store", action="store_true",
+                   help="create the --tracking-uri store when it does not exist (without it a missing store is "
+                        "refused, as by `ladder sweep run`)")
     p.add_argument("--spec", default="demo", help="sweep spec name or path (default: sweeps/demo.yaml)")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the laws")
     p.add_argument("--plan-only", action="store_true", help="only print the ladder plans")
@@ -27,17 +35,25 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.plan_only:
-        from sweeps.spec import load_spec
+        from sweeps.spec import load_spec, resolve_spec_path
 
-        demo_recipe = load_spec(args.spec).recipe  # the demo ladder's own recipe (cpu-demo-tpp1)
+        where = str(resolve_spec_path(args.spec))
+        demo_recipe = load_spec(where).recipe  # the demo ladder's own recipe (cpu-demo-tpp1)
+        plans = []
         for name, rungs, gpus in ((demo_recipe, None, None), ("mai-base-2", [18, 24, 30, 36, 42, 102], 16000)):
             recipe = load_recipe(name)
-            render_plan(plan_payload(recipe, plan_ladder(recipe, rungs), argparse.Namespace(gpus=gpus, mfu=None, goodput=None)))
+            plans.append(plan_payload(recipe, plan_ladder(recipe, rungs),
+                                      argparse.Namespace(gpus=gpus, mfu=None, goodput=None)))
+        if args.json:
+            print_json({"demo": "plan-only", "spec": where, "plans": plans})
+            return 0
+        for payload in plans:
+            render_plan(payload)
         return 0
     from ladder.analysis.demo import run_demo, summary
 
     result = run_demo(out_dir=args.out, tracking_uri=args.tracking_uri, spec_name=args.spec, bootstrap=args.bootstrap,
-                      progress=lambda msg: stderr_console.print(f"[bold cyan]demo[/] {msg}"))
+                      new_store=args.new_store, progress=lambda msg: stderr_console.print(f"[bold cyan]demo[/] {msg}"))
     if args.json:
         print_json(summary(result))
         return 0

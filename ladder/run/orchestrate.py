@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ladder.errors import StoreError
+from ladder.errors import LadderInputError, StoreError
 from sweeps.cost import check_fits_memory, cost_sweep
 from sweeps.plan import PlannedTrial, check_fits_cluster, plan_sweep, runs_root_for, spec_recipe
 from ladder.run.stores import check_store
@@ -117,12 +118,60 @@ def ensure_experiment(tracking_uri: str, name: str) -> str:
     return exp.experiment_id if exp is not None else client.create_experiment(name)
 
 
+RAY_PROBE_SECONDS = 3.0
+RAY_CLIENT_PORT = 10001  # the port `ray://host` means (Ray Client's default)
+
+
+def ray_endpoint(address: str | None) -> tuple[str, int] | None:
+    """The (host, port) an --address names, as ray.init reads it: `host:port` (the GCS) or
+    `ray://host[:port]` (Ray Client). None for a private local Ray (None, "local") and for "auto"
+    (ray.init finds the cluster itself) and for forms it does not name a port by."""
+    if not address or address in ("local", "auto"):
+        return None
+    rest = address
+    default_port = None
+    if "://" in address:
+        scheme, _, rest = address.partition("://")
+        if scheme != "ray":
+            return None
+        default_port = RAY_CLIENT_PORT
+    rest = rest.split("/", 1)[0]
+    host, sep, port = rest.rpartition(":")
+    if not sep or "]" in port:  # no port (or a bare IPv6 address)
+        host, port = rest, ""
+    host = host.strip("[]")
+    if not port:
+        return (host, default_port) if host and default_port else None
+    if not port.isdigit() or not host:
+        return None
+    return host, int(port)
+
+
+def check_ray_address(address: str | None, *, timeout: float = RAY_PROBE_SECONDS) -> None:
+    """Refuse, in one line and before anything is written, an --address at which nothing answers (ray.init
+    would retry the connection for a minute or more). A TCP connect with a short timeout; no-op for a
+    private local Ray and for "auto"."""
+    import socket
+
+    endpoint = ray_endpoint(address)
+    if endpoint is None:
+        return
+    try:
+        with socket.create_connection(endpoint, timeout=timeout):
+            pass
+    except OSError:
+        raise LadderInputError(f"no Ray cluster answers at {address}: start one with `ray start --head` or "
+                               "leave --address out", field="--address") from None
+
+
 def connect_ray(address: str | None) -> bool:
-    """Connect to `address` or start a private local Ray; True when this call started Ray."""
+    """Connect to `address` or start a private local Ray; True when this call started Ray. An address
+    at which nothing answers is refused first (`check_ray_address`)."""
     import ray
 
     if ray.is_initialized():
         return False
+    check_ray_address(address)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     # The trial workers keep freed host memory for reuse (rungs.host_memory): glibc reads
     # ALLOCATOR_ENV when a worker process starts.
@@ -236,6 +285,9 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
         check_fits_memory(cost_sweep(planned, spec_recipe(spec, where=where)), where=where)
     store = default_store(tracking_uri)
     check_store(store, create=create_store)  # a missing, damaged or locked store: before anything is written
+    ray_module = sys.modules.get("ray")  # no import of ray here: a finished sweep reruns in seconds
+    if ray_module is None or not ray_module.is_initialized():
+        check_ray_address(address)  # a cluster that does not answer: before the store is read (or created)
     runs_root = runs_root_for(store)
     # A read needs no server: decide what to run first, so a finished sweep reruns in seconds.
     records = find_runs(store, spec.experiment_name)
