@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ladder.errors import LadderInputError
-from ladder.run.stores import check_store
+from ladder.run.stores import TRACKING_URI_FORMS, check_store
 from rungs.tracking_uri import DEFAULT_TRACKING_URI
 
 log = logging.getLogger(__name__)
@@ -45,9 +45,6 @@ BPB_SE_PREFIX = "metrics.final_bpb_se/"
 SE_COLUMN_PREFIX = "bpb_se_"  # `bpb_se_<domain>`: a standard error, not a domain's BPB
 
 
-# What a --tracking-uri may be, in the words a user can act on (MLflow's own list is in its error).
-TRACKING_URI_FORMS = ("sqlite:///path/to/mlflow.db, a store directory (./mlruns or file:///path), or an MLflow "
-                      "server http(s)://host:port")
 
 
 def _client(tracking_uri: str):

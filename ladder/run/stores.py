@@ -20,6 +20,9 @@ from ladder.errors import StoreError
 from rungs.tracking import sqlite_path
 from rungs.tracking_uri import DEFAULT_TRACKING_URI
 
+# What a --tracking-uri may be, in the words a user can act on (MLflow's own list is in its error; file stores
+# are refused by MLflow 3 unless MLFLOW_ALLOW_FILE_STORE=true).
+TRACKING_URI_FORMS = "sqlite:///path/to/mlflow.db or an MLflow server http(s)://host:port"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # How long a reader waits for another process's lock before calling the store locked. A tracking
 # server's writes hold it for milliseconds; a process holding it this long is not going to let go.
@@ -96,12 +99,6 @@ def _is_in_memory(store: str) -> bool:
     return path in ("", "/:memory:") or path.startswith("/file::memory:")  # sqlite:/// names no file: refused apart
 
 
-def _uri_forms() -> str:
-    from ladder.run.mlflow_runs import TRACKING_URI_FORMS  # here: mlflow_runs imports this module
-
-    return TRACKING_URI_FORMS
-
-
 def _check_other_scheme(store: str) -> None:
     """A database or service URI (postgresql://, mysql://, databricks, foo://): the scheme must be one
     MLflow reads, its database driver installed and, for Databricks, its credentials configured; the
@@ -115,7 +112,7 @@ def _check_other_scheme(store: str) -> None:
     except Exception:  # noqa: BLE001 - a private MLflow name; without it, the schemes this MLflow shipped with
         known = ["databricks", "databricks-uc", "file", "http", "https", "mssql", "mysql", "postgresql", "sqlite", "uc"]
     if base not in known:
-        raise StoreError(f"{store!r}: MLflow cannot read a store with this scheme; give {_uri_forms()} (schemes "
+        raise StoreError(f"{store!r}: MLflow cannot read a store with this scheme; give {TRACKING_URI_FORMS} (schemes "
                          f"MLflow knows: {', '.join(s + '://' for s in known)})", field="--tracking-uri")
     if base in ("postgresql", "mysql", "mssql"):
         try:
@@ -124,10 +121,10 @@ def _check_other_scheme(store: str) -> None:
             make_url(store).get_dialect().import_dbapi()
         except ModuleNotFoundError as err:
             raise StoreError(f"{store!r}: MLflow needs the Python module {err.name!r} to read this store; install it, "
-                             f"or give {_uri_forms()}", field="--tracking-uri") from None
+                             f"or give {TRACKING_URI_FORMS}", field="--tracking-uri") from None
         except Exception as err:  # noqa: BLE001 - a URL SQLAlchemy cannot parse, an unknown driver
             raise StoreError(f"{store!r}: not a database URL MLflow can use ({' '.join(str(err).split())}); give "
-                             f"{_uri_forms()}", field="--tracking-uri") from None
+                             f"{TRACKING_URI_FORMS}", field="--tracking-uri") from None
         return
     if base in ("databricks", "databricks-uc", "uc"):
         import logging
@@ -142,7 +139,7 @@ def _check_other_scheme(store: str) -> None:
         except Exception as err:  # noqa: BLE001 - MlflowException, a missing databricks-sdk
             first = " ".join(str(err).split()).split(". ")[0]
             raise StoreError(f"{store!r}: no Databricks workspace is configured for this URI ({first}); set "
-                             f"DATABRICKS_HOST and DATABRICKS_TOKEN or a profile, or give {_uri_forms()}",
+                             f"DATABRICKS_HOST and DATABRICKS_TOKEN or a profile, or give {TRACKING_URI_FORMS}",
                              field="--tracking-uri") from None
         finally:
             quiet.setLevel(level)
@@ -164,7 +161,7 @@ def _check_directory_store(store: str, directory: Path, *, create: bool) -> None
                     hint = f"; for an SQLite store write sqlite:///{directory}"
         except OSError:
             pass
-        raise StoreError(f"{directory} is a file, not an MLflow store directory{hint}; give {_uri_forms()}",
+        raise StoreError(f"{directory} is a file, not an MLflow store directory{hint}; give {TRACKING_URI_FORMS}",
                          field="--tracking-uri")
     if not directory.exists() and not create:  # a mistyped path first: that is the likelier mistake
         raise StoreError(f"no MLflow store at {directory}: the directory does not exist. Check the path, or create "
