@@ -42,7 +42,10 @@ def test_a_count_the_caller_set_is_kept(monkeypatch):
         one_thread_per_process()
         assert os.environ["OMP_NUM_THREADS"] == "2"
         assert all(os.environ[name] == "1" for name in THREAD_VARIABLES[1:])
-        assert {p["num_threads"] for p in threadpool_info() if p["user_api"] == "openmp"} == {2}
+        # torch's libgomp, loaded above: another OpenMP runtime an earlier test of this worker loaded (the suite
+        # loads several, e.g. scikit-learn's and faiss's) may keep the count it had (seen once in a whole run)
+        pools = threadpool_info()
+        assert [p["num_threads"] for p in pools if p["user_api"] == "openmp" and "torch" in p["filepath"]] == [2], pools
     finally:
         monkeypatch.undo()
         one_thread_per_process()  # this worker back to the suite's counts for the tests after it

@@ -59,7 +59,11 @@ def read_yaml(path: Path) -> object:
     except OSError as err:
         raise LadderInputError(f"cannot read: {err.strerror or err}", where=str(path)) from None
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader's subclass: no Python objects
+        loader = _StrictLoader(text)  # SafeLoader's subclass (no Python objects), as yaml.safe_load builds one
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
     except DuplicateKeyError as err:
         raise LadderInputError(str(err), where=str(path)) from None
     except yaml.YAMLError as err:
