@@ -121,39 +121,38 @@ def check_arm_evals(spec: SweepSpec, recipe: Recipe, *, where: str) -> None:
                     "the same files", where=where, field=field)
 
 
-def _override_field(spec: SweepSpec, trial: Trial, key: str | None) -> str:
-    """Where the override `key` a trial's resolution refused was written: the arm, the block's or the
-    spec's overrides (`--set`, the resolver's name for its overrides, is the first unknown key's)."""
-    if key == "--set":
-        from ladder.plan.resolve import valid_override_keys
-
-        valid = {*valid_override_keys(), "tpp"}
-        key = next((k for k in trial.overrides if k not in valid), None)
+def _written_at(spec: SweepSpec, trial: Trial, key: str) -> str | None:
+    """Where a trial's override `key` was written, the later place first: its arm, its block's or the spec's
+    overrides; None where none of them has it."""
     block = next(b for b in spec.blocks if b.name == trial.block)
-    if key is None:
-        return f"blocks.{trial.block}"
     if key in block.arms.get(trial.arm, {}):
         return f"blocks.{trial.block}.arms.{trial.arm}.{key}"
     if key in block.overrides:
         return f"blocks.{trial.block}.overrides.{key}"
     if key in spec.overrides:
         return f"overrides.{key}"
-    return f"blocks.{trial.block}.{key}"
+    return None
+
+
+def _override_field(spec: SweepSpec, trial: Trial, key: str | None) -> str:
+    """Where the override `key` a trial's resolution refused was written (`--set`, the resolver's name for its
+    overrides, is the first unknown key's)."""
+    if key == "--set":
+        from ladder.plan.resolve import valid_override_keys
+
+        valid = {*valid_override_keys(), "tpp"}
+        key = next((k for k in trial.overrides if k not in valid), None)
+    if key is None:
+        return f"blocks.{trial.block}"
+    return _written_at(spec, trial, key) or f"blocks.{trial.block}.{key}"
 
 
 def _data_field(spec: SweepSpec, trial: Trial) -> str:
     """Where a trial's `data_manifest` came from: the arm (its `data:` or override), the block's or the
     spec's overrides, else the spec's or the recipe's `data:`."""
-    block = next(b for b in spec.blocks if b.name == trial.block)
     if trial.data is not None:
         return f"blocks.{trial.block}.arms.{trial.arm}.data"
-    if DATA_KEY in block.arms.get(trial.arm, {}):
-        return f"blocks.{trial.block}.arms.{trial.arm}.{DATA_KEY}"
-    if DATA_KEY in block.overrides:
-        return f"blocks.{trial.block}.overrides.{DATA_KEY}"
-    if DATA_KEY in spec.overrides:
-        return f"overrides.{DATA_KEY}"
-    return "data" if spec.data is not None else "recipe"
+    return _written_at(spec, trial, DATA_KEY) or ("data" if spec.data is not None else "recipe")
 
 
 def check_trial_data(config: dict, trial: Trial, spec: SweepSpec, *, where: str) -> None:
