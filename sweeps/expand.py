@@ -7,9 +7,9 @@ config (`sweeps.keys`); resolving a trial into a config is the training job's bu
 
 Override precedence, lowest first: the grid point (lr, weight_decay, dropout, seed, tpp), spec.overrides,
 block.overrides, the arm. A spec's or block's lr / weight_decay replaces the law's centre of a block
-without its own `lr_wd` grid; one beside such a grid, a tpp or dropout beside the block's list of them, and
-a seed outside `seeds:` are refused (`sweeps.spec.check_override_values`), so the grid never silently
-discards an override. An arm may pin any knob, the learning rate included (that is how a forced-divergence
+without its own `lr_wd` grid; one beside such a grid, a tpp or dropout beside the block's list of them,
+and a seed outside `seeds:` are refused when the spec is read (`sweeps.spec.check_override_values`), so
+the grid never silently discards an override. An arm may pin any knob, the learning rate included (that is how a forced-divergence
 arm is written); a trial's coordinates are the values it runs with.
 
 A data arm (`data:` in an arm) is not an override: the arm's trials plan on the recipe re-planned on the
@@ -25,7 +25,7 @@ from functools import lru_cache
 
 from ladder.plan.generator import RungSpec, plan_rung
 from ladder.plan.recipe import Recipe, load_recipe
-from sweeps.spec import ARM_DATA_KEY, Block, Centre, Resources, SweepSpec, check_override_values
+from sweeps.spec import ARM_DATA_KEY, Block, Centre, Resources, SweepSpec
 
 # Names of the resolved-config knobs the grid sets (the override keys `ladder.plan.resolve` accepts).
 LR_KEY = "lr"
@@ -168,7 +168,6 @@ def expand(spec: SweepSpec, recipe: Recipe | None = None) -> list[Trial]:
     Trials whose overrides coincide (a grid centre that is also a plain ladder rung) appear once,
     under the first block that asks for them.
     """
-    check_override_values(spec)  # values expansion reads as numbers (plan_sweep checks first, naming the file)
     recipe = recipe or load_recipe(spec.recipe, data=spec.data)
     planners = _Planners(spec, recipe)
     seen: set[tuple] = set()

@@ -19,7 +19,7 @@ from ladder.plan.recipe import Recipe, load_recipe
 from rungs.tracking import sqlite_path
 from sweeps.expand import DROPOUT_KEY, LR_KEY, SEED_KEY, WD_KEY, Trial, expand
 from sweeps.keys import trial_key
-from sweeps.spec import Resources, SweepSpec, check_override_values
+from sweeps.spec import Resources, SweepSpec
 
 Resolver = Callable[..., dict]
 DATA_KEY = "data_manifest"  # the training config's corpus (rungs.config.TrainConfig)
@@ -59,7 +59,6 @@ def plan_sweep(spec: SweepSpec, *, where: str = "sweep spec", recipe: Recipe | N
                resolve: Resolver | None = None) -> list[PlannedTrial]:
     """Resolve and key every trial, and check its inputs (its corpus exists and has the sources its
     mixture names), before anything runs; trials that resolve to the same config run once."""
-    check_override_values(spec, where=where)
     if recipe is None:
         recipe = spec_recipe(spec, where=where)
     resolve = resolve or default_resolver()
