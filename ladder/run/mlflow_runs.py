@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ladder.errors import LadderInputError
-from ladder.run.stores import TRACKING_URI_FORMS, check_store
+from ladder.run.stores import check_store
 from rungs.tracking_uri import DEFAULT_TRACKING_URI
 
 log = logging.getLogger(__name__)
@@ -48,22 +48,11 @@ SE_COLUMN_PREFIX = "bpb_se_"  # `bpb_se_<domain>`: a standard error, not a domai
 
 
 def _client(tracking_uri: str):
-    """An MlflowClient for the store; a URI whose scheme MLflow cannot read, or whose database driver is
-    not installed, is refused as bad input naming the URI (MLflow resolves the store when the client is
-    made)."""
+    """An MlflowClient for a store `check_store` has accepted (it refuses an unknown scheme or a missing
+    database driver before MLflow would raise)."""
     from mlflow.tracking import MlflowClient
-    from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
 
-    try:
-        return MlflowClient(tracking_uri=tracking_uri)
-    except UnsupportedModelRegistryStoreURIException as err:
-        schemes = [f"{s}://" for s in getattr(err, "supported_uri_schemes", None) or [] if s]
-        raise LadderInputError(f"{tracking_uri!r}: MLflow cannot read a store with this scheme; give "
-                               f"{TRACKING_URI_FORMS}" + (f" (schemes MLflow knows: {', '.join(schemes)})"
-                                                          if schemes else ""), field="--tracking-uri") from None
-    except ModuleNotFoundError as err:  # a database URI (postgresql://, mysql://) whose driver is not installed
-        raise LadderInputError(f"{tracking_uri!r}: MLflow needs the Python module {err.name!r} to read this store; "
-                               f"install it, or give {TRACKING_URI_FORMS}", field="--tracking-uri") from None
+    return MlflowClient(tracking_uri=tracking_uri)
 
 
 def _number(value: str) -> Any:

@@ -48,21 +48,18 @@ def check_store(store: str, *, create: bool) -> None:
     if store.startswith(("http://", "https://")):
         check_server(store)
         return
+    if _is_in_memory(store):
+        raise StoreError(f"{store!r} is an in-memory SQLite store: it keeps nothing once the command ends (every "
+                         f"trial would show pending, and a sweep's results would be lost); give a file, "
+                         f"sqlite:///path/to/mlflow.db", field="--tracking-uri")
     db = sqlite_path(store)
     if db is None:
-        if _is_in_memory(store):
-            raise StoreError(f"{store!r} is an in-memory SQLite store: it keeps nothing once the command ends (every "
-                             f"trial would show pending, and a sweep's results would be lost); give a file, "
-                             f"sqlite:///path/to/mlflow.db", field="--tracking-uri")
         directory = _directory_store(store)
         if directory is None:
             _check_other_scheme(store)
             return
         _check_directory_store(store, directory, create=create)
         return
-    if _is_in_memory(store):
-        raise StoreError(f"{store!r} is an in-memory SQLite store: it keeps nothing once the command ends; give a "
-                         f"file, sqlite:///path/to/mlflow.db", field="--tracking-uri")
     if not str(db) or str(db) == ".":
         raise StoreError(f"{store} names no database file; write sqlite:///path/to/mlflow.db", field="--tracking-uri")
     if not db.exists():
@@ -101,8 +98,8 @@ def _is_in_memory(store: str) -> bool:
 
 def _check_other_scheme(store: str) -> None:
     """A database or service URI (postgresql://, mysql://, databricks, foo://): the scheme must be one
-    MLflow reads, its database driver installed and, for Databricks, its credentials configured; the
-    same refusals as `ladder.run.mlflow_runs._client`, made before anything runs."""
+    MLflow reads, its database driver installed and, for Databricks, its credentials configured: refused
+    before anything runs, where MLflow would raise when its client is made."""
     scheme = store.partition("://")[0] if "://" in store else store.partition(":")[0]
     base = scheme.split("+", 1)[0].lower()
     try:
