@@ -96,8 +96,10 @@ def test_after_the_fix_the_same_out_curates_as_a_new_one(case, tmp_path, capsys)
     path, _ = case(tmp_path / "corpus")
     assert main(["data", "curate", str(manifest), "--out", str(tmp_path / "cu"), "--taggers", "exact"]) == 2
     _fix(path)
+    (tmp_path / "cu" / "notes.txt").write_text("mine")  # the start-over removes curate's own folders, nothing else
     capsys.readouterr()
     assert main(["data", "curate", str(manifest), "--out", str(tmp_path / "cu"), "--taggers", "exact", "--json"]) == 0
+    assert (tmp_path / "cu" / "notes.txt").read_text() == "mine"
     assert main(["data", "curate", str(manifest), "--out", str(tmp_path / "new"), "--taggers", "exact", "--json"]) == 0
     units = sorted(p.name for p in (tmp_path / "new" / "units").iterdir())
     assert sorted(p.name for p in (tmp_path / "cu" / "units").iterdir()) == units
