@@ -128,7 +128,7 @@ def check_demo_inputs(spec_name: str, tracking_uri: str | None, *, new_store: bo
     by its file, as `ladder sweep plan` names it), a trial that cannot fit its GPU, and the store (a
     --tracking-uri the user names must exist unless `new_store`; the default store may be created).
     Returns (spec, where, recipe, store, create_store)."""
-    from ladder.run.orchestrate import default_store
+    from ladder.run.orchestrate import check_fits_this_machine, default_store
     from ladder.run.stores import check_store
     from sweeps.cost import check_fits_memory, cost_sweep
     from sweeps.plan import plan_sweep, spec_recipe
@@ -142,7 +142,8 @@ def check_demo_inputs(spec_name: str, tracking_uri: str | None, *, new_store: bo
         check_fits_memory(cost_sweep(planned, recipe), where=where)
     store = default_store(tracking_uri)
     create_store = new_store or tracking_uri is None
-    check_store(store, create=create_store)  # reads only: a missing store it may create is created later
+    check_store(store, create=create_store, command="ladder demo")  # reads only: a store it may create is made later
+    check_fits_this_machine(planned, where=where)  # the demo's private local Ray: before its data is prepared
     return spec, where, recipe, store, create_store
 
 

@@ -29,21 +29,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def _check_out(root: Path, *, given: bool) -> None:
-    """--out must be a directory or creatable as one: not a file, nor under one, nor unwritable."""
+def _check_writable(path: Path, *, flag: str, kind: str) -> None:
+    """`path` must be a `kind` ("directory" or "file") or creatable as one: not the other kind, nor under a
+    file, nor where this user cannot write."""
     import os
 
-    flag = "--out" if given else "--out (default runs/nightly)"
-    for path in (root, *root.parents):
-        if not path.exists():
+    for at in (path, *path.parents):
+        if not at.exists():
             continue
-        if not path.is_dir():
-            what = "is a file" if path == root else f"is under {path}, which is a file"
-            raise LadderInputError(f"{root} {what}, not a directory; give a directory for the runs and the report",
+        if at == path and at.is_dir() != (kind == "directory"):
+            other = "directory" if at.is_dir() else "file"
+            raise LadderInputError(f"{path} is a {other}, not a {kind}; give a {kind} path", field=flag)
+        if at != path and not at.is_dir():
+            raise LadderInputError(f"{path} is under {at}, which is a file, not a directory; give another path",
                                    field=flag)
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise LadderInputError(f"cannot write under {path} (permission denied); give a writable directory",
-                                   field=flag)
+        if not os.access(at, os.W_OK | (os.X_OK if at.is_dir() else 0)):
+            raise LadderInputError(f"cannot write {at} (permission denied); give a writable path", field=flag)
         return
 
 
@@ -52,10 +53,13 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(path)
     baseline = Path(args.baseline) if args.baseline else GOLDENS_DIR / f"{spec.name}.json"
     root = Path(args.out or "runs/nightly").resolve()
-    _check_out(root, given=args.out is not None)  # before Ray starts: nothing can be written under a file
+    # Before Ray starts: the runs, the report and a new golden must be writable where they are to go.
+    _check_writable(root, flag="--out" if args.out else "--out (default runs/nightly)", kind="directory")
     if args.update_baseline:
         if args.repeats < 2:
             raise LadderInputError("tolerances come from the spread of repeats; use at least 2", field="--repeats")
+        _check_writable(baseline, flag="--baseline" if args.baseline else f"--baseline (default {baseline})",
+                        kind="file")
         runs, machine = run_repeats(spec, where=str(path), root=root, repeats=args.repeats, address=args.address,
                                     progress=progress_line)
         from provenance import code_version

@@ -16,6 +16,7 @@ is done, so a killed driver loses nothing: the rerun skips finished keys and res
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
@@ -162,6 +163,13 @@ def check_ray_address(address: str | None, *, timeout: float = RAY_PROBE_SECONDS
     except OSError:
         raise LadderInputError(f"no Ray cluster answers at {address}: start one with `ray start --head` or "
                                "leave --address out", field="--address") from None
+
+
+def check_fits_this_machine(trials: list[PlannedTrial], *, where: str) -> None:
+    """Trials that a private local Ray (no --address) could never place, refused before Ray starts or data
+    is prepared: that Ray gets this machine's CPUs (`connect_ray`). GPUs are left to the cluster check
+    after Ray starts: Ray, not this process, decides which GPUs it sees."""
+    check_fits_cluster(trials, [{"CPU": float(os.cpu_count() or 1), "GPU": math.inf}], where=where)
 
 
 def connect_ray(address: str | None) -> bool:
@@ -312,6 +320,8 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
     if not todo:
         return SweepOutcome(sweep=spec.name, experiment=spec.experiment_name, tracking_uri=store,
                             rows=[rows[p.key] for p in planned])
+    if address is None and (ray_module is None or not ray_module.is_initialized()):
+        check_fits_this_machine(todo, where=where)  # a private local Ray would never place them: before it starts
     started = connect_ray(address)
     try:
         check_fits_cluster(todo, cluster_nodes(), where=where)  # before any trial is launched

@@ -29,7 +29,7 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 LOCK_WAIT_SECONDS = 20.0
 
 
-def check_store(store: str, *, create: bool) -> None:
+def check_store(store: str, *, create: bool, command: str = "ladder sweep run SPEC") -> None:
     """Refuse a store that cannot be what the user meant, before anything reads or writes it.
 
     A `sqlite:///` file or a store directory that does not exist is created only when `create` (the
@@ -39,8 +39,8 @@ def check_store(store: str, *, create: bool) -> None:
     SQLite URI keeps nothing and is refused; so are a scheme MLflow does not know, a database whose
     driver is not installed, Databricks without a workspace, and file-store directories (MLflow 3
     refuses them unless MLFLOW_ALLOW_FILE_STORE is set; then an existing one must hold experiments).
-    A store to be created may not lie under a file. Whether a database answers MLflow checks when first
-    used.
+    A store to be created may not lie under a file. A database server must accept a connection
+    (`check_database_answers`); its credentials MLflow checks when first used. `command` is the one a refusal names for creating a new store (the demo's own, for `ladder demo`).
     """
     if not store.strip():
         raise StoreError("empty tracking URI; leave the flag out for the default store (sqlite:///runs/mlflow.db) "
@@ -58,7 +58,7 @@ def check_store(store: str, *, create: bool) -> None:
         if directory is None:
             _check_other_scheme(store)
             return
-        _check_directory_store(store, directory, create=create)
+        _check_directory_store(store, directory, create=create, command=command)
         return
     if not str(db) or str(db) == ".":
         raise StoreError(f"{store} names no database file; write sqlite:///path/to/mlflow.db", field="--tracking-uri")
@@ -73,7 +73,7 @@ def check_store(store: str, *, create: bool) -> None:
                              f"store", field="--tracking-uri")
         raise StoreError(f"no MLflow store at {db}: the file does not exist. Check the path (a mistyped one would "
                          f"start an empty store showing every trial pending), or create a new, empty store there with "
-                         f"`ladder sweep run SPEC --tracking-uri {store} --new-store`", field="--tracking-uri")
+                         f"`{command} --tracking-uri {store} --new-store`", field="--tracking-uri")
     _check_sqlite(db)
 
 
@@ -115,13 +115,15 @@ def _check_other_scheme(store: str) -> None:
         try:
             from sqlalchemy.engine import make_url
 
-            make_url(store).get_dialect().import_dbapi()
+            url = make_url(store)
+            url.get_dialect().import_dbapi()
         except ModuleNotFoundError as err:
             raise StoreError(f"{store!r}: MLflow needs the Python module {err.name!r} to read this store; install it, "
                              f"or give {TRACKING_URI_FORMS}", field="--tracking-uri") from None
         except Exception as err:  # noqa: BLE001 - a URL SQLAlchemy cannot parse, an unknown driver
             raise StoreError(f"{store!r}: not a database URL MLflow can use ({' '.join(str(err).split())}); give "
                              f"{TRACKING_URI_FORMS}", field="--tracking-uri") from None
+        check_database_answers(store, url.host, url.port or DEFAULT_DB_PORTS[base])
         return
     if base in ("databricks", "databricks-uc", "uc"):
         import logging
@@ -142,11 +144,31 @@ def _check_other_scheme(store: str) -> None:
             quiet.setLevel(level)
 
 
+DEFAULT_DB_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+
+
+def check_database_answers(store: str, host: str | None, port: int) -> None:
+    """Refuse a database store whose server accepts no connection within SERVER_WAIT_SECONDS (SQLAlchemy
+    would retry, then fail inside MLflow with a traceback). A TCP connect only: credentials and the
+    database itself are the server's to judge. No host (a local Unix socket) is left to the driver."""
+    import socket
+
+    if not host:
+        return
+    try:
+        with socket.create_connection((host, port), timeout=SERVER_WAIT_SECONDS):
+            pass
+    except OSError as err:
+        why = err.strerror or str(err) or type(err).__name__
+        raise StoreError(f"the database server of {store} does not answer at {host}:{port} ({why}); start it, open "
+                         f"the tunnel to it, or check the host and port", field="--tracking-uri") from None
+
+
 def _file_store_allowed() -> bool:
     return os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("true", "1")
 
 
-def _check_directory_store(store: str, directory: Path, *, create: bool) -> None:
+def _check_directory_store(store: str, directory: Path, *, create: bool, command: str) -> None:
     """A file store (`./mlruns`, `file:///path`): MLflow 3 refuses these unless MLFLOW_ALLOW_FILE_STORE is
     set; an existing path must be a directory that holds an MLflow file store (an empty or foreign one
     would show every trial pending); a missing one is created only when `create`."""
@@ -162,7 +184,7 @@ def _check_directory_store(store: str, directory: Path, *, create: bool) -> None
                          field="--tracking-uri")
     if not directory.exists() and not create:  # a mistyped path first: that is the likelier mistake
         raise StoreError(f"no MLflow store at {directory}: the directory does not exist. Check the path, or create "
-                         f"a new, empty store there with `ladder sweep run SPEC --tracking-uri {store} --new-store`",
+                         f"a new, empty store there with `{command} --tracking-uri {store} --new-store`",
                          field="--tracking-uri")
     if not _file_store_allowed():
         raise StoreError(f"{store!r} is a file-store directory, and this MLflow refuses file stores (they are in "

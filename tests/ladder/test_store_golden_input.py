@@ -8,6 +8,8 @@ with a duplicate key, a golden file that is not the object `ladder nightly` read
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import ladder.run.orchestrate as orchestrate
@@ -109,6 +111,26 @@ def test_in_memory_store_refused_by_sweep_run(work, capsys):
     _refused(capsys, work, ["sweep", "run", "big.yaml", "--tracking-uri", "sqlite://", "--new-store"], "in-memory")
 
 
+def test_database_store_whose_server_does_not_answer_is_refused():
+    import socket
+
+    from ladder.run.stores import check_database_answers
+
+    with socket.socket() as listening:  # a server that accepts: passes
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        check_database_answers("postgresql://u@127.0.0.1/db", "127.0.0.1", listening.getsockname()[1])
+        closed = socket.socket()
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: connections are refused
+        try:
+            with pytest.raises(LadderInputError, match=f"does not answer at 127.0.0.1:{port}"):
+                check_database_answers("postgresql://u@127.0.0.1/db", "127.0.0.1", port)
+        finally:
+            closed.close()
+    check_database_answers("postgresql:///db", None, 5432)  # a Unix socket: the driver's to judge
+
+
 # --- 8: a new store under a regular file ------------------------------------------------------------------
 
 def test_new_store_under_a_file_names_the_path(work, capsys):
@@ -160,6 +182,41 @@ def test_corrupt_golden_is_refused_before_anything_runs(work, capsys, content, s
 def test_nightly_out_under_a_file_is_refused_before_ray(work, capsys):
     (work / "afile").write_text("")
     _refused(capsys, work, ["nightly", "nightly", "--out", "afile/sub"], "--out", "afile", "a file")
+
+
+def test_nightly_update_baseline_where_no_golden_can_be_written_is_refused_before_ray(work, capsys):
+    (work / "afile").write_text("")
+    (work / "adir").mkdir()
+    _refused(capsys, work, ["nightly", "nightly", "--update-baseline", "--baseline", "afile/g.json", "--out", "o"],
+             "--baseline", "afile", "which is a file")
+    _refused(capsys, work, ["nightly", "nightly", "--update-baseline", "--baseline", "adir", "--out", "o"],
+             "--baseline", "adir is a directory, not a file")
+    _refused(capsys, work, ["nightly", "nightly", "--out", "afile"], "--out", "afile is a file, not a directory")
+
+
+# --- 11: a spec this machine cannot place, with no --address ----------------------------------------------------
+
+def test_sweep_run_refuses_more_cpus_than_this_machine_before_ray(work, capsys, monkeypatch):
+    monkeypatch.setattr(orchestrate, "check_ray_address", lambda address: None)  # no --address: it probes nothing
+    (work / "big.yaml").write_text(BIG)
+    capsys.readouterr()
+    assert main(["sweep", "run", "big.yaml", "--tracking-uri", "sqlite:///s.db", "--new-store"]) == 2  # Ray: fails
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "resources" in err and "1000 CPU" in err and f"{os.cpu_count()} CPU in all" in err, err
+
+
+def test_demo_refuses_more_cpus_than_this_machine_before_data(work, capsys, monkeypatch):
+    import rungs.data.prepare as prepare
+
+    monkeypatch.setattr(prepare, "ensure_prepared", lambda *a, **k: pytest.fail("data prepared before the check"))
+    (work / "big.yaml").write_text(BIG)
+    _refused(capsys, work, ["demo", "--spec", "big.yaml", "--out", "out"], "big.yaml", "1000 CPU")
+
+
+def test_demo_missing_store_names_the_demo_command(work, capsys):
+    line = _refused(capsys, work, ["demo", "--out", "out", "--tracking-uri", "sqlite:///typo/m.db"], "--new-store")
+    assert "`ladder demo --tracking-uri sqlite:///typo/m.db --new-store`" in line and "sweep run" not in line
 
 
 # --- 13b: `ladder train` checks its store as `ladder sweep run` does -----------------------------------------
