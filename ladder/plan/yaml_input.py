@@ -88,26 +88,41 @@ def describe_yaml_error(err: yaml.YAMLError) -> str:
     return text
 
 
-def _field(error: dict) -> str:
-    parts = [str(p) for p in error["loc"]]
-    return ".".join(p for p in parts if not p.startswith("literal[") and not p[:1].isupper()
-                    and p not in _UNION_MEMBERS) or "(top level)"
+def _field(error: dict, data: object = None) -> str:
+    """The dotted place of `error` in the input. With the input `data`, a list item that is a mapping with a
+    string `name` is named by it (`blocks.grid.seeds`, as the spec's own checks name places), not by its
+    position; an unnamed item keeps its index."""
+    parts: list[str] = []
+    at = data
+    for step in error["loc"]:
+        text = str(step)
+        if text.startswith("literal[") or text[:1].isupper() or text in _UNION_MEMBERS:
+            continue  # a union member's name, not a place in the input
+        if isinstance(at, list) and isinstance(step, int) and 0 <= step < len(at):
+            at = at[step]
+            name = at.get("name") if isinstance(at, dict) else None
+            parts.append(name if isinstance(name, str) and name and "." not in name else text)
+            continue
+        at = at.get(step) if isinstance(at, dict) else None
+        parts.append(text)
+    return ".".join(parts) or "(top level)"
 
 
-def describe_validation_error(err: ValidationError, *, schema: str,
-                              messages: dict[str, str] | None = None) -> tuple[str, str]:
+def describe_validation_error(err: ValidationError, *, schema: str, messages: dict[str, str] | None = None,
+                              data: object = None) -> tuple[str, str]:
     """(dotted field, message) for the most telling of pydantic's errors.
 
     In a union (e.g. `centre: law | {lr, weight_decay}`) the literal branch's mismatch says least,
     so another error is preferred; union member names in the location are dropped. `messages`
-    replaces pydantic's text for an error type; "{msg}" in it stands for pydantic's own text.
+    replaces pydantic's text for an error type; "{msg}" in it stands for pydantic's own text. `data`, the
+    input validated, lets named list items be named (`_field`).
     """
     errors = err.errors()
     # A non-finite number inside a union (an override value) also fails the union's other members
     # (bool, str, ...); the finite-number error is the one that says what is wrong.
     first = next((e for e in errors if e["type"] == "finite_number"), None) or \
         next((e for e in errors if e["type"] != "literal_error"), errors[0])
-    field = _field(first)
+    field = _field(first, data)
     defaults = {
         "finite_number": "must be a finite number (inf and nan are not values a run can use)",
         "extra_forbidden": f"unknown key; remove it or check its spelling against the schema ({schema})",
@@ -115,7 +130,7 @@ def describe_validation_error(err: ValidationError, *, schema: str,
     }
     template = {**defaults, **(messages or {})}.get(first["type"], "{msg}")
     msg = template.replace("{msg}", first["msg"])
-    others = {_field(e) for e in errors} - {field}  # a union's member mismatches are one problem
+    others = {_field(e, data) for e in errors} - {field}  # a union's member mismatches are one problem
     extra = f" (and {len(others)} more problem(s))" if others else ""
     return field, msg + extra
 
@@ -128,5 +143,5 @@ def validate_mapping(model: type[Model], data: object, *, where: str, what: str,
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        field, msg = describe_validation_error(err, schema=schema, messages=messages)
+        field, msg = describe_validation_error(err, schema=schema, messages=messages, data=data)
         raise LadderInputError(msg, where=where, field=field) from None

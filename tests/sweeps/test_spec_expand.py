@@ -88,11 +88,13 @@ def test_duplicate_points_across_blocks_appear_once():
 
 @pytest.mark.parametrize("bad, field", [
     ({"blocks": []}, "blocks"),
-    ({"blocks": [{"name": "b", "rungs": []}]}, "blocks.0.rungs"),
-    ({"blocks": [{"name": "b", "rungs": [3], "lr_wd": {"log_lr": {"offsets": []}}}]}, "blocks.0.lr_wd.log_lr"),
+    ({"blocks": [{"name": "b", "rungs": []}]}, "blocks.b.rungs"),
+    ({"blocks": [{"name": "b", "rungs": [3], "lr_wd": {"log_lr": {"offsets": []}}}]}, "blocks.b.lr_wd.log_lr"),
     ({"blocks": [{"name": "b", "rungs": [3], "lr_wd": {"centre": {"lr": -1e-3, "weight_decay": 0.1}}}]},
-     "blocks.0.lr_wd.centre"),
-    ({"blocks": [{"name": "b", "rungs": [3], "dropout": [1.5]}]}, "blocks.0.dropout"),
+     "blocks.b.lr_wd.centre"),
+    ({"blocks": [{"name": "b", "rungs": [3], "dropout": [1.5]}]}, "blocks.b.dropout"),
+    ({"blocks": [{"name": "a", "rungs": [3]}, {"name": "b", "rungs": [3], "tpp": [-1]}]}, "blocks.b.tpp"),
+    ({"blocks": [{"rungs": [3], "tpp": [-1]}]}, "blocks.0."),  # no name to call it by: its position
     ({"resources": {"cpus": 0}}, "resources.cpus"),
     ({"resources": {"gpus": 4, "workers": 2}}, "gpus: 1, workers: 8"),
     ({"seeds": []}, "seeds"),

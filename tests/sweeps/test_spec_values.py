@@ -86,9 +86,9 @@ def test_spec_seeds_and_types_are_checked(tmp_path, capsys, fields, field):
     refused(tmp_path, capsys, field, **fields)
 
 
-@pytest.mark.parametrize("block,field", [({"seeds": [2**32]}, "blocks.0.seeds.0"), ({"rungs": [True]}, "blocks.0.rungs.0"),
-                                         ({"max_steps": True}, "blocks.0.max_steps"), ({"arms": {"": {}}}, "blocks.0.arms"),
-                                         ({"arms": {"a/b c": {}}}, "blocks.0.arms")])
+@pytest.mark.parametrize("block,field", [({"seeds": [2**32]}, "blocks.b.seeds.0"), ({"rungs": [True]}, "blocks.b.rungs.0"),
+                                         ({"max_steps": True}, "blocks.b.max_steps"), ({"arms": {"": {}}}, "blocks.b.arms"),
+                                         ({"arms": {"a/b c": {}}}, "blocks.b.arms")])
 def test_block_seeds_types_and_arm_names_are_checked(tmp_path, capsys, block, field):
     refused(tmp_path, capsys, field, block)
 
