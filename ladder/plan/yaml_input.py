@@ -136,12 +136,13 @@ def describe_validation_error(err: ValidationError, *, schema: str, messages: di
 
 
 def validate_mapping(model: type[Model], data: object, *, where: str, what: str, schema: str,
-                     messages: dict[str, str] | None = None) -> Model:
-    """Validate parsed YAML as `model`; `what` names the kind of file in the error ("a recipe")."""
+                     messages: dict[str, str] | None = None, suffix: str = "") -> Model:
+    """Validate parsed YAML (or JSON) as `model`; `what` names the kind of file in the error ("a recipe"),
+    `suffix` ends every validation error's message (the way out, where it is one for the whole file)."""
     if not isinstance(data, dict):
         raise LadderInputError(f"{what} must be a YAML mapping of keys to values", where=where)
     try:
         return model.model_validate(data)
     except ValidationError as err:
         field, msg = describe_validation_error(err, schema=schema, messages=messages, data=data)
-        raise LadderInputError(msg, where=where, field=field) from None
+        raise LadderInputError(msg + suffix, where=where, field=field) from None

@@ -30,6 +30,9 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from ladder.errors import LadderInputError
 from ladder.machine import machine_info
@@ -256,9 +259,36 @@ def _judge(trial: str, metric: str, golden: float, current: float, tolerance: fl
     return Comparison(trial, metric, golden, current, tolerance, verdict)
 
 
+_GoldenNumber = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+class _GoldenTolerances(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    bpb_abs: _GoldenNumber
+    tokens_per_second_log_ratio: _GoldenNumber
+    moe_rounds_abs: _GoldenNumber
+
+
+class _GoldenTrial(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    bpb: dict[str, _GoldenNumber]
+    tokens_per_second: Annotated[_GoldenNumber, Field(gt=0)]  # compared as its logarithm
+    moe_rounds_mean: _GoldenNumber
+
+
+class GoldenFile(BaseModel):
+    """What `compare` reads of a golden file (written by `build_golden`); other keys are kept as written."""
+    model_config = ConfigDict(extra="allow")
+    tolerances: _GoldenTolerances
+    trials: dict[str, _GoldenTrial]
+    machine: dict | None = None
+
+
 def load_golden(path: Path) -> dict:
-    """The golden file, checked before anything runs: a JSON object whose `tolerances` and `trials` have
-    the keys and types `compare` reads; anything else is bad input naming the file and the key."""
+    """The golden file, checked before anything runs: a JSON object that `GoldenFile` validates; anything
+    else is bad input naming the file and the key."""
+    from ladder.plan.yaml_input import validate_mapping
+
     if not path.is_file():
         raise LadderInputError("no golden file; create one with `ladder nightly SPEC --update-baseline`",
                                where=str(path), field="--baseline")
@@ -271,36 +301,12 @@ def load_golden(path: Path) -> dict:
         raise LadderInputError(f"not valid JSON: {err}", where=str(path)) from None
     except OSError as err:
         raise LadderInputError(f"cannot read: {err.strerror or err}", where=str(path), field="--baseline") from None
-    regenerate = "regenerate with --update-baseline"
     if not isinstance(golden, dict):
-        raise LadderInputError(f"a golden file is a JSON object, this holds {_json_kind(golden)}; {regenerate}",
-                               where=str(path), field="--baseline")
-    for key in ("tolerances", "trials"):
-        if key not in golden:
-            raise LadderInputError(f"missing {key!r}; {regenerate}", where=str(path), field=key)
-        if not isinstance(golden[key], dict):
-            raise LadderInputError(f"must be a JSON object, not {_json_kind(golden[key])}; {regenerate}",
-                                   where=str(path), field=key)
-    for key in ("bpb_abs", "tokens_per_second_log_ratio", "moe_rounds_abs"):
-        _require_number(golden["tolerances"], key, f"tolerances.{key}", path)
-    for name, trial in golden["trials"].items():
-        if not isinstance(trial, dict):
-            raise LadderInputError(f"must be a JSON object, not {_json_kind(trial)}; {regenerate}", where=str(path),
-                                   field=f"trials.{name}")
-        bpb = trial.get("bpb")
-        if not isinstance(bpb, dict):
-            raise LadderInputError(("missing" if bpb is None else f"must be a JSON object, not {_json_kind(bpb)}")
-                                   + f"; {regenerate}", where=str(path), field=f"trials.{name}.bpb")
-        for domain in bpb:
-            _require_number(bpb, domain, f"trials.{name}.bpb.{domain}", path)
-        _require_number(trial, "tokens_per_second", f"trials.{name}.tokens_per_second", path)
-        if not trial["tokens_per_second"] > 0:  # compared as its logarithm
-            raise LadderInputError(f"must be positive, got {trial['tokens_per_second']}; {regenerate}",
-                                   where=str(path), field=f"trials.{name}.tokens_per_second")
-        _require_number(trial, "moe_rounds_mean", f"trials.{name}.moe_rounds_mean", path)
-    if golden.get("machine") is not None and not isinstance(golden["machine"], dict):
-        raise LadderInputError(f"must be a JSON object, not {_json_kind(golden['machine'])}; {regenerate}",
-                               where=str(path), field="machine")
+        raise LadderInputError(f"a golden file is a JSON object, this holds {_json_kind(golden)}; regenerate with "
+                               f"--update-baseline", where=str(path), field="--baseline")
+    validate_mapping(GoldenFile, golden, where=str(path), what="a golden file", schema="ladder/run/nightly.py",
+                     messages={"missing": "missing", "model_type": "must be a JSON object",
+                               "dict_type": "must be a JSON object", "float_type": "must be a number"}, suffix="; regenerate with --update-baseline")
     return golden
 
 
@@ -310,10 +316,3 @@ def _json_kind(value: object) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def _require_number(mapping: dict, key: str, field: str, path: Path) -> None:
-    value = mapping.get(key)
-    if value is None:
-        raise LadderInputError("missing; regenerate with --update-baseline", where=str(path), field=field)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise LadderInputError(f"must be a number, not {_json_kind(value)}; regenerate with --update-baseline",
-                               where=str(path), field=field)

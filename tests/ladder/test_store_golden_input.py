@@ -163,13 +163,18 @@ def test_duplicate_key_in_a_flow_mapping_and_merge_keys_still_work(work):
     (b"5\n", "JSON object"),
     (b'"tolerances trials"\n', "JSON object"),
     (b"[]\n", "JSON object"),
-    (b'{"tolerances": [], "trials": {}}\n', "tolerances"),
+    (b'{"tolerances": [], "trials": {}}\n', "tolerances: must be a JSON object"),
     (b'{"tolerances": {"bpb_abs": 0.01, "tokens_per_second_log_ratio": 0.9, "moe_rounds_abs": 0.05}, '
      b'"trials": {"b/L3/a/s0": {"bpb": {"web": "x"}, "tokens_per_second": 5, "moe_rounds_mean": 1}}}\n',
      "trials.b/L3/a/s0.bpb.web"),
     (b'{"tolerances": {"bpb_abs": 0.01, "tokens_per_second_log_ratio": 0.9, "moe_rounds_abs": 0.05}, '
      b'"trials": {"b/L3/a/s0": {"bpb": {}, "tokens_per_second": 0, "moe_rounds_mean": 1}}}\n',
      "tokens_per_second"),
+    (b'{"tolerances": {"bpb_abs": NaN, "tokens_per_second_log_ratio": 0.9, "moe_rounds_abs": 0.05}, "trials": {}}',
+     "tolerances.bpb_abs: must be a finite number"),
+    (b'{"tolerances": {"bpb_abs": 0.01, "tokens_per_second_log_ratio": 0.9, "moe_rounds_abs": 0.05}, '
+     b'"trials": {"t": {"bpb": {"web": true}, "tokens_per_second": 5, "moe_rounds_mean": 1}}}', "must be a number"),
+    (b'{"trials": {}}', "tolerances: missing"),
     (b"\xff\xfe{}", "not UTF-8"),
 ])
 def test_corrupt_golden_is_refused_before_anything_runs(work, capsys, content, says):
