@@ -21,6 +21,7 @@ from rungs.data.corpus import PreparedCorpus
 from rungs.data.errors import DataDiskFullError, DataInputError
 from rungs.data.manifest import DEMO_MANIFEST
 from rungs.data.prepare import SHARD_BYTES, prepare
+from rungs.data.tokenizer import BYTE_VOCAB_SIZE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output directory for the shards")
     p.add_argument("--vocab-size", type=int, default=None,
                    help="vocabulary size: of the BPE to train (default 512, cpu-demo's), or the model's vocabulary "
-                        "a --tokenizer file must fit (default: the file's own size)")
+                        "a --tokenizer file (or byte's 257 ids) must fit (default: the file's own size)")
     p.add_argument("--tokenizer", default="bpe",
                    help="'bpe' (train a byte-level BPE, default), 'byte', or the path of a Hugging Face tokenizer.json "
                         "with an <|endoftext|> token (a fixed vocabulary; over 65,536 entries the shards are uint32)")
@@ -86,6 +87,10 @@ def resolve_manifest(name: str) -> Path:
 
 def _vocab_size(args: argparse.Namespace) -> int:
     if args.vocab_size is not None:
+        if args.tokenizer == "byte" and args.vocab_size < BYTE_VOCAB_SIZE:  # the model's vocabulary must hold its ids
+            raise LadderInputError(f"the byte tokenizer has {BYTE_VOCAB_SIZE} ids (256 bytes and <|endoftext|>); a "
+                                   f"vocabulary of {args.vocab_size} cannot hold them (leave the flag out)",
+                                   field="--vocab-size")
         return args.vocab_size
     if args.tokenizer in ("bpe", "byte"):
         return 512

@@ -35,6 +35,9 @@ class TokenIdError(ValueError):
     """A tokenizer produced an id outside its vocabulary: nothing may be written with it."""
 
 
+BYTE_VOCAB_SIZE = 257  # the byte tokenizer's ids: 256 bytes and EOS
+
+
 class ByteTokenizer:
     """UTF-8 bytes are tokens 0..255; EOS is 256."""
 
@@ -42,7 +45,7 @@ class ByteTokenizer:
 
     def __init__(self) -> None:
         self.eos_id = 256
-        self.vocab_size = 257
+        self.vocab_size = BYTE_VOCAB_SIZE
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))

@@ -134,3 +134,13 @@ def test_shards_whose_ids_wrapped_into_uint16_are_refused(wide_corpus, tmp_path)
     with pytest.raises(DataInputError, match=r"train/a/00000-0000\.tokens\.npy holds uint16 ids but the vocabulary has "
                                              r"131,072 entries \(needs uint32\); ids may have wrapped"):
         PreparedCorpus.open(copy).train_shard("a")
+
+
+def test_a_vocab_size_too_small_for_the_byte_tokenizer_is_refused(tmp_path, capsys):
+    manifest = write_manifest(tmp_path / "corpus")
+    out = tmp_path / "out"
+    assert main(["data", "prepare", str(manifest), "--out", str(out), "--tokenizer", "byte",
+                 "--vocab-size", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "--vocab-size" in err and "257 ids" in err and err.count("\n") == 1
+    assert not out.exists()
