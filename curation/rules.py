@@ -88,8 +88,18 @@ def load_rules(path: str | Path) -> Rules:
 
 
 def check_sources(rules: Rules, sources: list[str], where: str) -> None:
+    """Every source a quality rule names exists, and no source has two rules (their fractions would compound:
+    two `keep_top: 0.5` keep a quarter)."""
+    ruled: dict[str, int] = {}
     for k, q in enumerate(rules.quality_rules()):
+        field = "quality.source" if not isinstance(rules.quality, list) else f"quality.{k}.source"
         unknown = sorted(set(q.sources(sources)) - set(sources))
         if unknown:
             raise DataInputError(f"unknown source(s) {unknown}; the curated manifest's: {sorted(sources)}", where=where,
-                                 field="quality.source" if not isinstance(rules.quality, list) else f"quality.{k}.source")
+                                 field=field)
+        for source in q.sources(sources):
+            if source in ruled:
+                raise DataInputError(f"source {source!r} has a quality rule already (quality.{ruled[source]}); two "
+                                     f"would compound their keep_top fractions: give it one rule", where=where,
+                                     field=field)
+            ruled[source] = k

@@ -11,7 +11,7 @@ import pytest
 
 from curation.mix import mix
 from curation.pipeline import curate
-from curation.rules import load_rules
+from curation.rules import Rules, check_sources, load_rules
 from ladder.cli import main
 from rungs.data.errors import DataInputError
 from rungs.data.manifest import load_manifest
@@ -40,6 +40,19 @@ def test_a_bad_rule_is_one_line_naming_the_field_and_exit_2(curated, tmp_path, c
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{rules}: {field}: " in err and "Traceback" not in err
     assert not (tmp_path / "arm").exists()
+
+
+@pytest.mark.parametrize("quality, field", [
+    ([{"source": "a", "keep_top": 0.5}, {"source": "a", "keep_top": 0.5}], "quality.1.source"),
+    ([{"source": ["a", "b"], "keep_top": 0.5}, {"keep_top": 0.9}], "quality.1.source"),
+])
+def test_a_source_with_two_quality_rules_is_refused(quality, field):
+    # Two keep_top 0.5 on one source would keep a quarter of it, not the half either rule says.
+    with pytest.raises(DataInputError, match="has a quality rule already") as err:
+        check_sources(Rules(quality=quality), ["a", "b"], "rules.yaml")
+    assert err.value.field == field
+    check_sources(Rules(quality=[{"source": "a", "keep_top": 0.5}, {"source": "b", "keep_top": 0.2}]), ["a", "b"],
+                  "rules.yaml")  # one rule per source: accepted
 
 
 def test_a_rule_without_its_attributes_names_the_tagger_to_run(curated, tmp_path):
