@@ -26,6 +26,14 @@ def test_recovers_the_shared_exponent_and_is_nested_in_the_free_fit():
     assert free.objective <= shared.objective * (1 + 1e-9)  # the free law contains the shared one
 
 
+@pytest.mark.parametrize("n_starts", [0, -3, 2.5, True])
+def test_a_start_count_that_is_not_a_count_is_refused(n_starts):
+    from fits.errors import FitInputError
+
+    with pytest.raises(FitInputError, match="n_starts must be a whole number"):
+        fit_shared_exponent(over_trained(), id_column=None, n_starts=n_starts)
+
+
 def test_cli_shared_exponent(tmp_path, capsys):
     import json
 
