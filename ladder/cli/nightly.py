@@ -18,7 +18,7 @@ from sweeps.spec import load_spec, resolve_spec_path
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("nightly", help="run the nightly rung regression; exit 1 on a regression")
-    p.add_argument("spec", help="sweep spec (default shipped: nightly)")
+    p.add_argument("spec", help="sweep spec: a name or a path (the shipped one: nightly)")
     p.add_argument("--baseline", help="golden file (default: sweeps/goldens/<spec name>.json)")
     p.add_argument("--update-baseline", action="store_true",
                    help="measure --repeats runs and write the golden file with tolerances from their spread")

@@ -190,7 +190,9 @@ def check_mixture(mixture: list, corpus: CorpusData, *, where: str | None, field
         found = corpus.source(s.name)
         if found is None:
             raise LadderInputError(f"source {s.name!r} is not in the corpus {corpus.path} (its sources: "
-                                   f"{', '.join(names)})", where=where, field=f"{field}[{i}].name")
+                                   f"{', '.join(names)}); a written mixture is checked against the corpus: to take "
+                                   f"the mixture from it, use a copy of the recipe without `mixture:`",
+                                   where=where, field=f"{field}[{i}].name")
         if abs(s.share - found.share) > SHARE_WARN_TOLERANCE:
             warnings.append(f"{field}[{i}] {s.name}: the recipe's share {s.share:g} differs from the manifest's "
                             f"{found.share:g} (the recipe's trains)")
