@@ -20,7 +20,7 @@ import numpy as np
 from rungs.data.decontam import DecontaminationReport, HeldOutIndex
 from rungs.data.errors import DataInputError
 from rungs.data.filework import Unit, id_hash, scan_unit
-from rungs.data.manifest import DocumentSet, Manifest
+from rungs.data.manifest import DocumentSet, Manifest, duplicate_id
 from rungs.data.segments import FilePlan
 from rungs.data.workers import run_units
 
@@ -88,17 +88,22 @@ def _check_sets(split: str, sets: tuple[DocumentSet, ...], results: dict[FileKey
 
 
 def _check_ids(ds: DocumentSet, per_file: list[np.ndarray]) -> None:
+    """Refuse an id that appears twice in the set, naming the first whose second appearance comes first in
+    file order (as curate's `repeated_id` does), with its file."""
     hashes = np.concatenate(per_file) if per_file else np.zeros(0, np.uint64)
+    if len(hashes) < 2:
+        return
+    _, first = np.unique(hashes, return_index=True)
+    if len(first) == len(hashes):
+        return
+    again = np.ones(len(hashes), dtype=bool)
+    again[first] = False
+    position = int(np.flatnonzero(again)[0])  # the earliest second appearance
     owner = np.repeat(np.arange(len(per_file)), [len(h) for h in per_file])
-    order = np.argsort(hashes, kind="stable")
-    dup = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
-    if len(dup):
-        second = int(owner[order][dup[0] + 1])
-        target = int(hashes[order][dup[0]])
-        path = ds.files[second]
-        doc_id = next(d.doc_id for d in ds.file_documents(path) if id_hash(d.doc_id) == target)
-        raise DataInputError(f"document id {doc_id!r} appears twice; ids must be unique within a set",
-                             where=str(path), field=ds.name)
+    target = int(hashes[position])
+    path = ds.files[int(owner[position])]
+    doc_id = next(d.doc_id for d in ds.file_documents(path) if id_hash(d.doc_id) == target)
+    raise DataInputError(duplicate_id(doc_id), where=str(path), field=ds.name)
 
 
 def scan(manifest: Manifest, plans: dict[FileKey, FilePlan], segments_per_task: int, workers: int,

@@ -59,12 +59,22 @@ def _id_in_two_files(root: Path) -> tuple[Path, str]:
     return root / "a1.jsonl", "a: document id 'a/f0-d4' appears twice; ids must be unique within a set"
 
 
+def _two_ids_repeated(root: Path) -> tuple[Path, str]:
+    # x y y x: y is the first id seen twice in file order, x the one of smaller hash (the order prepare once used)
+    from rungs.data.filework import id_hash
+
+    x, y = sorted(["first-dup", "second-dup"], key=id_hash)
+    _append(root / "a0.jsonl", *({"id": i, "text": f"text {k} of {i}"} for k, i in enumerate([x, y, y, x])))
+    return root / "a0.jsonl", f"a: document id {y!r} appears twice; ids must be unique within a set"
+
+
 def _empty_file(root: Path) -> tuple[Path, str]:
     (root / "b1.jsonl").write_bytes(b"")
     return root / "b1.jsonl", "b: holds no non-empty document (an empty file?)"
 
 
-CASES = [_surrogate_text, _surrogate_id, _surrogate_without_ids, _id_twice_in_a_file, _id_in_two_files, _empty_file]
+CASES = [_surrogate_text, _surrogate_id, _surrogate_without_ids, _id_twice_in_a_file, _id_in_two_files, _two_ids_repeated,
+         _empty_file]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__.strip("_") for c in CASES])
