@@ -32,7 +32,7 @@ import pandas as pd
 from fits.errors import FitError, FitInputError
 from fits.power_law import MIN_DISTINCT_X, PowerLawResult, fit_power_law
 from fits.prediction import HELDOUT_COMMON_NOTE
-from fits.validate import numeric_column, require_columns
+from fits.validate import check_bootstrap, check_level, numeric_column, require_columns
 
 
 def prediction_interval(fit: PowerLawResult, x: np.ndarray, ci_level: float, *, eval_variance=0.0,
@@ -94,12 +94,21 @@ def _all_inside(rows: list[dict[str, Any]]) -> bool | None:
     return None if any(r["inside"] is None for r in rows) else all(r["inside"] for r in rows)
 
 
+def _checked(df: pd.DataFrame, x: str, y: str, bootstrap: int, ci_level: float) -> tuple[pd.DataFrame, np.ndarray]:
+    """The table with x and y as checked floats (every row: a held-out rung's runs are averaged and counted
+    too, so a missing, non-positive or text BPB there is refused as in the fitted rows), and x."""
+    check_bootstrap(bootstrap)
+    check_level(ci_level)
+    require_columns(df, [x, y])
+    xs = numeric_column(df, x, positive=True)
+    return df.assign(**{x: xs, y: numeric_column(df, y, positive=True)}), xs
+
+
 def holdout_backtest(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, holdout_top: int = 1,
                      bootstrap: int = 400, ci_level: float = 0.95, seed: int = 0, floor: str = "auto",
                      **fit_kwargs) -> dict[str, Any]:
     """Fit without the `holdout_top` largest x values and predict them."""
-    require_columns(df, [x, y])
-    xs = numeric_column(df, x, positive=True)
+    df, xs = _checked(df, x, y, bootstrap, ci_level)
     levels = np.unique(xs)
     if holdout_top < 1:
         raise FitInputError(f"holdout_top must be ≥ 1, got {holdout_top}", column=x)
@@ -122,8 +131,7 @@ def holdout_backtest(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *
 def progressive_backtest(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, bootstrap: int = 200,
                          ci_level: float = 0.95, seed: int = 0, floor: str = "auto", **fit_kwargs) -> dict[str, Any]:
     """For k = 3 … n−1 rungs: fit the k smallest, predict rung k+1."""
-    require_columns(df, [x, y])
-    xs = numeric_column(df, x, positive=True)
+    df, xs = _checked(df, x, y, bootstrap, ci_level)
     levels = np.unique(xs)
     if len(levels) <= MIN_DISTINCT_X:
         raise FitInputError(f"a progressive backtest needs more than {MIN_DISTINCT_X} distinct values, got "

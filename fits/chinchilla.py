@@ -41,7 +41,7 @@ from fits.identify import require_span, wide_interval_flags
 from fits.results import FitResult, bootstrap_fields, percentile_interval
 from fits.robust import HUBER_DELTA, huber, huber_grad, reduce_weight
 from fits.threads import one_blas_thread
-from fits.validate import numeric_column, require_columns, require_points, row_ids
+from fits.validate import check_bootstrap, check_level, numeric_column, require_columns, require_points, row_ids
 
 log = logging.getLogger(__name__)
 
@@ -144,16 +144,26 @@ def check_n_starts(n_starts: int | None) -> None:
                             f"n_starts=None: all of them), got {n_starts!r}")
 
 
+def check_delta(delta: object) -> float:
+    """The Huber threshold of an L(N, D) fit: a positive finite number ("auto" is the power law's, from
+    replicate runs at one x, which an L(N, D) table does not have)."""
+    if isinstance(delta, bool) or not isinstance(delta, (int, float, np.number)) or not (np.isfinite(delta) and delta > 0):
+        raise FitInputError(f"delta must be a positive finite number (the Huber threshold on log residuals, default "
+                            f"{HUBER_DELTA:g}), got {delta!r}")
+    return float(delta)
+
+
 def fit_chinchilla_arrays(N: np.ndarray, D: np.ndarray, L: np.ndarray, *, delta: float = HUBER_DELTA,
                           reduction: str = "sum", starts: str | np.ndarray = "hoffmann", n_starts: int | None = 64,
                           options: dict | None = None, check: bool = True) -> RawChinchilla:
+    check_delta(delta)
+    if isinstance(starts, str) and starts not in ("hoffmann", "varpro"):
+        raise FitInputError(f"starts must be 'hoffmann', 'varpro' or an array of starts, got {starts!r}")
     log_n, log_d, log_l = np.log(N), np.log(D), np.log(L)
     weight = reduce_weight(len(L), reduction)
     if isinstance(starts, str):
-        grid = hoffmann_starts() if starts == "hoffmann" else varpro_starts(N, D, L)
-        if starts not in ("hoffmann", "varpro"):
-            raise ValueError(f"starts must be 'hoffmann', 'varpro' or an array, got {starts!r}")
         check_n_starts(n_starts)
+        grid = hoffmann_starts() if starts == "hoffmann" else varpro_starts(N, D, L)
         if n_starts is not None and n_starts < len(grid):
             grid = grid[np.argsort(_score(grid, log_n, log_d, log_l, delta), kind="stable")[:n_starts]]
     else:
@@ -240,6 +250,7 @@ def fit_chinchilla(df: pd.DataFrame, n: str = "params", d: str = "tokens", y: st
     """Fit L(N, D) = E + A/N^α + B/D^β to the rows of `df`. `n_starts`: how many grid starts are refined
     (a whole number ≥ 1; None: every one)."""
     check_n_starts(n_starts)
+    bootstrap, ci_level = check_bootstrap(bootstrap), check_level(ci_level)
     require_columns(df, [n, d, y])
     N = numeric_column(df, n, positive=True)
     D = numeric_column(df, d, positive=True)

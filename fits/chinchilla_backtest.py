@@ -11,13 +11,17 @@ import pandas as pd
 
 from fits.chinchilla import MIN_POINTS, fit_chinchilla
 from fits.errors import FitInputError
-from fits.validate import numeric_column, require_columns
+from fits.validate import check_bootstrap, check_level, numeric_column, require_columns
 
 
 def chinchilla_holdout(df: pd.DataFrame, n: str = "params", d: str = "tokens", y: str = "loss", *, holdout_top: int = 1,
                        bootstrap: int = 200, ci_level: float = 0.95, seed: int = 0, **fit_kwargs) -> dict[str, Any]:
+    check_bootstrap(bootstrap)
+    check_level(ci_level)
     require_columns(df, [n, d, y])
     N = numeric_column(df, n, positive=True)
+    # every row checked, the held-out sizes' too (their loss is compared, not fitted)
+    df = df.assign(**{n: N, d: numeric_column(df, d, positive=True), y: numeric_column(df, y, positive=True)})
     sizes = np.unique(N)
     if holdout_top < 1:
         raise FitInputError(f"holdout_top must be ≥ 1, got {holdout_top}", column=n)

@@ -24,7 +24,7 @@ from scipy.optimize import curve_fit
 from fits.errors import FitConvergenceError, FitInputError
 from fits.results import jsonable, normal_quantile
 from fits.surfaces import WEIGHT_SCALE_REL, SurfaceResult, fit_surface
-from fits.validate import numeric_column, require_columns
+from fits.validate import check_level, numeric_column, require_columns
 from provenance import code_version
 
 MIN_SIZES = 3
@@ -61,6 +61,7 @@ class DropoutLawResult:
         mean = sigmoid(log_n, p["p_max"], p["k"], p["m"])
         draws = np.random.default_rng(seed).multivariate_normal([p["p_max"], p["k"], p["m"]], self.cov, n_draws)
         curves = np.clip(sigmoid(log_n[None, :], draws[:, 0:1], draws[:, 1:2], draws[:, 2:3]), 0.0, 1.0)
+        level = check_level(level, "level")
         q = 50 * (1 - level)
         return {"dropout": mean.tolist(), "interval": [np.percentile(curves, q, axis=0).tolist(),
                                                        np.percentile(curves, 100 - q, axis=0).tolist()]}

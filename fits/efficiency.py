@@ -33,7 +33,8 @@ from fits.compute_laws import fit_power_laws
 from fits.floors import DEFAULT_FLOOR
 from fits.power_law import PowerLawResult
 from fits.results import jsonable
-from fits.validate import numeric_column, require_columns
+from fits.bootstrap import MIN_DISTINCT_FOR_INTERVAL
+from fits.validate import check_bootstrap, check_level, numeric_column, require_columns
 from provenance import code_version
 
 
@@ -149,16 +150,25 @@ def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "bas
                      floor: str = DEFAULT_FLOOR) -> dict[str, Any]:
     """EG_FLOPs (and EG_time when `wall` is given) of every non-baseline arm at every rung; `floor` is the
     baseline laws' floor rule (`fits.floors`: "auto" where the rungs show no loss floor)."""
+    check_bootstrap(bootstrap)
+    check_level(ci_level)
     cols = [arm, y, flops, rung] + ([wall] if wall else [])
     require_columns(df, cols)
-    for c in (y, flops) + ((wall,) if wall else ()):
-        numeric_column(df, c, positive=True)
+    df = df.assign(**{c: numeric_column(df, c, positive=True) for c in (y, flops) + ((wall,) if wall else ())})
     if baseline not in set(df[arm]):
         raise FitInputError(f"no rows with {arm} == {baseline!r}; arms present: {sorted(map(str, set(df[arm])))}", column=arm)
     base = df[df[arm] == baseline]
     fit_options = {"bootstrap": bootstrap, "ci_level": ci_level, "seed": seed, "floor": floor}
     law_flops = baseline_law(base, flops, y, **fit_options)
     law_time = baseline_law(base, wall, y, **fit_options) if wall else None
+    # The time law's x, wall seconds, differs from seed to seed at one rung, so its distinct x overstate the
+    # evidence: its interval is judged by the rungs, as the FLOPs law's is.
+    n_rungs = base[rung].nunique()
+    notes = {"eg_flops": law_flops.interval_note,
+             "eg_time": (law_time.interval_note or (
+                 f"{n_rungs} baseline rungs: below {MIN_DISTINCT_FOR_INTERVAL} a bootstrap over rows mostly drops "
+                 "rungs and its intervals under-cover (the time law's wall seconds differ by seed, so its distinct "
+                 "x overstate the rungs)" if n_rungs < MIN_DISTINCT_FOR_INTERVAL else None)) if law_time else None}
     arms = {}
     for name, group in df[df[arm] != baseline].groupby(arm, sort=True):
         rows = []
@@ -173,13 +183,13 @@ def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "bas
                 if not math.isfinite(row[key]):  # below the law's floor: no compute reaches it, no interval either
                     row[f"{key}_interval"] = None
                     row[f"{key}_interval_note"] = "the arm's BPB is below the baseline law's floor"
-                elif law.interval_note is None:
+                elif notes[key] is None:
                     lo, hi, shares = _eg_interval(law, y_c, len(g), used, ci_level)
                     row[f"{key}_interval"] = [float(lo), float(hi)]
                     if shares is not None:
                         row[f"{key}_interval_shares"] = shares
                 else:
-                    row[f"{key}_interval"], row[f"{key}_interval_note"] = None, law.interval_note
+                    row[f"{key}_interval"], row[f"{key}_interval_note"] = None, notes[key]
                 if wall and key == "eg_time":
                     row["wall_seconds"] = used
             rows.append(row)

@@ -31,17 +31,19 @@ from fits.efficiency import efficiency_gains
 from fits.errors import FitError, FitInputError
 from fits.floors import DEFAULT_FLOOR
 from fits.results import jsonable
+from fits.validate import check_bootstrap, check_level
 from provenance import code_version
 
 AGAINST = ("law", "rung")
 DOMAIN_PREFIX = "bpb_"
+SE_PREFIX = "bpb_se_"  # `bpb_se_<domain>`: a run's held-out standard error (ladder.run.mlflow_runs), not a domain
 OVERALL = "bpb"
 
 
 def domain_columns(df: pd.DataFrame) -> dict[str, str]:
     """{domain: column}: every `bpb_<domain>` column (not the `bpb_se_` standard errors), then `bpb`."""
     cols = {c[len(DOMAIN_PREFIX):]: c for c in df.columns
-            if isinstance(c, str) and c.startswith(DOMAIN_PREFIX) and not c.startswith("bpb_se")}
+            if isinstance(c, str) and c.startswith(DOMAIN_PREFIX) and not c.startswith(SE_PREFIX)}
     if OVERALL in df.columns:
         cols["all"] = OVERALL
     return cols
@@ -126,6 +128,8 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
     baseline's law (the report's EG); "rung" compares it with the baseline's own runs at the same rung, the
     law giving only its slope (`fits.eg_same_rung`: the law's misfit at a rung, shared by every arm, cancels),
     and each cell says how many seeds a side would make its interval ±`target_half_width`."""
+    check_bootstrap(bootstrap)
+    check_level(ci_level)
     if against not in AGAINST:
         raise FitInputError(f"must be one of {list(AGAINST)}, got {against!r}", column="against")
     if not target_half_width > 0:

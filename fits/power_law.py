@@ -37,10 +37,11 @@ from fits.floors import DEFAULT_FLOOR, check_floor
 from fits.identify import require_span
 from fits.noise import seed_noise
 from fits.prediction import PredictionModel, prediction_model
-from fits.results import BootstrapDraws, FitResult, bootstrap_fields, percentile_interval
+from fits.results import BootstrapDraws, FitResult, bootstrap_fields, percentile_interval, resolve_level
 from fits.robust import HUBER_DELTA, delta_from_replicates, huber, huber_grad, lse_terms, reduce_weight
 from fits.threads import one_blas_thread
-from fits.validate import numeric_column, require_columns, require_points, row_ids
+from fits.validate import (check_bootstrap, check_level, cluster_labels, numeric_column, require_columns, require_points,
+                           row_ids)
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +210,7 @@ class PowerLawResult(FitResult):
         model = self.prediction_model
         if note is not None or model is None:
             raise ValueError(f"{self.law}: interval not available: {note or 'no prediction model (refit the law)'}")
-        return model.interval(x, level or self.ci_level or 0.95, **kwargs)
+        return model.interval(x, resolve_level(level, self.ci_level), **kwargs)
 
     def conf_int(self, level: float | None = None) -> dict[str, tuple[float, float]]:
         """Each parameter's interval at `level` from the draws; E's from 0 where the law reports E = 0
@@ -222,7 +223,7 @@ class PowerLawResult(FitResult):
         note = self.interval_note
         if note is not None:
             raise ValueError(f"{self.law}: interval not available: {note}")
-        return percentile_interval(self.predict_draws(x), level or self.ci_level or 0.95)
+        return percentile_interval(self.predict_draws(x), resolve_level(level, self.ci_level))
 
 
 def floor_interval(ci: dict[str, tuple[float, float]], floor_at_zero: bool) -> dict[str, tuple[float, float]]:
@@ -339,7 +340,9 @@ def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, d
     an E that runs to zero becomes (`fits.floors`, module docstring). `se_column` ("auto": `<y>_se` where the
     table has it) holds each run's held-out sampling standard error of y, for the prediction interval."""
     check_floor(floor)
+    bootstrap, ci_level = check_bootstrap(bootstrap), check_level(ci_level)
     require_columns(df, [x, y] + ([cluster] if cluster else []))
+    clusters = cluster_labels(df, cluster) if cluster and bootstrap else None
     xs = numeric_column(df, x, positive=True)
     ys = numeric_column(df, y, positive=True)
     require_points(len(np.unique(xs)), MIN_DISTINCT_X, "the power law E + A·x^(−α) (3 parameters)", x)
@@ -361,7 +364,7 @@ def fit_power_law(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, d
     if bootstrap > 0:
         draws = bootstrap_power_law(raw, xs, ys, n=bootstrap, seed=seed, delta=delta,
                                     bounds=_bounds(np.log(ys), pin_floor=floor == "zero"),
-                                    min_distinct_x=MIN_DISTINCT_X, clusters=df[cluster].to_numpy() if cluster else None)
+                                    min_distinct_x=MIN_DISTINCT_X, clusters=clusters)
         if floor == "zero":  # E is 0 by assumption in every resample, as in the law itself
             draws = BootstrapDraws(params=draws.params * np.array([0.0, 1.0, 1.0]), failed=draws.failed)
         intervals = bootstrap_fields(list(PARAM_NAMES), draws, ci_level)

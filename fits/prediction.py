@@ -42,6 +42,7 @@ import numpy as np
 from scipy import stats
 
 from fits.noise import SeedNoise
+from fits.validate import check_level
 
 SOURCES = ("parameters", "seed_noise")
 HELDOUT_COMMON_NOTE = ("held-out sampling error, shared by every rung: it moves the whole curve's level, not a "
@@ -95,6 +96,7 @@ class PredictionModel:
         set, with each source's share of the variance. `eval_variance`: (se/y)² of the new runs' held-out
         BPB (None: the fitted runs' mean); it does not enter the interval (module docstring) and comes
         back as `heldout_sampling_common`, its ± at `level`."""
+        level = check_level(level, "level")
         x = np.atleast_1d(np.asarray(x, dtype=float))
         z = np.log(x) - self.log_x0
         theta = np.asarray(self.theta)

@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from fits.validate import check_level
 from provenance import code_version
 
 
@@ -44,10 +45,15 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
+def resolve_level(level: float | None, default: float | None) -> float:
+    """An interval's level: `level` (checked), or the fit's own where it is None (0.95 where that is
+    None too). A level of 0 is a level, not "the default"."""
+    return check_level(level if level is not None else (default if default is not None else 0.95), "level")
+
+
 def percentile_interval(draws: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) percentiles of the draws (axis 0) bounding the central `level` of them."""
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"an interval level lies in (0, 1), got {level!r}")
+    level = check_level(level, "level")
     q = 50.0 * (1.0 - level)
     return np.percentile(draws, q, axis=0), np.percentile(draws, 100.0 - q, axis=0)
 
@@ -56,9 +62,7 @@ def normal_quantile(level: float | None) -> float:
     """z with P(|Z| ≤ z) = level (default 0.95): intervals of laws fitted without a bootstrap."""
     from statistics import NormalDist
 
-    level = 0.95 if level is None else level
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"an interval level lies in (0, 1), got {level!r}")
+    level = check_level(0.95 if level is None else level, "level")
     return NormalDist().inv_cdf(0.5 + level / 2.0)
 
 
@@ -184,7 +188,7 @@ class FitResult:
         note = self.interval_note
         if note is not None:
             raise ValueError(f"{self.law}: interval not available: {note}")
-        lo, hi = percentile_interval(self.bootstrap_params, level or self.ci_level or 0.95)
+        lo, hi = percentile_interval(self.bootstrap_params, resolve_level(level, self.ci_level))
         return {k: (float(lo[i]), float(hi[i])) for i, k in enumerate(self.params)}
 
     def bootstrap_column(self, name: str) -> np.ndarray:

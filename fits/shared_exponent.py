@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from fits.chinchilla import (BOUNDS, MIN_POINTS, ChinchillaResult, _score, check_n_starts, compute_optimal, hoffmann_starts,
+from fits.chinchilla import (BOUNDS, MIN_POINTS, ChinchillaResult, _score, check_delta, check_n_starts, compute_optimal, hoffmann_starts,
                              natural_params, objective)
 from fits.convergence import PG_TOL, polish, projected_gradient
 from fits.errors import FitBoundaryError, FitConvergenceError
@@ -37,6 +37,7 @@ def objective_shared(t: np.ndarray, log_n, log_d, log_l, delta: float, weight: f
 def fit_shared_exponent(df: pd.DataFrame, n: str = "params", d: str = "tokens", y: str = "loss", *,
                         delta: float = HUBER_DELTA, n_starts: int = 64, id_column: str | None = "run_id") -> ChinchillaResult:
     check_n_starts(n_starts)  # a negative count would slice the grid from its end
+    check_delta(delta)
     require_columns(df, [n, d, y])
     N, D, L = (numeric_column(df, c, positive=True) for c in (n, d, y))
     require_points(len(set(zip(N, D))), MIN_POINTS, "L(N, D) = E + A/N^η + B/D^η (4 parameters)", f"{n}, {d}")

@@ -83,3 +83,38 @@ def n_distinct(values: np.ndarray, rtol: float = DISTINCT_RTOL) -> int:
     """How many distinct values, counting values within `rtol` of each other as one."""
     v = np.asarray(values, dtype=np.float64)
     return int(np.unique(snap_close(v[np.isfinite(v)], rtol)).size)
+
+
+# Fewest resamples a bootstrap may ask for: its draws must be at least this many finite fits
+# (`fits.bootstrap`), so a smaller count could only fail.
+MIN_BOOTSTRAP = 10
+
+
+def check_bootstrap(n: object) -> int:
+    """A bootstrap count: 0 (no intervals) or a whole number ≥ MIN_BOOTSTRAP."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or (n != 0 and n < MIN_BOOTSTRAP):
+        raise FitInputError(f"bootstrap must be 0 (no intervals) or a whole number of resamples ≥ {MIN_BOOTSTRAP}, "
+                            f"got {n!r}")
+    return int(n)
+
+
+def check_level(level: object, name: str = "ci_level") -> float:
+    """An interval's level: a number strictly between 0 and 1 (0.95 for 95%)."""
+    if isinstance(level, bool) or not isinstance(level, (int, float, np.number)) or not 0 < float(level) < 1:
+        raise FitInputError(f"{name} must be a number strictly between 0 and 1 (0.95 for a 95% interval), got "
+                            f"{level!r}")
+    return float(level)
+
+
+def cluster_labels(df: pd.DataFrame, column: str) -> np.ndarray:
+    """Integer codes of a bootstrap's clusters (rows sharing the column's value); every row needs one, and
+    a resample of fewer than 2 clusters is the table itself (a zero-width interval)."""
+    codes, uniques = pd.factorize(df[column], use_na_sentinel=True)
+    if (codes < 0).any():
+        first = int(np.argmax(codes < 0))
+        raise FitInputError(f"has {int((codes < 0).sum())} missing value(s) (first at {row_name(df, first)}); every "
+                            "row of a cluster bootstrap needs its cluster", column=column)
+    if len(uniques) < 2:
+        raise FitInputError(f"holds {len(uniques)} cluster(s); a cluster bootstrap needs at least 2 (each resample "
+                            "draws whole clusters: of one, every resample is the table itself)", column=column)
+    return codes

@@ -45,6 +45,9 @@ def load_runs(experiment: str, fixture: str, *, spec: str | None = None,
             if mode == "mlflow":
                 raise LadderInputError(f"cannot read {uri}: {err}", field="LADDER_TRACKING_URI") from None
     path = FIXTURES / fixture
+    if not path.is_file():
+        shipped = sorted(p.name for p in FIXTURES.glob("*.csv"))
+        raise LadderInputError(f"no fixture {fixture!r} (shipped: {', '.join(shipped)})", field="fixture")
     return pd.read_csv(path), f"fixture {path.name} (real runs exported from this platform)"
 
 
