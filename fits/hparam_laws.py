@@ -26,7 +26,7 @@ import statsmodels.api as sm
 from fits.errors import FitInputError, FlatSurfaceError
 from fits.results import jsonable
 from fits.surfaces import WEIGHT_SCALE_REL, SurfaceResult, fit_surface
-from fits.validate import n_distinct, numeric_column, require_columns, snap_close
+from fits.validate import check_level, n_distinct, numeric_column, require_columns, row_name, snap_close
 from provenance import code_version
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,8 @@ LR_WD_CANDIDATES = [("log_steps",), ("log_steps", "log_tpp"), ("log_steps", "log
 LOG_LR_CANDIDATES = [("log_tpp", "log_steps"), ("log_steps",), ("log_tpp",), ("log_params",),
                      ("log_steps", "log_params"), ("log_tpp", "log_params"), ("log_tpp", "log_steps", "log_params")]
 MAX_CONDITION = 30.0
+# What the laws regress each slice's optimum on: a slice must hold one value of each.
+SLICE_REGRESSORS = ("params_active", "tpp")
 REPORT_FORMS = {"log_lr_wd": ("log_steps",), "log_lr": ("log_tpp", "log_steps")}
 
 
@@ -60,9 +62,11 @@ class RegressionLaw:
     def conf_int(self, level: float | None = None) -> dict[str, tuple[float, float]]:
         """Each coefficient's interval at `level` (default 0.95, `ci` holds that one); NaN for an
         exactly determined law."""
+        # at 0 the interval has no width; at 1 or beyond statsmodels gives NaN
+        level = check_level(0.95 if level is None else level, "level")
         if self.exact:
             return {k: (float("nan"), float("nan")) for k in self.params}
-        ci = self.model.conf_int(1.0 - (0.95 if level is None else level))
+        ci = self.model.conf_int(1.0 - level)
         return {k: (float(ci.loc[k, 0]), float(ci.loc[k, 1])) for k in self.params}
 
     def summary(self) -> str:
@@ -87,6 +91,14 @@ class RegressionLaw:
                          "scale": float(self.model.scale) if self.model is not None else None,
                          "df_resid": float(self.model.df_resid) if self.model is not None else 0.0,
                          "code_version": self.code_version})
+
+
+def _positive(name: str, value: object) -> float:
+    """A value that enters a law under a logarithm: a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not np.isfinite(value) \
+            or value <= 0:
+        raise FitInputError(f"{name} must be a finite number > 0 (the laws take its logarithm), got {value!r}")
+    return float(value)
 
 
 def fit_regression(table: pd.DataFrame, target: str, terms: tuple[str, ...], *,
@@ -162,7 +174,8 @@ class HparamLawsResult:
         """LR*, WD* (and the product) from the selected laws, with 95% observation intervals."""
         if self.log_lr is None or self.lr_wd is None:
             raise FitInputError("this sweep did not vary LR/WD, so there are no LR*/WD* laws to predict with")
-        v = {"log_steps": np.log(steps), "log_tpp": np.log(tpp), "log_params": np.log(params_active)}
+        v = {"log_steps": np.log(_positive("steps", steps)), "log_tpp": np.log(_positive("tpp", tpp)),
+             "log_params": np.log(_positive("params_active", params_active))}
         lr, lr_lo, lr_hi = self.log_lr.predict(v)
         prod, p_lo, p_hi = self.lr_wd.predict(v)
         return {"lr": float(np.exp(lr)), "lr_interval": [float(np.exp(lr_lo)), float(np.exp(lr_hi))],
@@ -200,7 +213,10 @@ def slice_optima(df: pd.DataFrame, y: str, slice_cols: tuple[str, ...], *, weigh
                  id_column: str | None) -> tuple[list[SurfaceResult], list[dict[str, Any]]]:
     surfaces, excluded = [], []
     for key_vals, group in df.groupby(list(slice_cols), sort=True):
-        key = dict(zip(slice_cols, np.atleast_1d(key_vals).tolist()))
+        values = key_vals if isinstance(key_vals, tuple) else (key_vals,)  # mixed types stay as they are
+        key = {c: v.item() if isinstance(v, np.generic) else v for c, v in zip(slice_cols, values)}
+        for c in SLICE_REGRESSORS:  # one value per slice (`check_slices`), named whatever the slicing
+            key.setdefault(c, float(group[c].iloc[0]))
         key["steps"] = float(group["steps"].median())
         try:
             s = fit_surface(group, ["lr", "lr_wd"], y, weight_scale_rel=weight_scale_rel, id_column=id_column, key=key)
@@ -213,23 +229,62 @@ def slice_optima(df: pd.DataFrame, y: str, slice_cols: tuple[str, ...], *, weigh
     return surfaces, excluded
 
 
+def slice_columns(slice_cols: object) -> tuple[str, ...]:
+    """`slice_cols` as a tuple of column names; a plain string is one column (not its letters)."""
+    cols = (slice_cols,) if isinstance(slice_cols, str) else slice_cols
+    if not isinstance(cols, (tuple, list)) or not cols or not all(isinstance(c, str) for c in cols) \
+            or len(set(cols)) != len(cols):
+        raise FitInputError(f"slice_cols must name one or more distinct columns (default {SLICE_REGRESSORS}), "
+                            f"got {slice_cols!r}")
+    return tuple(cols)
+
+
+def check_slices(df: pd.DataFrame, slice_cols: tuple[str, ...]) -> None:
+    """Each slice must hold one model size and one TPP: the laws regress its optimum on them, and a
+    surface over runs of several sizes or TPPs would blur their optima into one."""
+    for c in slice_cols:
+        missing = df[c].isna().to_numpy()
+        if missing.any():
+            first = row_name(df, int(np.argmax(missing)))
+            raise FitInputError(f"has {int(missing.sum())} missing value(s) (first at {first}); every run needs its "
+                                "slice", column=c)
+    if df.empty:
+        return
+    counts = df.groupby(list(slice_cols), sort=True)[list(SLICE_REGRESSORS)].nunique()
+    for c in SLICE_REGRESSORS:
+        if counts[c].max() > 1:
+            key = counts[c].idxmax()
+            key = key if isinstance(key, tuple) else (key,)
+            where = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in zip(slice_cols, key))
+            in_slice = np.logical_and.reduce([(df[k] == v).to_numpy() for k, v in zip(slice_cols, key)])
+            values = sorted(df.loc[in_slice, c].unique())
+            raise FitInputError(f"slice_cols {list(slice_cols)} leaves slices holding several {c!r} values "
+                                f"({', '.join(f'{v:g}' for v in values[:5])} at {where}); each slice needs one model "
+                                f"size and one TPP, so add {c!r} to slice_cols", column=c)
+
+
 def fit_hparam_laws(df: pd.DataFrame, y: str = "bpb", *, criterion: str = "aic",
-                    slice_cols: tuple[str, ...] = ("params_active", "tpp"), weight_scale_rel: float = WEIGHT_SCALE_REL,
+                    slice_cols: tuple[str, ...] | str = SLICE_REGRESSORS, weight_scale_rel: float = WEIGHT_SCALE_REL,
                     id_column: str | None = "run_id", dropout_column: str = "dropout") -> HparamLawsResult:
     """Surfaces per slice → optima → laws. Rows whose metric is not finite (diverged runs) are
-    dropped and counted; everything else must be clean."""
+    dropped and counted; everything else must be clean. `slice_cols` (a column or several) may be any
+    slicing whose every slice holds one `params_active` and one `tpp` (the laws' regressors): by
+    default both, or `params_active` alone for a sweep at one TPP; more columns split further."""
     if criterion not in ("aic", "bic"):
         raise FitInputError(f"criterion must be 'aic' or 'bic', got {criterion!r}")
-    require_columns(df, [*REQUIRED, y])
+    slice_cols = slice_columns(slice_cols)
+    require_columns(df, [*REQUIRED, y, *slice_cols])
     df = df.copy()
     metric = pd.to_numeric(df[y], errors="coerce")
     diverged = int((~np.isfinite(metric)).sum())
     df = df[np.isfinite(metric)]
     for c in REQUIRED:
         df[c] = numeric_column(df, c, positive=True)
-    for c in (*slice_cols, "lr", "wd"):  # a value with float noise in its last bits is still one value
-        if c in df.columns:
-            df[c] = snap_close(pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float))
+    for c in dict.fromkeys((*slice_cols, *SLICE_REGRESSORS, "lr", "wd")):  # float noise in the last bits: one value
+        values = pd.to_numeric(df[c], errors="coerce")
+        if values.notna().all():  # a non-numeric slice column (a name, say) groups as it is
+            df[c] = snap_close(values.to_numpy(dtype=float))
+    check_slices(df, slice_cols)
     df["lr_wd"] = snap_close((df["lr"] * df["wd"]).to_numpy())
     has_dropout = dropout_column in df.columns and n_distinct(pd.to_numeric(df[dropout_column], errors="coerce")) > 1
     dropout_law = None

@@ -22,6 +22,8 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from fits.errors import FitInputError
+
 
 def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (5.0, 4.0)) -> tuple[Figure, np.ndarray]:
     """A headless (Agg) figure of nrows × ncols panels, each `size` inches, and its axes as a flat array."""
@@ -56,8 +58,11 @@ def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_f
     """One panel per law: data, fit, band (when bootstrapped), held-out rung(s) as open markers and,
     given the backtests, the prediction made without them (with its interval). A name mapped to
     None (its law was not identified) gets its data and its backtest without a law line, so it is
-    seen rather than left out."""
+    seen rather than left out. A law whose group has no rows in `df` is drawn as its curve alone, over
+    the range it was fitted on, and its title says so."""
     names = list(laws)
+    if not names:
+        raise FitInputError("no laws to plot: pass {name: fitted law (or None)}, one panel each")
     fig, axes = new_figure(ncols=min(len(names), 4), nrows=int(np.ceil(len(names) / 4)))
     for ax, name in zip(axes, names):
         law = laws[name]
@@ -66,8 +71,9 @@ def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_f
         levels = np.unique(xs)
         held = xs >= levels[-holdout_top] if holdout_top and len(levels) > holdout_top else np.zeros(len(xs), bool)
         no_floor = law is not None and bool(law.extra.get("floor_at_zero"))
-        if law is not None:
-            grid = np.geomspace(xs.min(), xs.max() * extend, 200)
+        x_range = (xs.min(), xs.max()) if len(xs) else law.extra.get("x_range") if law is not None else None
+        if law is not None and x_range is not None:
+            grid = np.geomspace(x_range[0], x_range[1] * extend, 200)
             form = "A·C^-α (E=0: no floor)" if no_floor else "E + A·C^-α"
             ax.plot(grid, law.predict(grid), color="C0", label=f"{form}, α={law.params['alpha']:.3g}")
             if law.interval_note is None:  # the one interval rule: no band where the law has no interval
@@ -75,7 +81,8 @@ def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_f
                 ax.fill_between(grid, lo, hi, color="C0", alpha=0.2, label=f"{(law.ci_level or 0.95):.0%} band")
             if not no_floor:  # a floor at zero would only stretch the log axis
                 ax.axhline(law.params["E"], color="grey", lw=0.8, ls=":")
-        ax.scatter(xs[~held], ys[~held], color="k", s=14, zorder=3, label="runs")
+        if len(xs):
+            ax.scatter(xs[~held], ys[~held], color="k", s=14, zorder=3, label="runs")
         if held.any():
             ax.scatter(xs[held], ys[held], facecolors="none", edgecolors="C3", s=40, zorder=4, label="held-out rung")
         backtest = (backtests or {}).get(name) or {}
@@ -92,8 +99,11 @@ def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_f
         log_axes(ax)
         ax.set_xlabel(x)
         ax.set_ylabel(y)
-        ax.set_title(f"{name} (law not identified)" if law is None else f"{name} (E = 0)" if no_floor else str(name))
-        ax.legend(fontsize=7)
+        notes = ([] if len(xs) else ["no runs"]) + (["law not identified"] if law is None else
+                                                     ["E = 0"] if no_floor else [])
+        ax.set_title(f"{name} ({', '.join(notes)})" if notes else str(name))
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     for ax in axes[len(names):]:
         ax.set_visible(False)
     return save_figure(fig, path)
@@ -143,25 +153,53 @@ def plot_extrapolation(laws: dict[str, Any], target_x: float, data: pd.DataFrame
     return save_figure(fig, path)
 
 
+def _fit_axis(surface, j: int, n: int) -> np.ndarray:
+    """`n` points spanning coordinate j's samples in fit space, with a margin: 0.3 on a log axis (a
+    factor 1.35), a tenth of the span on a linear one (dropout's 0–0.3 would drown in 0.3)."""
+    col = surface.samples[:, j]
+    margin = 0.3 if surface.log_coords[j] else 0.1 * float(np.ptp(col))
+    return np.linspace(col.min() - margin, col.max() + margin, n)
+
+
+def _natural(surface, pts: np.ndarray) -> np.ndarray:
+    """Fit-space points back in natural units, each coordinate by its own log flag."""
+    return np.column_stack([np.exp(pts[:, j]) if lg else pts[:, j] for j, lg in enumerate(surface.log_coords)])
+
+
+def _axis_label(surface, j: int) -> str:
+    return f"log {surface.coords[j]}" if surface.log_coords[j] else surface.coords[j]
+
+
 def plot_surface(surface, ax=None, path: str | Path | None = None) -> Figure:
-    """Contours of the fitted quadratic in its (log) coordinates, the runs, and the optimum."""
+    """Contours of the fitted quadratic in its fit coordinates (each logged where its log flag says),
+    the runs, and the optimum; a 1-D surface (dropout) is its curve of loss over the coordinate."""
     fig, axes = (ax.figure, [ax]) if ax is not None else new_figure()
     ax = axes[0]
     s = surface.samples
-    u = np.linspace(s[:, 0].min() - 0.3, s[:, 0].max() + 0.3, 80)
-    v = np.linspace(s[:, 1].min() - 0.3, s[:, 1].max() + 0.3, 80)
-    U, V = np.meshgrid(u, v)
-    pts = np.column_stack([U.ravel(), V.ravel()])
-    nat = np.exp(pts) if all(surface.log_coords) else pts
-    Z = surface.predict(nat).reshape(U.shape)
-    cs = ax.contour(U, V, Z, levels=np.quantile(s[:, 2], np.linspace(0.02, 0.7, 10)), cmap="viridis")
+    label = "optimum" + (f" ({', '.join(surface.flags)})" if surface.flags else "")
+    if len(surface.coords) == 1:
+        u = _fit_axis(surface, 0, 200)
+        ax.plot(u, surface.predict(_natural(surface, u[:, None])), color="C0", label="fitted quadratic")
+        ax.scatter(s[:, 0], s[:, 1], color="k", s=14, zorder=3, label="runs")
+        if np.all(np.isfinite(surface.optimum)):
+            ax.errorbar(surface.optimum[0], surface.predicted_min, xerr=surface.optimum_se[0], color="C3", marker="*",
+                        ms=12, capsize=3, zorder=4, label=label)
+        ax.set_xlabel(_axis_label(surface, 0))
+        ax.set_ylabel("loss")
+        ax.set_title(", ".join(f"{k}={v:.3g}" for k, v in surface.key.items()), fontsize=8)
+        ax.legend(fontsize=6)
+        return save_figure(fig, path)
+    U, V = np.meshgrid(_fit_axis(surface, 0, 80), _fit_axis(surface, 1, 80))
+    Z = surface.predict(_natural(surface, np.column_stack([U.ravel(), V.ravel()]))).reshape(U.shape)
+    levels = np.unique(np.quantile(s[:, 2], np.linspace(0.02, 0.7, 10)))
+    cs = ax.contour(U, V, Z, levels=levels if len(levels) > 1 else 10, cmap="viridis")
     ax.clabel(cs, fontsize=6, fmt="%.3g")
     ax.scatter(s[:, 0], s[:, 1], c=s[:, 2], cmap="viridis", s=18, edgecolors="k", linewidths=0.3)
     if np.all(np.isfinite(surface.optimum)):
         ax.errorbar(*surface.optimum, xerr=surface.optimum_se[0], yerr=surface.optimum_se[1], color="C3", marker="*",
-                    ms=12, capsize=3, label="optimum" + (f" ({', '.join(surface.flags)})" if surface.flags else ""))
-    ax.set_xlabel(f"log {surface.coords[0]}")
-    ax.set_ylabel(f"log {surface.coords[1]}")
+                    ms=12, capsize=3, label=label)
+    ax.set_xlabel(_axis_label(surface, 0))
+    ax.set_ylabel(_axis_label(surface, 1))
     ax.set_title(", ".join(f"{k}={v:.3g}" for k, v in surface.key.items()), fontsize=8)
     if surface.flags:
         ax.legend(fontsize=6)
@@ -170,9 +208,23 @@ def plot_surface(surface, ax=None, path: str | Path | None = None) -> Figure:
 
 def plot_hparams(fit, out: str | Path) -> list[Path]:
     """Writes OUT_surfaces.png (every slice) and OUT_laws.png (optima vs steps/TPP with the laws);
-    `out` is a file stem or a .png path whose stem is used. Adds OUT_dropout.png with a dropout law."""
+    `out` is a file stem or a .png path whose stem is used. Adds OUT_dropout.png with a dropout law;
+    a dropout-only sweep (LR/WD not swept: no slices, no LR/WD laws) gets OUT_dropout.png alone."""
     out = Path(out)
     stem = out.with_suffix("") if out.suffix == ".png" else out
+    paths: list[Path] = []
+    if fit.slices and fit.log_lr is not None and fit.lr_wd is not None:
+        paths += _plot_lr_wd(fit, stem)
+    if fit.dropout is not None:
+        paths.append(Path(f"{stem}_dropout.png"))
+        plot_dropout(fit.dropout, paths[-1])
+    if not paths:
+        raise FitInputError("the result has neither LR/WD laws nor a dropout law: nothing to plot")
+    return paths
+
+
+def _plot_lr_wd(fit, stem: Path) -> list[Path]:
+    """OUT_surfaces.png and OUT_laws.png of `plot_hparams`."""
     n = len(fit.slices)
     cols = min(n, 5)
     fig, axes = new_figure(ncols=cols, nrows=int(np.ceil(n / cols)), size=(3.6, 3.2))
@@ -209,34 +261,41 @@ def plot_hparams(fit, out: str | Path) -> list[Path]:
     a2.set_title(f"log LR*·WD* ~ {' + '.join(fit.lr_wd.terms)}", fontsize=9)
     paths.append(Path(f"{stem}_laws.png"))
     save_figure(fig, paths[-1])
-    if fit.dropout is not None:
-        paths.append(Path(f"{stem}_dropout.png"))
-        plot_dropout(fit.dropout, paths[-1])
     return paths
 
 
 def plot_efficiency(eg: dict[str, Any], path: str | Path | None = None) -> Figure:
-    """EG − 1 against compute for each arm, EG_FLOPs and (when measured) EG_time, with intervals."""
+    """EG − 1 against compute for each arm, EG_FLOPs and (when measured) EG_time, with intervals. A rung
+    whose BPB lies below the baseline law's floor (an unbounded EG, None in `efficiency_gains`) is a
+    triangle at the panel's top, as in `fits.eg_plots`."""
     fig, axes = new_figure()
     ax = axes[0]
-    for i, (arm, rows) in enumerate(eg["arms"].items()):
-        C = np.array([r["train_flops"] for r in rows])
+    for i, (arm, all_rows) in enumerate(eg["arms"].items()):
         for key, style in (("eg_flops", "o-"), ("eg_time", "s--")):
-            if key not in rows[0]:
-                continue
-            val = np.array([r[key] for r in rows]) - 1
             label = f"{arm} {key.replace('eg_', 'EG_')}"
-            if any(r.get(f"{key}_interval") is None for r in rows):  # the baseline law has no interval
+            beyond = [r["train_flops"] for r in all_rows if key in r and r[key] is None]
+            if beyond:
+                ax.plot(beyond, [0.96] * len(beyond), "^" if key == "eg_flops" else "v", color=f"C{i}",
+                        transform=ax.get_xaxis_transform(), clip_on=False, ls="none",
+                        label=f"{label} below the baseline's floor (unbounded)")
+            rows = [r for r in all_rows if r.get(key) is not None]
+            if not rows:
+                continue
+            C = np.array([r["train_flops"] for r in rows])
+            val = np.array([r[key] for r in rows], dtype=float) - 1
+            intervals = [r.get(f"{key}_interval") for r in rows]
+            if any(iv is None or None in iv for iv in intervals):  # no interval, or an unbounded end
                 ax.plot(C, 100 * val, style, color=f"C{i}", label=f"{label} (interval n/a)")
                 continue
-            iv = np.array([r[f"{key}_interval"] for r in rows]) - 1
+            iv = np.array(intervals, dtype=float) - 1
             ax.errorbar(C, 100 * val, yerr=100 * np.abs(iv.T - val), fmt=style, color=f"C{i}", capsize=3, label=label)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("training FLOPs")
     ax.set_ylabel("efficiency gain (%)")
     ax.set_title(f"against {eg['baseline']}")
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     return save_figure(fig, path)
 
 

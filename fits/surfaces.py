@@ -8,12 +8,13 @@ which good runs line up; 1-D: dropout):
 
 Weights decay with a point's distance in loss from the slice's best:
 
-    w_i = exp(−(y_i − y_min) / (WEIGHT_SCALE_REL · y_min)),   WEIGHT_SCALE_REL = 0.01
+    w_i = exp(−(y_i − y_min) / (WEIGHT_SCALE_REL · |y_min|)),   WEIGHT_SCALE_REL = 0.01
 
 so a run 1% worse than the best counts e⁻¹ as much and one 5% worse e⁻⁵. The loss is only
 quadratic near its minimum; without the weights, far-off (and diverging) runs dominate the fit
-and drag the optimum. The optimum's uncertainty is the delta method on the WLS coefficient
-covariance. A surface whose Hessian is not positive definite, or whose optimum lies outside the
+and drag the optimum. The scale is relative to the loss, so a best loss of 0 (or one so near 0
+that the weights leave too few runs to determine the quadratic) is refused, not fitted.
+The optimum's uncertainty is the delta method on the WLS coefficient covariance. A surface whose Hessian is not positive definite, or whose optimum lies outside the
 sampled region (the convex hull of the sampled points), is flagged, never silently used.
 A cross-shaped design (points only along the two axes) cannot see the u·v term: the separable
 quadratic is fitted instead and noted (`no_cross_term`); a slice with exactly as many points as
@@ -102,8 +103,26 @@ class SurfaceResult:
     def optimum_natural(self) -> dict[str, float]:
         return {c: float(np.exp(v) if lg else v) for c, v, lg in zip(self.coords, self.optimum, self.log_coords)}
 
-    def predict(self, points: np.ndarray) -> np.ndarray:
-        x = _to_fit_space(np.atleast_2d(points), self.log_coords) - self.center
+    def predict(self, points: Any) -> np.ndarray:
+        """The fitted loss at `points` in natural units (not logged): an (n, d) array, one point of d
+        values, or, on a 1-D surface, a flat list of n points."""
+        d = len(self.coords)
+        try:
+            p = np.asarray(points, dtype=float)
+        except (TypeError, ValueError):
+            raise FitInputError(f"points must be numbers, got {points!r}") from None
+        if p.ndim <= 1:
+            p = p.reshape(-1, 1) if d == 1 else p.reshape(1, -1)
+        if p.ndim != 2 or p.shape[1] != d:
+            raise FitInputError(f"points must be an (n, {d}) array of {', '.join(self.coords)} values"
+                                f"{' (or a flat list on this 1-D surface)' if d == 1 else ''}; got shape {p.shape}")
+        if not np.all(np.isfinite(p)):
+            raise FitInputError("points must be finite numbers")
+        for j, (c, lg) in enumerate(zip(self.coords, self.log_coords)):
+            if lg and (p[:, j] <= 0).any():
+                raise FitInputError(f"{c} is fitted on a log scale, so each point's {c} must be > 0; got "
+                                    f"{p[:, j].min():g}")
+        x = _to_fit_space(p, self.log_coords) - self.center
         return design(x) @ self.coef
 
     def conf_int(self, level: float | None = None) -> dict[str, tuple[float, float]]:
@@ -138,7 +157,13 @@ def _to_fit_space(points: np.ndarray, log_coords: list[bool]) -> np.ndarray:
 def fit_surface(df: pd.DataFrame, coords: list[str], y: str, *, log_coords: list[bool] | None = None,
                 weight_scale_rel: float = WEIGHT_SCALE_REL, id_column: str | None = "run_id",
                 key: dict[str, Any] | None = None) -> SurfaceResult:
-    """Weighted quadratic fit of `y` over `coords` (1 or 2 of them) and its analytic optimum."""
+    """Weighted quadratic fit of `y` over `coords` (1 or 2 of them) and its analytic optimum.
+    `weight_scale_rel` (> 0) scales the weights by the best loss (module docstring), so a loss whose
+    best is 0 cannot be weighted and is refused."""
+    if isinstance(weight_scale_rel, bool) or not isinstance(weight_scale_rel, (int, float, np.number)) \
+            or not np.isfinite(weight_scale_rel) or weight_scale_rel <= 0:
+        raise FitInputError(f"weight_scale_rel must be a finite number > 0 (the default {WEIGHT_SCALE_REL} weighs a "
+                            f"run 1% worse than the best by e^-1), got {weight_scale_rel!r}")
     log_coords = [True] * len(coords) if log_coords is None else list(log_coords)
     d = len(coords)
     if d not in (1, 2) or len(log_coords) != d:
@@ -171,6 +196,13 @@ def fit_surface(df: pd.DataFrame, coords: list[str], y: str, *, log_coords: list
     if np.linalg.matrix_rank(X[:, keep]) < len(keep):
         raise FlatSurfaceError(f"the sampled points do not determine a quadratic (rank-deficient design){where}",
                                column=",".join(coords))
+    # The weights measure "near the best" relative to the loss itself (1% of it): a best loss of 0
+    # (a difference from the best, say) has no such scale, and weighting by anything else would be a
+    # different fit from the documented one.
+    if y_min == 0:
+        raise FitInputError(f"the best loss is 0{where}, and the weights are relative to it (scale = "
+                            "weight_scale_rel · |best loss|); fit the loss itself, not one shifted so that its best "
+                            "is 0", column=y)
     scale = weight_scale_rel * abs(y_min)
     w = np.exp(-(loss - y_min) / scale)
     coef, cov = np.zeros(n_params), np.zeros((n_params, n_params))
@@ -179,6 +211,13 @@ def fit_surface(df: pd.DataFrame, coords: list[str], y: str, *, log_coords: list
         cov[np.ix_(keep, keep)] = np.nan
         notes.append("no_residual_dof")
     else:
+        # weights that vanish on all but a few runs (a best loss near 0 makes the scale tiny) leave
+        # the weighted design singular: statsmodels would fail or return a meaningless optimum
+        if np.linalg.matrix_rank(np.sqrt(w)[:, None] * X[:, keep]) < len(keep):
+            raise FlatSurfaceError(f"the loss weights (scale {scale:.3g} = weight_scale_rel {weight_scale_rel:g} · "
+                                   f"|best loss| {abs(y_min):.3g}) leave too few runs weighted to determine the "
+                                   f"quadratic{where}; raise weight_scale_rel, or fit a loss whose best is not near 0",
+                                   column=y)
         model = sm.WLS(loss, X[:, keep], weights=w).fit()
         coef[keep], cov[np.ix_(keep, keep)] = np.asarray(model.params), np.asarray(model.cov_params())
     g, H = gradient_hessian(coef, d)
