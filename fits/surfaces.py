@@ -164,6 +164,7 @@ def fit_surface(df: pd.DataFrame, coords: list[str], y: str, *, log_coords: list
             or not np.isfinite(weight_scale_rel) or weight_scale_rel <= 0:
         raise FitInputError(f"weight_scale_rel must be a finite number > 0 (the default {WEIGHT_SCALE_REL} weighs a "
                             f"run 1% worse than the best by e^-1), got {weight_scale_rel!r}")
+    coords = [coords] if isinstance(coords, str) else list(coords)  # one column, not its letters
     log_coords = [True] * len(coords) if log_coords is None else list(log_coords)
     d = len(coords)
     if d not in (1, 2) or len(log_coords) != d:

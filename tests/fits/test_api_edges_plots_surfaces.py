@@ -106,6 +106,8 @@ def test_one_dimensional_surface_predicts_a_flat_list_of_points_and_plots_a_curv
     curve = [line for line in fig.axes[0].get_lines() if len(line.get_xdata()) > 10]
     assert len(curve) == 1 and np.all(np.isfinite(curve[0].get_ydata()))
     assert fig.axes[0].get_xlabel() == "dropout"
+    by_name = fit_surface(dropout_profile(), "dropout", "bpb", log_coords=[False])  # one column named as a string
+    assert by_name.coords == ["dropout"] and by_name.optimum_natural() == s.optimum_natural()
 
 
 def test_two_dimensional_surface_predict_refuses_points_of_the_wrong_width_or_sign():
