@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ladder.errors import LadderInputError
 from ladder.plan.compute import plan_compute
 from ladder.plan.generator import plan_rung
 from ladder.plan.recipe import load_recipe
@@ -17,6 +18,7 @@ CARD_CI_LEVEL = 0.95  # every interval on the card (fits.extrapolate's interval9
 def build_card(recipe_ref: str | Path, rung: int, laws: dict[str, Any], tpp: float | None = None) -> dict[str, Any]:
     """The recipe card of one target rung of a recipe (a shipped name or a path to a recipe file): the
     plan's numbers plus what the given laws predict."""
+    from fits.errors import FitInputError
     from fits.extrapolate import recipe_card  # the fitting stack loads only when a card is built
 
     recipe = load_recipe(recipe_ref)
@@ -39,10 +41,14 @@ def build_card(recipe_ref: str | Path, rung: int, laws: dict[str, Any], tpp: flo
                   "dropout_law": "fitted" if (laws.get("hparams") or {}).get("dropout") else "recipe's fixed dropout",
                   "power_laws": {d: {"n_points": f.n_points, "rows_used": f.rows_used, "code_version": f.code_version}
                                  for d, f in laws.get("power_law", {}).items()}}
-    card = recipe_card(target, power_laws=laws.get("power_law", {}), hparams=laws.get("hparams"),
-                       dropout=(laws.get("hparams") or {}).get("dropout"),
-                       report_laws=recipe.hparam_laws.model_dump(exclude={"source"}), report_source=recipe.hparam_laws.source,
-                       recipe_dropout=recipe.dropout, provenance=provenance)
+    try:
+        card = recipe_card(target, power_laws=laws.get("power_law", {}), hparams=laws.get("hparams"),
+                           dropout=(laws.get("hparams") or {}).get("dropout"),
+                           report_laws=recipe.hparam_laws.model_dump(exclude={"source"}),
+                           report_source=recipe.hparam_laws.source, recipe_dropout=recipe.dropout, provenance=provenance)
+    except FitInputError as err:  # laws that give no usable value at this target (e.g. an LR of e^1000)
+        raise LadderInputError(f"at L{spec.L}: {err.detail}", where=", ".join(laws.get("files", [])) or None,
+                               field="--laws") from None
     for domain, b in card["predicted_bpb"].items():
         x_range = laws["power_law"][domain].extra.get("x_range")
         if x_range:
@@ -68,11 +74,16 @@ def data_arms(sections: dict[str, dict[str, Any]], train_flops: float, level: fl
     return jsonable({"ci_level": level, "baselines": per_baseline, "warnings": arms_warnings(per_baseline)})
 
 
+SAME_FLOPS_RTOL = 1e-6  # relative: compute values this close are one rung's
+
+
 def data_position(train_flops: float, x_range: list[float]) -> dict[str, Any]:
     """Where the target's compute lies against the FLOPs a law was fitted on: "beyond" the largest,
     "below" the smallest, or "inside" (a prediction inside is an interpolation, not an extrapolation)."""
     lo, hi = float(x_range[0]), float(x_range[1])
-    where = "beyond" if train_flops > hi else "below" if train_flops < lo else "inside"
+    # equal up to the digits a table keeps (a CSV's 1.325465468e+13 is the plan's 13254654680064): inside
+    where = ("beyond" if train_flops > hi * (1 + SAME_FLOPS_RTOL) else
+             "below" if train_flops < lo * (1 - SAME_FLOPS_RTOL) else "inside")
     return {"data_flops_range": [lo, hi], "data_position": where}
 
 

@@ -29,7 +29,7 @@ from ladder.errors import LadderInputError
 from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, domains_of
 from ladder.cli.fit.inputs import NO_FLOOR_HINT, add_floor_arg, is_no_floor, load_input, per_domain_rows
 from ladder.cli.fit.laws_file import load_laws
-from ladder.cli.output import make_table, print_json, stdout_console
+from ladder.cli.output import make_table, output_file, print_json, stdout_console
 from ladder.analysis.recipe_card import arms_rows, build_card, card_rows
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--arms-baseline", metavar="NAME",
                    help="show on the card only the data arms measured against this baseline arm (from a laws file "
                         "`ladder fit arms --save` wrote), and refuse laws files without them")
-    p.add_argument("--plot", help="write a PNG figure of each domain's law and its band out to the target")
+    p.add_argument("--plot", type=output_file((".png",)), help="write a PNG figure of each domain's law and its band out to the target")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 

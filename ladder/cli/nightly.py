@@ -12,7 +12,7 @@ from pathlib import Path
 from ladder.errors import LadderInputError
 from ladder.run.nightly import GOLDENS_DIR, build_golden, compare, load_golden, run_repeats
 from ladder.run.nightly_report import write_report
-from ladder.cli.output import make_table, print_json, progress_line, stdout_console
+from ladder.cli.output import check_writable, make_table, print_json, progress_line, stdout_console
 from sweeps.spec import load_spec, resolve_spec_path
 
 
@@ -29,36 +29,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def _check_writable(path: Path, *, flag: str, kind: str) -> None:
-    """`path` must be a `kind` ("directory" or "file") or creatable as one: not the other kind, nor under a
-    file, nor where this user cannot write."""
-    import os
-
-    for at in (path, *path.parents):
-        if not at.exists():
-            continue
-        if at == path and at.is_dir() != (kind == "directory"):
-            other = "directory" if at.is_dir() else "file"
-            raise LadderInputError(f"{path} is a {other}, not a {kind}; give a {kind} path", field=flag)
-        if at != path and not at.is_dir():
-            raise LadderInputError(f"{path} is under {at}, which is a file, not a directory; give another path",
-                                   field=flag)
-        if not os.access(at, os.W_OK | (os.X_OK if at.is_dir() else 0)):
-            raise LadderInputError(f"cannot write {at} (permission denied); give a writable path", field=flag)
-        return
-
-
 def run(args: argparse.Namespace) -> int:
     path = resolve_spec_path(args.spec)
     spec = load_spec(path)
     baseline = Path(args.baseline) if args.baseline else GOLDENS_DIR / f"{spec.name}.json"
     root = Path(args.out or "runs/nightly").resolve()
     # Before Ray starts: the runs, the report and a new golden must be writable where they are to go.
-    _check_writable(root, flag="--out" if args.out else "--out (default runs/nightly)", kind="directory")
+    check_writable(root, flag="--out" if args.out else "--out (default runs/nightly)", kind="directory")
     if args.update_baseline:
         if args.repeats < 2:
             raise LadderInputError("tolerances come from the spread of repeats; use at least 2", field="--repeats")
-        _check_writable(baseline, flag="--baseline" if args.baseline else f"--baseline (default {baseline})",
+        check_writable(baseline, flag="--baseline" if args.baseline else f"--baseline (default {baseline})",
                         kind="file")
         runs, machine = run_repeats(spec, where=str(path), root=root, repeats=args.repeats, address=args.address,
                                     progress=progress_line)

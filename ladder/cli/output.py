@@ -9,10 +9,12 @@ command's stdout is the data; `--format md` writes each table as a Markdown tabl
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -137,3 +139,44 @@ def fmt(value: Any) -> str:
             return f"{value:.3e}"
         return f"{value:.4g}"
     return str(value)
+
+
+def check_writable(path: Path, *, flag: str, kind: str) -> None:
+    """`path` must be a `kind` ("directory" or "file") or creatable as one: not the other kind, nor under a
+    file, nor where this user cannot write. Raises LadderInputError naming `flag`."""
+    from ladder.errors import LadderInputError
+
+    for at in (path, *path.parents):
+        if not at.exists():
+            continue
+        if at == path and at.is_dir() != (kind == "directory"):
+            other = "directory" if at.is_dir() else "file"
+            raise LadderInputError(f"{path} is a {other}, not a {kind}; give a {kind} path", field=flag)
+        if at != path and not at.is_dir():
+            raise LadderInputError(f"{path} is under {at}, which is a file, not a directory; give another path",
+                                   field=flag)
+        if not os.access(at, os.W_OK | (os.X_OK if at.is_dir() else 0)):
+            raise LadderInputError(f"cannot write {at} (permission denied); give a writable path", field=flag)
+        return
+
+
+def output_file(suffixes: tuple[str, ...]):
+    """An argparse type for a file a command writes (--plot, --save): checked when the flags are read,
+    before any work: not empty, a name ending in one of `suffixes` (or none), and writable where it
+    lies (`check_writable`)."""
+    from ladder.errors import LadderInputError
+
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("an empty path; give a file name")
+        path = Path(text)
+        if path.suffix and path.suffix.lower() not in suffixes:
+            raise argparse.ArgumentTypeError(f"{text}: writes {'/'.join(s[1:].upper() for s in suffixes)}; name it "
+                                             f"{' or '.join(path.stem + s for s in suffixes)}")
+        try:
+            check_writable(path, flag="", kind="file")
+        except LadderInputError as err:
+            raise argparse.ArgumentTypeError(err.detail) from None
+        return text
+
+    return parse

@@ -78,6 +78,11 @@ def _memory_settings(args: argparse.Namespace) -> dict | None:
 
 
 def plan_payload(recipe: Recipe, rungs: list[RungSpec], args: argparse.Namespace) -> dict:
+    if args.gpus is None:  # they only set the days and GPU-hours --gpus adds: alone, they would do nothing
+        for flag in ("mfu", "goodput"):
+            if getattr(args, flag, None) is not None:
+                raise LadderInputError("needs --gpus (the pool size the wall-clock days and GPU-hours are for)",
+                                       field=f"--{flag}")
     memory = _memory_settings(args)
     out = []
     for spec in rungs:

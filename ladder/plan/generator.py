@@ -9,6 +9,7 @@ default LR/WD from the hyperparameter laws, and the per-source data plan (`ladde
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 
 from ladder.plan.counting import Architecture, count_flops_per_token, count_parameters
@@ -139,13 +140,27 @@ def batch_for(recipe: Recipe, target_tokens: float) -> tuple[int, int]:
 
 def default_lr_wd(recipe: Recipe, tpp: float, steps: int) -> tuple[float, float]:
     """The report's laws: log LR* = a + b·log TPP + c·log steps and LR*·WD* = coef · steps^k."""
-    laws = recipe.hparam_laws
-    lr = math.exp(laws.log_lr_intercept + laws.log_lr_log_tpp * math.log(tpp) + laws.log_lr_log_steps * math.log(steps))
-    product = laws.lr_wd_product_coef * steps**laws.lr_wd_product_steps_exponent
-    return lr, product / lr
+    from fits.errors import FitInputError
+    from fits.extrapolate import hparams_from_report
+
+    try:
+        hp = hparams_from_report(recipe.hparam_laws.model_dump(), steps=steps, tpp=tpp, source="")
+    except FitInputError as err:  # laws that give no usable LR (e^1000): the recipe's, so named as its field
+        raise LadderInputError(err.detail, where=f"recipe {recipe.name}", field="hparam_laws") from None
+    return hp["lr"]["value"], hp["wd"]["value"]
+
+
+# The largest L a rung may have. Counting a rung's parameters walks its layers (~14 µs a layer), so an L of
+# millions (a typo) took minutes and gigabytes before the budget check refused it; the report's full scale
+# is L=102.
+MAX_RUNG = 10_000
 
 
 def plan_rung(recipe: Recipe, L: int, tpp: float | None = None) -> RungSpec:
+    if isinstance(L, bool) or not isinstance(L, numbers.Integral) or not 1 <= L <= MAX_RUNG:
+        raise LadderInputError(f"a rung's L is a whole number of layers from 1 to {MAX_RUNG:,} (the report's full "
+                               f"scale is L=102), got {L!r}", where=f"recipe {recipe.name}", field="L")
+    L = int(L)
     tpp = recipe.tpp if tpp is None else tpp
     if not (tpp > 0 and math.isfinite(tpp)):  # `not >` also catches nan
         raise LadderInputError(f"TPP must be a positive, finite number, got {tpp:g}", field="--tpp")

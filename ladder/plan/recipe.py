@@ -187,7 +187,7 @@ class Recipe(_Strict):
             if self.width.require_integer:
                 raise LadderInputError(
                     f"L={n_layers} gives d_model = {self.width.numerator}/{self.width.denominator}·{n_layers}"
-                    f" = {num / self.width.denominator:.4g}, not an integer; valid L are multiples of "
+                    f" = {num / self.width.denominator:.2f}, not an integer; valid L are multiples of "
                     f"{self.width.denominator // math.gcd(self.width.numerator, self.width.denominator)}",
                     where=f"recipe {self.name}",
                     field="width",

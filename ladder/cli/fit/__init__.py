@@ -20,7 +20,7 @@ from ladder.cli.fit.inputs import add_ci_level_and_seed, delta_arg, column_arg, 
 from ladder.errors import LadderInputError
 from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI
 from ladder.plan.recipe import HparamLaws
-from ladder.cli.output import make_table, print_json, stdout_console
+from ladder.cli.output import make_table, output_file, print_json, stdout_console
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         q.add_argument("--experiment", help="read the runs of this MLflow experiment instead of a CSV")
         q.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI, help=f"MLflow store (default {DEFAULT_TRACKING_URI})")
         q.add_argument("--no-log", action="store_true", help="do not log the fit back to MLflow (with --experiment)")
-        q.add_argument("--save", help="write the fitted laws (with bootstrap draws) to this JSON file")
-        q.add_argument("--plot", help="write a PNG figure of the fit to this path")
+        q.add_argument("--save", type=output_file((".json",)),
+                       help="write the fitted laws (with bootstrap draws) to this JSON file")
+        q.add_argument("--plot", type=output_file((".png",)), help="write a PNG figure of the fit to this path")
         q.add_argument("--json", action="store_true", help="print one JSON object")
 
     power_law.register(fit_sub, common)

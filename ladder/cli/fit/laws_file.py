@@ -60,10 +60,11 @@ def load_laws(paths: list[str]) -> dict[str, Any]:
                 raise LadderInputError(f"expected a fit object, got {type(fit).__name__}", where=path,
                                        field=f"power_law.{domain}")
             try:
-                laws["power_law"][domain] = power_law_from_dict(fit)
+                laws["power_law"][domain] = _probed(power_law_from_dict(fit))
             except FitInputError as err:
                 raise LadderInputError(err.detail, where=path, field=f"power_law.{domain}") from None
-            except (KeyError, TypeError, ValueError) as err:  # a field of the wrong type inside the fit
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError, ArithmeticError) as err:
+                # a field of the wrong type or shape inside the fit (x_range, interval, prediction)
                 raise LadderInputError(f"not a power-law result the fits wrote ({type(err).__name__}: {err})",
                                        where=path, field=f"power_law.{domain}") from None
         if data.get("hparams") is not None and not isinstance(data["hparams"], dict):
@@ -81,6 +82,29 @@ def load_laws(paths: list[str]) -> dict[str, Any]:
             merged["arms"].update(section["arms"])
             merged["files"].append(path)
     return laws
+
+
+# The compute a law is probed at (the report's full scale is ~2.6e25 FLOPs): every part a card reads is read.
+PROBE_FLOPS = 1e20
+
+
+def _probed(law):
+    """The law, once everything a card reads of it has been read at a nominal compute, and its parts found
+    to agree: the value, the interval and the "E = 0" label come from three fields (`params`, `prediction`,
+    `floor_at_zero`), and a file edited by hand can make them disagree (a BPB outside its own interval)."""
+    from fits.errors import FitInputError
+    from fits.extrapolate import bpb_from_law
+
+    card = bpb_from_law(law, PROBE_FLOPS)
+    if law.extra.get("floor_at_zero") and law.params["E"] != 0:
+        raise FitInputError(f"says floor_at_zero but E = {law.params['E']:g}: the file was edited; refit and save it")
+    model = law.prediction_model
+    if model is not None:
+        from_model = float(model.interval([PROBE_FLOPS])["predicted"][0])
+        if abs(from_model - card["value"]) > 1e-6 * abs(card["value"]):
+            raise FitInputError(f"its params (BPB {card['value']:.6g} at {PROBE_FLOPS:.0e} FLOPs) and its prediction "
+                                f"model ({from_model:.6g}) disagree: the file was edited; refit and save it")
+    return law
 
 
 def _check_arms(section: Any, path: str) -> dict[str, Any]:
@@ -119,6 +143,6 @@ def _check_hparams(hparams: dict[str, Any], path: str) -> None:
             continue
         try:
             probe(hparams)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, ArithmeticError) as err:
             raise LadderInputError(f"not the laws `ladder fit hparams --save` writes ({type(err).__name__}: {err})",
                                    where=path, field=f"hparams.{part}") from None
