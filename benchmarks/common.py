@@ -99,8 +99,15 @@ class Report:
         torch = sys.modules.get("torch")
         return "cuda" if torch is not None and torch.cuda.is_initialized() else "cpu"
 
+    def ran(self) -> bool:
+        """False for the report of a run that did not happen (`results["ran"] is False`: no GPU, say)."""
+        return not (isinstance(self.results, dict) and self.results.get("ran") is False)
+
     def to_dict(self, *, quick: bool = False) -> dict[str, Any]:
-        return {"benchmark": self.benchmark, "machine": machine_info(quick=quick, device=self.computed_on()),
+        # a run that did not happen has nothing to compare with a reference matmul: none is timed (a
+        # GPU benchmark without a GPU once spent minutes timing 2048³ bf16 matmuls on the host CPU)
+        machine = machine_info(quick=quick, device=self.computed_on(), measure=self.ran())
+        return {"benchmark": self.benchmark, "machine": machine,
                 "results": self.results, "checks": [c.to_dict() for c in self.checks]}
 
 
@@ -188,11 +195,12 @@ def torch_train_step(cfg: Any, model: Any, optimizer: Any, batch: Any, clipper: 
     return out
 
 
-def machine_info(*, quick: bool = False, device: str = "cpu") -> dict[str, Any]:
+def machine_info(*, quick: bool = False, device: str = "cpu", measure: bool = True) -> dict[str, Any]:
     """The machine (`ladder.machine`, shared with the nightly) plus the bf16 peak measured on the
-    device the benchmark ran on (a CUDA run times the GPU, never the host CPU)."""
+    device the benchmark ran on (a CUDA run times the GPU, never the host CPU); `measure=False`: the
+    machine alone, nothing timed."""
     info = ladder_machine_info()
-    if "torch" in info:
+    if "torch" in info and measure:
         if device == "cuda":
             size = GPU_PEAK_MATMUL_SIZE
         else:

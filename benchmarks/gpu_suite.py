@@ -20,24 +20,31 @@ run cut short keeps what it measured. `--quick` runs the children's CPU modes at
 (what the tests run).
 
 Nothing here is timed on the host CPU: the device is read from `nvidia-smi`, and each child times its
-own reference matmul on the device it used.
+own reference matmul on the device it used. Without a CUDA device (nvidia-smi lists none and torch, asked
+in a child process, sees none) the full run starts no child: each is reported skipped with the reason,
+`summary.json` is written and the exit status is 1, as for any child that did not run.
+
+Stopping the suite (SIGTERM, SIGINT, any error) kills the running child's process group with it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["CHILDREN", "SHARES", "Child", "device_memory_flag", "gpu_device", "plan_limits", "run_suite"]
+__all__ = ["CHILDREN", "SHARES", "Child", "cuda_missing", "device_memory_flag", "gpu_device", "plan_limits",
+           "run_suite"]
 
 DEFAULT_BUDGET_SECONDS = 470.0
 STDERR_TAIL_BYTES = 8_000
@@ -92,6 +99,26 @@ def gpu_device() -> dict[str, Any] | None:
     return {"name": parts[0], "memory_mib": int(parts[1]) if parts[1].isdigit() else None, "driver": parts[2]}
 
 
+def cuda_missing(device: dict[str, Any] | None) -> str | None:
+    """Why the full run cannot use a GPU here, or None. `device`: what `gpu_device` read. Where nvidia-smi
+    lists a GPU that is all (no probe, the run goes as it always did); where it lists none, torch is asked
+    in a child process (no CUDA context, nor torch's import, in this one)."""
+    if device is not None:
+        return None
+    code = "import torch; print(torch.cuda.is_available())"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as err:
+        seen = f"probing torch failed ({err})"
+    else:
+        if proc.returncode == 0 and proc.stdout.strip().endswith("True"):
+            return None
+        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:300]
+        seen = "torch sees none" if proc.returncode == 0 else f"probing torch failed ({last})"
+    return (f"no CUDA device: nvidia-smi lists no GPU and {seen}; run `python -m benchmarks.gpu_suite` on a GPU "
+            "machine (--quick runs the children's CPU modes)")
+
+
 def device_memory_flag(name: str | None) -> str | None:
     """`--gpu-memory` for gpu_rung: the card's marketed memory where the name says it, else None (the
     planner then takes the memory the device reports)."""
@@ -107,8 +134,8 @@ def plan_limits(budget_seconds: float, used: dict[str, float], names: list[str])
     """The next child's limit: its share of the budget plus what the children before it left unused,
     never more than what is left. `used`: seconds each finished child took; `names`: this run's
     children in order, the next one the first not in `used`."""
-    if budget_seconds <= 0:
-        raise ValueError(f"budget_seconds must be > 0, got {budget_seconds}")
+    if not math.isfinite(budget_seconds) or budget_seconds <= 0:
+        raise ValueError(f"budget_seconds must be a finite number > 0, got {budget_seconds}")
     total_share = sum(SHARES[n] for n in names)
     done = [n for n in names if n in used]
     nxt = names[len(done)]
@@ -119,8 +146,17 @@ def plan_limits(budget_seconds: float, used: dict[str, float], names: list[str])
     return max(0.0, min(own, left))
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (the child and whatever it started), if any of it is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _run_child(cmd: list[str], limit_seconds: float, out_dir: Path, name: str) -> dict[str, Any]:
-    """Run one child in its own process group, killed with the group at the limit; its stdout (one
+    """Run one child in its own process group, killed with the group at the limit, or when this
+    process stops waiting for it (a signal turned into an exception, any error); its stdout (one
     JSON object) and the tail of its stderr written under `out_dir`."""
     t0 = time.monotonic()
     stderr_path = out_dir / f"{name}.stderr.txt"
@@ -128,19 +164,24 @@ def _run_child(cmd: list[str], limit_seconds: float, out_dir: Path, name: str) -
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
-            stdout, _ = proc.communicate(timeout=limit_seconds)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, _ = proc.communicate()
-            timed_out = True
+            try:
+                stdout, _ = proc.communicate(timeout=limit_seconds)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                stdout, _ = proc.communicate()
+                timed_out = True
+        except BaseException:
+            _kill_group(proc)       # the suite is stopping: no child of it outlives it
+            proc.wait()
+            raise
     seconds = time.monotonic() - t0
     tail = stderr_path.read_bytes()[-STDERR_TAIL_BYTES:]
     stderr_path.write_bytes(tail)
     row: dict[str, Any] = {"name": name, "command": cmd, "limit_seconds": round(limit_seconds, 1),
                            "seconds": round(seconds, 1), "returncode": None if timed_out else proc.returncode}
     try:
-        payload = json.loads(stdout.decode()) if stdout.strip() else None
+        payload = json.loads(stdout.decode(errors="replace")) if stdout.strip() else None
     except json.JSONDecodeError:
         payload = None
         (out_dir / f"{name}.stdout.txt").write_bytes(stdout[-STDERR_TAIL_BYTES:])
@@ -167,24 +208,34 @@ def run_suite(out_dir: Path, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, 
                 only: list[str] | None = None, progress=None) -> dict[str, Any]:
     """Run the children in order within `budget_seconds`; returns the summary (also in
     `out_dir/summary.json`, rewritten after each child)."""
-    names = [c.name for c in CHILDREN] if not only else list(only)
+    names = [c.name for c in CHILDREN] if only is None else list(only)
     unknown = [n for n in names if n not in SHARES]
     if unknown or not names or len(set(names)) != len(names):
         raise ValueError(f"children must be distinct names among {list(SHARES)}; got {names}")
-    if budget_seconds <= 0:
-        raise ValueError(f"budget_seconds must be > 0, got {budget_seconds}")
+    if not math.isfinite(budget_seconds) or budget_seconds <= 0:
+        raise ValueError(f"budget_seconds must be a finite number > 0, got {budget_seconds}")
     by_name = {c.name: c for c in CHILDREN}
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--out {out_dir}: cannot make a directory there ({err.strerror or err})") from None
     device = gpu_device()
+    missing = None if quick else cuda_missing(device)
     gpu_memory = device_memory_flag(device["name"] if device else None)
     summary: dict[str, Any] = {
         "benchmark": "gpu_suite", "budget_seconds": budget_seconds, "quick": quick,
         "machine": {"gpu": device, "python": sys.version.split()[0], "gpu_memory_for_planner": gpu_memory},
         "results": {"children": []}, "checks": []}
+    if missing is not None:
+        summary["results"] |= {"ran": False, "reason": missing}
+        if progress:
+            progress(f"gpu_suite: {missing}: no child is run")
     used: dict[str, float] = {}
     for name in names:
         limit = plan_limits(budget_seconds, used, names)
-        if limit < 1.0:
+        if missing is not None:
+            row = {"name": name, "status": "skipped", "reason": missing, "checks": []}
+        elif limit < 1.0:
             row = {"name": name, "status": "skipped", "reason": "no time left in the budget", "checks": []}
         else:
             if progress:
@@ -200,6 +251,11 @@ def run_suite(out_dir: Path, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, 
     return summary
 
 
+def _stop_on_signal(signum: int, frame: Any) -> None:
+    """SIGTERM as an exception, so the running child's process group is killed on the way out."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_suite", description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="directory for each child's JSON, stderr tail and summary.json")
@@ -210,12 +266,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the children's CPU modes at reduced widths")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     args = parser.parse_args(argv)
-    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+
+    def refuse(message: str) -> NoReturn:      # one line on stderr, exit 2, nothing run or written
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only is not None else None
+    if only is not None and not only:
+        refuse(f"--only {args.only!r} names no child; the children are {','.join(SHARES)}")
+    if only is not None and set(only) - set(SHARES):
+        refuse(f"--only: unknown {','.join(n for n in only if n not in SHARES)}; the children are {','.join(SHARES)}")
+    if not math.isfinite(args.budget_seconds) or args.budget_seconds <= 0:
+        refuse(f"--budget-seconds must be a finite number > 0, got {args.budget_seconds}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        refuse(f"--out {args.out}: exists and is not a directory")
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _stop_on_signal) if in_main_thread else None
     try:
-        summary = run_suite(Path(args.out), budget_seconds=args.budget_seconds, quick=args.quick, only=only,
+        summary = run_suite(out, budget_seconds=args.budget_seconds, quick=args.quick, only=only,
                               progress=lambda line: print(line, file=sys.stderr, flush=True))
     except ValueError as err:
-        parser.error(str(err))
+        refuse(str(err))
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
     else:
