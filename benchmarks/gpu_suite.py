@@ -41,7 +41,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 __all__ = ["CHILDREN", "SHARES", "Child", "cuda_missing", "device_memory_flag", "gpu_device", "plan_limits",
            "run_suite"]
@@ -210,8 +210,10 @@ def run_suite(out_dir: Path, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, 
     `out_dir/summary.json`, rewritten after each child)."""
     names = [c.name for c in CHILDREN] if only is None else list(only)
     unknown = [n for n in names if n not in SHARES]
-    if unknown or not names or len(set(names)) != len(names):
-        raise ValueError(f"children must be distinct names among {list(SHARES)}; got {names}")
+    if unknown:
+        raise ValueError(f"--only: unknown {','.join(unknown)}; the children are {','.join(SHARES)}")
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"children must be distinct names among {','.join(SHARES)}; got {names}")
     if not math.isfinite(budget_seconds) or budget_seconds <= 0:
         raise ValueError(f"budget_seconds must be a finite number > 0, got {budget_seconds}")
     by_name = {c.name: c for c in CHILDREN}
@@ -267,26 +269,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     args = parser.parse_args(argv)
 
-    def refuse(message: str) -> NoReturn:      # one line on stderr, exit 2, nothing run or written
-        parser.exit(2, f"{parser.prog}: error: {message}\n")
-
+    # an --only that names no child is refused (by run_suite, with the rest of the flags), never "all of them"
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only is not None else None
-    if only is not None and not only:
-        refuse(f"--only {args.only!r} names no child; the children are {','.join(SHARES)}")
-    if only is not None and set(only) - set(SHARES):
-        refuse(f"--only: unknown {','.join(n for n in only if n not in SHARES)}; the children are {','.join(SHARES)}")
-    if not math.isfinite(args.budget_seconds) or args.budget_seconds <= 0:
-        refuse(f"--budget-seconds must be a finite number > 0, got {args.budget_seconds}")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        refuse(f"--out {args.out}: exists and is not a directory")
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _stop_on_signal) if in_main_thread else None
     try:
-        summary = run_suite(out, budget_seconds=args.budget_seconds, quick=args.quick, only=only,
+        summary = run_suite(Path(args.out), budget_seconds=args.budget_seconds, quick=args.quick, only=only,
                               progress=lambda line: print(line, file=sys.stderr, flush=True))
     except ValueError as err:
-        refuse(str(err))
+        parser.exit(2, f"{parser.prog}: error: {err}\n")  # one line, exit 2, nothing run or written
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
