@@ -142,7 +142,7 @@ def _check_groups(df: pd.DataFrame, group: str) -> None:
     names: dict[str, object] = {}
     for value in df[group].unique():
         other = names.setdefault(str(value), value)
-        if other is not value and other != value:
+        if other != value:
             raise FitInputError(f"holds both {other!r} and {value!r}, which name the same law {str(value)!r}; make "
                                 "them one value", column=group)
 

@@ -34,7 +34,7 @@ from fits.floors import DEFAULT_FLOOR
 from fits.power_law import PowerLawResult
 from fits.results import jsonable
 from fits.bootstrap import MIN_DISTINCT_FOR_INTERVAL
-from fits.validate import check_bootstrap, check_level, numeric_column, require_columns
+from fits.validate import numeric_column, require_columns
 from provenance import code_version
 
 
@@ -150,8 +150,6 @@ def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "bas
                      floor: str = DEFAULT_FLOOR) -> dict[str, Any]:
     """EG_FLOPs (and EG_time when `wall` is given) of every non-baseline arm at every rung; `floor` is the
     baseline laws' floor rule (`fits.floors`: "auto" where the rungs show no loss floor)."""
-    check_bootstrap(bootstrap)
-    check_level(ci_level)
     cols = [arm, y, flops, rung] + ([wall] if wall else [])
     require_columns(df, cols)
     df = df.assign(**{c: numeric_column(df, c, positive=True) for c in (y, flops) + ((wall,) if wall else ())})
@@ -163,12 +161,13 @@ def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "bas
     law_time = baseline_law(base, wall, y, **fit_options) if wall else None
     # The time law's x, wall seconds, differs from seed to seed at one rung, so its distinct x overstate the
     # evidence: its interval is judged by the rungs, as the FLOPs law's is.
+    time_note = law_time.interval_note if law_time else None
     n_rungs = base[rung].nunique()
-    notes = {"eg_flops": law_flops.interval_note,
-             "eg_time": (law_time.interval_note or (
-                 f"{n_rungs} baseline rungs: below {MIN_DISTINCT_FOR_INTERVAL} a bootstrap over rows mostly drops "
-                 "rungs and its intervals under-cover (the time law's wall seconds differ by seed, so its distinct "
-                 "x overstate the rungs)" if n_rungs < MIN_DISTINCT_FOR_INTERVAL else None)) if law_time else None}
+    if law_time and time_note is None and n_rungs < MIN_DISTINCT_FOR_INTERVAL:
+        time_note = (f"{n_rungs} baseline rungs: below {MIN_DISTINCT_FOR_INTERVAL} a bootstrap over rows mostly drops "
+                     "rungs and its intervals under-cover (the time law's wall seconds differ by seed, so its distinct "
+                     "x overstate the rungs)")
+    notes = {"eg_flops": law_flops.interval_note, "eg_time": time_note}
     arms = {}
     for name, group in df[df[arm] != baseline].groupby(arm, sort=True):
         rows = []

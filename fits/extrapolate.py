@@ -24,8 +24,8 @@ import numpy as np
 from scipy import stats
 
 from fits.dropout import sigmoid
-from fits.errors import FitInputError
 from fits.power_law import PowerLawResult
+from fits.report_laws import hparams_from_report, usable_lr_wd
 from fits.results import jsonable
 from provenance import code_version
 
@@ -43,25 +43,12 @@ def predict_regression(law: dict[str, Any], values: dict[str, float], level: flo
     return mean, mean - half, mean + half
 
 
-def _usable_lr_wd(log_lr: float, log_product: float, *, where: str) -> None:
-    """LR and LR·WD that laws give must be finite positive numbers (a hand-edited or extreme law can give
-    e^1000): refused naming the point, never an OverflowError deep in a card."""
-    if not (math.isfinite(log_lr) and math.isfinite(log_product) and abs(log_lr) < MAX_LOG_HPARAM
-            and abs(log_product) < MAX_LOG_HPARAM and abs(log_product - log_lr) < MAX_LOG_HPARAM):
-        raise FitInputError(f"the LR/WD laws give log LR* = {log_lr:.4g} and log LR*·WD* = {log_product:.4g} {where}: "
-                            "not a learning rate and weight decay a run can use; check the laws")
-
-
-# |log| of an LR, LR·WD or WD the laws may give: e^±100 is far past any usable value, and well inside a float.
-MAX_LOG_HPARAM = 100.0
-
-
 def hparams_from_laws(hparams: dict[str, Any], *, steps: float, tpp: float, params_active: float) -> dict[str, Any]:
     v = {"log_steps": math.log(steps), "log_tpp": math.log(tpp), "log_params": math.log(params_active)}
     sel = hparams["selected"]
     lr, lr_lo, lr_hi = predict_regression(sel["log_lr"], v)
     prod, p_lo, p_hi = predict_regression(sel["lr_wd_product"], v)
-    _usable_lr_wd(lr, prod, where=f"at {steps:.4g} steps, TPP {tpp:g}, {params_active:.4g} active parameters")
+    usable_lr_wd(lr, prod, where=f"at {steps:.4g} steps, TPP {tpp:g}, {params_active:.4g} active parameters")
     def interval(lo: float, hi: float):
         return [math.exp(lo), math.exp(hi)] if math.isfinite(lo) and math.isfinite(hi) else None
 
@@ -72,19 +59,6 @@ def hparams_from_laws(hparams: dict[str, Any], *, steps: float, tpp: float, para
         "wd": {"value": math.exp(prod - lr), "law": "LR*·WD* / LR*"},
         "source": "fitted laws",
     }
-
-
-def hparams_from_report(laws: dict[str, float], *, steps: float, tpp: float, source: str) -> dict[str, Any]:
-    """The report's published laws (the recipe's `hparam_laws`): point values only, no intervals."""
-    log_lr = laws["log_lr_intercept"] + laws["log_lr_log_tpp"] * math.log(tpp) + laws["log_lr_log_steps"] * math.log(steps)
-    log_prod = math.log(laws["lr_wd_product_coef"]) + laws["lr_wd_product_steps_exponent"] * math.log(steps)
-    _usable_lr_wd(log_lr, log_prod, where=f"at {steps:.4g} steps, TPP {tpp:g}")
-    lr = math.exp(log_lr)  # the values themselves as the report's laws are written (plans and trial keys use them)
-    prod = laws["lr_wd_product_coef"] * steps ** laws["lr_wd_product_steps_exponent"]
-    return {"lr": {"value": lr, "interval95": None, "law": "log LR* = a + b·log TPP + c·log steps"},
-            "lr_wd_product": {"value": prod, "interval95": None, "law": "LR*·WD* = coef·steps^k"},
-            "wd": {"value": prod / lr, "law": "LR*·WD* / LR*"},
-            "source": f"{source} (published laws from the recipe, NOT fitted by this ladder)"}
 
 
 def dropout_from_law(dropout: dict[str, Any], params_active: float, level: float = 0.95, seed: int = 0) -> dict[str, Any]:

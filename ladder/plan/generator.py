@@ -12,6 +12,8 @@ import math
 import numbers
 from dataclasses import asdict, dataclass, field
 
+from fits.errors import FitInputError
+from fits.report_laws import hparams_from_report
 from ladder.plan.counting import Architecture, count_flops_per_token, count_parameters
 from ladder.errors import LadderInputError
 from ladder.plan.recipe import Recipe
@@ -140,9 +142,6 @@ def batch_for(recipe: Recipe, target_tokens: float) -> tuple[int, int]:
 
 def default_lr_wd(recipe: Recipe, tpp: float, steps: int) -> tuple[float, float]:
     """The report's laws: log LR* = a + b·log TPP + c·log steps and LR*·WD* = coef · steps^k."""
-    from fits.errors import FitInputError
-    from fits.extrapolate import hparams_from_report
-
     try:
         hp = hparams_from_report(recipe.hparam_laws.model_dump(), steps=steps, tpp=tpp, source="")
     except FitInputError as err:  # laws that give no usable LR (e^1000): the recipe's, so named as its field
