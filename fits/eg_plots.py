@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
-from fits.plots import new_figure, save_figure
+from fits.plots import mark_beyond_floor, new_figure, save_figure
 
 MAX_COLUMNS = 4
 
@@ -33,10 +33,8 @@ def plot_eg_by_domain(result: dict[str, Any], path: str | Path | None = None) ->
                 continue
             rows = [r for r in cell["rungs"] if r["eg"] is not None]
             # rungs where the arm's BPB is below the baseline law's floor (an unbounded EG): a mark at the top
-            beyond = [r["train_flops"] for r in cell["rungs"] if r["eg"] is None]
-            if beyond:
-                ax.plot(beyond, [0.96] * len(beyond), "^", color=f"C{i}", transform=ax.get_xaxis_transform(),
-                        clip_on=False, label=None if rows else f"{arm} (below the baseline's floor)")
+            mark_beyond_floor(ax, [r["train_flops"] for r in cell["rungs"] if r["eg"] is None], color=f"C{i}",
+                              label=None if rows else f"{arm} (below the baseline's floor)")
             if not rows:
                 continue
             C = np.array([r["train_flops"] for r in rows])

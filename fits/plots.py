@@ -264,6 +264,13 @@ def _plot_lr_wd(fit, stem: Path) -> list[Path]:
     return paths
 
 
+def mark_beyond_floor(ax, train_flops: list[float], *, color: str, marker: str = "^", label: str | None = None) -> None:
+    """Rungs whose BPB lies below the baseline law's floor (an unbounded EG): marks at the panel's top."""
+    if train_flops:
+        ax.plot(train_flops, [0.96] * len(train_flops), marker, color=color, transform=ax.get_xaxis_transform(),
+                clip_on=False, ls="none", label=label)
+
+
 def plot_efficiency(eg: dict[str, Any], path: str | Path | None = None) -> Figure:
     """EG − 1 against compute for each arm, EG_FLOPs and (when measured) EG_time, with intervals. A rung
     whose BPB lies below the baseline law's floor (an unbounded EG, None in `efficiency_gains`) is a
@@ -273,11 +280,9 @@ def plot_efficiency(eg: dict[str, Any], path: str | Path | None = None) -> Figur
     for i, (arm, all_rows) in enumerate(eg["arms"].items()):
         for key, style in (("eg_flops", "o-"), ("eg_time", "s--")):
             label = f"{arm} {key.replace('eg_', 'EG_')}"
-            beyond = [r["train_flops"] for r in all_rows if key in r and r[key] is None]
-            if beyond:
-                ax.plot(beyond, [0.96] * len(beyond), "^" if key == "eg_flops" else "v", color=f"C{i}",
-                        transform=ax.get_xaxis_transform(), clip_on=False, ls="none",
-                        label=f"{label} below the baseline's floor (unbounded)")
+            mark_beyond_floor(ax, [r["train_flops"] for r in all_rows if key in r and r[key] is None], color=f"C{i}",
+                              marker="^" if key == "eg_flops" else "v",
+                              label=f"{label} below the baseline's floor (unbounded)")
             rows = [r for r in all_rows if r.get(key) is not None]
             if not rows:
                 continue
