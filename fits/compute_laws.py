@@ -44,7 +44,7 @@ import pandas as pd
 from fits.errors import FitError, FitInputError
 from fits.floors import DEFAULT_FLOOR, FLOOR_RULES, check_floor
 from fits.results import jsonable
-from fits.validate import check_bootstrap, check_level, numeric_column, require_columns, row_name
+from fits.validate import check_bootstrap, check_group_values, check_level, numeric_column, require_columns
 from provenance import code_version
 
 if TYPE_CHECKING:
@@ -131,22 +131,6 @@ class PowerLawSet:
         return {g: law.conf_int(level) for g, law in self.laws.items()}
 
 
-def _check_groups(df: pd.DataFrame, group: str) -> None:
-    """Every row names its group (a missing one would drop the row from every law unsaid), and no two
-    group values share a name (1 and "1": one law would overwrite the other)."""
-    missing = df[group].isna().to_numpy()
-    if missing.any():
-        first = int(np.argmax(missing))
-        raise FitInputError(f"has {int(missing.sum())} missing value(s) (first at {row_name(df, first)}): those rows "
-                            "would be in no law; fill or drop them", column=group)
-    names: dict[str, object] = {}
-    for value in df[group].unique():
-        other = names.setdefault(str(value), value)
-        if other != value:
-            raise FitInputError(f"holds both {other!r} and {value!r}, which name the same law {str(value)!r}; make "
-                                "them one value", column=group)
-
-
 def fit_power_laws(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, group: str | None = "domain",
                    select: str = DEFAULT_SELECT, floor: str = DEFAULT_FLOOR, **fit_options: Any) -> PowerLawSet:
     """Select the rows (`select`, module docstring), then fit y = E + A·x^(−α) per value of `group`
@@ -163,7 +147,7 @@ def fit_power_laws(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, 
     if group is not None and group not in df.columns:
         raise FitInputError(f"no such column; the table has {sorted(map(str, df.columns))}", column=group)
     if group is not None:
-        _check_groups(df, group)
+        check_group_values(df, group)
     rows, info = select_runs(df, x, y, group=group, select=select)
     require_columns(rows, [x, y])
     numeric_column(rows, x, positive=True)

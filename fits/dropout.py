@@ -24,7 +24,7 @@ from scipy.optimize import curve_fit
 from fits.errors import FitConvergenceError, FitInputError
 from fits.results import jsonable, normal_quantile
 from fits.surfaces import WEIGHT_SCALE_REL, SurfaceResult, fit_surface
-from fits.validate import check_level, numeric_column, require_columns
+from fits.validate import check_group_values, check_level, numeric_column, require_columns
 from provenance import code_version
 
 MIN_SIZES = 3
@@ -76,6 +76,11 @@ class DropoutLawResult:
                          "excluded": self.excluded, "options": self.options, "code_version": self.code_version})
 
 
+def _key_value(value: object) -> float | str:
+    """A slice's value in its key: a number as float (sizes, TPP), anything else (a tokenizer, an arm) as text."""
+    return float(value) if isinstance(value, (int, float, np.number)) and not isinstance(value, bool) else str(value)
+
+
 def fit_dropout_law(df: pd.DataFrame, y: str = "bpb", *, dropout: str = "dropout", size: str = "params_active",
                     weight_scale_rel: float = WEIGHT_SCALE_REL, id_column: str | None = "run_id",
                     slice_cols: tuple[str, ...] | None = None) -> DropoutLawResult:
@@ -86,9 +91,11 @@ def fit_dropout_law(df: pd.DataFrame, y: str = "bpb", *, dropout: str = "dropout
     if (df[dropout] < 0).any() or (df[dropout] >= 1).any():
         raise FitInputError("dropout must lie in [0, 1)", column=dropout)
     slice_cols = tuple(c for c in (slice_cols or (size, "tpp")) if c in df.columns)
+    for column in slice_cols:
+        check_group_values(df, column)
     surfaces, excluded = [], []
     for key_vals, group in df.groupby(list(slice_cols), sort=True):
-        key = dict(zip(slice_cols, map(float, np.atleast_1d(key_vals))))
+        key = dict(zip(slice_cols, map(_key_value, key_vals if isinstance(key_vals, tuple) else (key_vals,))))
         profile = group.loc[group.groupby(dropout)[y].idxmin()]  # best run at each dropout value
         s = fit_surface(profile, [dropout], y, log_coords=[False], weight_scale_rel=weight_scale_rel,
                         id_column=id_column, key=key)

@@ -118,3 +118,19 @@ def cluster_labels(df: pd.DataFrame, column: str) -> np.ndarray:
         raise FitInputError(f"holds {len(uniques)} cluster(s); a cluster bootstrap needs at least 2 (each resample "
                             "draws whole clusters: of one, every resample is the table itself)", column=column)
     return codes
+
+
+def check_group_values(df: pd.DataFrame, group: str) -> None:
+    """Every row names its group (a missing one would drop the row from every fit of a group unsaid), and
+    no two group values share a name (1 and "1": one group's result would overwrite the other's)."""
+    missing = df[group].isna().to_numpy()
+    if missing.any():
+        first = int(np.argmax(missing))
+        raise FitInputError(f"has {int(missing.sum())} missing value(s) (first at {row_name(df, first)}): those rows "
+                            "would be in no fit; fill or drop them", column=group)
+    names: dict[str, object] = {}
+    for value in df[group].unique():
+        other = names.setdefault(str(value), value)
+        if other != value:
+            raise FitInputError(f"holds both {other!r} and {value!r}, which name the same group {str(value)!r} (one "
+                                "law or slice); make them one value", column=group)

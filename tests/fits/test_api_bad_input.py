@@ -142,7 +142,7 @@ def test_a_row_without_its_group_is_refused_not_dropped():
 
 def test_two_group_values_with_one_name_are_refused():
     df = _two_domains().assign(domain=lambda d: [1 if v == "web" else "1" for v in d.domain])
-    with pytest.raises(FitInputError, match="name the same law"):
+    with pytest.raises(FitInputError, match="name the same group"):
         fit_power_laws(df, floor="auto")
 
 

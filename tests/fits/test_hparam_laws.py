@@ -86,6 +86,21 @@ def test_dropout_law_recovers_a_sigmoid_in_log_size():
     assert sigmoid(np.log(1e8), 0.2, 1.0, np.log(1e8)) == pytest.approx(0.1)
 
 
+def test_dropout_law_slices_by_a_text_column_and_refuses_a_missing_slice_value():
+    """A slice column of names (a tokenizer, an arm) keys its surfaces by name: it was cast to float and
+    failed; a row without its slice value would fall out of every slice unsaid."""
+    def truth(n):
+        return 0.2 / (1 + np.exp(-1.0 * (np.log(n) - np.log(1e8))))
+    df = sweep(seed=4, sizes=(1e6, 1e7, 3e7, 1e8, 3e8, 1e9, 1e10), tpps=(20.0,), dropout_law=truth)
+    df["tokenizer"] = "bpe"
+    law = fit_dropout_law(df, slice_cols=("params_active", "tokenizer"))
+    assert {s.key["tokenizer"] for s in law.surfaces} == {"bpe"}
+    assert law.params["p_max"] == pytest.approx(fit_dropout_law(df).params["p_max"])
+    df.loc[df.index[0], "tokenizer"] = None
+    with pytest.raises(FitInputError, match="missing value"):
+        fit_dropout_law(df, slice_cols=("params_active", "tokenizer"))
+
+
 def test_dropout_law_needs_enough_sizes():
     df = sweep(seed=5, sizes=(1e7, 1e8), tpps=(20.0, 80.0), dropout_law=lambda n: 0.1)
     with pytest.raises(FitInputError, match="≥ 3 model sizes"):
