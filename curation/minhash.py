@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from curation.ids import splitmix64
+from rungs.data.errors import DataInputError
 
 SHINGLE_WORDS = 5
 _WORD = re.compile(r"\w+")
@@ -38,6 +39,16 @@ class LSHParams:
     rows: int = 8
     threshold: float = 0.7  # exact Jaccard a candidate pair needs to count as a near-duplicate
     seed: int = 42
+
+    def __post_init__(self) -> None:
+        for name in ("bands", "rows", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < (0 if name == "seed" else 1):
+                low = "a non-negative int" if name == "seed" else "an int >= 1"
+                raise DataInputError(f"LSHParams.{name} must be {low}, got {value!r}")
+        if not 0.0 < self.threshold <= 1.0:  # NaN included: a pair at or above it is a near-duplicate
+            raise DataInputError(f"LSHParams.threshold (the exact Jaccard of a near-duplicate pair) must be in (0, 1], "
+                                 f"got {self.threshold!r}")
 
     @property
     def num_perm(self) -> int:

@@ -20,9 +20,11 @@ import gzip
 import io
 import json
 import logging
+import math
 import os
 import re
 import shutil
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -223,6 +225,12 @@ def _keep_smallest_uids(units, index, keep, fraction: float) -> None:
     _keep_first(units, keep, (np.concatenate([index[u.name]["uid"] for u in units]),), fraction)
 
 
+def kept_count(fraction: float, n: int) -> int:
+    """ceil(fraction·n), with `fraction` read as the decimal the rules file wrote: in binary floating point
+    0.07 * 100 is 7.000000000000001, whose ceiling would keep 8 documents of 100."""
+    return math.ceil(Decimal(repr(float(fraction))) * n)
+
+
 def _keep_first(units, keep, sort_keys: tuple[np.ndarray, ...], fraction: float) -> None:
     """Of the still-kept documents of these units (concatenated in order), keep the first ceil(fraction·n) in
     `np.lexsort(sort_keys)` order (the last key primary); the rest are dropped from `keep`."""
@@ -232,7 +240,7 @@ def _keep_first(units, keep, sort_keys: tuple[np.ndarray, ...], fraction: float)
     candidates = np.flatnonzero(alive)
     order = candidates[np.lexsort(tuple(k[candidates] for k in sort_keys))]
     new = np.zeros(len(alive), dtype=bool)
-    new[order[:int(np.ceil(fraction * len(candidates)))]] = True
+    new[order[:kept_count(fraction, len(candidates))]] = True
     start = 0
     for u in units:
         n = len(keep[u.name])

@@ -305,6 +305,9 @@ def curate(manifest_path: str | Path, out: str | Path, *, taggers: list[str] | N
     that `out/curation.json` records. Held-out sets are never tagged. Settings not given (`lsh` None, unset
     `model_options`) are those `out` was tagged with, else the defaults; one given with a value other than the
     one `out` was tagged with is refused (`resolve_settings`)."""
+    if isinstance(partitions, bool) or not isinstance(partitions, (int, np.integer)) or partitions < 1:
+        # every key is shuffled into partition `key % partitions`: with none, no document would meet another
+        raise DataInputError(f"partitions must be an int >= 1, got {partitions!r}", field="partitions")
     manifest = load_manifest(manifest_path)
     store = Store(Path(out))
     meta = store.open_for_writing(manifest, manifest.content_hash())

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import zipfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -39,13 +40,20 @@ META_FILE = "model.json"
 HELDOUT_FRACTION = 0.2
 
 
+def split_sizes(n_documents: int, heldout_fraction: float) -> tuple[int, int]:
+    """(train, held-out) sizes of scikit-learn's `train_test_split` of `n_documents`: ceil(fraction·n) held out."""
+    held = math.ceil(heldout_fraction * n_documents)
+    return n_documents - held, held
+
+
 def min_documents(heldout_fraction: float = HELDOUT_FRACTION) -> int:
-    """The fewest documents of one class that `train_quality_classifier` can split: at least one held out
-    (`heldout_fraction` of them, rounded) and at least one to train on (3 at the default fifth)."""
+    """The fewest documents of one class that `train_quality_classifier` can split with as many of the other
+    class: the stratified split then trains on at least one of each class and holds out at least one of each
+    (3 at the default fifth; 10 at 0.9, where the held-out share is rounded up over both classes)."""
     if not 0.0 < heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
-    n = 2
-    while not 1 <= round(n * heldout_fraction) < n:
+    n = 1
+    while min(split_sizes(2 * n, heldout_fraction)) < 2:
         n += 1
     return n
 

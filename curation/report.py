@@ -125,7 +125,7 @@ def removed_samples(directory: str | Path, step: str, n: int, chars: int = 300) 
         sample = {"source": unit.source, **_document(store, unit, row, chars)}
         if cluster_set is not None:
             rep = int(read_npz(store.attributes(cluster_set, unit.name))["cluster"][row])
-            sample["kept"] = _find(store, units, rep, chars)
+            sample["kept"] = _find_kept(store, units, cluster_set, rep, chars)
         samples.append(sample)
     return {"dir": str(directory), "step": step, "removed": len(pairs), "samples": samples}
 
@@ -136,10 +136,13 @@ def _document(store: Store, unit, row: int, chars: int) -> dict:
     return {"id": str(index["id"][row]), "bytes": int(index["bytes"][row]), "text": text[:chars]}
 
 
-def _find(store: Store, units, uid: int, chars: int) -> dict | None:
-    """The document with this uid (a cluster's kept one), looked up file by file: an inspection, not a join."""
+def _find_kept(store: Store, units, cluster_set: str, cluster: int, chars: int) -> dict | None:
+    """The document `keep_one` keeps of this cluster of `cluster_set`, looked up file by file (an inspection, not
+    a join) by its cluster id and keep flag: an exact or near cluster's id is its kept document's uid, a
+    semantic one's is a hash of its smallest id, and its kept document is SemDeDup's choice."""
     for unit in units:
-        rows = np.flatnonzero(read_npz(store.unit_index(unit.name))["uid"] == uid)
+        attrs = read_npz(store.attributes(cluster_set, unit.name))
+        rows = np.flatnonzero((attrs["cluster"] == cluster) & attrs["keep"])
         if len(rows):
             return {"source": unit.source, **_document(store, unit, int(rows[0]), chars)}
     return None

@@ -36,6 +36,9 @@ DEFAULT_EPS = 0.01
 DEFAULT_BLOCK_ROWS = 2048
 DEFAULT_K_NEIGHBORS = 10
 DEFAULT_CLIP_RATIO = 10.0
+# Slack on the cosine threshold for the rounding of a float64 dot product of unit vectors (~1e-15 at d = 256):
+# two equal embeddings have cosine 1 up to that rounding and are duplicates at every eps, 0 included.
+COSINE_SLACK = 1e-12
 
 
 def check_labels(labels: np.ndarray, n: int, n_topics: int) -> np.ndarray:
@@ -87,7 +90,7 @@ def _duplicate_components(x: np.ndarray, threshold: float, block_rows: int) -> n
         xi = x[i0:i0 + block_rows]
         for j0 in range(i0, m, block_rows):
             sims = xi @ x[j0:j0 + block_rows].T  # (bi, bj) float64
-            ii, jj = np.nonzero(sims >= threshold)
+            ii, jj = np.nonzero(sims >= threshold - COSINE_SLACK)
             if j0 == i0:
                 upper = ii < jj
                 ii, jj = ii[upper], jj[upper]
@@ -99,7 +102,9 @@ def _duplicate_components(x: np.ndarray, threshold: float, block_rows: int) -> n
 def semantic_duplicates(doc_ids: Sequence[str], embeddings: np.ndarray, labels: np.ndarray, centroids: np.ndarray,
                         eps: float = DEFAULT_EPS, *, block_rows: int = DEFAULT_BLOCK_ROWS) -> tuple[np.ndarray, np.ndarray]:
     """(semantic cluster id int64 per document, keep bool per document). Documents in no duplicate group are
-    their own cluster (the hash of their own id) and are kept. Cosines are computed in float64."""
+    their own cluster (the hash of their own id) and are kept. Cosines are computed in float64 and compared with
+    1 - eps less `COSINE_SLACK` (1e-12, their rounding), so equal embeddings are duplicates at every eps, 0
+    included."""
     x = check_embeddings(embeddings)
     n = x.shape[0]
     ids = list(doc_ids) if not isinstance(doc_ids, str) else None
@@ -121,8 +126,10 @@ def semantic_duplicates(doc_ids: Sequence[str], embeddings: np.ndarray, labels: 
     for topic in np.unique(lab):
         members = np.flatnonzero(lab == topic)
         comp = _duplicate_components(xn[members], 1.0 - eps, block_rows)
-        # keep per component: the lowest cosine to the centroid, then the smallest doc id
-        to_centroid = xn[members] @ c[topic]
+        # keep per component: the lowest cosine to the centroid, then the smallest doc id. Row by row (a product
+        # and numpy's sum of each row), not a matrix-vector product: BLAS rounds a row's dot product differently
+        # at different positions, and equal embeddings must tie wherever they are for the id to break the tie.
+        to_centroid = (xn[members] * c[topic]).sum(axis=1)
         order = np.lexsort((id_rank[members], to_centroid, comp))
         first = np.ones(order.size, dtype=bool)
         first[1:] = comp[order[1:]] != comp[order[:-1]]
@@ -146,8 +153,8 @@ def diversity_weights(embeddings: np.ndarray, labels: np.ndarray, centroids: np.
     lab = check_labels(labels, n, c.shape[0])
     if k_neighbors < 1:
         raise ValueError(f"k_neighbors must be >= 1, got {k_neighbors}")
-    if not clip_ratio >= 1.0:
-        raise ValueError(f"clip_ratio must be >= 1, got {clip_ratio}")
+    if not 1.0 <= clip_ratio < np.inf:  # an infinite ratio would give a lone document an infinite weight
+        raise ValueError(f"clip_ratio must be finite and >= 1, got {clip_ratio}")
     x64 = normalise_rows(x.astype(np.float64))
     xn = np.ascontiguousarray(x64, dtype=np.float32)
     spread = np.full(n, np.nan)  # mean cosine distance to the k nearest neighbours; NaN: alone in its topic

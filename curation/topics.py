@@ -90,6 +90,8 @@ def fit_topics(embeddings: np.ndarray, n_topics: int, seed: int, *, sample_size:
         raise ValueError(f"n_topics must be >= 1, got {n_topics}")
     if sample_size < 1:
         raise ValueError(f"sample_size must be >= 1, got {sample_size}")
+    if not 0 <= seed:  # numpy's generators take non-negative seeds only
+        raise ValueError(f"seed must be a non-negative int, got {seed}")
     idx = sample_indices(x.shape[0], sample_size, seed)
     if idx.size < n_topics:
         raise ValueError(f"n_topics={n_topics} is more than the {idx.size} documents sampled to fit them")

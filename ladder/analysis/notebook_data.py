@@ -3,9 +3,9 @@ the small committed fixtures in `notebooks/fixtures/` (real runs exported from t
 
 `LADDER_NOTEBOOK_SOURCE=fixture` forces the fixtures (the test suite does this); `mlflow` forces
 the experiment; unset, the experiment is used when it holds runs of the sweep's current plan and
-the fixture otherwise. An experiment accumulates runs of earlier recipe versions (a sweep reruns
-only what its trial keys say changed), so with `spec` both readers keep only that sweep spec's
-current-plan runs: a notebook shows one recipe version, as the fixture does.
+the fixture otherwise; any other value is refused. An experiment accumulates runs of earlier recipe
+versions (a sweep reruns only what its trial keys say changed), so with `spec` both readers keep only
+that sweep spec's current-plan runs: a notebook shows one recipe version, as the fixture does.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ladder.errors import LadderInputError
 from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, fit_table, long_by_domain, read_runs
 
 FIXTURES = Path(__file__).resolve().parents[2] / "notebooks" / "fixtures"
+SOURCES = ("auto", "fixture", "mlflow")  # LADDER_NOTEBOOK_SOURCE's values
 KEEP = ["run_id", "rung", "block", "arm", "seed", "lr", "wd", "dropout", "steps", "tpp", "params_active", "train_flops",
         "wall_seconds", "tokens", "final_loss", "diverged", "bpb"]
 
@@ -28,7 +29,10 @@ KEEP = ["run_id", "rung", "block", "arm", "seed", "lr", "wd", "dropout", "steps"
 def load_runs(experiment: str, fixture: str, *, spec: str | None = None,
               tracking_uri: str | None = None) -> tuple[pd.DataFrame, str]:
     """(runs table with canonical columns, a sentence saying where they came from)."""
-    mode = os.environ.get("LADDER_NOTEBOOK_SOURCE", "auto")
+    mode = os.environ.get("LADDER_NOTEBOOK_SOURCE") or "auto"
+    if mode not in SOURCES:  # a misspelt choice must not fall back to the other source unnoticed
+        raise LadderInputError(f"must be one of {', '.join(SOURCES)} (unset: auto), got {mode!r}",
+                               field="LADDER_NOTEBOOK_SOURCE")
     uri = tracking_uri or os.environ.get("LADDER_TRACKING_URI", DEFAULT_TRACKING_URI)
     if mode != "fixture":
         try:
