@@ -39,8 +39,8 @@ import torch
 
 from rungs.identity import accepted_keys
 # Re-exported: the torch-free run-directory helpers live in rungs.run_files (the loop imports no torch).
-from rungs.run_files import (LOCK_FILE, CheckpointError, DiskFullError, RunDirBusyError, _fsync_dir, _write_atomic,  # noqa: F401
-                             exclusive_run_dir, is_disk_full, write_json_atomic)
+from rungs.run_files import (LOCK_FILE, CheckpointError, DiskFullError, RunDirBusyError, RunDirError,  # noqa: F401
+                             _fsync_dir, _write_atomic, exclusive_run_dir, is_disk_full, write_json_atomic)
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,26 @@ def restore(payload: dict[str, Any], *, model: torch.nn.Module, optimizer: Any, 
     sampler.load_state_dict(payload["sampler"])
     set_rng_state(payload["rng"])
     return int(payload["step"])
+
+
+# The checkpoint each engine writes in a run directory, and the job that resumes it (the sharded and JAX
+# names are rungs.parallel.engine.CHECKPOINT_DIR and rungs.jaxjob.checkpoint.CHECKPOINT_DIR, spelled here
+# because those modules import what this one must not).
+ENGINE_CHECKPOINTS = {CHECKPOINT_NAME: "the one-process PyTorch job (ladder train, rungs.train.train)",
+                      "dist_checkpoint": "the sharded PyTorch job (rungs.launch, launch_ray)",
+                      "checkpoint_jax": "the JAX job (backend=jax)"}
+
+
+def refuse_other_engines_checkpoint(run_dir: Path, *, own: str) -> None:
+    """For an engine that found no checkpoint of its own (`own`: its name in ENGINE_CHECKPOINTS): raise
+    CheckpointError when another engine's checkpoint is there. Starting from step 0 beside it would
+    silently discard that job's progress (and its clip-event log) instead of resuming it."""
+    for name, writer in ENGINE_CHECKPOINTS.items():
+        path = Path(run_dir) / name
+        if name != own and path.exists():
+            raise CheckpointError(f"{path}: a checkpoint of {writer}, which this job ({ENGINE_CHECKPOINTS[own]}) "
+                                  "cannot resume; resume it with that job, use another run directory, or start "
+                                  "over with --fresh (resume=False)")
 
 
 def remove_checkpoint(run_dir: Path) -> None:

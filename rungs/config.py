@@ -99,7 +99,8 @@ class TrainConfig(BaseModel):
     muon_momentum: float = Field(default=0.95, ge=0, lt=1)
     adam_beta1: float = Field(default=0.9, ge=0, lt=1)
     adam_beta2: float = Field(default=0.95, ge=0, lt=1)
-    adjust_lr: str = "match_rms_adamw"
+    # Muon's update-scale convention: the keys of rungs.muon.CONVENTIONS (named here, as rungs.muon imports torch).
+    adjust_lr: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
     schedule: Literal["cosine", "wsd"] = "cosine"
     warmup_steps: int | None = Field(default=None, ge=0, description="default: 5% of steps")
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
@@ -201,6 +202,9 @@ class TrainConfig(BaseModel):
         if self.capacity_factor is not None and self.backend == "jax":
             raise ValueError(f"capacity_factor={self.capacity_factor} sizes the PyTorch job's MoE rounds; the JAX "
                              "job does not read it (set capacity_per_expert, or leave capacity_factor unset)")
+        if self.group_size is not None and self.n_experts % self.group_size:
+            raise ValueError(f"group_size={self.group_size} must divide n_experts={self.n_experts} (experts lend "
+                             "each other slots within equal groups)")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
         if self.micro_batch_sequences is not None and self.batch_sequences % self.micro_batch_sequences:
@@ -309,7 +313,7 @@ def parse_config(data: TrainConfig | dict) -> TrainConfig:
             msg = f"unknown key; valid keys are {sorted(known)}"
         elif first["type"] == "missing":
             msg = "required key is missing"
-        else:
-            msg = first["msg"]
+        else:  # a cross-field rule's message already names its keys; pydantic's prefix adds nothing
+            msg = first["msg"].removeprefix("Value error, ")
         more = f" (and {len(err.errors()) - 1} more problem(s))" if len(err.errors()) > 1 else ""
         raise TrainConfigError(msg + more, key=key) from None

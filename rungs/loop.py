@@ -68,6 +68,9 @@ class TrainResult:
     peak_source: str = ""
     devices: int = 1
     mfu_capped: bool = False
+    # The config's key (TrainConfig.key()): a rerun in the same directory returns this result only for
+    # the same config. None in results written before it was recorded.
+    config_key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,11 +106,11 @@ def run_job(cfg: TrainConfig, engine: Engine, *, run_dir: Path, lr_multiplier: C
     main = engine.rank == 0
     if not resume and main:
         engine.discard_checkpoint(run_dir)
-        for name in (RUN_ID_FILE, RESULT_FILE, EVAL_FILE, CLIP_LOG_FILE):
+        for name in (RUN_ID_FILE, RESULT_FILE, EVAL_FILE, CLIP_LOG_FILE, DATA_REPORT_FILE):
             (run_dir / name).unlink(missing_ok=True)
     engine.barrier()
     total = cfg.run_steps
-    done_before = finished_result(run_dir, total)  # before any checkpoint is read: a finished job is done
+    done_before = finished_result(run_dir, total, cfg.resume_keys())  # before any checkpoint: a finished job is done
     if done_before is not None:
         if main:
             _close_finished_run(cfg, engine, run_dir, done_before)
@@ -139,6 +142,7 @@ def run_job(cfg: TrainConfig, engine: Engine, *, run_dir: Path, lr_multiplier: C
             engine.barrier()
             return _result(tracker, state, peak, engine.world, unigram, None, run_dir, finished=False)
         res = _result(tracker, state, peak, engine.world, unigram, diverged_reason, run_dir, finished=True)
+        res.config_key = cfg.key()
         if main:
             write_json_atomic(run_dir / RESULT_FILE, res.to_json(), indent=2)
         report = engine.data_report()
@@ -280,8 +284,12 @@ def _result(tracker: Tracker | None, state: LoopState, peak: DevicePeak, devices
     )
 
 
-def finished_result(run_dir: Path, total: int) -> TrainResult | None:
-    """A job that already finished returns its stored result instead of training again."""
+def finished_result(run_dir: Path, total: int, config_keys: tuple[str, ...] | None = None) -> TrainResult | None:
+    """A job that already finished returns its stored result instead of training again.
+
+    `config_keys`: the keys this job accepts (`TrainConfig.resume_keys()`, its own first). A result
+    recorded by another config is refused, as its checkpoint would be: returning it would report one
+    config's numbers as another's."""
     path = run_dir / RESULT_FILE
     if not path.is_file():
         return None
@@ -289,10 +297,15 @@ def finished_result(run_dir: Path, total: int) -> TrainResult | None:
         data = json.loads(path.read_text())
         if data.get("steps") != total and not data.get("diverged"):
             return None
-        return TrainResult(**data)
+        res = TrainResult(**data)
     except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{path}: unreadable stored result ({str(err)[:200]}); move it aside to train "
                               "again from the checkpoint, or start over with --fresh (resume=False)") from None
+    if config_keys and res.config_key is not None and res.config_key not in config_keys:
+        raise CheckpointError(f"{path}: the finished job in this directory had another configuration (key "
+                              f"{res.config_key}, this job {config_keys[0]}); use another run directory, or start "
+                              "over with --fresh (resume=False)")
+    return res
 
 
 def _close_finished_run(cfg: TrainConfig, engine: Engine, run_dir: Path, res: TrainResult) -> None:

@@ -40,7 +40,11 @@ class DiskFullError(OSError):
     """A write ran out of space (ENOSPC/EDQUOT). Says which file; nothing half-written is left behind."""
 
 
-class RunDirBusyError(RuntimeError):
+class RunDirError(RuntimeError):
+    """A run directory that cannot hold a job (a file in its place, a path that cannot be created)."""
+
+
+class RunDirBusyError(RunDirError):
     """Another live job holds this run directory."""
 
 
@@ -124,23 +128,49 @@ def append_jsonl(records: list[dict[str, Any]], path: Path) -> None:
 
 
 def drop_jsonl_after(path: Path, completed_steps: int) -> None:
-    """Keep only records of steps a checkpoint covers (0-based "step" < completed_steps)."""
+    """Keep only records of steps a checkpoint covers (0-based "step" < completed_steps), rewriting the
+    file atomically. A line that does not parse is the tail of an append a kill cut short: its step
+    ran after the last checkpoint (the events of a step are appended before that step's checkpoint),
+    so it is dropped with the rest of them, and the job resumes instead of failing on it."""
     if not path.is_file():
         return
-    kept = [line for line in path.read_text().splitlines(keepends=True)
-            if line.strip() and json.loads(line)["step"] < completed_steps]
-    path.write_text("".join(kept))
+    kept, torn = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, TypeError, KeyError):
+            torn += 1
+            continue
+        if isinstance(step, int) and step < completed_steps:
+            kept.append(line + "\n")
+    if torn:
+        log.warning("%s: dropped %d unreadable line(s), the end of a write cut short", path, torn)
+    text = "".join(kept)
+    _write_atomic(path, lambda f: f.write(text.encode()))
 
 
 # --- one job per run directory ---
+
+def make_run_dir(run_dir: Path) -> Path:
+    """Create `run_dir` (and its parents) if needed; RunDirError when a file stands where it would be."""
+    run_dir = Path(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), run_dir)
+        raise RunDirError(f"{run_dir}: cannot be a run directory: {blocker} is a file; name a directory "
+                          "(--run-dir)") from None
+    return run_dir
+
 
 @contextlib.contextmanager
 def exclusive_run_dir(run_dir: Path, *, wait: bool = True, poll_seconds: float = 1.0) -> Iterator[None]:
     """Hold `run_dir/job.lock` (flock, exclusive) for the body. A second job on the same directory waits
     for the first to end (`wait`) or raises RunDirBusyError naming the holder. A holder that dies
     (even by SIGKILL) releases the lock with its file descriptors."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = make_run_dir(run_dir)
     lock_path = run_dir / LOCK_FILE
     with open(lock_path, "a+") as f:
         try:

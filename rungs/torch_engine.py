@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from rungs.agc import ActivationGradClipper, event_record
-from rungs.checkpoint import load_checkpoint, remove_checkpoint, restore, save_checkpoint
+from rungs.checkpoint import (CHECKPOINT_NAME, load_checkpoint, refuse_other_engines_checkpoint, remove_checkpoint,
+                              restore, save_checkpoint)
 from rungs.config import TrainConfig, TrainConfigError
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.prepare import ensure_prepared
@@ -193,6 +194,7 @@ class TorchEngine:
     def load(self, run_dir: Path) -> dict[str, Any] | None:
         payload = load_checkpoint(run_dir, config_key=self.cfg.resume_keys())
         if payload is None:
+            refuse_other_engines_checkpoint(run_dir, own=CHECKPOINT_NAME)
             return None
         restore(payload, model=self.model, optimizer=self.optimizer, sampler=self.sampler)
         extra = dict(payload["extra"])

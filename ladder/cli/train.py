@@ -5,8 +5,10 @@ Prepares the corpus on first use (cached under runs/data), trains in `runs/train
 JSON (docs/architecture.md): {run_id, final_loss, bpb: {DOMAIN: value}, tokens, train_flops, wall_seconds,
 tokens_per_second, mfu}, plus bpb_se: {DOMAIN: the final BPB's standard error from the held-out
 documents' sampling}, achieved_tflops_per_device, peak_flops_per_device and mfu_capped (MFU
-is against the device's specification peak, rungs.metrics). A damaged or unsafe checkpoint, a full
-disk or a run directory in use by another job exits 2 with one line naming the file.
+is against the device's specification peak, rungs.metrics). A damaged or unsafe checkpoint, another
+config's checkpoint or result, a checkpoint of other training data, a full disk or a file where the run
+directory would be exits 2 with one line naming the file. A run directory in use by another job is
+waited for (the holder is logged), then resumed or its result returned.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def default_run_dir(config: dict) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rungs.checkpoint import CheckpointError, DiskFullError, RunDirBusyError
+    from rungs.checkpoint import CheckpointError, DiskFullError, RunDirError
     from rungs.config import TrainConfigError
     from rungs.data.errors import DataInputError
     from rungs.train import train
@@ -71,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or default_run_dir(config)
     try:
         result = train(config, run_dir=run_dir, resume=not args.fresh, progress=True)
-    except (TrainConfigError, DataInputError, CheckpointError, RunDirBusyError) as err:
+    except (TrainConfigError, DataInputError, CheckpointError, RunDirError) as err:
         raise LadderInputError(str(err), where=f"ladder train {args.recipe} --rung {args.rung}") from None
     except DiskFullError as err:  # not bad input, but one line that says what to do beats a traceback
         raise LadderInputError(err.strerror, where=f"ladder train {args.recipe} --rung {args.rung}") from None

@@ -235,7 +235,11 @@ def ensure_prepared(manifest_path: str | Path | None = None, *, vocab_size: int,
     manifest = load_manifest(manifest_path or DEMO_MANIFEST)
     key = input_key(manifest, tokenizer_key(tokenizer), vocab_size)
     cache_root = Path(cache_root)
-    cache_root.mkdir(parents=True, exist_ok=True)
+    try:
+        cache_root.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise DataInputError("is not a directory; the prepared-corpus cache is a folder (data_cache_root)",
+                             where=str(cache_root), field="data_cache_root") from None
     label = tokenizer if tokenizer in ("bpe", "byte") else "file"
     target = cache_root / f"{manifest.name}-{label}{vocab_size}-{key[:12]}"
     with open(cache_root / f".{target.name}.lock", "w") as lock:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -200,9 +201,12 @@ def _plan_float(plan: dict, source: str, key: str) -> float:
         entry = {k: getattr(entry, k) for k in ("share", "unique_tokens", "epochs") if hasattr(entry, k)}
     if key not in entry:
         raise DataInputError(f"plan entry for {source!r} needs {key!r} (share, unique_tokens, epochs)", field="plan")
-    value = float(entry[key])
-    if not value > 0:
-        raise DataInputError(f"{key} must be positive, got {value}", field=f"plan.{source}.{key}")
+    try:
+        value = float(entry[key])
+    except (TypeError, ValueError):
+        raise DataInputError(f"{key} must be a number, got {entry[key]!r}", field=f"plan.{source}.{key}") from None
+    if not 0 < value < math.inf:
+        raise DataInputError(f"{key} must be a positive finite number, got {value}", field=f"plan.{source}.{key}")
     return value
 
 
@@ -213,6 +217,10 @@ class SourceScaledSampler:
             raise DataInputError(f"subset must be one of {SUBSET_RULES}, got {subset!r}", field="subset")
         if seq_len <= 0 or batch_sequences <= 0:
             raise DataInputError(f"seq_len and batch_sequences must be positive, got {seq_len}, {batch_sequences}")
+        if chunk_tokens is not None and chunk_tokens <= 0:  # a chunk that adds no tokens never fills a batch
+            raise DataInputError(f"chunk_tokens must be positive, got {chunk_tokens}", field="chunk_tokens")
+        if seed < 0:  # numpy's seed sequences take non-negative integers only
+            raise DataInputError(f"seed must be a non-negative integer, got {seed}", field="seed")
         if not plan:
             raise DataInputError("the plan has no sources", field="plan")
         unknown = [s for s in plan if s not in corpus.train_sources]
@@ -242,6 +250,10 @@ class SourceScaledSampler:
                     f"its unique_tokens in the recipe mixture", where=str(corpus.path), field=f"sources.{name}")
             self.streams.append(_SourceStream(name, shard, cap, _plan_float(plan, name, "epochs"), self.seed,
                                              subset))
+        # What the stream is drawn from: each source's train shards, by content. The cursors in a saved
+        # state index these documents, so a state is only restored onto the same tokens.
+        self.corpus_path = corpus.path
+        self.data_sha256 = {name: corpus.source_info(name).get("sha256") for name in plan}
         self.pending: list[tuple[int, int, int, int]] = []  # (source index, doc index, offset, length)
         self._pending_tokens = 0
         self.batches = 0
@@ -292,11 +304,24 @@ class SourceScaledSampler:
 
     def state_dict(self) -> dict:
         return {"version": STATE_VERSION, "plan_key": self._plan_key(), "batches": self.batches,
-                "streams": {s.name: s.state() for s in self.streams}, "pending": [list(p) for p in self.pending]}
+                "streams": {s.name: s.state() for s in self.streams}, "pending": [list(p) for p in self.pending],
+                "data_sha256": dict(self.data_sha256)}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("version") != STATE_VERSION or state.get("plan_key") != self._plan_key():
             raise DataInputError("sampler state was saved for a different plan, shape or seed", field="state")
+        # A corpus prepared again from edited files (or another tokenizer) keeps the config, and with it
+        # the checkpoint's key: without this check the job would continue on other documents (and
+        # other token ids) from cursors that index the old ones. States saved before it was recorded
+        # carry no data_sha256 and are restored as they were.
+        for name, saved in (state.get("data_sha256") or {}).items():
+            now = self.data_sha256.get(name)
+            if saved is not None and now is not None and saved != now:
+                raise DataInputError(
+                    f"the checkpoint's data stream was drawn from other training data (shards sha256 {saved[:12]}…, "
+                    f"now {now[:12]}…): the corpus was prepared again from changed files or with another tokenizer. "
+                    "Restore the corpus the job started on, or start over with --fresh (resume=False)",
+                    where=str(self.corpus_path), field=f"sources.{name}")
         for s in self.streams:
             st = state["streams"][s.name]
             s.epoch, s.pos, s.offset, s.pulled = int(st["epoch"]), int(st["pos"]), int(st["offset"]), int(st["pulled"])

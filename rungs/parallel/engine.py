@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from rungs.agc import ActivationGradClipper, event_record
+from rungs.checkpoint import refuse_other_engines_checkpoint
 from rungs.config import TrainConfig
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.prepare import ensure_prepared
@@ -118,6 +119,7 @@ class ShardedTorchEngine:
             if not self._weights_drawn:
                 raise DistributedError(f"{ckpt} disappeared between build and load; the model's weights "
                                        "were not drawn, so the job cannot start fresh: rerun it")
+            refuse_other_engines_checkpoint(run_dir, own=CHECKPOINT_DIR)  # every rank: none goes on alone
             return None
         extra = dist_checkpoint.load(ckpt, self.model, self.optimizer, self.par)
         if extra.get("config_key") not in self.cfg.resume_keys():  # its key, or the one older code wrote

@@ -25,16 +25,19 @@ import argparse
 import contextlib
 import json
 import logging
+import os
+import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from rungs.config import TrainConfig, parse_config
+from rungs.config import TrainConfig, TrainConfigError, parse_config
+from rungs.data.errors import DataInputError
 from rungs.loop import RESULT_FILE, TrainResult, finished_result, run_job
 from rungs.parallel.distributed import DistributedError, setup
 from rungs.parallel.engine import CHECKPOINT_DIR, ShardedTorchEngine  # noqa: F401
-from rungs.run_files import exclusive_run_dir
+from rungs.run_files import CheckpointError, DiskFullError, RunDirError, exclusive_run_dir, make_run_dir
 from rungs.torch_engine import lr_schedule
 
 log = logging.getLogger(__name__)
@@ -55,9 +58,8 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
                                "job shards over every device it sees: one process with rungs.train.train, or "
                                "several with launch_ray (each joins one jax.distributed job)")
     ep = 1 if ep is None else ep
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    stored = finished_result(run_dir, cfg.run_steps) if resume else None
+    run_dir = make_run_dir(run_dir)
+    stored = finished_result(run_dir, cfg.run_steps, cfg.resume_keys()) if resume else None
     if stored is not None:  # a finished job returns its stored result (every rank reads it)
         return stored
     par = setup(ep=ep)
@@ -142,6 +144,13 @@ def launch_ray(config: TrainConfig | dict, *, run_dir: Path, num_workers: int, e
     return TrainResult(**json.loads((run_dir / RESULT_FILE).read_text()))
 
 
+def _input_error(parser: argparse.ArgumentParser, message: str) -> int:
+    """Bad input (a config file that is missing, not JSON or not a valid config; a damaged checkpoint; a
+    run directory that cannot be used) is one line and exit 2, as `ladder train` says it."""
+    sys.stderr.write(f"{parser.prog}: error: {message}\n")
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     """torchrun entry point: one rung, sharded over the workers torchrun started."""
     parser = argparse.ArgumentParser(prog="python -m rungs.launch")
@@ -150,11 +159,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ep", type=int, default=None, help="expert-parallel size (divides the worker count; default 1)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    result = train_sharded(json.loads(Path(args.config).read_text()), run_dir=Path(args.run_dir), ep=args.ep,
-                           progress=True)
-    if dist.get_rank() == 0:
+    try:
+        text = Path(args.config).read_text()
+    except OSError as err:
+        return _input_error(parser, f"{args.config}: {err.strerror or err}")
+    try:
+        result = train_sharded(json.loads(text), run_dir=Path(args.run_dir), ep=args.ep, progress=True)
+    except json.JSONDecodeError as err:
+        return _input_error(parser, f"{args.config}: not valid JSON: {err}")
+    except (TrainConfigError, DataInputError, DistributedError, CheckpointError, RunDirError) as err:
+        return _input_error(parser, str(err))
+    except DiskFullError as err:
+        return _input_error(parser, err.strerror)
+    # A finished job returns its stored result before any process group starts: the launcher's rank
+    # (torchrun's RANK) says which process prints it.
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    if rank == 0:
         print(json.dumps(result.to_json()))
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return 0
 
 
