@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 DEMO_SPEC = "demo"
 STEPS_ABOVE_LADDER = 2
 DEMO_FLOOR = "auto"  # the floor rule of the demo's compute laws (fit_compute_laws says why)
+SURFACE_COLUMNS = ("bpb", "lr", "wd", "train_flops", "params_active", "steps", "tpp")
 
 
 def ladder_runs(runs: pd.DataFrame, spec) -> pd.DataFrame:
@@ -95,11 +96,23 @@ def fit_compute_laws(long: pd.DataFrame, *, bootstrap: int) -> tuple[dict[str, A
 
 
 def fit_lr_wd_surfaces(runs: pd.DataFrame) -> tuple[list[Any], list[dict[str, Any]]]:
-    """One weighted quadratic surface over (log LR, log LR·WD) per rung that swept LR/WD."""
-    from fits.errors import FitError
+    """One weighted quadratic surface over (log LR, log LR·WD) per rung that swept LR/WD. The runs table
+    (`fit_table`'s) needs SURFACE_COLUMNS as numbers; a missing or non-numeric one is refused by name."""
+    from fits.errors import FitError, FitInputError
     from fits.surfaces import fit_surface
 
-    table = runs.dropna(subset=["bpb", "lr", "wd"]).assign(lr_wd=lambda t: t["lr"] * t["wd"])
+    table = runs.copy()
+    for column in SURFACE_COLUMNS:
+        if column not in table.columns:
+            raise FitInputError(f"no such column; the LR/WD surfaces need {list(SURFACE_COLUMNS)}, the table has "
+                                f"{sorted(map(str, runs.columns))}", column=column)
+        # as `fit_table` reads an MLflow table: numbers written as text are numbers, any other text is refused
+        values = pd.to_numeric(table[column], errors="coerce")
+        bad = table[column][values.isna() & table[column].notna()]
+        if len(bad):
+            raise FitInputError(f"holds non-numbers (first {bad.iloc[0]!r} at row {bad.index[0]!r})", column=column)
+        table[column] = values
+    table = table.dropna(subset=["bpb", "lr", "wd"]).assign(lr_wd=lambda t: t["lr"] * t["wd"])
     surfaces, errors = [], []
     for flops, part in table.groupby("train_flops"):
         if part["lr"].nunique() < 3:

@@ -4,6 +4,8 @@ demo puts it in its report; both show the same rows (`card_rows`)."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +82,18 @@ SAME_FLOPS_RTOL = 1e-6  # relative: compute values this close are one rung's
 def data_position(train_flops: float, x_range: list[float]) -> dict[str, Any]:
     """Where the target's compute lies against the FLOPs a law was fitted on: "beyond" the largest,
     "below" the smallest, or "inside" (a prediction inside is an interpolation, not an extrapolation)."""
-    lo, hi = float(x_range[0]), float(x_range[1])
+    # A NaN compares false either way, so a NaN range or compute would read "inside": refused instead.
+    if isinstance(train_flops, bool) or not isinstance(train_flops, numbers.Real) or not (
+            math.isfinite(train_flops) and train_flops > 0):
+        raise LadderInputError(f"the target's training FLOPs must be a positive, finite number, got {train_flops!r}",
+                               field="train_flops")
+    bounds = None if isinstance(x_range, (str, bytes)) or not hasattr(x_range, "__iter__") else list(x_range)
+    if (bounds is None or len(bounds) != 2
+            or any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(v) and v > 0)
+                   for v in bounds) or bounds[0] > bounds[1]):
+        raise LadderInputError(f"the fitted FLOPs range is [smallest, largest], two positive finite numbers, got "
+                               f"{x_range!r}", field="x_range")
+    lo, hi = float(bounds[0]), float(bounds[1])
     # equal up to the digits a table keeps (a CSV's 1.325465468e+13 is the plan's 13254654680064): inside
     where = ("beyond" if train_flops > hi * (1 + SAME_FLOPS_RTOL) else
              "below" if train_flops < lo * (1 - SAME_FLOPS_RTOL) else "inside")
@@ -97,8 +110,12 @@ def _position_note(b: dict[str, Any]) -> str:
 
 
 def human_count(n: float) -> str:
+    """A count in three significant digits with its unit: 1_234_567 → "1.23M". The unit is chosen on the
+    value as rounded, so 999_950 is "1M", not "1e+03k"."""
+    if not math.isfinite(n):
+        return f"{n}"
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
+        if abs(float(f"{n:.3g}")) >= scale:
             return f"{n / scale:.3g}{unit}"
     return f"{n:.3g}"
 

@@ -14,12 +14,15 @@ it under a target width.
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 import numpy as np
 
 from fits.noise import SeedNoise, model_seed_noise
 from fits.prediction import PredictionModel, log_law_jacobian
+from ladder.errors import LadderInputError
 
 LADDER_BLOCK = "ladder"
 MAX_SEEDS = 16
@@ -31,13 +34,11 @@ def top_rung_half_width(flops: list[float], seeds: list[int], *, level: float = 
                         noise: SeedNoise | None = None) -> dict[str, Any]:
     """The expected ± (relative) of the `level` interval of the top rung (the largest FLOPs, the mean of
     its seeds) predicted by the nested law fitted on the rungs below, each with its number of seeds."""
-    order = np.argsort(flops)
-    x = np.asarray(flops, dtype=float)[order]
-    m = np.asarray(seeds, dtype=int)[order]
+    x, m = _check_rungs(flops, seeds)
+    order = np.argsort(x, kind="stable")
+    x, m = x[order], m[order]
     noise = noise or model_seed_noise()
     fit_x = np.repeat(x[:-1], m[:-1])
-    if len(x) - 1 < 3:
-        raise ValueError(f"{len(x)} rungs: the backtest needs 3 below the top to fit the law")
     log_x0 = float(np.log(fit_x).mean())
     J = log_law_jacobian(np.zeros(2), np.log(fit_x) - log_x0, nested=True)
     cov_unit = noise.variance * np.linalg.inv(J.T @ J)
@@ -52,9 +53,35 @@ def top_rung_half_width(flops: list[float], seeds: list[int], *, level: float = 
             "fitted_rungs": len(x) - 1, "runs_fitted": len(fit_x), "top_seeds": int(m[-1])}
 
 
+def _check_rungs(flops: Any, seeds: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The rungs' FLOPs and seeds as arrays, refused with the field named where they cannot give a width: one
+    positive, finite number of FLOPs and one whole number ≥ 1 of seeds per rung, at least 4 rungs, and two
+    distinct computes below the top (a line through one point has no slope)."""
+    flops, seeds = list(flops), list(seeds)
+    for i, f in enumerate(flops):
+        if isinstance(f, bool) or not isinstance(f, numbers.Real) or not (math.isfinite(f) and f > 0):
+            raise LadderInputError(f"rung {i}: training FLOPs must be a positive, finite number, got {f!r}",
+                                   field="flops")
+    for i, s in enumerate(seeds):
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 1:
+            raise LadderInputError(f"rung {i}: the number of seeds must be a whole number ≥ 1, got {s!r}",
+                                   field="seeds")
+    if len(seeds) != len(flops):
+        raise LadderInputError(f"{len(seeds)} seed counts for {len(flops)} rungs: one per rung", field="seeds")
+    if len(flops) < 4:
+        raise LadderInputError(f"{len(flops)} rungs: the backtest needs 3 below the top to fit the law",
+                               field="flops")
+    x = np.asarray(flops, dtype=float)
+    if len(np.unique(np.sort(x)[:-1])) < 2:
+        raise LadderInputError("the rungs below the top all have the same training FLOPs: the law's slope "
+                               "needs at least two distinct computes", field="flops")
+    return x, np.asarray(seeds, dtype=int)
+
+
 def suggestions(flops: list[float], seeds: list[int], target: float, *, level: float = 0.95) -> dict[str, Any]:
     """The fewest seeds on every rung, or the fewest rungs over the same span of compute (geometric, with the
     spec's seeds on each), whose top-rung interval is within ±target; None where none up to the cap is."""
+    _check_target(target)
     by_seeds = next((s for s in range(1, MAX_SEEDS + 1)
                      if top_rung_half_width(flops, [s] * len(flops), level=level)["half_width"] <= target), None)
     lo, hi = min(flops), max(flops)
@@ -66,23 +93,38 @@ def suggestions(flops: list[float], seeds: list[int], target: float, *, level: f
             "rungs_same_span_seeds": seeds_each}
 
 
+def _check_target(target: Any) -> None:
+    """A target width is a fraction in (0, 1), as `ladder sweep plan --target-width` takes it."""
+    if isinstance(target, bool) or not isinstance(target, numbers.Real) or not 0 < target < 1:
+        raise LadderInputError(f"a relative half-width in (0, 1), e.g. 0.02 for ±2%, got {target!r}", field="target")
+
+
 def ladder_runs(trials: list[dict[str, Any]]) -> list[tuple[int, float]]:
     """(rung, training FLOPs) of the runs a backtest fits: the ladder block's trials, plus every other
     trial of the same kind (at the law's LR/WD, the ladder's TPP and arm: the extra seeds of a
-    backtest spec), each key once; every trial where no block is named "ladder". A trial is a dict
-    with key, block, L, train_flops, tpp, arm and at_law."""
+    backtest spec), each key once. Where no block is named "ladder", the trials at the law's LR/WD of the
+    first such trial's kind (`first_kind`): each arm of an ablation is its own law, and counting the other arms' runs as its
+    seeds would overstate the precision. A trial is a dict with key, block, L, train_flops, tpp, arm and
+    at_law."""
     ladder = [t for t in trials if t["block"] == LADDER_BLOCK]
     if not ladder:
-        return [(t["L"], t["train_flops"]) for t in {t["key"]: t for t in trials}.values()]
+        kind = first_kind(trials)
+        ladder = [t for t in trials if t["at_law"] and (t["tpp"], t["arm"]) == kind]
     kinds = {(t["tpp"], t["arm"]) for t in ladder}
-    keep = {t["key"]: t for t in trials if t["block"] == LADDER_BLOCK or (t["at_law"] and (t["tpp"], t["arm"]) in kinds)}
+    keep = {t["key"]: t for t in ladder} | {t["key"]: t for t in trials if t["at_law"] and (t["tpp"], t["arm"]) in kinds}
     return [(t["L"], t["train_flops"]) for t in keep.values()]
+
+
+def first_kind(trials: list[dict[str, Any]]) -> tuple[Any, Any] | None:
+    """(TPP, arm) of the first trial at the law's LR/WD: the law a sweep without a "ladder" block is read for."""
+    return next(((t["tpp"], t["arm"]) for t in trials if t["at_law"]), None)
 
 
 def ladder_resolution(trials: list[dict[str, Any]], *, target: float = DEFAULT_TARGET_WIDTH,
                       level: float = 0.95) -> dict[str, Any] | None:
     """A sweep's top-rung resolution (`ladder_runs` says which trials count) and what would reach
     `target`; None with fewer than 4 rungs."""
+    _check_target(target)
     rungs: dict[int, list[float]] = {}
     for L, f in ladder_runs(trials):
         rungs.setdefault(L, []).append(f)
@@ -91,7 +133,8 @@ def ladder_resolution(trials: list[dict[str, Any]], *, target: float = DEFAULT_T
     flops = [float(np.mean(v)) for _, v in sorted(rungs.items())]
     seeds = [len(v) for _, v in sorted(rungs.items())]
     out = top_rung_half_width(flops, seeds, level=level)
-    return {"rungs": sorted(rungs), "seeds": seeds, "law": "A·C^(−α) (no floor; a visible floor adds a parameter "
+    several = len({t["arm"] for t in trials}) > 1 and not any(t["block"] == LADDER_BLOCK for t in trials)
+    return {"rungs": sorted(rungs), "seeds": seeds, "arm": first_kind(trials)[1] if several else None, "law": "A·C^(−α) (no floor; a visible floor adds a parameter "
             "and width)", "noise": model_seed_noise().to_dict(), **out,
             "suggest": suggestions(flops, seeds, target, level=level)}
 
@@ -99,7 +142,8 @@ def ladder_resolution(trials: list[dict[str, Any]], *, target: float = DEFAULT_T
 def describe(res: dict[str, Any]) -> str:
     """One paragraph for the plan's table: the expected ± and what would bring it under the target."""
     s = res["suggest"]
-    head = (f"top rung L{res['rungs'][-1]} predicted from L{res['rungs'][0]}–L{res['rungs'][-2]} "
+    arm = f" of arm {res['arm']} (each arm its own law)" if res.get("arm") else ""
+    head = (f"top rung L{res['rungs'][-1]}{arm} predicted from L{res['rungs'][0]}–L{res['rungs'][-2]} "
             f"({res['fitted_rungs']} rungs, {res['runs_fitted']} runs): expected ±{res['half_width']:.1%} at "
             f"{res['level']:.0%} (parameters {res['shares']['parameters']:.0%}, seed noise "
             f"{res['shares']['seed_noise']:.0%}; noise model seed sd {res['noise']['log_sd']:.2%})")
@@ -109,6 +153,7 @@ def describe(res: dict[str, Any]) -> str:
     if s["seeds_per_rung"]:
         ways.append(f"{s['seeds_per_rung']} seeds on every rung")
     if s["rungs_same_span"]:
-        ways.append(f"{s['rungs_same_span']} rungs over the same compute ({s['rungs_same_span_seeds']} seed each)")
+        each = s["rungs_same_span_seeds"]
+        ways.append(f"{s['rungs_same_span']} rungs over the same compute ({each} seed{'' if each == 1 else 's'} each)")
     return head + (f"; under ±{s['target_half_width']:.1%}: " + " or ".join(ways) if ways else
                    f"; ±{s['target_half_width']:.1%} is out of reach with up to {MAX_SEEDS} seeds or {MAX_RUNGS} rungs")

@@ -10,23 +10,34 @@ end as "[k/N] word LABEL ..."; every message passes through unchanged, the ones 
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 import time
 from collections.abc import Callable
+
+from ladder.errors import LadderInputError
 
 _END = re.compile(r"^\[(\d+)/(\d+)\]\s+\S+\s+(.+?)\s+(?:bpb \S+\s+)?\(\d+ s\)$")
 
 
 def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+    # 59.6 s would print as "60 s": the unit follows the value as shown
+    return f"{seconds / 60:.1f} min" if seconds >= 59.5 else f"{seconds:.0f} s"
 
 
 class SweepEta:
-    """A progress callback that adds the estimated time left to each trial-end message."""
+    """A progress callback that adds the estimated time left to each trial-end message. Each trial's
+    FLOPs are checked here, before the sweep starts: a bad one would otherwise surface as a crash or a
+    "nan s left" only once the first trial ends."""
 
     def __init__(self, flops_by_label: dict[str, float], progress: Callable[[str], None],
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.flops = dict(flops_by_label)
+        for label, flops in flops_by_label.items():
+            if isinstance(flops, bool) or not isinstance(flops, numbers.Real) or not (math.isfinite(flops) and flops > 0):
+                raise LadderInputError(f"trial {label!r}: training FLOPs must be a positive, finite number, got "
+                                       f"{flops!r}", field="flops_by_label")
+        self.flops = {label: float(flops) for label, flops in flops_by_label.items()}
         self.progress = progress
         self.clock = clock
         self.t0: float | None = None

@@ -59,6 +59,22 @@ def test_sweep_plan_counts_a_backtests_extra_seeds():
     assert len(ladder_runs(trials)) == 2  # the ladder's run and the extra seed, each key once
 
 
+def test_an_ablation_without_a_ladder_block_is_read_for_one_arm(capsys):
+    """Each arm of an ablation is its own law: the other arms' runs are not its seeds (sweeps/data_curation.yaml
+    counted 41 runs of five arms as one law's, and said ±1.0% where the baseline's 7 runs give ±2.6%)."""
+    from ladder.analysis.resolution import ladder_runs
+
+    t = {"block": "low", "L": 4, "train_flops": 1.0, "tpp": 5.0, "arm": "base", "at_law": True}
+    trials = [t | {"key": "a"}, t | {"key": "b", "arm": "dedup"}, t | {"key": "c", "seed": 1},
+              t | {"key": "d", "at_law": False}, t | {"key": "e", "block": "high", "L": 6}]
+    assert sorted(ladder_runs(trials)) == [(4, 1.0), (4, 1.0), (6, 1.0)]  # a, c and e: base at the law
+    assert main(["sweep", "plan", "agc_ablation", "--json"]) == 0  # arms agc_on, agc_off: two seeds each, L3-L6
+    res = json.loads(capsys.readouterr().out)["resolution"]
+    assert res["arm"] == "agc_on" and res["seeds"] == [2, 2, 2, 2] and res["runs_fitted"] == 6
+    assert main(["sweep", "plan", "demo", "--json"]) == 0  # a ladder block: no arm named
+    assert json.loads(capsys.readouterr().out)["resolution"]["arm"] is None
+
+
 def test_a_bad_target_width_exits_2(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["sweep", "plan", "demo", "--target-width", "wide"])
