@@ -7,6 +7,7 @@ naming the key and what is valid; code below this trusts the config.
 
 from __future__ import annotations
 
+import typing
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -31,6 +32,17 @@ REMOVED_FIELDS = frozenset({"log_interval"})
 def at_legacy_value(key: str, value: Any) -> bool:
     """Whether this config entry is a field at the value runs had before the field existed."""
     return key in LEGACY_VALUES and value == LEGACY_VALUES[key]
+
+
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field's type admits a bool (bool itself, bool | None, or Any)."""
+    return annotation is bool or annotation is Any or bool in typing.get_args(annotation)
+
+
+def _type_name(annotation: Any) -> str:
+    """A field's type in words for an error: "float", "int", "str"..."""
+    names = [getattr(a, "__name__", str(a)) for a in (typing.get_args(annotation) or (annotation,)) if a is not type(None)]
+    return " or ".join(names) or str(annotation)
 
 
 class TrainConfigError(ValueError):
@@ -184,6 +196,19 @@ class TrainConfig(BaseModel):
     # --- tracking ---
     tracking_uri: str | None = DEFAULT_TRACKING_URI  # None or "": no tracking
     experiment_name: str = "ladder"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data: Any) -> Any:
+        """true/false where a number goes is refused: pydantic would read `--set lr=true` as lr = 1.0 and
+        `steps: false` as 0, a typo trained as a value."""
+        if isinstance(data, dict):
+            for key, value in data.items():
+                field = cls.model_fields.get(key)
+                if isinstance(value, bool) and field is not None and not _takes_bool(field.annotation):
+                    raise ValueError(f"{key}: takes {_type_name(field.annotation)}, not true/false (got "
+                                     f"{str(value).lower()})")
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

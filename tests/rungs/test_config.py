@@ -38,3 +38,21 @@ def test_capacity_factor_reaches_the_routed_experts():
 def test_a_capacity_factor_that_cannot_size_the_rounds_is_refused(extra, match):
     with pytest.raises(TrainConfigError, match=match):
         parse_config({**tiny_config(), **extra})
+
+
+@pytest.mark.parametrize("key, value", [("lr", True), ("steps", False), ("grad_clip", True), ("seed", True),
+                                        ("capacity_per_expert", True)])
+def test_true_or_false_where_a_number_goes_is_refused_not_read_as_one_or_zero(key, value):
+    """pydantic's lax mode reads true as 1 and false as 0: `--set lr=true` trained at lr = 1.0."""
+    from ladder.errors import LadderInputError
+
+    good = tiny_config()
+    with pytest.raises(TrainConfigError, match=rf"{key}: takes (int|float)( or int)?, not true/false \(got {str(value).lower()}\)"):
+        parse_config({**good, key: value})
+    with pytest.raises(LadderInputError, match=f"{key}: takes"):  # as `ladder train --set` resolves it
+        tiny_config(**{key: value})
+
+
+def test_true_or_false_where_a_bool_goes_is_taken():
+    cfg = parse_config(tiny_config(agc=False, deterministic=True))
+    assert cfg.agc is False and cfg.deterministic is True
