@@ -97,9 +97,13 @@ def check_sources(rules: Rules, sources: list[str], where: str) -> None:
         if unknown:
             raise DataInputError(f"unknown source(s) {unknown}; the curated manifest's: {sorted(sources)}", where=where,
                                  field=field)
-        for source in q.sources(sources):
+        named = q.sources(sources)
+        if not named:  # `source: []`: a rule that filters nothing is a list left empty by mistake
+            raise DataInputError("names no source (an empty list); name the sources to filter, or leave `source` "
+                                 "out for every source", where=where, field=field)
+        for source in named:
             if source in ruled:
-                raise DataInputError(f"source {source!r} has a quality rule already (quality.{ruled[source]}); two "
-                                     f"would compound their keep_top fractions: give it one rule", where=where,
-                                     field=field)
+                earlier = "earlier in this rule's list" if ruled[source] == k else f"in quality.{ruled[source]}"
+                raise DataInputError(f"source {source!r} is named twice ({earlier}); two rules would compound their "
+                                     f"keep_top fractions: give it one rule", where=where, field=field)
             ruled[source] = k

@@ -48,11 +48,20 @@ def test_a_bad_rule_is_one_line_naming_the_field_and_exit_2(curated, tmp_path, c
 ])
 def test_a_source_with_two_quality_rules_is_refused(quality, field):
     # Two keep_top 0.5 on one source would keep a quarter of it, not the half either rule says.
-    with pytest.raises(DataInputError, match="has a quality rule already") as err:
+    with pytest.raises(DataInputError, match="is named twice") as err:
         check_sources(Rules(quality=quality), ["a", "b"], "rules.yaml")
     assert err.value.field == field
     check_sources(Rules(quality=[{"source": "a", "keep_top": 0.5}, {"source": "b", "keep_top": 0.2}]), ["a", "b"],
                   "rules.yaml")  # one rule per source: accepted
+
+
+def test_a_source_twice_in_one_rule_and_an_empty_source_list_are_refused():
+    with pytest.raises(DataInputError, match="'a' is named twice \\(earlier in this rule's list\\)") as err:
+        check_sources(Rules(quality={"source": ["a", "a"], "keep_top": 0.5}), ["a", "b"], "rules.yaml")
+    assert err.value.field == "quality.source"
+    with pytest.raises(DataInputError, match="names no source") as err:  # it filtered nothing, unsaid
+        check_sources(Rules(quality={"source": [], "keep_top": 0.5}), ["a", "b"], "rules.yaml")
+    assert err.value.field == "quality.source"
 
 
 def test_a_rule_without_its_attributes_names_the_tagger_to_run(curated, tmp_path):
