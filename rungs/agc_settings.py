@@ -28,6 +28,9 @@ class AGCSettings:
         bad = [p for p in self.points if p not in POINTS]
         if bad:
             raise AGCConfigError(f"unknown AGC point(s) {bad}; valid points are {list(POINTS)}")
+        repeated = sorted({p for p in self.points if self.points.count(p) > 1})
+        if repeated:  # a point is clipped once however often it is named; the repeat would only change the key
+            raise AGCConfigError(f"AGC point(s) {repeated} named more than once; name each once")
         if self.granularity not in GRANULARITIES:
             raise AGCConfigError(f"agc granularity {self.granularity!r}; valid: {list(GRANULARITIES)}")
         if self.mode not in MODES:

@@ -70,7 +70,7 @@ class TrainConfig(BaseModel):
 
     # --- identity (tags) ---
     recipe: str = "custom"
-    L: int | None = None
+    L: int | None = Field(default=None, ge=1)
     trial_key: str | None = None
 
     # --- architecture (RungSpec.to_dict() names) ---
@@ -94,8 +94,8 @@ class TrainConfig(BaseModel):
 
     # --- counts from the plan (FLOPs and MFU accounting) ---
     flops_per_token: float = Field(gt=0, description="training FLOPs per token (3 × forward)")
-    params_total: int | None = None
-    params_active: int | None = None
+    params_total: int | None = Field(default=None, ge=1)
+    params_active: int | None = Field(default=None, ge=1)
     tpp: float | None = Field(default=None, gt=0, description="tokens per active parameter the plan used")
 
     # --- run length and batch ---
@@ -239,6 +239,9 @@ class TrainConfig(BaseModel):
             raise ValueError(f"eval_stride={self.eval_stride} exceeds seq_len={self.seq_len}")
         if self.warmup_steps is not None and self.warmup_steps > self.run_steps:
             raise ValueError(f"warmup_steps={self.warmup_steps} exceeds the {self.run_steps} steps this job runs")
+        if self.agc and not self.agc_points:
+            raise ValueError("agc=true with no agc_points clips nothing (and keys a trial apart from agc=false, "
+                             "which trains the same): set agc=false, or name the points")
         AGCSettings(points=self.agc_points, granularity=self.agc_granularity, mode=self.agc_mode,
                     threshold=self.agc_threshold, median_window_steps=self.agc_median_window_steps)
         return self

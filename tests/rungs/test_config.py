@@ -56,3 +56,19 @@ def test_true_or_false_where_a_number_goes_is_refused_not_read_as_one_or_zero(ke
 def test_true_or_false_where_a_bool_goes_is_taken():
     cfg = parse_config(tiny_config(agc=False, deterministic=True))
     assert cfg.agc is False and cfg.deterministic is True
+
+
+def test_agc_on_without_points_and_a_repeated_point_are_refused():
+    """agc=true with no points trained as agc=false under another key; a repeated point clips once."""
+    good = tiny_config()
+    with pytest.raises(TrainConfigError, match="clips nothing"):
+        parse_config({**good, "agc": True, "agc_points": []})
+    with pytest.raises(TrainConfigError, match=r"\['residual'\] named more than once"):
+        parse_config({**good, "agc_points": ["residual", "moe_input", "residual"]})
+    assert parse_config({**good, "agc": False, "agc_points": []}).agc is False
+
+
+@pytest.mark.parametrize("key", ["L", "params_total", "params_active"])
+def test_a_rung_or_parameter_count_below_one_is_refused(key):
+    with pytest.raises(TrainConfigError, match=key):
+        parse_config({**tiny_config(), key: 0})
