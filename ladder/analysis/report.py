@@ -96,8 +96,8 @@ def _table(columns: list[str], rows: list[list[Any]]) -> str:
 
 
 def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}" if 1e-3 <= abs(v) < 1e6 or v == 0 else f"{v:.3e}"
+    if isinstance(v, float):  # the form chosen on the value as rounded: 999999.9 is 1.000e+06, as 1e6 is
+        return f"{v:.4g}" if 1e-3 <= abs(float(f"{v:.4g}")) < 1e6 or v == 0 else f"{v:.3e}"
     if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, float) for x in v):
         return f"[{_fmt(v[0])}, {_fmt(v[1])}]"
     return str(v)

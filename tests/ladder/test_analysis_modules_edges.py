@@ -148,3 +148,10 @@ def test_the_rungs_suggestion_says_seeds_in_the_plural():
     wide = lambda n: top_rung_half_width(list(np.geomspace(1e11, 1e13, n)), [2] * n)["half_width"]  # noqa: E731
     assert wide(k) <= 0.02 < wide(k - 1)  # the fewest rungs, two seeds each, that reach ±2%
     assert f"{k} rungs over the same compute (2 seeds each)" in describe(res)
+
+
+def test_report_numbers_take_their_form_from_the_value_as_rounded():
+    from ladder.analysis.report import _fmt
+
+    assert _fmt(999999.9) == _fmt(1e6) == "1.000e+06"
+    assert _fmt(0.00099996) == "0.001" and _fmt(123.456) == "123.5" and _fmt(0.0) == "0"
