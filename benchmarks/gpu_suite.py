@@ -30,6 +30,7 @@ Stopping the suite (SIGTERM, SIGINT, any error) kills the running child's proces
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -146,6 +147,21 @@ def plan_limits(budget_seconds: float, used: dict[str, float], names: list[str])
     return max(0.0, min(own, left))
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_suite(suite_pid: int) -> None:
+    """Run in the child before it execs (Linux): the kernel sends it SIGKILL when the suite dies, even of a
+    SIGKILL, which no handler of the suite's can see. If the suite is already gone, the child ends now.
+    Elsewhere, or without prctl, nothing changes: the signal and error paths still kill the group."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != suite_pid:
+        os._exit(1)
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the child's process group (the child and whatever it started), if any of it is left."""
     try:
@@ -161,8 +177,11 @@ def _run_child(cmd: list[str], limit_seconds: float, out_dir: Path, name: str) -
     t0 = time.monotonic()
     stderr_path = out_dir / f"{name}.stderr.txt"
     with open(stderr_path, "wb") as err:
+        suite_pid = os.getpid()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, start_new_session=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                preexec_fn=(lambda: _die_with_suite(suite_pid)) if sys.platform.startswith("linux")
+                                else None)
         try:
             try:
                 stdout, _ = proc.communicate(timeout=limit_seconds)

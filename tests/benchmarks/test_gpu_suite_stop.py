@@ -118,3 +118,24 @@ def test_an_error_in_the_suite_while_a_child_runs_kills_the_childs_group(tmp_pat
         _wait_for(lambda: not any(_alive(pid) for pid in pids), f"the child and its own process {pids} to end")
     finally:
         _kill_left(pids)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")
+def test_a_sigkill_to_the_suite_still_ends_its_running_child(tmp_path):
+    """No handler sees a SIGKILL: the kernel ends the child (PR_SET_PDEATHSIG). The child's own processes are
+    its to end (the suite's children start none); the sleeper's is killed here."""
+    pid_file = tmp_path / "pids"
+    suite = subprocess.Popen([sys.executable, "-c", DRIVER, SLEEPER, str(pid_file), "--out", str(tmp_path / "out"),
+                              "--only", "muon", "--quick", "--budget-seconds", "500"],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pids: list[int] = []
+    try:
+        pids = _pids(pid_file)
+        assert _alive(pids[0])
+        suite.kill()
+        suite.communicate(timeout=GUARD_SECONDS)
+        _wait_for(lambda: not _alive(pids[0]), f"the child {pids[0]} to end with the suite")
+    finally:
+        suite.kill()
+        suite.wait()
+        _kill_left(pids)
