@@ -9,8 +9,10 @@ Override precedence, lowest first: the grid point (lr, weight_decay, dropout, se
 block.overrides, the arm. A spec's or block's lr / weight_decay replaces the law's centre of a block
 without its own `lr_wd` grid; one beside such a grid, a tpp or dropout beside the block's list of them,
 and a seed outside `seeds:` are refused when the spec is read (`sweeps.spec.check_override_values`), so
-the grid never silently discards an override. An arm may pin any knob, the learning rate included (that is how a forced-divergence
-arm is written); a trial's coordinates are the values it runs with.
+the grid never silently discards an override. A spec's or block's tpp is the block's TPP: the law's centre
+is re-planned at it, as for a block's `tpp` list. An arm may pin any knob, the learning rate included (that
+is how a forced-divergence arm is written), and changes only that knob: an arm that pins TPP keeps its grid
+point's LR and WD. A trial's coordinates are the values it runs with.
 
 A data arm (`data:` in an arm) is not an override: the arm's trials plan on the recipe re-planned on the
 arm's own prepared corpus (`ladder.plan.data_arms`), so every source's repetition follows the arm's own
@@ -88,15 +90,18 @@ class _Planner:
 
 def grid_points(block: Block, rung: RungSpec) -> list[tuple[float, float, float, float]]:
     """(lr, weight_decay, Δ log LR, Δ log LR·WD) for each point of the block's grid on this rung."""
+    return [grid_point(block, rung, d_lr, d_prod) for d_lr, d_prod in block.lr_wd.offsets()]
+
+
+def grid_point(block: Block, rung: RungSpec, d_lr: float, d_prod: float) -> tuple[float, float, float, float]:
+    """(lr, weight_decay, Δ log LR, Δ log LR·WD) of one grid offset, around the block's centre on `rung`
+    (the law's LR and WD of that rung at its TPP, or the block's explicit centre)."""
     centre = block.lr_wd.centre
     lr0, wd0 = (centre.lr, centre.weight_decay) if isinstance(centre, Centre) else (rung.lr, rung.weight_decay)
-    points = []
-    for d_lr, d_prod in block.lr_wd.offsets():
-        # Exact centre when the offset is zero, so the law's point keys the same as a plain rung.
-        lr = lr0 if d_lr == 0 else lr0 * math.exp(d_lr)
-        wd = wd0 if d_lr == 0 and d_prod == 0 else wd0 * math.exp(d_prod - d_lr)
-        points.append((lr, wd, d_lr, d_prod))
-    return points
+    # Exact centre when the offset is zero, so the law's point keys the same as a plain rung.
+    lr = lr0 if d_lr == 0 else lr0 * math.exp(d_lr)
+    wd = wd0 if d_lr == 0 and d_prod == 0 else wd0 * math.exp(d_prod - d_lr)
+    return lr, wd, d_lr, d_prod
 
 
 class _Planners:
@@ -138,10 +143,16 @@ def expand_block(spec: SweepSpec, block: Block, planners: _Planners) -> list[Tri
     dropouts: list[float | None] = list(block.dropout) if block.dropout is not None else [None]
     max_steps = block.max_steps if block.max_steps is not None else spec.max_steps
     resources = block.resources or spec.resources
+    # A spec's or block's tpp is the block's TPP (refused beside a `tpp` list): the law's centre is the
+    # rung's at that TPP, whose steps the LR and WD laws read. An arm's pinned TPP is an ablation of that
+    # one knob: its trials keep their grid point's LR and WD.
+    written = {**spec.overrides, **block.overrides}
     for L in block.rungs:
         for tpp in block.tpp:
-            rung = planners.base.plan(L, tpp)
-            for lr, wd, d_lr, d_prod in grid_points(block, rung):
+            centre_tpp = float(written[TPP_KEY]) if written.get(TPP_KEY) is not None else tpp
+            rung = planners.base.plan(L, centre_tpp)
+            for d_lr, d_prod in block.lr_wd.offsets():
+                lr, wd, _, _ = grid_point(block, rung, d_lr, d_prod)
                 for dropout in dropouts:
                     for arm, arm_entry in block.arms.items():
                         data = block.arm_data(arm)
@@ -159,7 +170,6 @@ def expand_block(spec: SweepSpec, block: Block, planners: _Planners) -> list[Tri
                             trials.append(_trial(spec, block, planners, L, arm, data, overrides, d_lr, d_prod,
                                                  max_steps, resources))
     return trials
-
 
 
 def expand(spec: SweepSpec, recipe: Recipe | None = None) -> list[Trial]:

@@ -177,10 +177,13 @@ GRID_KNOBS = frozenset({LR_KEY, WD_KEY, SEED_KEY, DROPOUT_KEY})
 
 
 def _resolve(resolve: Resolver, recipe: str, trial: Trial, bases: dict[tuple, dict]) -> dict:
-    """resolve() per distinct (rung, max_steps, non-grid overrides); the grid knobs are then set and
-    the config validated again. A 1,000-point grid on 10 rungs costs 10 resolutions, not 1,000."""
+    """resolve() per distinct (rung, max_steps, non-grid overrides, which grid knobs are set); the grid
+    knobs' values are then set and the config validated again. A 1,000-point grid on 10 rungs costs 10
+    resolutions, not 1,000. Which knobs are set is part of the identity: a trial that leaves dropout to
+    the recipe must not take the dropout of a trial that set it."""
     rest = tuple(sorted((k, repr(v)) for k, v in trial.overrides.items() if k not in GRID_KNOBS))
-    ident = (trial.L, trial.max_steps, trial.data, rest)
+    knobs = tuple(sorted(k for k in trial.overrides if k in GRID_KNOBS))
+    ident = (trial.L, trial.max_steps, trial.data, rest, knobs)
     if ident not in bases:
         arm = {} if trial.data is None else {"data": trial.data, "data_arm": True}
         bases[ident] = resolve(recipe, trial.L, dict(trial.overrides), max_steps=trial.max_steps, **arm)

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from ladder.errors import LadderInputError
 from ladder.plan.byte_sizes import parse_bytes
@@ -38,6 +38,18 @@ def _check_name(v: str) -> str:
 
 
 Name = Annotated[str, AfterValidator(_check_name)]  # block, arm and sweep names: safe in paths and MLflow
+
+
+def _not_bool(value: object) -> object:
+    # pydantic reads true as 1 and false as 0 where a number is due: a `tpp: [yes]` would plan TPP 1.
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, not {str(value).lower()}")
+    return value
+
+
+# A number, not a bool; text that is a number (PyYAML reads `1e-3`, with no dot, as text) is read as one.
+Real = Annotated[float, BeforeValidator(_not_bool)]
+Count = Annotated[int, BeforeValidator(_not_bool)]
 # A training seed: torch and numpy take 0..2**32-1 (rungs.config.TrainConfig.seed has the same bound).
 MAX_SEED = 2**32 - 1
 Seed = Annotated[StrictInt, Field(ge=0, le=MAX_SEED)]
@@ -52,9 +64,9 @@ class Axis(_Strict):
     """Offsets in natural-log units around the centre: `points` values `spacing` apart, centred
     (an even count straddles the centre), or an explicit list of `offsets`."""
 
-    spacing: float = Field(default=0.0, ge=0)
+    spacing: Real = Field(default=0.0, ge=0)
     points: StrictInt = Field(default=1, ge=1)
-    offsets: list[float] | None = None
+    offsets: list[Real] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Axis:
@@ -79,8 +91,8 @@ class Axis(_Strict):
 class Centre(_Strict):
     """An explicit grid centre instead of the law's prediction."""
 
-    lr: float = Field(gt=0, description="peak learning rate; must be positive")
-    weight_decay: float = Field(gt=0, description="decoupled weight decay; must be positive")
+    lr: Real = Field(gt=0, description="peak learning rate; must be positive")
+    weight_decay: Real = Field(gt=0, description="decoupled weight decay; must be positive")
 
 
 class LrWdGrid(_Strict):
@@ -107,12 +119,12 @@ class Resources(_Strict):
     """What one trial holds while it runs, per worker; every CPU and GPU it touches is declared to
     Ray (marin's lesson: an undeclared GPU makes the next job fail with 'device busy')."""
 
-    cpus: float = Field(default=1.0, gt=0)
-    gpus: float = Field(default=0.0, ge=0)
-    workers: int = Field(default=1, ge=1, description=">1 starts a Ray Train TorchTrainer with a process group")
+    cpus: Real = Field(default=1.0, gt=0)
+    gpus: Real = Field(default=0.0, ge=0)
+    workers: Count = Field(default=1, ge=1, description=">1 starts a Ray Train TorchTrainer with a process group")
     # A launch detail, not part of the trial key: None lets the memory planner choose
     # (ladder.plan.memory.planned_expert_parallel), so multi-worker trials get expert parallelism.
-    ep: int | None = Field(default=None, ge=1, description="expert-parallel size of a multi-worker trial")
+    ep: Count | None = Field(default=None, ge=1, description="expert-parallel size of a multi-worker trial")
     # The GPU a trial runs on, e.g. 186GB: `ladder sweep plan` and `sweep run` check each trial's per-rank
     # peak (the memory planner, ladder.plan.memory) against it, less the planner's headroom, before launch.
     gpu_memory: str | None = Field(default=None, description="memory of one GPU, e.g. 186GB or 80GiB")
@@ -149,9 +161,9 @@ class Block(_Strict):
 
     name: Name
     rungs: list[StrictInt] = Field(min_length=1)
-    tpp: list[float | None] = Field(default=[None], min_length=1, description="None: the recipe's TPP")
+    tpp: list[Real | None] = Field(default=[None], min_length=1, description="None: the recipe's TPP")
     lr_wd: LrWdGrid = LrWdGrid()
-    dropout: list[float] | None = Field(default=None, description="None: the recipe's dropout")
+    dropout: list[Real] | None = Field(default=None, description="None: the recipe's dropout")
     arms: dict[str, dict[str, OverrideValue]] = Field(default={"base": {}}, min_length=1)
     seeds: list[Seed] | None = None
     max_steps: StrictInt | None = Field(default=None, gt=0)
@@ -221,8 +233,8 @@ class SweepSpec(_Strict):
     max_steps: StrictInt | None = Field(default=None, gt=0, description="cap on optimizer steps (smoke/nightly runs)")
     overrides: dict[str, OverrideValue] = Field(default_factory=dict, description="applied to every trial")
     resources: Resources = Resources()
-    max_concurrent: int | None = Field(default=None, ge=1)
-    max_failures: int = Field(default=1, ge=0, description="retries of a trial that raises (divergence is not retried)")
+    max_concurrent: Count | None = Field(default=None, ge=1)
+    max_failures: Count = Field(default=1, ge=0, description="retries of a trial that raises (divergence is not retried)")
 
     @field_validator("seeds")
     @classmethod
@@ -284,6 +296,17 @@ _GRID_VALUES: dict[str, tuple] = {
 _GRID_FIELDS = {"lr": "lr_wd", "weight_decay": "lr_wd", "tpp": "tpp", "dropout": "dropout"}
 
 
+def _text_hint(value: OverrideValue) -> str:
+    """Why a number may have arrived as text: YAML 1.1 (PyYAML) reads `1e-3`, with no dot, as a string."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return ""
+        return f" (text: YAML reads a quoted number, and one such as 1e-3 with no dot, as a string; write {float(value)!r})"
+    return ""
+
+
 def check_override_values(spec: SweepSpec, *, where: str = "sweep spec") -> None:
     """The grid knobs (lr, weight_decay, dropout, tpp, seed) in `overrides` and in arms hold values a run
     can use, and no spec or block override is one a block's grid would silently replace: a spec's or
@@ -293,7 +316,8 @@ def check_override_values(spec: SweepSpec, *, where: str = "sweep spec") -> None
     def check(values: dict[str, OverrideValue], field: str) -> None:
         for key, (ok, valid) in _GRID_VALUES.items():
             if key in values and not ok(values[key]):
-                raise LadderInputError(f"must be {valid}, got {values[key]!r}", where=where, field=f"{field}.{key}")
+                raise LadderInputError(f"must be {valid}, got {values[key]!r}{_text_hint(values[key])}", where=where,
+                                       field=f"{field}.{key}")
 
     def contradicts(values: dict[str, OverrideValue], field: str, blocks: list[Block]) -> None:
         if "seed" in values:

@@ -7,6 +7,8 @@ progress (restarts and stalls excluded).
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 from ladder.errors import LadderInputError
@@ -39,13 +41,20 @@ class ComputePlan:
         return self.gpus * self.wall_seconds / 3600.0
 
 
+def _number(value: object) -> bool:
+    """A finite real number, not a bool (True is 1 to Python) nor text."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def plan_compute(train_flops: float, *, gpus: int, peak_flops_per_gpu: float, mfu: float, goodput: float) -> ComputePlan:
-    if gpus <= 0:
-        raise LadderInputError(f"must be a positive number of GPUs, got {gpus}", field="--gpus")
-    if not 0 < mfu <= 1:
-        raise LadderInputError(f"must be in (0, 1], got {mfu}", field="--mfu")
-    if not 0 < goodput <= 1:
-        raise LadderInputError(f"must be in (0, 1], got {goodput}", field="--goodput")
-    if peak_flops_per_gpu <= 0 or train_flops <= 0:
-        raise LadderInputError("peak FLOPs and training FLOPs must be positive", field="gpu_pool")
-    return ComputePlan(gpus=gpus, peak_flops_per_gpu=peak_flops_per_gpu, mfu=mfu, goodput=goodput, train_flops=train_flops)
+    if isinstance(gpus, bool) or not isinstance(gpus, numbers.Integral) or gpus <= 0:
+        raise LadderInputError(f"must be a positive number of GPUs, got {gpus!r}", field="--gpus")
+    if not (_number(mfu) and 0 < mfu <= 1):
+        raise LadderInputError(f"must be in (0, 1], got {mfu!r}", field="--mfu")
+    if not (_number(goodput) and 0 < goodput <= 1):
+        raise LadderInputError(f"must be in (0, 1], got {goodput!r}", field="--goodput")
+    if not (_number(peak_flops_per_gpu) and _number(train_flops) and peak_flops_per_gpu > 0 and train_flops > 0):
+        raise LadderInputError(f"peak FLOPs and training FLOPs must be positive, finite numbers, got "
+                               f"{peak_flops_per_gpu!r} and {train_flops!r}", field="gpu_pool")
+    return ComputePlan(gpus=int(gpus), peak_flops_per_gpu=float(peak_flops_per_gpu), mfu=float(mfu),
+                       goodput=float(goodput), train_flops=float(train_flops))

@@ -161,6 +161,11 @@ def plan_rung(recipe: Recipe, L: int, tpp: float | None = None) -> RungSpec:
                                f"scale is L=102), got {L!r}", where=f"recipe {recipe.name}", field="L")
     L = int(L)
     tpp = recipe.tpp if tpp is None else tpp
+    # A bool is an int to Python (True would plan TPP 1) and text would fail deep inside the arithmetic.
+    if isinstance(tpp, bool) or not isinstance(tpp, numbers.Real):
+        raise LadderInputError(f"TPP must be a positive, finite number, got {tpp!r} ({type(tpp).__name__})",
+                               field="--tpp")
+    tpp = float(tpp)  # numpy scalars too: the plan's JSON holds plain floats
     if not (tpp > 0 and math.isfinite(tpp)):  # `not >` also catches nan
         raise LadderInputError(f"TPP must be a positive, finite number, got {tpp:g}", field="--tpp")
     arch = architecture(recipe, L)
@@ -200,4 +205,5 @@ def plan_rung(recipe: Recipe, L: int, tpp: float | None = None) -> RungSpec:
 
 
 def plan_ladder(recipe: Recipe, rungs: list[int] | None = None, tpp: float | None = None) -> list[RungSpec]:
-    return [plan_rung(recipe, L, tpp) for L in (rungs or recipe.ladder_rungs)]
+    """The rungs `rungs` of a recipe (None: its `ladder_rungs`) at `tpp` (None: its TPP)."""
+    return [plan_rung(recipe, L, tpp) for L in (recipe.ladder_rungs if rungs is None else rungs)]

@@ -10,11 +10,12 @@ arithmetic, no torch.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
 from ladder.errors import LadderInputError
-from ladder.plan.byte_sizes import format_bytes
+from ladder.plan.byte_sizes import format_bytes, parse_bytes
 from ladder.plan.compute import plan_compute
 from ladder.plan.expert_memory import planned_capacity_factor
 from ladder.plan.rank_memory import CHECKPOINTING, PRECISIONS, Layout, MemoryBreakdown, memory_breakdown
@@ -82,6 +83,16 @@ def _valid_eps(arch: Architecture, world: int, group_size: int | None) -> list[i
     return out
 
 
+def _device_bytes(value: object) -> int:
+    """One GPU's memory in bytes: a whole number, or a size as people write it ('80GB', `parse_bytes`)."""
+    if isinstance(value, str):
+        return parse_bytes(value, field="gpu_memory_bytes")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value >= 1):
+        raise LadderInputError(f"must be a memory size in bytes (a positive number, or text such as '80GB'), got "
+                               f"{value!r}", field="gpu_memory_bytes")
+    return int(value)
+
+
 def choose_layout(arch: Architecture, *, batch_sequences: int, gpu_memory_bytes: int, gpus_per_node: int = 8,
                   precision: str = "bf16", headroom: float = DEFAULT_HEADROOM, max_gpus: int = DEFAULT_MAX_GPUS,
                   checkpointing: tuple[str, ...] = CHECKPOINTING, lb_loss: bool = True, z_loss: bool = False,
@@ -99,10 +110,13 @@ def choose_layout(arch: Architecture, *, batch_sequences: int, gpu_memory_bytes:
                         ("min_gpus", min_gpus)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise LadderInputError(f"must be a positive integer, got {value!r}", field=name)
-    if not 0 <= headroom < 1:
+    if isinstance(headroom, bool) or not isinstance(headroom, numbers.Real) or not 0 <= headroom < 1:
         raise LadderInputError(f"must be a fraction in [0, 1), got {headroom!r}", field="headroom")
+    gpu_memory_bytes = _device_bytes(gpu_memory_bytes)
     if precision not in PRECISIONS:
         raise LadderInputError(f"must be one of {list(PRECISIONS)}, got {precision!r}", field="precision")
+    if isinstance(checkpointing, str):  # one policy, not its letters
+        checkpointing = (checkpointing,)
     if not checkpointing or any(c not in CHECKPOINTING for c in checkpointing):
         raise LadderInputError(f"must be some of {list(CHECKPOINTING)}, got {checkpointing!r}", field="checkpointing")
     usable = gpu_memory_bytes * (1 - headroom)
