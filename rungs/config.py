@@ -160,7 +160,9 @@ class TrainConfig(BaseModel):
     # attention sub-layer, "full" the whole block. Memory only: the gradients are the same.
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
     # The MFU denominator (rungs.metrics.device_peak): None takes the device's dense bf16 spec peak
-    # from the table, or the nominal CPU peak. Reporting only: not part of the config key.
+    # from the table, or the nominal CPU peak. It changes only the MFU reported, yet a value set is part of
+    # the config key (rungs.identity keys every field but those it names; None, the legacy value, is left
+    # out): a run recorded with one denominator is not found under another.
     peak_flops_per_device: float | None = Field(default=None, gt=0, description="spec peak FLOP/s of one device")
 
     # --- divergence ---

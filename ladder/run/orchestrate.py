@@ -423,8 +423,14 @@ def sweep_status(spec: SweepSpec, *, where: str = "sweep spec", tracking_uri: st
     rows = [_row(p, records.get(p.key, [])) for p in planned]
     for p, row in zip(planned, rows):
         if row.state == "running" and row.run_id:
-            row.progress = _progress(store, row.run_id, p.config.get("max_steps") or p.config.get("steps"))
+            row.progress = _progress(store, row.run_id, _run_steps(p.config))
     return SweepOutcome(sweep=spec.name, experiment=spec.experiment_name, tracking_uri=store, rows=rows)
+
+
+def _run_steps(config: dict) -> int | None:
+    """The steps a trial's job runs: its planned steps, cut short by max_steps (a cap above them cuts nothing)."""
+    steps, cap = config.get("steps"), config.get("max_steps")
+    return min(steps, cap) if steps and cap else (steps or cap)
 
 
 # A RUNNING run whose job logged nothing for this long was probably killed (a rerun resumes it).

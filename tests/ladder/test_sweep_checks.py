@@ -13,7 +13,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from ladder.cli import main
-from ladder.run.orchestrate import STALE_AFTER_SECONDS, _progress
+from ladder.run.orchestrate import STALE_AFTER_SECONDS, _progress, _run_steps
 from sweeps.spec import SWEEPS_DIR
 
 
@@ -71,3 +71,9 @@ def test_status_progress_marks_a_silent_running_run_as_stale(tmp_path):
     assert re.fullmatch(r"step 7/100, 1[01] s ago", _progress(store, run_id, 100))
     client.log_metric(run_id, "loss", 2.9, timestamp=now_ms - int(STALE_AFTER_SECONDS * 1000) - 60_000, step=8)
     assert _progress(store, run_id, 100).startswith("step 8/100") and "stale" in _progress(store, run_id, 100)
+
+
+def test_status_counts_the_steps_a_trial_runs_a_cap_above_its_steps_cutting_nothing():
+    assert _run_steps({"steps": 763, "max_steps": 5000}) == 763  # "step 400/5000" read as far from done
+    assert _run_steps({"steps": 763, "max_steps": 20}) == 20
+    assert _run_steps({"steps": 763, "max_steps": None}) == 763 and _run_steps({}) is None
