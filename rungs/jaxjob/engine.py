@@ -40,7 +40,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from rungs.agc import event_record
-from rungs.config import TrainConfig
+from rungs.checkpoint import refuse_other_engines_checkpoint
+from rungs.config import TrainConfig, TrainConfigError
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.prepare import ensure_prepared
 from rungs.data.sampler import SourceScaledSampler
@@ -63,6 +64,14 @@ log = logging.getLogger(__name__)
 FLAT_SCHEDULE = Schedule(total_steps=1, warmup_steps=0, schedule="cosine", min_lr_ratio=1.0)
 
 
+def check_config(cfg: TrainConfig) -> None:
+    """Refuse, naming the field, a config the JAX job cannot train as written: called before the job
+    touches its run directory, so a bad setting is one line, not a traceback from the first compile."""
+    if cfg.dropout:
+        raise TrainConfigError(f"the JAX job has no dropout, got {cfg.dropout} (set dropout=0, or backend=torch)",
+                               key="dropout")
+
+
 class JaxEngine:
     """The JAX job on a mesh of devices, this process's or several processes' (`rungs.engine.Engine`).
 
@@ -79,6 +88,7 @@ class JaxEngine:
                  initial_params: tuple[dict, dict] | None = None, moe_backend: str | None = None) -> None:
         if moe_backend is not None and moe_backend not in BACKENDS:
             raise ValueError(f"moe_backend must be one of {BACKENDS} or None, got {moe_backend!r}")
+        check_config(cfg)
         self.cfg = cfg
         self.moe_backend = moe_backend
         self.phase = "set-up"
@@ -223,6 +233,7 @@ class JaxEngine:
     def load(self, run_dir: Path) -> dict[str, Any] | None:
         got = jax_ckpt.load(run_dir, template=self._state(), config_key=self.cfg.resume_keys())
         if got is None:
+            refuse_other_engines_checkpoint(run_dir, own=jax_ckpt.CHECKPOINT_DIR)  # every process: none goes on alone
             return None
         state, meta = got
         self.params, self.buffers, self.opt_state = state["params"], state["buffers"], state["opt_state"]

@@ -23,10 +23,10 @@ import jax
 from jax.sharding import Mesh
 
 from rungs.config import TrainConfig, TrainConfigError, parse_config
-from rungs.jaxjob.engine import JaxEngine
+from rungs.jaxjob.engine import JaxEngine, check_config
 from rungs.jaxjob.sharding import default_expert_axis, make_mesh
 from rungs.loop import TrainResult, run_job
-from rungs.run_files import exclusive_run_dir
+from rungs.run_files import RunDirError, exclusive_run_dir, make_run_dir
 from rungs.torch_engine import lr_schedule
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,15 @@ def compilation_cache_dir(run_dir: Path) -> Path:
 
 
 def enable_compilation_cache(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)
+    """Keep compiled programs in `path` (created if needed); RunDirError when it cannot be a directory."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is a file" if blocker is not None else (err.strerror or str(err))
+        raise RunDirError(f"{path}: cannot hold the JAX compilation cache: {why}; name a directory with "
+                          f"{CACHE_DIR_ENV}") from None
     if jax.config.jax_compilation_cache_dir not in (None, str(path)):
         # JAX opens its cache once per process, at the first compile: without a reset, a process that
         # already compiled for another directory (a Ray worker's second trial, a test session) would
@@ -89,12 +97,13 @@ def train_jax(config: TrainConfig | dict, run_dir: Path, resume: bool = True, pr
     `mesh`: the devices to train on; None: `trial_mesh(cfg)`, every device JAX sees. In a
     multi-process job every process calls this with the same arguments."""
     cfg = parse_config(config)
+    check_config(cfg)
     if mesh is None:
         mesh = trial_mesh(cfg)
     run_dir = Path(run_dir)
     main = jax.process_index() == 0
     if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        make_run_dir(run_dir)
     enable_compilation_cache(Path(cache_dir) if cache_dir is not None else compilation_cache_dir(run_dir))
     # Process 0 holds the run directory for the whole job (one job per trial: rungs.run_files); the
     # others wait at the loop's first barrier for it, then read what it wrote.
