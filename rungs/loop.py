@@ -116,9 +116,9 @@ def run_job(cfg: TrainConfig, engine: Engine, *, run_dir: Path, lr_multiplier: C
             _close_finished_run(cfg, engine, run_dir, done_before)
         return done_before
     engine.build()
-    if main:
-        write_json_atomic(run_dir / CONFIG_FILE, cfg.to_dict(), indent=2)
     saved = engine.load(run_dir) if resume else None
+    if main:  # after the load: a refused checkpoint (another config's, another engine's) keeps its config.json
+        write_json_atomic(run_dir / CONFIG_FILE, cfg.to_dict(), indent=2)
     state = LoopState.from_saved(saved) if saved is not None else LoopState()
     if saved is not None:
         log.info("resumed %s at step %d on %d device(s)", run_dir, state.step, engine.world)

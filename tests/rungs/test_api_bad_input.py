@@ -215,6 +215,8 @@ def test_a_run_directory_holding_another_engines_checkpoint_is_refused_not_resta
     assert {SHARDED, JAX} < set(ENGINE_CHECKPOINTS)  # the names each engine writes, spelled once more there
     (tmp_path / SHARDED).mkdir()
     (tmp_path / SHARDED / "extra.json").write_text("{}")
+    (tmp_path / "config.json").write_text('{"written_by": "the sharded job"}')
     with pytest.raises(CheckpointError, match="sharded PyTorch job"):
         train(tiny_config(max_steps=2), run_dir=tmp_path, progress=False)
     assert not (tmp_path / "checkpoint.pt").exists()
+    assert (tmp_path / "config.json").read_text() == '{"written_by": "the sharded job"}'  # its config kept
