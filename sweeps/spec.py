@@ -236,6 +236,14 @@ class SweepSpec(_Strict):
     max_concurrent: Count | None = Field(default=None, ge=1)
     max_failures: Count = Field(default=1, ge=0, description="retries of a trial that raises (divergence is not retried)")
 
+    @field_validator("data")
+    @classmethod
+    def _data_is_a_path(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():  # "" would resolve to the spec's own folder
+            raise ValueError("must be the path of a corpus manifest or a prepared directory, got an empty string "
+                             "(leave `data` out for the recipe's corpus)")
+        return value
+
     @field_validator("seeds")
     @classmethod
     def _seeds_ok(cls, values: list[int]) -> list[int]:

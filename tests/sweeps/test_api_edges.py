@@ -74,3 +74,13 @@ def test_a_number_yaml_read_as_text_is_refused_with_how_to_write_it():
     with pytest.raises(LadderInputError) as err:
         parse_spec(_spec(blocks=[{"name": "b", "rungs": [3], "arms": {"a": {"lr": "1e-3"}}}]), "t")
     assert err.value.field == "blocks.b.arms.a.lr" and "write 0.001" in err.value.detail
+
+
+@pytest.mark.parametrize("data", ["", "   "])
+def test_an_empty_spec_data_path_is_refused_not_read_as_the_specs_folder(tmp_path, data):
+    from sweeps.spec import load_spec
+
+    path = tmp_path / "s.yaml"
+    path.write_text(f"name: s\nrecipe: cpu-demo\ndata: '{data}'\nblocks: [{{name: b, rungs: [3]}}]\n")
+    with pytest.raises(LadderInputError, match="data.*empty string"):
+        load_spec(path)
