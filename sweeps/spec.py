@@ -24,7 +24,17 @@ from ladder.plan.yaml_input import read_yaml, validate_mapping
 
 SWEEPS_DIR = Path(__file__).parent
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-OverrideValue = bool | int | float | str | None
+
+
+def _one_value(value: object) -> object:
+    """A config override is one value; a list or a mapping was pydantic's "should be a valid boolean"."""
+    if isinstance(value, (list, tuple, dict)):
+        raise ValueError(f"an override sets one config value (a number, text, true/false or null), got "
+                         f"{type(value).__name__} {value!r}")
+    return value
+
+
+OverrideValue = Annotated[bool | int | float | str | None, BeforeValidator(_one_value)]
 # Grid offsets are natural logs: beyond ±20 (a factor of 5e8) a value is a unit mistake, not a sweep.
 MAX_LOG_OFFSET = 20.0
 # An arm's corpus (sweeps.expand, ladder.plan.data_arms): not a config override but the data it trains on.

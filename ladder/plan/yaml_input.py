@@ -129,7 +129,7 @@ def describe_validation_error(err: ValidationError, *, schema: str, messages: di
         "missing": "required key is missing",
     }
     template = {**defaults, **(messages or {})}.get(first["type"], "{msg}")
-    msg = template.replace("{msg}", first["msg"])
+    msg = template.replace("{msg}", first["msg"].removeprefix("Value error, "))  # a rule's own words, unprefixed
     others = {_field(e, data) for e in errors} - {field}  # a union's member mismatches are one problem
     extra = f" (and {len(others)} more problem(s))" if others else ""
     return field, msg + extra

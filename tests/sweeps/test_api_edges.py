@@ -84,3 +84,13 @@ def test_an_empty_spec_data_path_is_refused_not_read_as_the_specs_folder(tmp_pat
     path.write_text(f"name: s\nrecipe: cpu-demo\ndata: '{data}'\nblocks: [{{name: b, rungs: [3]}}]\n")
     with pytest.raises(LadderInputError, match="data.*empty string"):
         load_spec(path)
+
+
+@pytest.mark.parametrize("where", ["overrides", "arms"])
+def test_a_list_as_an_override_value_is_refused_as_one_value_expected(where):
+    """It read "Input should be a valid boolean" (the first member of the value's union)."""
+    block = {"name": "b", "rungs": [3], **({"overrides": {"lr": [1, 2]}} if where == "overrides" else
+                                           {"arms": {"a": {"lr": [1, 2]}}})}
+    with pytest.raises(LadderInputError, match=r"lr: an override sets one config value .* got list \[1, 2\]$") as err:
+        parse_spec({"name": "s", "recipe": "cpu-demo", "blocks": [block]}, "s.yaml")
+    assert "Value error" not in str(err.value) and "boolean" not in str(err.value)
