@@ -24,7 +24,9 @@ own reference matmul on the device it used. Without a CUDA device (nvidia-smi li
 in a child process, sees none) the full run starts no child: each is reported skipped with the reason,
 `summary.json` is written and the exit status is 1, as for any child that did not run.
 
-Stopping the suite (SIGTERM, SIGINT, any error) kills the running child's process group with it.
+Stopping the suite (SIGTERM, SIGINT, any error) kills the running child's process group with it; on
+Linux a SIGKILL of the suite, which no handler sees, ends the running child too (the kernel's
+parent-death signal).
 """
 
 from __future__ import annotations
