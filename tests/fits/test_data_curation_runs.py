@@ -73,7 +73,7 @@ def test_against_the_same_rung_the_checks_hold_with_narrower_intervals(result, s
 
 
 def test_the_seeds_a_side_for_a_ten_percent_interval_are_four_on_this_ladder(same_rung):
-    # ±10% with 2 seeds a side is below this ladder's seed noise (0.47% of log BPB, slope 0.077: ±12-14%);
+    # ±10% with 2 seeds a side is below this ladder's seed noise (0.47% of log BPB, slope 0.077: ±12-13% in the mean over domains);
     # what the noise says it takes, in the mean over domains at every rung, with the range its own 18 dof allow
     cells = same_rung["arms"]["replica"]["all"]["rungs"]
     assert {(r["seeds_for_target"], tuple(r["seeds_for_target_range"])) for r in cells} == {(4, (2, 7))}
