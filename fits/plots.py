@@ -41,6 +41,18 @@ def save_figure(fig: Figure, path: str | Path | None) -> Figure:
     return fig
 
 
+COLUMN_LABELS = {"train_flops": "training FLOPs", "bpb": "held-out BPB (bits per byte)", "tokens": "training tokens",
+                 "params_active": "active parameters", "wall_seconds": "wall-clock seconds", "steps": "steps"}
+
+
+def column_label(column: str) -> str:
+    """An axis label for a runs-table column: its quantity and unit (`bpb_code`: "held-out BPB on code
+    (bits per byte)"), the column's own name where it is not one the platform writes."""
+    if column.startswith("bpb_") and not column.startswith("bpb_se"):
+        return f"held-out BPB on {column[4:]} (bits per byte)"
+    return COLUMN_LABELS.get(column, column)
+
+
 def log_axes(ax) -> None:
     """Log-log axes whose y labels are plain numbers: a loss axis spans less than a decade, where
     matplotlib labels every minor tick in mathtext (slow to lay out, and "2.4×10⁰" reads worse than 2.4)."""
@@ -97,8 +109,8 @@ def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_f
             ax.errorbar(row["x"], row["predicted"], yerr=[[row["predicted"] - row["lo"]], [row["hi"] - row["predicted"]]],
                         fmt="_", color="C3", capsize=4, ms=12, zorder=5, label=label)
         log_axes(ax)
-        ax.set_xlabel(x)
-        ax.set_ylabel(y)
+        ax.set_xlabel(column_label(x))
+        ax.set_ylabel(column_label(y))
         notes = ([] if len(xs) else ["no runs"]) + (["law not identified"] if law is None else
                                                      ["E = 0"] if no_floor else [])
         ax.set_title(f"{name} ({', '.join(notes)})" if notes else str(name))
@@ -144,8 +156,8 @@ def plot_extrapolation(laws: dict[str, Any], target_x: float, data: pd.DataFrame
             ax.plot(target_x, value, "*", color="C3", ms=10, zorder=5, label=label)
         ax.axvline(target_x, color="C3", lw=0.8, ls=":")
         log_axes(ax)
-        ax.set_xlabel(x)
-        ax.set_ylabel(y)
+        ax.set_xlabel(column_label(x))
+        ax.set_ylabel(column_label(y))
         ax.set_title(f"{name}: ×{target_x / x_hi:.3g} beyond the data", fontsize=9)
         ax.legend(fontsize=7)
     for ax in axes[len(names):]:

@@ -23,6 +23,7 @@ def test_power_law_figure_draws_a_band_only_where_the_law_has_an_interval(tmp_pa
     assert (tmp_path / "pl.png").read_bytes()[:8] == PNG
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "held-out rung" in labels and any("band" in t for t in labels)
+    assert (fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel()) == ("training FLOPs", "held-out BPB (bits per byte)")
     four = df[df.train_flops < C.max()]  # 4 distinct x: no interval (fits.bootstrap), so no band either
     fit4 = fit_power_law(four, bootstrap=100)
     assert fit4.interval_note and "4 distinct x" in fit4.interval_note
