@@ -7,7 +7,7 @@ are the resolved config, the eval JSON and the clip-event log. The default store
 SQLite file (`sqlite:///runs/mlflow.db`); any tracking URI MLflow accepts works.
 
 Each (metric, step) reaches the store once, however the job is killed and resumed: a reopened run
-reads the last step stored for each metric, and steps a resumed job runs again (those after its
+gets the params a kill left unlogged, reads the last step stored for each metric, and steps a resumed job runs again (those after its
 last checkpoint) are not logged a second time. So flushing may happen at any time, ahead of
 checkpoints or not. On a failure path (`finish(..., failing=True)`) MLflow's HTTP retries are
 bounded, so a dead or full store cannot hold a failed job for minutes, and a tracking error
@@ -198,10 +198,14 @@ class Tracker:
                 run = self.client.get_run(self.run_id)
                 self._stored_through = self._last_steps(run)
                 self.client.update_run(self.run_id, status="RUNNING")
-                log.info("resuming MLflow run %s", self.run_id)
-                return
             except Exception:  # the store was wiped or moved: start a new run
                 log.warning("MLflow run %s not found in %s; starting a new one", self.run_id, tracking_uri)
+            else:
+                log.info("resuming MLflow run %s", self.run_id)
+                # The run's id is recorded before its params are logged: a job killed in between left some
+                # out, and the fits read lr, steps, tpp from them. Only missing ones: a stored param is final.
+                self._log_params(params, stored=run.data.params)
+                return
         with store_lock(tracking_uri):  # two jobs starting together must not both create the experiment
             exp = self.client.get_experiment_by_name(experiment_name)
             if exp is None:
@@ -217,9 +221,13 @@ class Tracker:
         self.run_id = self.client.create_run(exp_id, run_name=run_name, tags=all_tags).info.run_id
         id_file.parent.mkdir(parents=True, exist_ok=True)
         id_file.write_text(self.run_id + "\n")
+        self._log_params(params, stored={})
+
+    def _log_params(self, params: dict[str, Any], *, stored: dict[str, str]) -> None:
+        """The flattened config as params, those the run does not hold yet, in batches."""
         from mlflow.entities import Param
 
-        flat = [Param(k, v) for k, v in flatten(params).items()]
+        flat = [Param(k, v) for k, v in flatten(params).items() if k not in stored]
         for i in range(0, len(flat), _BATCH):
             self.client.log_batch(self.run_id, params=flat[i:i + _BATCH])
 

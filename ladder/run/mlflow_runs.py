@@ -7,6 +7,8 @@ weight_decay), dropout, steps, tpp, params_active, train_flops (metric total_tra
 wall_seconds, rung (tag), arm (tag), diverged (tag), `bpb_<domain>` (metric final_bpb/<domain>)
 and bpb (their mean), and `bpb_se_<domain>` (metric final_bpb_se/<domain>: the final BPB's standard
 error from the held-out documents' sampling; absent for runs logged before it existed).
+A trial key read twice (a job rerun with `--fresh`, or the same config trained in another run
+directory) is one measurement: `read_runs` keeps its latest finished run, as `ladder sweep status` shows it.
 `long_by_domain` stacks the domains for one law per domain (with a `bpb_se` column when known);
 `check_domain_bpb` and `missing_bpb` say, before that, which `bpb_<domain>` cells are wrong or empty.
 `log_fit_run` records a fit as an MLflow run of its own (tag kind=fit) in the same experiment,
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ import pandas as pd
 
 from ladder.errors import LadderInputError
 from ladder.run.stores import check_store
+from ladder.run.sweep_runs import TAG_KEY, is_true_tag
 from rungs.tracking_uri import DEFAULT_TRACKING_URI
 
 log = logging.getLogger(__name__)
@@ -55,16 +60,33 @@ def _client(tracking_uri: str):
     return MlflowClient(tracking_uri=tracking_uri)
 
 
-def _number(value: str) -> Any:
+def _number(value: str, name: str = "") -> Any:
+    """A param's text as the number it was logged from, else the text. A key (`trial_key`, `data_key`,
+    `config_key`) is a hex hash and stays text even where its digits read as a number ("0123…", "12e45…");
+    text that overflows a float ("1e999") is not a number either."""
+    if name.endswith("_key"):
+        return value
     try:
         f = float(value)
     except (TypeError, ValueError):
         return value
-    return int(f) if f.is_integer() and "." not in value and "e" not in value.lower() else f
+    if math.isinf(f) and "inf" not in value.lower():
+        return value
+    return int(value) if f.is_integer() and "." not in value and "e" not in value.lower() else f
+
+
+# MLflow's SQL stores cannot hold an infinity and keep ±(largest float) instead: read back, that is ±inf
+# again, so a run that logged an infinite BPB is refused as one rather than fitted as 1.8e308.
+_SQL_INF = sys.float_info.max
+
+
+def _metric(value: float) -> float:
+    return math.copysign(math.inf, value) if abs(value) == _SQL_INF else value
 
 
 def read_runs(experiment: str, tracking_uri: str = DEFAULT_TRACKING_URI, *, finished_only: bool = True) -> pd.DataFrame:
-    """All runs of `experiment` (fit runs excluded) as one row each. A store that is missing, damaged
+    """The runs of `experiment` as one row each: FINISHED runs only unless `finished_only` is False, fit
+    runs excluded, and one run per trial key (`latest_per_trial`). A store that is missing, damaged
     or locked, or a server that does not answer, is refused first (`ladder.run.stores.check_store`):
     reading must not create an empty store, nor wait on MLflow's retries."""
     check_store(tracking_uri, create=False)
@@ -83,17 +105,34 @@ def read_runs(experiment: str, tracking_uri: str = DEFAULT_TRACKING_URI, *, fini
                 continue
             row = {"run_id": run.info.run_id, "status": run.info.status, "run_name": run.info.run_name,
                    "start_time": run.info.start_time, "end_time": run.info.end_time}
-            row |= {f"params.{k}": _number(v) for k, v in run.data.params.items()}
-            row |= {f"metrics.{k}": v for k, v in run.data.metrics.items()}
+            row |= {f"params.{k}": _number(v, k) for k, v in run.data.params.items()}
+            row |= {f"metrics.{k}": _metric(v) for k, v in run.data.metrics.items()}
             row |= {f"tags.{k}": v for k, v in tags.items()}
             rows.append(row)
         token = page.token
         if not token:
             break
     if not rows:
-        raise LadderInputError(f"experiment {experiment!r} in {tracking_uri} has no finished runs to fit",
-                               field="--experiment")
-    return pd.DataFrame(rows)
+        raise LadderInputError(f"experiment {experiment!r} in {tracking_uri} has no {'finished ' if finished_only else ''}"
+                               "runs to fit", field="--experiment")
+    return latest_per_trial(pd.DataFrame(rows))
+
+
+def latest_per_trial(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per trial key: its latest FINISHED run (by start time), else its latest run. A key is a
+    hash of the resolved config, so its runs measure one thing; counted twice, a rung would weigh double
+    in a fit. Rows without a trial key (runs logged by other tools) are all kept; the order is kept."""
+    column = f"tags.{TAG_KEY}"
+    if column not in runs.columns or not runs[column].notna().any():
+        return runs
+    keyed = runs[runs[column].notna()]
+    rank = keyed.assign(_finished=keyed["status"].eq("FINISHED"), _start=keyed["start_time"].fillna(-1),
+                        _end=keyed["end_time"].fillna(-1))
+    keep = rank.sort_values(["_finished", "_start", "_end"], kind="stable").groupby(column, sort=False).tail(1).index
+    dropped = len(keyed) - len(keep)
+    if dropped:
+        log.info("%d run(s) of trial keys with a later run left out (reruns of the same config)", dropped)
+    return runs[runs[column].isna() | runs.index.isin(keep)].reset_index(drop=True)
 
 
 def fit_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -115,9 +154,9 @@ def fit_table(runs: pd.DataFrame) -> pd.DataFrame:
         out[f"bpb_{d}"] = pd.to_numeric(out[BPB_PREFIX + d], errors="coerce")
     for d in sorted(c[len(BPB_SE_PREFIX):] for c in out.columns if c.startswith(BPB_SE_PREFIX)):
         out[SE_COLUMN_PREFIX + d] = pd.to_numeric(out[BPB_SE_PREFIX + d], errors="coerce")
-    if domains and "bpb" not in out.columns:
-        out["bpb"] = out[[f"bpb_{d}" for d in domains]].mean(axis=1)
-    out["diverged"] = out.get("tags.diverged", pd.Series("false", index=out.index)).astype(str).eq("true")
+    if domains and "bpb" not in out.columns:  # a mean over fewer domains is another quantity: empty instead
+        out["bpb"] = out[[f"bpb_{d}" for d in domains]].mean(axis=1, skipna=False)
+    out["diverged"] = out.get("tags.diverged", pd.Series("false", index=out.index)).map(is_true_tag).astype(bool)
     bpb_cols = [c for c in out.columns if c == "bpb" or c.startswith("bpb_")]
     out.loc[out["diverged"], bpb_cols] = np.nan
     return out.copy()  # one block per dtype: the column-by-column inserts above leave it fragmented

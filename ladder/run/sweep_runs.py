@@ -4,7 +4,8 @@ A trial's MLflow run carries the tags `trial_key` (set by the training job from 
 `sweep`, `attempt` and `outcome` (set by the orchestrator's trial wrapper). A key with a FINISHED run
 is done (finished, or diverged when the job tagged `diverged=true`) and is never run again; a key
 whose run is RUNNING is being trained or was interrupted (a rerun resumes it from its checkpoint
-into the same run); a FAILED run failed all its attempts.
+into the same run); a FAILED run failed all its attempts. A key with several finished runs (a job
+rerun with `--fresh`) is its latest one, the run `ladder.run.mlflow_runs.read_runs` gives the fits.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ TAG_ATTEMPT = "attempt"
 TAG_OUTCOME = "outcome"
 TAG_LABEL = "trial"
 TAG_ERROR = "error"  # a failed attempt's "ExceptionType: message" (ladder.run.trial)
+
+
+def is_true_tag(value: object) -> bool:
+    """A yes/no tag such as `diverged`: "true" in any case and spacing (the jobs write "true"/"false")."""
+    return str(value).strip().lower() == "true"
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ def find_runs(tracking_uri: str, experiment_name: str) -> dict[str, list[RunReco
                 continue
             attempt = tags.get(TAG_ATTEMPT)
             out[key].append(RunRecord(
-                run_id=run.info.run_id, status=run.info.status, diverged=tags.get("diverged") == "true",
+                run_id=run.info.run_id, status=run.info.status, diverged=is_true_tag(tags.get("diverged")),
                 attempt=int(attempt) if attempt and attempt.isdigit() else None,
                 start_ms=run.info.start_time, end_ms=run.info.end_time, tags=dict(tags)))
         token = page.token
@@ -85,9 +91,9 @@ def trial_state(records: list[RunRecord]) -> TrialState:
         return TrialState("pending", None, 0, 0, 0)
     finished = [r for r in records if r.done]
     attempts = max((r.attempt or 0) for r in records)
-    if finished:
-        first = finished[0]
-        return TrialState("diverged" if first.diverged else "finished", first.run_id, attempts, len(finished),
+    if finished:  # several: the job was rerun from scratch; its latest run is the trial's result
+        latest = finished[-1]
+        return TrialState("diverged" if latest.diverged else "finished", latest.run_id, attempts, len(finished),
                           len(records))
     latest = records[-1]
     state = "running" if latest.status in ("RUNNING", "SCHEDULED") else "failed"
