@@ -148,6 +148,11 @@ def fit_table(runs: pd.DataFrame) -> pd.DataFrame:
     for c in ("lr", "wd", "dropout", "steps", "tpp", "params_active", "train_flops", "wall_seconds", "final_loss", "tokens"):
         if c in out.columns:
             out[c] = pd.to_numeric(out[c], errors="coerce")
+    for c in ("rung", "seed"):  # tags are text: "10" sorted before "9", and a CSV of the same runs gives numbers
+        if c in out.columns:
+            as_number = pd.to_numeric(out[c], errors="coerce")
+            if as_number.notna().all() and (as_number % 1 == 0).all():
+                out[c] = as_number.astype("int64")
     _steps_actually_run(out)
     domains = sorted(c[len(BPB_PREFIX):] for c in out.columns if c.startswith(BPB_PREFIX))
     for d in domains:

@@ -259,7 +259,7 @@ def test_fit_table_maps_the_training_jobs_names_and_blanks_diverged_runs():
         "metrics.final_bpb/code": [1.2, 9.9], "metrics.final_bpb/math": [1.4, 9.9], "tags.rung": ["3", "3"],
         "tags.diverged": ["false", "true"]})
     t = fit_table(runs)
-    assert t.loc[0, "wd"] == 0.1 and t.loc[0, "train_flops"] == 1e15 and t.loc[0, "rung"] == "3"
+    assert t.loc[0, "wd"] == 0.1 and t.loc[0, "train_flops"] == 1e15 and t.loc[0, "rung"] == 3
     assert t.loc[0, "bpb"] == pytest.approx(1.3) and t.loc[0, "bpb_code"] == 1.2
     assert t.loc[1, "diverged"] and np.isnan(t.loc[1, "bpb"]) and np.isnan(t.loc[1, "bpb_math"])
     long = long_by_domain(t)

@@ -106,3 +106,18 @@ def test_a_run_reopened_after_a_kill_while_logging_params_gets_the_missing_ones(
     tracker.finish()
     row = read_runs("reopened", store).iloc[0]
     assert (row["params.lr"], row["params.steps"], row["params.sources.code.epochs"]) == (0.01, 300, 1.5)
+
+
+def test_rung_and_seed_tags_read_back_as_numbers_as_a_csv_of_the_same_runs_gives_them():
+    """Tags are text: rungs "9" and "10" sorted as text put L10 first, and the MLflow table disagreed with a
+    CSV export of itself. Whole numbers become int64; anything else (a named rung, a gap) stays as it was."""
+    import pandas as pd
+
+    from ladder.run.mlflow_runs import fit_table
+
+    runs = pd.DataFrame({"tags.rung": ["10", "9"], "tags.coord.seed": ["0", "1"], "metrics.final_bpb/code": [1.0, 1.1]})
+    table = fit_table(runs)
+    assert table["rung"].tolist() == [10, 9] and str(table["rung"].dtype) == "int64"
+    assert sorted(table["rung"]) == [9, 10] and table["seed"].tolist() == [0, 1]
+    named = fit_table(runs.assign(**{"tags.rung": ["L10", "9"]}))
+    assert named["rung"].tolist() == ["L10", "9"]
