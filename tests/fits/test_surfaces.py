@@ -92,8 +92,10 @@ def test_flat_or_thin_input_is_a_typed_error():
 
 def test_steplaw_dense_sweeps_give_the_published_signs_and_sizes(steplaw_dense):
     """Per (N, D) group: a quadratic over (log lr, log bs); then OLS of the optima.
-    Published: lr* ∝ N^−0.713·D^0.307, B* ∝ D^0.571 (the released file does not hold every run
-    behind those numbers, so only signs and rough sizes are checked)."""
+    Published: lr* ∝ N^−0.713·D^0.307, B* ∝ D^0.571, sd 0.030, 0.019, 0.019 over the authors' 1,000
+    bootstrap fits. The released file does not hold every run behind those numbers: the N and B*
+    exponents land within 2 sd, the D exponent of lr* (0.237 here) does not and is held to its sign
+    and rough size."""
     rows = []
     for (n, d), g in steplaw_dense.groupby(["N", "D"]):
         s = fit_surface(g, ["lr", "bs"], "smooth loss", id_column="exp_name")
@@ -105,6 +107,6 @@ def test_steplaw_dense_sweeps_give_the_published_signs_and_sizes(steplaw_dense):
     assert len(t) == 17
     lr = sm.OLS(t.log_lr, sm.add_constant(t[["log_n", "log_d"]])).fit().params
     bs = sm.OLS(t.log_bs_tokens, sm.add_constant(t[["log_d"]])).fit().params
-    assert -1.0 < lr["log_n"] < -0.45  # published −0.713
-    assert 0.1 < lr["log_d"] < 0.45  # published +0.307
-    assert 0.4 < bs["log_d"] < 0.75  # published +0.571
+    assert lr["log_n"] == pytest.approx(-0.713, abs=2 * 0.030)
+    assert 0.1 < lr["log_d"] < 0.45  # published +0.307 (sd 0.019)
+    assert bs["log_d"] == pytest.approx(0.571, abs=2 * 0.019)
