@@ -178,6 +178,14 @@ def log_artifact(client: Any, tracking_uri: str, run_id: str, path: Path) -> Non
     client.log_artifact(run_id, str(path))
 
 
+def _run_is_missing(err: Exception) -> bool:
+    """Whether MLflow said the run does not exist (the store was wiped, moved or is another one), as opposed to
+    failing to answer: only then is a new run the right continuation of a resumed job."""
+    from mlflow.exceptions import MlflowException
+
+    return isinstance(err, MlflowException) and err.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+
+
 class Tracker:
     """A thin wrapper over MlflowClient bound to one run."""
 
@@ -198,7 +206,9 @@ class Tracker:
                 run = self.client.get_run(self.run_id)
                 self._stored_through = self._last_steps(run)
                 self.client.update_run(self.run_id, status="RUNNING")
-            except Exception:  # the store was wiped or moved: start a new run
+            except Exception as err:
+                if not _run_is_missing(err):  # the store answered, then failed: a new run would split this one
+                    raise
                 log.warning("MLflow run %s not found in %s; starting a new one", self.run_id, tracking_uri)
             else:
                 log.info("resuming MLflow run %s", self.run_id)

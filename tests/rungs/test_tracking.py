@@ -12,7 +12,7 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from rungs.tracking import Tracker, empty_schema_template, store_lock
+from rungs.tracking import RUN_ID_FILE, Tracker, empty_schema_template, store_lock
 
 
 def _open_tracker(uri: str, run_dir: str, barrier, results) -> None:
@@ -259,3 +259,23 @@ def test_a_finished_job_whose_run_was_left_running_closes_it_on_rerun(tmp_path: 
     run = client.get_run(res.run_id)
     assert run.info.status == "FINISHED" and run.data.tags["diverged"] == "false"
     assert len(client.get_metric_history(res.run_id, "final_loss")) == 1  # the final metrics are not doubled
+
+
+def test_a_resume_starts_a_new_run_only_when_the_store_says_the_old_one_is_gone(tmp_path: Path, monkeypatch) -> None:
+    """A store that has lost the run (wiped, moved): a new run. A store that fails while answering: the job
+    fails (a retry resumes it), rather than splitting one run's metrics over two."""
+    from mlflow.exceptions import MlflowException
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = Tracker(uri, "reopen", tmp_path / "run", run_name="r", tags={}, params={})
+    (tmp_path / "run" / RUN_ID_FILE).write_text("0" * 32 + "\n")
+    lost = Tracker(uri, "reopen", tmp_path / "run", run_name="r", tags={}, params={})
+    assert lost.run_id not in (first.run_id, "0" * 32)
+
+    def failing(self, run_id):
+        raise MlflowException("database is locked", error_code="INTERNAL_ERROR")
+
+    monkeypatch.setattr(MlflowClient, "get_run", failing)
+    with pytest.raises(MlflowException, match="database is locked"):
+        Tracker(uri, "reopen", tmp_path / "run", run_name="r", tags={}, params={})
+    assert (tmp_path / "run" / RUN_ID_FILE).read_text().strip() == lost.run_id
