@@ -71,13 +71,18 @@ def _kill_left(pids: list[int]) -> None:
             pass
 
 
+def _start_suite(tmp_path: Path, pid_file: Path) -> subprocess.Popen:
+    """The suite's own main in a process, its one child (muon) the sleeper, which writes its pids to `pid_file`."""
+    return subprocess.Popen([sys.executable, "-c", DRIVER, SLEEPER, str(pid_file), "--out", str(tmp_path / "out"),
+                             "--only", "muon", "--quick", "--budget-seconds", "500"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, None)])
 def test_a_signal_to_the_suite_kills_its_running_child_and_the_childs_own(tmp_path, signum, code):
     pid_file = tmp_path / "pids"
-    suite = subprocess.Popen([sys.executable, "-c", DRIVER, SLEEPER, str(pid_file), "--out", str(tmp_path / "out"),
-                              "--only", "muon", "--quick", "--budget-seconds", "500"],
-                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    suite = _start_suite(tmp_path, pid_file)
     pids: list[int] = []
     try:
         pids = _pids(pid_file)
@@ -125,9 +130,7 @@ def test_a_sigkill_to_the_suite_still_ends_its_running_child(tmp_path):
     """No handler sees a SIGKILL: the kernel ends the child (PR_SET_PDEATHSIG). The child's own processes are
     its to end (the suite's children start none); the sleeper's is killed here."""
     pid_file = tmp_path / "pids"
-    suite = subprocess.Popen([sys.executable, "-c", DRIVER, SLEEPER, str(pid_file), "--out", str(tmp_path / "out"),
-                              "--only", "muon", "--quick", "--budget-seconds", "500"],
-                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    suite = _start_suite(tmp_path, pid_file)
     pids: list[int] = []
     try:
         pids = _pids(pid_file)
