@@ -21,6 +21,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from ladder.errors import LadderInputError
 from ladder.plan.byte_sizes import parse_bytes
 from ladder.plan.yaml_input import read_yaml, validate_mapping
+from ladder.plan.values import finite_real
 
 SWEEPS_DIR = Path(__file__).parent
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -295,17 +296,13 @@ def parse_spec(data: object, where: str) -> SweepSpec:
     return spec
 
 
-def _number(value: OverrideValue) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 # The knobs the grid sets, and what a value of each must be (the training config's bounds,
 # rungs.config.TrainConfig): (is it valid, what is valid).
 _GRID_VALUES: dict[str, tuple] = {
-    "lr": (lambda v: _number(v) and v > 0, "a positive number (the peak learning rate)"),
-    "weight_decay": (lambda v: _number(v) and v >= 0, "a non-negative number"),
-    "dropout": (lambda v: _number(v) and 0 <= v < 1, "a number in [0, 1)"),
-    "tpp": (lambda v: _number(v) and v > 0, "a positive number (tokens per parameter)"),
+    "lr": (lambda v: finite_real(v) and v > 0, "a positive number (the peak learning rate)"),
+    "weight_decay": (lambda v: finite_real(v) and v >= 0, "a non-negative number"),
+    "dropout": (lambda v: finite_real(v) and 0 <= v < 1, "a number in [0, 1)"),
+    "tpp": (lambda v: finite_real(v) and v > 0, "a positive number (tokens per parameter)"),
     "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_SEED,
              f"an integer in 0..{MAX_SEED}"),
 }

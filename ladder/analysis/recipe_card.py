@@ -5,7 +5,6 @@ demo puts it in its report; both show the same rows (`card_rows`)."""
 from __future__ import annotations
 
 import math
-import numbers
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ from ladder.errors import LadderInputError
 from ladder.plan.compute import plan_compute
 from ladder.plan.generator import plan_rung
 from ladder.plan.recipe import load_recipe
+from ladder.plan.values import finite_real
 
 CARD_CI_LEVEL = 0.95  # every interval on the card (fits.extrapolate's interval95)
 
@@ -83,14 +83,12 @@ def data_position(train_flops: float, x_range: list[float]) -> dict[str, Any]:
     """Where the target's compute lies against the FLOPs a law was fitted on: "beyond" the largest,
     "below" the smallest, or "inside" (a prediction inside is an interpolation, not an extrapolation)."""
     # A NaN compares false either way, so a NaN range or compute would read "inside": refused instead.
-    if isinstance(train_flops, bool) or not isinstance(train_flops, numbers.Real) or not (
-            math.isfinite(train_flops) and train_flops > 0):
+    if not (finite_real(train_flops) and train_flops > 0):
         raise LadderInputError(f"the target's training FLOPs must be a positive, finite number, got {train_flops!r}",
                                field="train_flops")
     bounds = None if isinstance(x_range, (str, bytes)) or not hasattr(x_range, "__iter__") else list(x_range)
     if (bounds is None or len(bounds) != 2
-            or any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(v) and v > 0)
-                   for v in bounds) or bounds[0] > bounds[1]):
+            or not all(finite_real(v) and v > 0 for v in bounds) or bounds[0] > bounds[1]):
         raise LadderInputError(f"the fitted FLOPs range is [smallest, largest], two positive finite numbers, got "
                                f"{x_range!r}", field="x_range")
     lo, hi = float(bounds[0]), float(bounds[1])

@@ -14,7 +14,6 @@ it under a target width.
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Any
 
@@ -23,6 +22,7 @@ import numpy as np
 from fits.noise import SeedNoise, model_seed_noise
 from fits.prediction import PredictionModel, log_law_jacobian
 from ladder.errors import LadderInputError
+from ladder.plan.values import finite_real
 
 LADDER_BLOCK = "ladder"
 MAX_SEEDS = 16
@@ -59,7 +59,7 @@ def _check_rungs(flops: Any, seeds: Any) -> tuple[np.ndarray, np.ndarray]:
     distinct computes below the top (a line through one point has no slope)."""
     flops, seeds = list(flops), list(seeds)
     for i, f in enumerate(flops):
-        if isinstance(f, bool) or not isinstance(f, numbers.Real) or not (math.isfinite(f) and f > 0):
+        if not (finite_real(f) and f > 0):
             raise LadderInputError(f"rung {i}: training FLOPs must be a positive, finite number, got {f!r}",
                                    field="flops")
     for i, s in enumerate(seeds):
@@ -95,7 +95,7 @@ def suggestions(flops: list[float], seeds: list[int], target: float, *, level: f
 
 def _check_target(target: Any) -> None:
     """A target width is a fraction in (0, 1), as `ladder sweep plan --target-width` takes it."""
-    if isinstance(target, bool) or not isinstance(target, numbers.Real) or not 0 < target < 1:
+    if not (finite_real(target) and 0 < target < 1):
         raise LadderInputError(f"a relative half-width in (0, 1), e.g. 0.02 for ±2%, got {target!r}", field="target")
 
 

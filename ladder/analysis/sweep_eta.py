@@ -10,13 +10,12 @@ end as "[k/N] word LABEL ..."; every message passes through unchanged, the ones 
 
 from __future__ import annotations
 
-import math
-import numbers
 import re
 import time
 from collections.abc import Callable
 
 from ladder.errors import LadderInputError
+from ladder.plan.values import finite_real
 
 _END = re.compile(r"^\[(\d+)/(\d+)\]\s+\S+\s+(.+?)\s+(?:bpb \S+\s+)?\(\d+ s\)$")
 
@@ -34,7 +33,7 @@ class SweepEta:
     def __init__(self, flops_by_label: dict[str, float], progress: Callable[[str], None],
                  clock: Callable[[], float] = time.monotonic) -> None:
         for label, flops in flops_by_label.items():
-            if isinstance(flops, bool) or not isinstance(flops, numbers.Real) or not (math.isfinite(flops) and flops > 0):
+            if not (finite_real(flops) and flops > 0):
                 raise LadderInputError(f"trial {label!r}: training FLOPs must be a positive, finite number, got "
                                        f"{flops!r}", field="flops_by_label")
         self.flops = {label: float(flops) for label, flops in flops_by_label.items()}

@@ -7,11 +7,11 @@ progress (restarts and stalls excluded).
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 
 from ladder.errors import LadderInputError
+from ladder.plan.values import finite_real
 
 SECONDS_PER_DAY = 86_400.0
 
@@ -41,19 +41,14 @@ class ComputePlan:
         return self.gpus * self.wall_seconds / 3600.0
 
 
-def _number(value: object) -> bool:
-    """A finite real number, not a bool (True is 1 to Python) nor text."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def plan_compute(train_flops: float, *, gpus: int, peak_flops_per_gpu: float, mfu: float, goodput: float) -> ComputePlan:
     if isinstance(gpus, bool) or not isinstance(gpus, numbers.Integral) or gpus <= 0:
         raise LadderInputError(f"must be a positive number of GPUs, got {gpus!r}", field="--gpus")
-    if not (_number(mfu) and 0 < mfu <= 1):
+    if not (finite_real(mfu) and 0 < mfu <= 1):
         raise LadderInputError(f"must be in (0, 1], got {mfu!r}", field="--mfu")
-    if not (_number(goodput) and 0 < goodput <= 1):
+    if not (finite_real(goodput) and 0 < goodput <= 1):
         raise LadderInputError(f"must be in (0, 1], got {goodput!r}", field="--goodput")
-    if not (_number(peak_flops_per_gpu) and _number(train_flops) and peak_flops_per_gpu > 0 and train_flops > 0):
+    if not (finite_real(peak_flops_per_gpu) and finite_real(train_flops) and peak_flops_per_gpu > 0 and train_flops > 0):
         raise LadderInputError(f"peak FLOPs and training FLOPs must be positive, finite numbers, got "
                                f"{peak_flops_per_gpu!r} and {train_flops!r}", field="gpu_pool")
     return ComputePlan(gpus=int(gpus), peak_flops_per_gpu=float(peak_flops_per_gpu), mfu=float(mfu),

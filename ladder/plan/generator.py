@@ -18,6 +18,7 @@ from ladder.plan.counting import Architecture, count_flops_per_token, count_para
 from ladder.errors import LadderInputError
 from ladder.plan.recipe import Recipe
 from ladder.plan.sources import SourceAllocation, plan_sources
+from ladder.plan.values import finite_real
 
 
 def round_half_up(x: float) -> int:
@@ -161,13 +162,9 @@ def plan_rung(recipe: Recipe, L: int, tpp: float | None = None) -> RungSpec:
                                f"scale is L=102), got {L!r}", where=f"recipe {recipe.name}", field="L")
     L = int(L)
     tpp = recipe.tpp if tpp is None else tpp
-    # A bool is an int to Python (True would plan TPP 1) and text would fail deep inside the arithmetic.
-    if isinstance(tpp, bool) or not isinstance(tpp, numbers.Real):
-        raise LadderInputError(f"TPP must be a positive, finite number, got {tpp!r} ({type(tpp).__name__})",
-                               field="--tpp")
+    if not (finite_real(tpp) and tpp > 0):  # text would fail deep inside the arithmetic
+        raise LadderInputError(f"TPP must be a positive, finite number, got {tpp!r}", field="--tpp")
     tpp = float(tpp)  # numpy scalars too: the plan's JSON holds plain floats
-    if not (tpp > 0 and math.isfinite(tpp)):  # `not >` also catches nan
-        raise LadderInputError(f"TPP must be a positive, finite number, got {tpp:g}", field="--tpp")
     arch = architecture(recipe, L)
     params = count_parameters(arch)
     flops = count_flops_per_token(arch)

@@ -10,7 +10,6 @@ arithmetic, no torch.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +18,7 @@ from ladder.plan.byte_sizes import format_bytes, parse_bytes
 from ladder.plan.compute import plan_compute
 from ladder.plan.expert_memory import planned_capacity_factor
 from ladder.plan.rank_memory import CHECKPOINTING, PRECISIONS, Layout, MemoryBreakdown, memory_breakdown
+from ladder.plan.values import finite_real
 from rungs.architecture import Architecture
 
 __all__ = ["DEFAULT_HEADROOM", "DEFAULT_MAX_GPUS", "LayoutChoice", "candidate_worlds", "choose_layout", "gpus_for_days",
@@ -87,7 +87,7 @@ def _device_bytes(value: object) -> int:
     """One GPU's memory in bytes: a whole number, or a size as people write it ('80GB', `parse_bytes`)."""
     if isinstance(value, str):
         return parse_bytes(value, field="gpu_memory_bytes")
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value >= 1):
+    if not (finite_real(value) and value >= 1):
         raise LadderInputError(f"must be a memory size in bytes (a positive number, or text such as '80GB'), got "
                                f"{value!r}", field="gpu_memory_bytes")
     return int(value)
@@ -110,7 +110,7 @@ def choose_layout(arch: Architecture, *, batch_sequences: int, gpu_memory_bytes:
                         ("min_gpus", min_gpus)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise LadderInputError(f"must be a positive integer, got {value!r}", field=name)
-    if isinstance(headroom, bool) or not isinstance(headroom, numbers.Real) or not 0 <= headroom < 1:
+    if not (finite_real(headroom) and 0 <= headroom < 1):
         raise LadderInputError(f"must be a fraction in [0, 1), got {headroom!r}", field="headroom")
     gpu_memory_bytes = _device_bytes(gpu_memory_bytes)
     if precision not in PRECISIONS:
