@@ -153,15 +153,19 @@ def drop_jsonl_after(path: Path, completed_steps: int) -> None:
 
 # --- one job per run directory ---
 
+def file_in_the_way(path: Path) -> Path | None:
+    """The file standing where `path` or one of its parent directories would be, None if there is none."""
+    return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+
+
 def make_run_dir(run_dir: Path) -> Path:
     """Create `run_dir` (and its parents) if needed; RunDirError when a file stands where it would be."""
     run_dir = Path(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        blocker = next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), run_dir)
-        raise RunDirError(f"{run_dir}: cannot be a run directory: {blocker} is a file; name a directory "
-                          "(--run-dir)") from None
+        raise RunDirError(f"{run_dir}: cannot be a run directory: {file_in_the_way(run_dir) or run_dir} is a file; "
+                          "name a directory (--run-dir)") from None
     return run_dir
 
 

@@ -26,7 +26,7 @@ from rungs.config import TrainConfig, TrainConfigError, parse_config
 from rungs.jaxjob.engine import JaxEngine, check_config
 from rungs.jaxjob.sharding import default_expert_axis, make_mesh
 from rungs.loop import TrainResult, run_job
-from rungs.run_files import RunDirError, exclusive_run_dir, make_run_dir
+from rungs.run_files import RunDirError, exclusive_run_dir, file_in_the_way, make_run_dir
 from rungs.torch_engine import lr_schedule
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def enable_compilation_cache(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        blocker = file_in_the_way(path)
         why = f"{blocker} is a file" if blocker is not None else (err.strerror or str(err))
         raise RunDirError(f"{path}: cannot hold the JAX compilation cache: {why}; name a directory with "
                           f"{CACHE_DIR_ENV}") from None
