@@ -41,6 +41,8 @@ FORMAT_VERSION = 1
 META = "curation.json"
 IDS_CHECKED = "ids"  # done/ids/<source>.json: the source's ids are unique across its files
 OWN_FOLDERS = ("units", "attributes", "work", "done")  # what a curation that starts over removes (its own)
+# Where a curation writes files (each via a temporary and a rename): a killed one's temporaries are removed there.
+WRITTEN_FOLDERS = (".", "units", "attributes/*", "work/**", "done/*")
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ class Store:
         if self.meta_path.is_file():
             meta = self.meta()
             if meta.get("manifest_key") == key:
-                remove_stale_temporaries(root)
+                remove_stale_temporaries(root, WRITTEN_FOLDERS)
                 return meta
             finished = [name for name, t in meta.get("taggers", {}).items() if t.get("done")]
             if meta.get("manifest") != str(manifest.path) or finished:
@@ -134,7 +136,7 @@ class Store:
             for folder in OWN_FOLDERS:
                 shutil.rmtree(root / folder, ignore_errors=True)
             self.meta_path.unlink()
-            remove_stale_temporaries(root)
+            remove_stale_temporaries(root, WRITTEN_FOLDERS)
         root.mkdir(parents=True, exist_ok=True)
         return {"format_version": FORMAT_VERSION, "manifest": str(manifest.path), "manifest_key": key, "taggers": {}}
 

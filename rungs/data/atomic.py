@@ -53,20 +53,21 @@ def atomic_write_json(path: Path, payload: dict) -> None:
     atomic_write_bytes(path, (json.dumps(payload, indent=1, sort_keys=True) + "\n").encode())
 
 
-# `temporary_for`'s names (a `.npy` or `.json` file's, "x" while a shard's header is rewritten): only
-# these are a prepare's own temporaries; any other file is left alone.
-_TMP_NAME = re.compile(r"\.[^/]+\.(npy|json)" + re.escape(_TMP_MARK) + r"(?P<pid>[0-9]+)x?")
+# `temporary_for`'s names (a `.npy`, `.npz` or `.json` file's, "x" while a shard's header is rewritten): only
+# these are a writer's own temporaries; any other file is left alone.
+_TMP_NAME = re.compile(r"\.[^/]+\.(npy|npz|json)" + re.escape(_TMP_MARK) + r"(?P<pid>[0-9]+)x?")
+# The folders a prepare writes, relative to its output: the output itself, and `train/`, `eval/` two levels down.
+PREPARE_FOLDERS = (".", "train", "train/*", "eval", "eval/*")
 
 
-def remove_stale_temporaries(out: Path) -> None:
-    """Temporaries of a prepare that was killed mid-write (its process is gone): never trusted, removed.
-    Only in the folders a prepare writes (`out`, and `train/`, `eval/` two levels down)."""
-    candidates = [*out.glob(f".*{_TMP_MARK}*"), *out.glob(f"train/*/.*{_TMP_MARK}*"), *out.glob(f"eval/*/.*{_TMP_MARK}*"),
-                  *out.glob(f"train/.*{_TMP_MARK}*"), *out.glob(f"eval/.*{_TMP_MARK}*")]
+def remove_stale_temporaries(out: Path, folders: tuple[str, ...] = PREPARE_FOLDERS) -> None:
+    """Temporaries of a writer that was killed mid-write (its process is gone): never trusted, removed.
+    Only in the folders it writes (`folders`, glob patterns relative to `out`: a prepare's by default)."""
+    candidates = [tmp for folder in folders for tmp in out.glob(f"{folder}/.*{_TMP_MARK}*")]
     for tmp in candidates:
         match = _TMP_NAME.fullmatch(tmp.name)
         if match and tmp.is_file() and not process_alive(int(match["pid"])):
-            log.info("prepare: removing %s, left by a prepare that was killed mid-write", tmp)
+            log.info("removing %s, left by a write that was killed", tmp)
             tmp.unlink(missing_ok=True)
 
 

@@ -138,3 +138,25 @@ def test_semantic_removed_samples_show_the_document_their_cluster_kept(tmp_path)
         assert kept is not None, sample["id"]
         row, kept_row = ids.index(sample["id"]), ids.index(kept["id"])
         assert attrs["keep"][kept_row] and attrs["cluster"][kept_row] == attrs["cluster"][row]
+
+
+def test_a_rerun_removes_the_temporaries_a_killed_curation_left_in_its_own_folders(tmp_path):
+    """A SIGKILL between a temporary's write and its rename leaves it (a done marker's, a work file's): the
+    next curate of the same directory removes those of dead processes, in every folder curate writes."""
+    import subprocess
+    import sys
+
+    write_corpus(tmp_path / "corpus", files_per_source=1, docs_per_file=25, seed=1)
+    manifest = tmp_path / "corpus" / "manifest.yaml"
+    out = tmp_path / "cur"
+    curate(manifest, out, taggers=["exact"])
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # a pid that has exited
+    left = [out / "done" / "near.scan" / f".a-00003.json.tmp{dead}", out / "work" / "exact" / "keys" / "p00001" /
+            f".web-00000.npz.tmp{dead}", out / "attributes" / "exact" / f".web-00000.npz.tmp{dead}"]
+    mine = out / "done" / "notes.txt.tmp1"  # not a temporary's name: a user's, left alone
+    for path in [*left, mine]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("half")
+    curate(manifest, out, taggers=["exact"])
+    assert not [p for p in left if p.exists()] and mine.exists()
