@@ -30,6 +30,7 @@ import logging
 import os
 import pickle
 import random
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -211,7 +212,13 @@ def refuse_other_engines_checkpoint(run_dir: Path, *, own: str) -> None:
 
 
 def remove_checkpoint(run_dir: Path) -> None:
-    """Forget a run's checkpoint (a fresh start in the same directory)."""
-    path = checkpoint_path(run_dir)
-    for p in (path, checksum_path(run_dir), path.with_name(path.name + ".tmp")):
-        p.unlink(missing_ok=True)
+    """Forget a run's checkpoint (a fresh start in the same directory): every engine's, with the
+    temporaries and the previous copy each keeps while it saves. One engine's `--fresh` that left another's
+    behind was refused by `refuse_other_engines_checkpoint` on its first resume before a save of its own."""
+    for name in ENGINE_CHECKPOINTS:
+        for suffix in ("", ".tmp", ".old", CHECKSUM_SUFFIX):
+            path = Path(run_dir) / (name + suffix)
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)

@@ -39,7 +39,7 @@ from rungs.run_files import CheckpointError
 logging.getLogger("absl").setLevel(logging.WARNING)
 log = logging.getLogger(__name__)
 
-__all__ = ["CHECKPOINT_DIR", "save", "load", "remove", "exists"]
+__all__ = ["CHECKPOINT_DIR", "save", "load", "exists"]
 
 CHECKPOINT_DIR = "checkpoint_jax"
 META_FILE = "meta.json"
@@ -88,11 +88,6 @@ def _recover(run_dir: Path) -> None:
             log.warning("%s: a save was interrupted between its renames; %s is the checkpoint", final, current.name)
             current.rename(final)
     _barrier("checkpoint_jax: recovered")
-
-
-def remove(run_dir: Path) -> None:
-    for name in (CHECKPOINT_DIR, CHECKPOINT_DIR + ".tmp", CHECKPOINT_DIR + ".old"):
-        shutil.rmtree(Path(run_dir) / name, ignore_errors=True)
 
 
 def _barrier(name: str) -> None:

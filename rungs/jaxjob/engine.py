@@ -40,7 +40,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from rungs.agc import event_record
-from rungs.checkpoint import refuse_other_engines_checkpoint
+from rungs.checkpoint import refuse_other_engines_checkpoint, remove_checkpoint
 from rungs.config import TrainConfig, TrainConfigError
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.prepare import ensure_prepared
@@ -115,7 +115,7 @@ class JaxEngine:
             sharding.describe(self.mesh) | {"workers": str(self.processes)} if self.mesh is not None else {})
 
     def discard_checkpoint(self, run_dir: Path) -> None:
-        jax_ckpt.remove(run_dir)
+        remove_checkpoint(run_dir)  # every engine's: a fresh start leaves none to refuse a resume
 
     def build(self) -> None:
         cfg = self.cfg

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from rungs.agc import ActivationGradClipper, event_record
-from rungs.checkpoint import refuse_other_engines_checkpoint
+from rungs.checkpoint import refuse_other_engines_checkpoint, remove_checkpoint
 from rungs.config import TrainConfig
 from rungs.data.corpus import PreparedCorpus
 from rungs.data.prepare import ensure_prepared
@@ -68,7 +67,7 @@ class ShardedTorchEngine:
                 "muon_update_scale": muon_update_scale(self.cfg, getattr(self, "optimizer", None))}
 
     def discard_checkpoint(self, run_dir: Path) -> None:
-        shutil.rmtree(run_dir / CHECKPOINT_DIR, ignore_errors=True)
+        remove_checkpoint(run_dir)  # every engine's: a fresh start leaves none to refuse a resume
 
     def build(self) -> None:
         cfg, par = self.cfg, self.par

@@ -220,3 +220,22 @@ def test_a_run_directory_holding_another_engines_checkpoint_is_refused_not_resta
         train(tiny_config(max_steps=2), run_dir=tmp_path, progress=False)
     assert not (tmp_path / "checkpoint.pt").exists()
     assert (tmp_path / "config.json").read_text() == '{"written_by": "the sharded job"}'  # its config kept
+
+
+def test_a_fresh_start_removes_every_engines_checkpoint_so_its_resume_is_not_refused(tmp_path):
+    """`--fresh` (resume=False) starts over: another engine's checkpoint left beside the new job would
+    refuse that job's first resume before a save of its own (a crash in its first steps)."""
+    from rungs.jaxjob.checkpoint import CHECKPOINT_DIR as JAX
+    from rungs.parallel.engine import CHECKPOINT_DIR as SHARDED
+
+    stale = [SHARDED, JAX, JAX + ".tmp", JAX + ".old"]
+    for name in stale:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "extra.json").write_text("{}")
+    (tmp_path / "checkpoint.pt.tmp").write_bytes(b"torn")
+    cfg = tiny_config(max_steps=2)
+    train(cfg, run_dir=tmp_path, resume=False, progress=False, stop_after=1)
+    assert [name for name in [*stale, "checkpoint.pt.tmp"] if (tmp_path / name).exists()] == []
+    assert (tmp_path / "checkpoint.pt").exists()
+    result = train(cfg, run_dir=tmp_path, progress=False)  # resumes its own step-1 checkpoint
+    assert result.steps == 2
