@@ -164,21 +164,23 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         return _input_error(parser, f"{args.config}: {err.strerror or err}")
     try:
-        result = train_sharded(json.loads(text), run_dir=Path(args.run_dir), ep=args.ep, progress=True)
-    except json.JSONDecodeError as err:
-        return _input_error(parser, f"{args.config}: not valid JSON: {err}")
-    except (TrainConfigError, DataInputError, DistributedError, CheckpointError, RunDirError) as err:
-        return _input_error(parser, str(err))
-    except DiskFullError as err:
-        return _input_error(parser, err.strerror)
-    # A finished job returns its stored result before any process group starts: the launcher's rank
-    # (torchrun's RANK) says which process prints it.
-    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
-    if rank == 0:
-        print(json.dumps(result.to_json()))
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 0
+        try:
+            result = train_sharded(json.loads(text), run_dir=Path(args.run_dir), ep=args.ep, progress=True)
+        except json.JSONDecodeError as err:
+            return _input_error(parser, f"{args.config}: not valid JSON: {err}")
+        except (TrainConfigError, DataInputError, DistributedError, CheckpointError, RunDirError) as err:
+            return _input_error(parser, str(err))  # some are raised after the process group started
+        except DiskFullError as err:
+            return _input_error(parser, err.strerror)
+        # A finished job returns its stored result before any process group starts: the launcher's rank
+        # (torchrun's RANK) says which process prints it.
+        rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+        if rank == 0:
+            print(json.dumps(result.to_json()))
+        return 0
+    finally:  # every exit, an input error's included, ends the group this process joined
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

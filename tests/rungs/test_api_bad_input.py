@@ -185,6 +185,33 @@ def test_the_sharded_entry_point_says_bad_input_in_one_line(tmp_path, capsys):
     assert "is a file" in capsys.readouterr().err
 
 
+def test_the_sharded_entry_point_ends_its_process_group_on_an_input_error_found_after_it_started(
+        tmp_path, capsys, monkeypatch):
+    """`--ep 2` on one worker is refused by the mesh set-up, after the process group started: the
+    entry point says so in one line and ends the group (a rank left in it holds its store's socket)."""
+    import socket
+
+    import torch.distributed as dist
+
+    from rungs.parallel.launch import main as launch_main
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", str(port))):
+        monkeypatch.setenv(name, value)
+    (tmp_path / "good.json").write_text(json.dumps(tiny_config(max_steps=2)))
+    try:
+        code = launch_main(["--config", str(tmp_path / "good.json"), "--run-dir", str(tmp_path / "run"), "--ep", "2"])
+        assert code == 2 and not dist.is_initialized()
+        err = capsys.readouterr().err
+        assert "must equal the world size 1" in err and len(err.strip().splitlines()) == 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def test_the_sharded_entry_point_prints_a_finished_jobs_result_without_a_process_group(tmp_path, capsys, monkeypatch):
     import torch.distributed as dist
 
