@@ -295,11 +295,28 @@ def latent_moe(p: Params, prefix: str, bias, x: jax.Array, cfg: Any,
 
 def block(params: Params, layer: int, x: jax.Array, cos, sin, bias, cfg: Any, *,
           clip: ActivationClip = _no_clip, backend: str | None = None) -> tuple[jax.Array, Routing]:
-    """One transformer block (`rungs.model.Block`): x (B, T, d) → (B, T, d) and its routing."""
-    pre = f"layers.{layer}."
+    """One transformer block (`rungs.model.Block`): x (B, T, d) → (B, T, d) and its routing.
+
+    `cfg.activation_checkpointing` as in the torch block (the same numbers, less memory kept for the
+    backward): "selective" recomputes the attention sub-layer in the backward, "full" the whole block
+    from its input (jax.checkpoint)."""
     x = clip(x, layer, "residual")  # the residual stream entering the block
-    x = x + attention(params, pre + "attn.", rms_norm(x, params[pre + "attn_norm.weight"]), cos, sin, cfg,
-                      cfg.is_global_layer(layer))
+    mode = getattr(cfg, "activation_checkpointing", "none")
+    body = partial(_block_body, layer=layer, cfg=cfg, clip=clip, backend=backend, selective=mode == "selective")
+    if mode == "full":
+        body = jax.checkpoint(body)
+    return body(params, x, cos, sin, bias)
+
+
+def _block_body(params: Params, x: jax.Array, cos, sin, bias, *, layer: int, cfg: Any, clip: ActivationClip,
+                backend: str | None, selective: bool) -> tuple[jax.Array, Routing]:
+    pre = f"layers.{layer}."
+
+    def attend(params: Params, x: jax.Array, cos, sin) -> jax.Array:
+        return attention(params, pre + "attn.", rms_norm(x, params[pre + "attn_norm.weight"]), cos, sin, cfg,
+                         cfg.is_global_layer(layer))
+
+    x = x + (jax.checkpoint(attend) if selective else attend)(params, x, cos, sin)
     h = clip(rms_norm(x, params[pre + "moe_norm.weight"]), layer, "moe_input")
     y, r = latent_moe(params, pre + "moe.", bias, h, cfg, backend)
     return x + y, r

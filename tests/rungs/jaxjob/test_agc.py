@@ -185,9 +185,11 @@ def test_recorder_state_dict_round_trips_with_rungs_agc():
     assert np.isnan(thresholds[0, 1]) and np.isnan(thresholds[1, 0])                      # no history yet
 
 
-def test_the_jax_model_with_agc_clips_where_the_torch_model_does():
+@pytest.mark.parametrize("activation_checkpointing", ["none", "selective", "full"])
+def test_the_jax_model_with_agc_clips_where_the_torch_model_does(activation_checkpointing):
     """The rung model itself (rungs.jaxjob.model loaded from a torch state dict): the same units clip
-    at the same (layer, point, row, position), and the weight gradients agree."""
+    at the same (layer, point, row, position), and the weight gradients agree; with each activation
+    checkpointing mode on both sides (the backward recomputes what the clip points see)."""
     import torch.nn.functional as F
 
     from rungs.jaxjob import model as jax_model
@@ -197,7 +199,8 @@ def test_the_jax_model_with_agc_clips_where_the_torch_model_does():
     torch.manual_seed(0)
     cfg = ModelConfig(n_layers=2, d_model=32, n_heads=2, head_dim=16, n_kv_heads_global=1, n_kv_heads_local=2,
                       global_every=2, window_tokens=8, seq_len=16, n_experts=4, top_k=2, n_shared_experts=1,
-                      latent_dim=16, expert_hidden=32, shared_hidden=32, vocab_size=64)
+                      latent_dim=16, expert_hidden=32, shared_hidden=32, vocab_size=64,
+                      activation_checkpointing=activation_checkpointing)
     model = Transformer(cfg)
     seq = torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(1))
     settings = AGCSettings(mode="median", threshold=1.5, max_logged_events_per_step=1000)

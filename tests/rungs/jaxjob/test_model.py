@@ -156,6 +156,37 @@ def test_activation_clip_points_equal_the_torch_model():
     assert seen == torch_seen
 
 
+def _count_primitives(jaxpr, names: tuple[str, ...]) -> int:
+    """Equations of these primitives in a jaxpr and every jaxpr nested in its equations (jit, scan)."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name in names
+        for value in eqn.params.values():
+            inner = getattr(value, "jaxpr", value)
+            if hasattr(inner, "eqns"):
+                count += _count_primitives(inner, names)
+    return count
+
+
+@pytest.mark.parametrize("mode,remats", [("none", 0), ("selective", 2), ("full", 2)])
+def test_activation_checkpointing_recomputes_in_the_backward_with_the_same_gradients(mode, remats):
+    """The option is not ignored (the traced gradient holds one jax.checkpoint per layer: the attention
+    sub-layer, or the block) and changes no number: loss and gradients equal those kept in memory."""
+    base, cfg = config(2), config(2, activation_checkpointing=mode)
+    params = P.init_params(base, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (2, 17), 0, base.vocab_size)
+
+    def grad_fn(c):
+        return jax.value_and_grad(lambda p: M.loss(p, None, tokens[:, :-1], tokens[:, 1:], c, LB, Z)[0])
+
+    assert _count_primitives(jax.make_jaxpr(grad_fn(cfg))(params).jaxpr, ("checkpoint", "remat", "remat2")) == remats
+    (want, want_grads), (got, got_grads) = (jax.jit(grad_fn(c))(params) for c in (base, cfg))
+    assert abs(float(got) - float(want)) <= 1e-6 * abs(float(want))
+    for name, ref in want_grads.items():
+        ref = np.asarray(ref)
+        assert np.abs(np.asarray(got_grads[name]) - ref).max() <= 1e-6 * np.abs(ref).max(), name
+
+
 def test_expert_bias_update_equals_the_torch_router():
     cfg = config(2, expert_bias=True, bias_update_rate=0.01)
     counts = torch.tensor([[5, 0, 3, 3, 9, 1, 3, 0], [2, 2, 2, 2, 2, 2, 2, 2]])
