@@ -8,12 +8,14 @@ documents' sampling}, achieved_tflops_per_device, peak_flops_per_device and mfu_
 is against the device's specification peak, rungs.metrics). A damaged or unsafe checkpoint, another
 config's checkpoint or result, a checkpoint of other training data, a full disk or a file where the run
 directory would be exits 2 with one line naming the file. A run directory in use by another job is
-waited for (the holder is logged), then resumed or its result returned.
+waited for (the holder is logged), then resumed or its result returned. A finished job whose MLflow run
+is not in the store named is refused (exit 2), or with --reregister recorded there as a new run.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from ladder.errors import LadderInputError
@@ -21,6 +23,7 @@ from ladder.cli.output import make_table, print_json, stdout_console
 from ladder.plan.resolve import resolve_train_config
 
 DEFAULT_RUNS_ROOT = Path("runs") / "train"
+log = logging.getLogger(__name__)
 CONTRACT_KEYS = ("run_id", "final_loss", "bpb", "tokens", "train_flops", "wall_seconds", "tokens_per_second", "mfu")
 
 
@@ -36,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///runs/mlflow.db)")
     p.add_argument("--run-dir", type=Path, help="job directory (default runs/train/<recipe>-L<L>-<config key>)")
     p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint in the run directory")
+    p.add_argument("--reregister", action="store_true",
+                   help="a job that finished earlier but whose MLflow run is not in the store (another store, a "
+                        "replaced one): record its stored result there as a new run (without it: refused)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
@@ -49,6 +55,32 @@ def default_run_dir(config: dict) -> Path:
     cfg = parse_config(config)
     current, legacy = (DEFAULT_RUNS_ROOT / f"{cfg.recipe}-L{cfg.L}-{key}" for key in (cfg.key(), cfg.legacy_key()))
     return legacy if legacy.is_dir() and not current.exists() else current
+
+
+def record_finished_run(config: dict, run_dir: Path, *, reregister: bool) -> None:
+    """A job that finished earlier returns its stored result without training; if its MLflow run is not
+    in this store (the store was replaced, or --tracking-uri names another), the fits reading the store
+    would miss it while the command printed its numbers. As `ladder sweep run` does: refused, or with
+    `reregister` recorded in the store as a new run (ladder.run.sweep_runs.reregister)."""
+    from ladder.run.sweep_runs import TAG_KEY
+    from ladder.run.sweep_runs import reregister as register_result
+    from rungs.config import parse_config
+    from rungs.loop import RESULT_FILE, finished_result
+    from rungs.tracking import run_status
+
+    cfg = parse_config(config)
+    done = finished_result(Path(run_dir), cfg.run_steps, cfg.resume_keys())
+    if done is None or not done.run_id or run_status(cfg.tracking_uri, done.run_id) is not None:
+        return
+    if not reregister:
+        raise LadderInputError(
+            f"this job finished earlier (its result is {Path(run_dir) / RESULT_FILE}) but its MLflow run "
+            f"{done.run_id} is not in {cfg.tracking_uri}: the store was replaced, or --tracking-uri names another "
+            "one. Point --tracking-uri at the store it was recorded in; or rerun with --reregister to record its "
+            "finished result in this store; or --fresh to train it again", field="--tracking-uri")
+    run_id = register_result(cfg.tracking_uri, cfg.experiment_name, Path(run_dir),
+                             {TAG_KEY: cfg.trial_key or cfg.key(), "config_key": cfg.key()})
+    log.info("re-registered %s: run %s (not in the store) → %s", run_dir, done.run_id, run_id)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         check_store(config["tracking_uri"], create=True)
     run_dir = args.run_dir or default_run_dir(config)
     try:
+        if config.get("tracking_uri") and not args.fresh:
+            record_finished_run(config, run_dir, reregister=args.reregister)
         result = train(config, run_dir=run_dir, resume=not args.fresh, progress=True)
     except (TrainConfigError, DataInputError, CheckpointError, RunDirError) as err:
         raise LadderInputError(str(err), where=f"ladder train {args.recipe} --rung {args.rung}") from None

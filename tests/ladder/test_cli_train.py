@@ -151,3 +151,33 @@ def test_a_full_disk_exits_2_saying_so(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "disk full" in err and str(run / "result.json") in err and "Traceback" not in err
+
+
+def test_a_finished_job_whose_run_is_not_in_the_store_is_refused_or_reregistered(tmp_path, capsys):
+    """A rerun of a finished job returns its stored result; against a store that lacks its MLflow run
+    (replaced, or another --tracking-uri) the fits would miss it: refused in one line, as `ladder sweep
+    run` refuses, and with --reregister recorded there as a new run with the stored numbers."""
+    from mlflow import MlflowClient
+
+    run = tmp_path / "run"
+    first, second = (f"sqlite:///{tmp_path / name}" for name in ("first.db", "second.db"))
+    argv = ["train", "cpu-demo", "--rung", "3", "--max-steps", "2", "--run-dir", str(run), "--json", *_TINY]
+    assert main([*argv, "--tracking-uri", first]) == 0
+    trained = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--tracking-uri", first]) == 0  # the same store: the stored result, nothing new
+    assert json.loads(capsys.readouterr().out)["run_id"] == trained["run_id"]
+
+    assert main([*argv, "--tracking-uri", second]) == 2
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "--reregister" in line]  # (MLflow logs the new store's creation)
+    assert len(said) == 1 and trained["run_id"] in said[0] and "Traceback" not in err
+    assert main([*argv, "--tracking-uri", second, "--reregister"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["run_id"] != trained["run_id"] and payload["bpb"] == trained["bpb"]
+    run_record = MlflowClient(second).get_run(payload["run_id"])
+    assert run_record.info.status == "FINISHED" and run_record.data.tags["reregistered_from"] == trained["run_id"]
+    assert run_record.data.tags["trial_key"] and run_record.data.params["L"] == "3"
+    assert {k: v for k, v in run_record.data.metrics.items() if k.startswith("final_bpb/")} == \
+        {f"final_bpb/{d}": v for d, v in trained["bpb"].items()}
+    assert main([*argv, "--tracking-uri", second]) == 0  # recorded now: returned as it is
+    assert json.loads(capsys.readouterr().out)["run_id"] == payload["run_id"]
