@@ -16,14 +16,20 @@ from benchmarks import jax_gpu_rung
 
 @pytest.mark.slow
 def test_quick_mode_steps_both_engines_on_one_config_and_prints_the_contract(capsys):
-    assert jax_gpu_rung.main(["--quick", "--json", "--steps", "2"]) == 0
+    # One layer and one sequence a step, not the quick defaults' two and two: the contract and the code
+    # path are the same (the quick model's layers are all sliding-window MoE layers, global_every=6, so a
+    # second layer is the same code again); each engine traces and compiles one layer, and its steps and
+    # the candidates' calls see half the tokens. That the two flags took effect is checked below.
+    assert jax_gpu_rung.main(["--quick", "--json", "--steps", "2", "--layers", "1", "--batch-sequences", "1"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert set(payload) == {"benchmark", "machine", "results", "checks"} and payload["benchmark"] == "jax_gpu_rung"
     results = payload["results"]
     assert results["ran"] and results["quick"] and "failed" not in results
     assert (results["recipe"], results["rung"], results["precision"]) == ("mai-base-2", 18, "bf16")
+    assert (results["layers"], results["batch_sequences"]) == (1, 1)
     assert results["batch_tokens"] == results["batch_sequences"] * results["seq_len"]
-    vocab = jax_gpu_rung.train_config(True, 2, 2)["vocab_size"]
+    assert results["grouped_matmul"]["rows"] == results["batch_tokens"] * jax_gpu_rung.train_config(True, 1, 1)["top_k"]
+    vocab = jax_gpu_rung.train_config(True, 1, 1)["vocab_size"]
     for engine in ("torch", "jax"):
         got = results[engine]
         assert got["steps"] == 2 and got["tokens_per_second"] > 0, engine

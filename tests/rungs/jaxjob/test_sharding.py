@@ -25,9 +25,13 @@ SAVED_AT, SAVED_ON, RESUMED_ON = 2, (4, 1), (2, 1)  # a checkpoint of 4 devices 
 
 
 def _cfg(**overrides):
-    # capacity 8 rows per expert in blocks of 4: the 256 tokens x top-2 of a step need several rounds
+    # capacity 8 rows per expert in blocks of 4: the 256 tokens x top-2 of a step need several rounds.
+    # Two layers, not the rung's three: one sliding-window layer and one global layer (global_every=2),
+    # the two kinds of block the rung has (its third layer is a second window layer, the same code),
+    # every one of them an MoE layer with its own round plan, all-to-all and expert-stack Muon. A build
+    # traces and compiles one block fewer and a step or an eval runs one fewer.
     return tiny_config(max_steps=4, deterministic=True, capacity_per_expert=8, group_size=4, expert_bias=True,
-                       **overrides)
+                       n_layers=2, global_every=2, **overrides)
 
 
 def _worker(out: str) -> None:
@@ -88,6 +92,13 @@ def _worker(out: str) -> None:
         res = train(_cfg(backend="jax", jax_mesh_expert=expert, tracking_uri=f"sqlite:///{run / 'mlflow.db'}"),
                     run_dir=run / f"trial{expert}", progress=False)
         trials[str(expert)] = {"loss": res.losses, "devices": res.devices, "run_id": res.run_id, "bpb": res.bpb}
+    # The runs' tags as MLflow stored them, read back here, where MLflow is imported already (the
+    # trials tracked to it), instead of importing it and opening the store again in the test process.
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{run / 'mlflow.db'}")
+    for got in trials.values():
+        got["tags"] = client.get_run(got["run_id"]).data.tags
     result["trial"] = {"one": one, "one_bpb": one_bpb, "meshes": trials}
     Path(out).write_text(json.dumps(result))
 
@@ -114,11 +125,8 @@ def test_sharded_meshes_equal_one_device_a_trial_shards_over_every_device_and_4_
         assert got["all_to_all"] or mesh[1] == 1, mesh
     assert "expert" in " ".join(result["(1, 4)"]["sharded"])
     trial, tags = result["trial"], {}
-    from mlflow import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     for expert, got in trial["meshes"].items():
-        tags[expert] = client.get_run(got["run_id"]).data.tags
+        tags[expert] = got["tags"]  # the MLflow run's tags (read in the worker by run_id)
         assert got["devices"] == 4, expert
         # the tolerance of the job's bf16 Newton-Schulz (the resume check below)
         np.testing.assert_allclose(got["loss"], trial["one"], rtol=1e-4, err_msg=expert)
