@@ -260,9 +260,12 @@ def test_a_fresh_start_removes_every_engines_checkpoint_so_its_resume_is_not_ref
         (tmp_path / name).mkdir()
         (tmp_path / name / "extra.json").write_text("{}")
     (tmp_path / "checkpoint.pt.tmp").write_bytes(b"torn")
+    (tmp_path / "checkpoint_notes.txt").write_text("the user's")  # not a name any engine writes: kept
+    (tmp_path / "my_checkpoint").mkdir()
     cfg = tiny_config(max_steps=2)
     train(cfg, run_dir=tmp_path, resume=False, progress=False, stop_after=1)
     assert [name for name in [*stale, "checkpoint.pt.tmp"] if (tmp_path / name).exists()] == []
     assert (tmp_path / "checkpoint.pt").exists()
+    assert (tmp_path / "checkpoint_notes.txt").read_text() == "the user's" and (tmp_path / "my_checkpoint").is_dir()
     result = train(cfg, run_dir=tmp_path, progress=False)  # resumes its own step-1 checkpoint
     assert result.steps == 2
