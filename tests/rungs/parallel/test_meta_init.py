@@ -4,7 +4,7 @@ precision, and gradient accumulation with one reduce per step.
 - Initialised shard by shard, each layout (FSDP alone with rows that do not split evenly, FSDP x EP)
   holds exactly the single-process model of the same seed, and leaves the generator where the
   single-process build leaves it.
-- L18 of mai-base-2 at its real widths with 2 layers and all 512 experts, over 4 ranks: each rank's
+- L18 of mai-base-2 at its real widths with 1 layer and all 512 experts, over 4 ranks: each rank's
   peak resident memory while building is a quarter of the whole model's parameters (within 10%).
   No rank ever holds the whole model.
 - The same structure (L18's heads, GQA, latent MoE with a shared expert, 512 experts, top-7) at
@@ -16,12 +16,17 @@ precision, and gradient accumulation with one reduce per step.
 - Accumulating two micro-batches with FSDP's gradient sync off until the last equals reducing each
   micro-batch, with half the reduce-scatters.
 - bf16 mixed precision (bf16 gathers, fp32 reductions and master weights) stays close to fp32.
+
+The 4-rank tests share one launch, and so do the 2-rank tests (tests/rungs/parallel/shared_launch.py):
+each test's rank function, with every assertion it makes, runs in turn in the same rank processes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import resource
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,7 +43,7 @@ from rungs.optim import clip_grad_norm_
 from rungs.parallel import dist_checkpoint
 from rungs.parallel.distributed import build_model, build_optimizer, setup, train_step
 from rungs.router import load_balancing_loss
-from tests.rungs.parallel.spawn import run_ranks
+from tests.rungs.parallel.shared_launch import PartTable, SharedLaunch, launch_selected
 from tests.rungs.parallel.test_distributed_train import CFG, _whole
 
 # vocab 49 over 4 ranks: FSDP's chunks are 13, 13, 13, 10 rows
@@ -76,8 +81,8 @@ def _init_worker(rank: int, world: int) -> None:
             assert torch.equal(b, ref_buffers[name]), f"dp={dp} ep={ep} buffer {name}"
 
 
-def test_meta_built_shards_hold_the_single_process_model_in_each_layout():
-    run_ranks(_init_worker, 4)
+def test_meta_built_shards_hold_the_single_process_model_in_each_layout(four_ranks: SharedLaunch):
+    four_ranks.check("test_meta_built_shards_hold_the_single_process_model_in_each_layout")
 
 
 def _resident_bytes() -> tuple[int, int]:
@@ -104,15 +109,27 @@ def _memory_worker(rank: int, world: int, arch: ModelConfig, whole_bytes: int) -
           f"maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
 
 
-# ~30 s on two idle cores: every rank walks the random stream once over the whole model (2.3e9 draws
+# ~18 s on two idle cores: every rank walks the random stream once over the whole model (1.3e9 draws
 # at ~5 ns of CPU each, rungs.init_stream), four ranks on two cores.
+# One layer, not two: the walk is CPU time and never memory, and the memory checked here (each parameter's
+# local rows allocated, then drawn a bounded chunk at a time) is the same per parameter in any number of
+# blocks; one block holds every kind of parameter of L18 (its layers are all local-attention blocks with
+# the same shapes), at its real widths and 512 experts. What a bug would add (the embedding or an expert
+# stack drawn whole: +0.56 or +0.84 GiB; a block gathered; the model held) is over the 10% bound at either
+# depth (0.12 GiB with one layer, 0.21 with two). Measured (2026-12-06): growth 1.285 GiB for a 1.237 GiB
+# quarter with one layer, 2.149 for 2.098 with two; 43 instead of 72 CPU-seconds for the four ranks.
 @pytest.mark.slow
-def test_l18_widths_512_experts_from_meta_device_each_rank_holds_a_quarter():
-    arch = l18()
+def test_l18_widths_512_experts_from_meta_device_each_rank_holds_a_quarter(four_ranks: SharedLaunch):
+    arch = l18(n_layers=1)
     assert (arch.d_model, arch.n_experts, arch.latent_dim, arch.expert_hidden, arch.vocab_size) == (
         1536, 512, 768, 768, 131072)
+    four_ranks.check("test_l18_widths_512_experts_from_meta_device_each_rank_holds_a_quarter")
+
+
+def _l18_memory_part(rank: int, world: int) -> None:
+    arch = l18(n_layers=1)
     whole = sum(torch.Size(s).numel() for s in parameter_shapes(arch).values()) * 4  # fp32
-    run_ranks(_memory_worker, 4, arch, whole)
+    _memory_worker(rank, world, arch, whole)
 
 
 def _batches(arch: ModelConfig, sequences: int) -> list[torch.Tensor]:
@@ -143,7 +160,11 @@ def _sharded_run(rank: int, world: int, arch: ModelConfig, dp: int, ep: int, ckp
 
 def _steps_worker(rank: int, world: int, tmp: Path) -> None:
     arch = l18_reduced()
-    ref, _ = _single_run(arch, world, autocast=False)
+    # The single-process reference is deterministic (seeded, one thread): rank 0 computes it once for
+    # every rank instead of each of the four computing the same numbers.
+    shared = [_single_run(arch, world, autocast=False)[0] if rank == 0 else None]
+    dist.broadcast_object_list(shared, src=0)
+    ref = shared[0]
     for dp, ep, ckpt in ((world, 1, tmp / "fsdp"), (2, 2, None)):
         got = _sharded_run(rank, world, arch, dp, ep, ckpt)
         for name, r in ref.items():
@@ -152,14 +173,16 @@ def _steps_worker(rank: int, world: int, tmp: Path) -> None:
 
 
 @pytest.mark.slow
-def test_l18_structure_three_steps_from_meta_device_equal_single_process(tmp_path):
+def test_l18_structure_three_steps_from_meta_device_equal_single_process(four_ranks: SharedLaunch):
     arch = l18_reduced()
     assert arch.n_experts == 512 and arch.top_k == 7
-    run_ranks(_steps_worker, 4, tmp_path)
+    four_ranks.check("test_l18_structure_three_steps_from_meta_device_equal_single_process")
 
 
-def _count_reduce_scatters() -> list[int]:
-    """Count FSDP2's reduce-scatters (it calls dist.reduce_scatter_single) in this process."""
+@contextlib.contextmanager
+def _count_reduce_scatters() -> Iterator[list[int]]:
+    """Count FSDP2's reduce-scatters (it calls dist.reduce_scatter_single) in this process while the
+    block runs; the real function is put back after it (the rank process runs other tests' parts)."""
     calls = [0]
     real = dist.reduce_scatter_single
 
@@ -167,11 +190,18 @@ def _count_reduce_scatters() -> list[int]:
         calls[0] += 1
         return real(*args, **kwargs)
     dist.reduce_scatter_single = counted
-    return calls
+    try:
+        yield calls
+    finally:
+        dist.reduce_scatter_single = real
 
 
 def _accumulation_worker(rank: int, world: int) -> None:
-    calls = _count_reduce_scatters()
+    with _count_reduce_scatters() as calls:
+        _accumulate(rank, world, calls)
+
+
+def _accumulate(rank: int, world: int, calls: list[int]) -> None:
     batches = _batches(CFG, 2 * world)  # 2 sequences per rank: 2 micro-batches of 1
     results, counts = {}, {}
     for defer in (False, True):
@@ -193,8 +223,8 @@ def _accumulation_worker(rank: int, world: int) -> None:
         assert rel < 1e-5, f"rank {rank} {name}: deferred sync differs by {rel:.2e} relative"
 
 
-def test_accumulation_without_a_reduce_per_micro_batch_equals_reducing_each():
-    run_ranks(_accumulation_worker, 2)
+def test_accumulation_without_a_reduce_per_micro_batch_equals_reducing_each(two_ranks: SharedLaunch):
+    two_ranks.check("test_accumulation_without_a_reduce_per_micro_batch_equals_reducing_each")
 
 
 def _single_run(arch: ModelConfig, sequences: int, autocast: bool) -> tuple[dict[str, torch.Tensor], list[float]]:
@@ -247,5 +277,28 @@ def _precision_worker(rank: int, world: int) -> None:
     assert 0 < ours <= 1.5 * theirs, f"mixed precision is {ours:.2e} from fp32, one-process autocast {theirs:.2e}"
 
 
-def test_bf16_mixed_precision_is_close_to_fp32():
-    run_ranks(_precision_worker, 2)
+def test_bf16_mixed_precision_is_close_to_fp32(two_ranks: SharedLaunch):
+    two_ranks.check("test_bf16_mixed_precision_is_close_to_fp32")
+
+
+# The shared launches: each selected test's part, in the order below. The memory part goes first, in
+# fresh rank processes as when it had its own launch: its peak is measured from the build's start.
+FOUR_RANK_PARTS: PartTable = {
+    "test_l18_widths_512_experts_from_meta_device_each_rank_holds_a_quarter": (_l18_memory_part, lambda tmp: ()),
+    "test_meta_built_shards_hold_the_single_process_model_in_each_layout": (_init_worker, lambda tmp: ()),
+    "test_l18_structure_three_steps_from_meta_device_equal_single_process": (_steps_worker, lambda tmp: (tmp,)),
+}
+TWO_RANK_PARTS: PartTable = {
+    "test_accumulation_without_a_reduce_per_micro_batch_equals_reducing_each": (_accumulation_worker, lambda tmp: ()),
+    "test_bf16_mixed_precision_is_close_to_fp32": (_precision_worker, lambda tmp: ()),
+}
+
+
+@pytest.fixture(scope="module")
+def four_ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> SharedLaunch:
+    return launch_selected(request, tmp_path_factory.mktemp("four_ranks"), 4, FOUR_RANK_PARTS)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> SharedLaunch:
+    return launch_selected(request, tmp_path_factory.mktemp("two_ranks"), 2, TWO_RANK_PARTS)

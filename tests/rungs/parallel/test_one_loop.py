@@ -1,7 +1,11 @@
 """The sharded job runs the one training loop: it writes what the single-process job writes
 (eval.json at every eval, data_report.json), sums its wall clock over restarts, marks a crashed
 MLflow run FAILED, and logs the same metric names as the single-process job; a JAX job on several
-Ray workers is one job over one mesh, with one run."""
+Ray workers is one job over one mesh, with one run.
+
+The sharded PyTorch tests share one 2-rank launch (tests/rungs/parallel/shared_launch.py): each test's
+jobs run in turn in the same rank processes, each in its own run directory and MLflow store, and the
+test checks what they wrote."""
 
 from __future__ import annotations
 
@@ -12,9 +16,19 @@ import pytest
 
 from rungs.launch import train_sharded
 from rungs.train import train
-from tests.rungs.parallel.spawn import run_ranks
+from tests.rungs.parallel.shared_launch import PartTable, SharedLaunch, launch_selected
 from tests.rungs.train_helpers import tiny_config
 from tests.xla_flags import jax_subprocess_env
+
+
+# Each held-out domain's eval windows (at most 102 here: one document of up to 6.5k tokens, 64 tokens a
+# window) in one forward instead of up to 13 of the default 8: in a sharded job each forward's FSDP
+# all-gathers and the Python around them cost more than its arithmetic, and these jobs run 7 evals on each
+# rank (an eval 1.5 -> 0.8 CPU s). The BPBs are the same numbers (padding is causal and masked), and what
+# these tests check of the evals (at which steps, in which files and metrics, equal to the result's) does
+# not depend on how the windows are batched. (Not for the JAX job: it pads every batch to eval_batch_size
+# rows, so a larger batch computes more padding; measured, 8 -> 32 saved under 1 CPU-s a worker.)
+ONE_FORWARD_A_DOMAIN = {"eval_batch_size": 128}
 
 
 def _runs(uri: str, experiment: str):
@@ -33,12 +47,20 @@ def _preempted_then_resumed(rank, world, cfg, run_dir, out):
                                    "final": res.to_json()}))
 
 
-def test_two_workers_write_evals_data_report_and_sum_wall_seconds_over_a_restart(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cfg = tiny_config(max_steps=3, eval_interval=1, tracking_uri=uri, experiment_name="sharded")
-    run_dir = tmp_path / "run"
-    run_ranks(_preempted_then_resumed, 2, cfg, run_dir, tmp_path / "out.json")
-    out = json.loads((tmp_path / "out.json").read_text())
+def _restart_part(tmp: Path) -> tuple:
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    cfg = tiny_config(max_steps=3, eval_interval=1, tracking_uri=uri, experiment_name="sharded",
+                      **ONE_FORWARD_A_DOMAIN)
+    return cfg, tmp / "run", tmp / "out.json"
+
+
+def test_two_workers_write_evals_data_report_and_sum_wall_seconds_over_a_restart(sharded: SharedLaunch):
+    name = "test_two_workers_write_evals_data_report_and_sum_wall_seconds_over_a_restart"
+    sharded.check(name)
+    tmp = sharded.out / name
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    run_dir = tmp / "run"
+    out = json.loads((tmp / "out.json").read_text())
     first, final = out["first"], out["final"]
     # the first invocation's clock up to its checkpoint travels in the checkpoint, and the resumed job
     # adds its own to it (what ran after the checkpoint is rerun, as the single-process job counts it)
@@ -64,28 +86,46 @@ def _crashing_job(rank, world, cfg, run_dir, out):
         return real_step(self, step, lr_multiplier)
 
     ShardedTorchEngine.train_step = train_step
-    with pytest.raises(RuntimeError, match="injected"):
-        train_sharded(cfg, run_dir=run_dir)
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            train_sharded(cfg, run_dir=run_dir)
+    finally:  # the rank process may run other tests' jobs after this one
+        ShardedTorchEngine.train_step = real_step
 
 
-def test_a_crashed_sharded_job_leaves_its_mlflow_run_failed(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cfg = tiny_config(max_steps=3, tracking_uri=uri, experiment_name="crash")
-    run_ranks(_crashing_job, 2, cfg, tmp_path / "run", tmp_path / "out.json")
-    (run,) = _runs(uri, "crash")
+def _crash_part(tmp: Path) -> tuple:
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    return tiny_config(max_steps=3, tracking_uri=uri, experiment_name="crash"), tmp / "run", tmp / "out.json"
+
+
+def test_a_crashed_sharded_job_leaves_its_mlflow_run_failed(sharded: SharedLaunch):
+    name = "test_a_crashed_sharded_job_leaves_its_mlflow_run_failed"
+    sharded.check(name)
+    tmp = sharded.out / name
+    (run,) = _runs(f"sqlite:///{tmp / 'mlflow.db'}", "crash")
     assert run.info.status == "FAILED"
-    assert not (tmp_path / "run" / "result.json").exists()
+    assert not (tmp / "run" / "result.json").exists()
 
 
 def _sharded_job(rank, world, cfg, run_dir, out):
     train_sharded(cfg, run_dir=run_dir)
 
 
-def test_one_process_and_two_workers_log_the_same_metric_names(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cfg = dict(max_steps=2, eval_interval=1, tracking_uri=uri, agc=True, expert_bias=True)
-    train(tiny_config(**cfg, experiment_name="one"), run_dir=tmp_path / "one", progress=False)
-    run_ranks(_sharded_job, 2, tiny_config(**cfg, experiment_name="two"), tmp_path / "two", None)
+def _metric_names_config(uri: str, experiment: str) -> dict:
+    return tiny_config(max_steps=2, eval_interval=1, tracking_uri=uri, agc=True, expert_bias=True,
+                       experiment_name=experiment, **ONE_FORWARD_A_DOMAIN)
+
+
+def _metric_names_part(tmp: Path) -> tuple:
+    return _metric_names_config(f"sqlite:///{tmp / 'mlflow.db'}", "two"), tmp / "two", None
+
+
+def test_one_process_and_two_workers_log_the_same_metric_names(sharded: SharedLaunch):
+    name = "test_one_process_and_two_workers_log_the_same_metric_names"
+    sharded.check(name)  # the two workers' job ran in the shared launch, into this test's store
+    tmp = sharded.out / name
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    train(_metric_names_config(uri, "one"), run_dir=tmp / "one", progress=False)
     (one,), (two,) = _runs(uri, "one"), _runs(uri, "two")
     names_one, names_two = set(one.data.metrics), set(two.data.metrics)
     assert {n for n in names_one if n.startswith(("final_", "unigram_bpb/", "total_"))} >= {
@@ -181,8 +221,29 @@ def _resumed_without_drawing(rank, world, cfg, run_dir, out):
         out.write_text(json.dumps({"resumed": resumed.losses, "whole": whole.losses}))
 
 
-def test_a_resumed_sharded_job_loads_weights_it_did_not_draw_and_equals_an_uninterrupted_one(tmp_path):
-    cfg = tiny_config(max_steps=4, checkpoint_interval=2)
-    run_ranks(_resumed_without_drawing, 2, cfg, tmp_path / "run", tmp_path / "out.json")
-    out = json.loads((tmp_path / "out.json").read_text())
+def _resume_part(tmp: Path) -> tuple:
+    return tiny_config(max_steps=4, checkpoint_interval=2, **ONE_FORWARD_A_DOMAIN), tmp / "run", tmp / "out.json"
+
+
+def test_a_resumed_sharded_job_loads_weights_it_did_not_draw_and_equals_an_uninterrupted_one(sharded: SharedLaunch):
+    name = "test_a_resumed_sharded_job_loads_weights_it_did_not_draw_and_equals_an_uninterrupted_one"
+    sharded.check(name)
+    out = json.loads((sharded.out / name / "out.json").read_text())
     assert out["resumed"] == pytest.approx(out["whole"], rel=1e-6) and len(out["whole"]) == 4
+
+
+# The shared 2-rank launch: each selected test's rank function and its arguments (made from the test's
+# own directory), in this order. The crash goes last: its failure is the job's, by design.
+SHARDED_PARTS: PartTable = {
+    "test_two_workers_write_evals_data_report_and_sum_wall_seconds_over_a_restart":
+        (_preempted_then_resumed, _restart_part),
+    "test_one_process_and_two_workers_log_the_same_metric_names": (_sharded_job, _metric_names_part),
+    "test_a_resumed_sharded_job_loads_weights_it_did_not_draw_and_equals_an_uninterrupted_one":
+        (_resumed_without_drawing, _resume_part),
+    "test_a_crashed_sharded_job_leaves_its_mlflow_run_failed": (_crashing_job, _crash_part),
+}
+
+
+@pytest.fixture(scope="module")
+def sharded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> SharedLaunch:
+    return launch_selected(request, tmp_path_factory.mktemp("sharded"), 2, SHARDED_PARTS)
