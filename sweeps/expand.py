@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from ladder.errors import LadderInputError
 from ladder.plan.generator import RungSpec, plan_rung
 from ladder.plan.recipe import Recipe, load_recipe
 from sweeps.spec import ARM_DATA_KEY, Block, Centre, Resources, SweepSpec
@@ -57,12 +58,15 @@ class Trial:
     max_steps: int | None
     resources: Resources
     data: str | None = None  # a data arm's prepared corpus (None: the spec's or the recipe's data)
+    tpp_in_label: bool = False  # the block lists several TPPs: the label names the trial's
 
     @property
     def label(self) -> str:
+        """The trial's name in progress lines, tables and MLflow (unique within a sweep: `expand` checks)."""
+        tpp = f" tpp{self.tpp:g}" if self.tpp_in_label else ""
         drop = "" if self.dropout is None else f" p{self.dropout:g}"
         arm = "" if self.arm == "base" else f" {self.arm}"
-        return f"{self.block} L{self.L} lr{self.lr:.3g} wd{self.weight_decay:.3g}{drop}{arm} s{self.seed}"
+        return f"{self.block} L{self.L}{tpp} lr{self.lr:.3g} wd{self.weight_decay:.3g}{drop}{arm} s{self.seed}"
 
     def coordinates(self) -> dict:
         """Where the trial sits in the sweep: logged as MLflow tags so fits can group by them."""
@@ -134,7 +138,7 @@ def _trial(spec: SweepSpec, block: Block, planners: _Planners, L: int, arm: str,
         lr=float(overrides[LR_KEY]), weight_decay=float(overrides[WD_KEY]),
         dropout=None if dropout is None else float(dropout), arm=arm, seed=int(overrides[SEED_KEY]),
         log_lr_offset=d_lr, log_lr_wd_offset=d_prod, overrides=overrides, max_steps=max_steps,
-        resources=resources, data=data)
+        resources=resources, data=data, tpp_in_label=len(block.tpp) > 1)
 
 
 def expand_block(spec: SweepSpec, block: Block, planners: _Planners) -> list[Trial]:
@@ -176,7 +180,8 @@ def expand(spec: SweepSpec, recipe: Recipe | None = None) -> list[Trial]:
     """All trials of a spec in a stable order (block, rung, TPP, grid point, dropout, arm, seed).
 
     Trials whose overrides coincide (a grid centre that is also a plain ladder rung) appear once,
-    under the first block that asks for them.
+    under the first block that asks for them. Two different trials with one label are refused: progress
+    lines, the demo's time-left estimate and `ladder sweep status` name trials by it.
     """
     recipe = recipe or load_recipe(spec.recipe, data=spec.data)
     planners = _Planners(spec, recipe)
@@ -189,4 +194,12 @@ def expand(spec: SweepSpec, recipe: Recipe | None = None) -> list[Trial]:
             if ident not in seen:
                 seen.add(ident)
                 out.append(trial)
+    by_label: dict[str, Trial] = {}
+    for trial in out:
+        other = by_label.setdefault(trial.label, trial)
+        if other is not trial:
+            raise LadderInputError(
+                f"two trials are both labelled {trial.label!r} (overrides {other.overrides} and {trial.overrides}): "
+                "their coordinates agree to the digits a label shows; space the grid points further apart",
+                where=f"blocks.{trial.block}")
     return out

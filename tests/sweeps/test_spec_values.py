@@ -131,3 +131,21 @@ def test_an_arms_pinned_seed_tpp_and_dropout_are_its_coordinates(tmp_path):
     assert " p0.1 " in planned["d1"].label
     assert " lr0.002 " in planned["lr"].label
     assert planned["base"].label.endswith(" s0")
+
+
+def test_a_block_of_several_tpps_names_each_trials_tpp_in_its_label(tmp_path):
+    # An explicit centre gives every TPP the same LR and WD: without the TPP the two trials shared a label,
+    # and the demo's time-left estimate (keyed by label) counted one of them twice.
+    block = {"tpp": [5, 20], "lr_wd": {"centre": {"lr": 0.01, "weight_decay": 0.1}}}
+    planned = plan_sweep(load_spec(write_spec(tmp_path / "s.yaml", block)))
+    assert sorted(p.label for p in planned) == ["b L3 tpp20 lr0.01 wd0.1 s0", "b L3 tpp5 lr0.01 wd0.1 s0"]
+    assert [p.config["tpp"] for p in planned] == [5.0, 20.0]
+    single = plan_sweep(load_spec(write_spec(tmp_path / "one.yaml", {"tpp": [5]})))
+    assert "tpp" not in single[0].label  # one TPP a block: the labels every single-TPP sweep already had
+
+
+def test_two_trials_a_label_cannot_tell_apart_are_refused(tmp_path, capsys):
+    # LRs 0.01% apart print alike at three significant digits.
+    err = refused(tmp_path, capsys, "blocks.b", {"lr_wd": {"log_lr": {"offsets": [0, 0.0001]}}})
+    assert "labelled" in err and "space the grid points" in err
+
