@@ -27,6 +27,7 @@ process then holds the same numbers, which the loop's divergence rule and evalua
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from pathlib import Path
@@ -55,7 +56,7 @@ from rungs.jaxjob.optim import Schedule, build_optimizer, with_hyperparams
 from rungs.jaxjob.programs import MemoryFigures, grads_function, memory_figures, update_function
 from rungs.jaxjob.params import init_buffers, init_params
 from rungs.metrics import DevicePeak, device_peak
-from rungs.torch_engine import _pick_threads, muon_update_scale, resolve_device
+from rungs.torch_engine import muon_update_scale
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +65,44 @@ log = logging.getLogger(__name__)
 FLAT_SCHEDULE = Schedule(total_steps=1, warmup_steps=0, schedule="cosine", min_lr_ratio=1.0)
 
 
+# XLA's flag that makes its GPU programs reproducible (scatter-adds and reductions without atomics); read
+# from XLA_FLAGS when the backend starts, so a job cannot turn it on itself once JAX is running.
+DETERMINISTIC_GPU_FLAG = "--xla_gpu_deterministic_ops=true"
+
+
+def jax_device() -> str:
+    """The device type the JAX job runs on, "cuda" or "cpu": JAX's default backend (not torch's)."""
+    return "cuda" if jax.default_backend() in ("gpu", "cuda") else "cpu"
+
+
+def xla_cpu_cores() -> int:
+    """The cores XLA's CPU thread pool spreads over: every core this process may run on. `threads` is
+    torch's intra-op setting; XLA sizes its own pool when the backend starts."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def check_config(cfg: TrainConfig) -> None:
     """Refuse, naming the field, a config the JAX job cannot train as written: called before the job
-    touches its run directory, so a bad setting is one line, not a traceback from the first compile."""
+    touches its run directory, so a bad setting is one line, not a traceback from the first compile.
+
+    `device` is JAX's platform, fixed when its backend starts: a config that names the other one is
+    refused rather than run where it did not ask (a `cuda` job silently on the CPU, in emulated bf16).
+    `deterministic` on a GPU needs XLA's deterministic-ops flag in XLA_FLAGS before JAX starts."""
     if cfg.dropout:
         raise TrainConfigError(f"the JAX job has no dropout, got {cfg.dropout} (set dropout=0, or backend=torch)",
                                key="dropout")
+    device = jax_device()
+    if cfg.device not in ("auto", device):
+        how = ("set JAX_PLATFORMS=cpu in the job's environment" if cfg.device == "cpu"
+               else "install JAX with its CUDA plugin (jax[cuda12])")
+        raise TrainConfigError(f"device={cfg.device}, but JAX runs on {jax.default_backend()} here: {how}, or set "
+                               "device=auto (JAX's default platform)", key="device")
+    if cfg.deterministic and device == "cuda" and DETERMINISTIC_GPU_FLAG not in os.environ.get("XLA_FLAGS", ""):
+        raise TrainConfigError(f"deterministic=true on a GPU needs XLA_FLAGS={DETERMINISTIC_GPU_FLAG} in the job's "
+                               "environment before JAX starts (or deterministic=false)", key="deterministic")
 
 
 class JaxEngine:
@@ -101,7 +134,11 @@ class JaxEngine:
         if self.processes > 1 and mesh is None:
             raise ValueError(f"a job of {self.processes} processes needs a mesh over their devices")
         self.ns_dtype = ns_dtype
-        self.threads = _pick_threads(cfg)
+        # The MFU denominator's cores on the CPU: the ones XLA's pool uses (it does not read `threads`)
+        self.threads = xla_cpu_cores()
+        if cfg.threads and cfg.threads != self.threads and jax_device() == "cpu":
+            log.info("threads=%d is torch's setting: XLA's CPU pool uses the %d cores this process may run on",
+                     cfg.threads, self.threads)
         self.initial_params = initial_params
         self.compile_seconds = 0.0
         self.recorder: ClipRecorder | None = None
@@ -151,9 +188,8 @@ class JaxEngine:
         settings = cfg.agc_settings()
         self.agc = AGC(settings) if settings else None
         self.recorder = ClipRecorder(settings) if settings else None
-        # precision=auto reads the device as the torch job does (bf16 when torch sees a GPU), so both
-        # backends of one config compute in one precision.
-        self.compute_dtype = jnp.bfloat16 if cfg.bf16_on(resolve_device(cfg)) else jnp.float32
+        # precision=auto: bf16 on a GPU, fp32 on the CPU, as the torch job does on the device it runs on
+        self.compute_dtype = jnp.bfloat16 if cfg.bf16_on(jax_device()) else jnp.float32
         t0 = time.perf_counter()
         with sharding.use_mesh(self.mesh):  # traced on the mesh: expert parallelism, distributed Muon
             self._compile()
@@ -340,8 +376,9 @@ class JaxEngine:
         return self.sampler.report()
 
     def device_peak(self) -> DevicePeak:
-        kind = "cuda" if jax.default_backend() in ("gpu", "cuda") else "cpu"
-        return device_peak(kind, override=self.cfg.peak_flops_per_device, cores=self.threads)
+        kind = jax_device()
+        name = str(jax.devices()[0].device_kind) if kind == "cuda" else None  # JAX's GPU, which torch may not see
+        return device_peak(kind, override=self.cfg.peak_flops_per_device, cores=self.threads, device_name=name)
 
     def barrier(self) -> None:
         if self.processes > 1:

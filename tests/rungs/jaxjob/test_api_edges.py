@@ -1,6 +1,7 @@
 """The JAX job at its edges: a save killed between its two renames still resumes, a damaged meta record
-or another engine's checkpoint is refused in one line, and a setting the JAX job cannot train (dropout)
-or a run directory or compilation cache that cannot be a folder is one clear error, not a traceback."""
+or another engine's checkpoint is refused in one line, and a setting the JAX job cannot train (dropout, a
+device JAX does not run on, GPU determinism without XLA's flag) or a run directory or compilation cache that
+cannot be a folder is one clear error, not a traceback."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import jax.numpy as jnp
 import pytest
 
 from ladder.cli import main
-from rungs.config import TrainConfigError
+from rungs.config import TrainConfigError, parse_config
+from rungs.jaxjob import engine as engine_module
 from rungs.jaxjob import checkpoint as jax_ckpt
+from rungs.jaxjob.engine import JaxEngine, check_config
 from rungs.jaxjob.train import enable_compilation_cache, train_jax
+from rungs.metrics import CPU_PEAK_FLOPS_PER_CORE
 from rungs.run_files import CheckpointError, RunDirError
 from tests.rungs.train_helpers import tiny_config
 
@@ -88,6 +92,47 @@ def test_dropout_is_refused_naming_the_field_before_the_run_directory_is_made(tm
     out = capsys.readouterr().err
     assert "dropout" in out and "Traceback" not in out
     assert not (tmp_path / "run").exists()
+
+
+def test_a_device_jax_does_not_run_on_is_refused_naming_the_field_before_the_run_directory_is_made(tmp_path, capsys):
+    # JAX here runs on the CPU: a cuda job would otherwise train on it, in emulated bf16 (precision=auto)
+    assert jax.default_backend() == "cpu"
+    with pytest.raises(TrainConfigError, match="device=cuda, but JAX runs on cpu") as err:
+        train_jax(tiny_config(backend="jax", device="cuda"), tmp_path / "run", progress=False)
+    assert err.value.key == "device"
+    code = main(["train", "cpu-demo", "--rung", "3", "--set", "backend=jax", "--set", "device=cuda",
+                 "--max-steps", "1", "--run-dir", str(tmp_path / "run")])
+    assert code == 2
+    out = capsys.readouterr().err
+    assert "device" in out and "Traceback" not in out
+    assert not (tmp_path / "run").exists()
+    for device in ("cpu", "auto"):
+        check_config(parse_config(tiny_config(backend="jax", device=device)))
+
+
+def test_on_a_gpu_a_cpu_job_and_a_deterministic_job_without_xlas_flag_are_refused(monkeypatch):
+    # The GPU side of the same check, with JAX's platform read as a GPU (none is here to start)
+    monkeypatch.setattr(engine_module, "jax_device", lambda: "cuda")
+    monkeypatch.setattr(engine_module.jax, "default_backend", lambda: "gpu")
+    with pytest.raises(TrainConfigError, match="JAX_PLATFORMS=cpu") as err:
+        check_config(parse_config(tiny_config(backend="jax", device="cpu")))
+    assert err.value.key == "device"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=0")
+    with pytest.raises(TrainConfigError, match="xla_gpu_deterministic_ops") as err:
+        check_config(parse_config(tiny_config(backend="jax", device="cuda", deterministic=True)))
+    assert err.value.key == "deterministic"
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_gpu_autotune_level=0 {engine_module.DETERMINISTIC_GPU_FLAG}")
+    check_config(parse_config(tiny_config(backend="jax", device="cuda", deterministic=True)))
+    check_config(parse_config(tiny_config(backend="jax", device="auto", deterministic=False)))
+
+
+def test_the_cpu_peak_counts_the_cores_xlas_pool_uses_not_torchs_threads_setting():
+    import os
+
+    engine = JaxEngine(parse_config(tiny_config(backend="jax", threads=1)))
+    cores = len(os.sched_getaffinity(0))
+    assert engine.threads == cores
+    assert engine.device_peak().flops == cores * CPU_PEAK_FLOPS_PER_CORE
 
 
 def test_a_run_directory_or_compilation_cache_under_a_file_is_one_clear_error(tmp_path):
