@@ -6,6 +6,9 @@ Checks, each against a reference measured in the same run where one exists:
 - `tokenize_speed_over_raw_batch_encode` >= 0.8: `rungs.data.prepare.tokenize_documents` (encode,
   convert, append EOS, build the index) against the raw HF `tokenizers` batch-encode of the same
   texts with the same tokenizer (the faster of `encode_batch` and `encode_batch_fast`);
+- `decontam_batched_over_one_at_a_time_600_char_docs` >= 2: the held-out n-gram match of every training
+  document, a batch of documents per numpy pass (what `prepare` runs), against one document at a time, on the
+  demo's training text cut into 600-character documents (the demo's own, ~6 kB each, are reported too);
 - `sampler_time_over_train_step_time` < 0.01: the sampler's seconds per 1M tokens against a
   forward+backward of a small dense torch transformer (the size of the cpu-demo ladder's smallest
   rung, a dense 4x FFN in place of the MoE) on 1M tokens;
@@ -119,6 +122,8 @@ def run(quick: bool) -> Report:
                                   "tokenize_documents_mb_per_s": megabytes / ours_seconds}
     report.check("tokenize_speed_over_raw_batch_encode", raw_seconds / ours_seconds, ">=", 0.8)
 
+    decontamination(report, texts, cpu)
+
     # 2. sampler vs a training step on the same number of tokens
     full = plan_rung(recipe, recipe.full_scale_rung).to_dict()
     sampler = SourceScaledSampler(corpus, full["sources"], seq_len=full["seq_len"],
@@ -159,6 +164,32 @@ def run(quick: bool) -> Report:
         report.check("cache_key_seconds_per_gb", key_s, "<=", 1.0)
     report.results["extrapolation_1tb"] = extrapolate(report.results)
     return report
+
+
+def decontamination(report: Report, texts: list[str], cpu: dict) -> None:
+    """The held-out n-gram match `prepare` runs on every training document, a batch of documents per numpy
+    pass (`HeldOutIndex.matches_many`), against matching one document at a time (`matches`), on the demo's
+    documents and on the same text cut into 600-character documents (a web page's paragraph)."""
+    from rungs.data.decontam import HeldOutIndex, ngram_hash_array
+    from rungs.data.manifest import DEMO_MANIFEST, load_manifest
+
+    manifest = load_manifest(DEMO_MANIFEST)
+    index = HeldOutIndex.build([(f"{e.name}\x00{d.doc_id}", ngram_hash_array(d.text, manifest.ngram_words))
+                                for e in manifest.eval_sets for d in e.documents()], manifest.ngram_words)
+    megabytes = sum(len(t.encode()) for t in texts) / 1e6
+    short = [t[i:i + 600] for t in texts for i in range(0, len(t), 600)]
+    results: dict[str, object] = {"megabytes": megabytes, "clock": "process_time",
+                                  "held_out_ngrams": int(len(index.hashes))}
+    for name, docs in (("demo_documents", texts), ("600_char_documents", short)):
+        one = time_call(lambda: [index.matches(t) for t in docs], **cpu)
+        many = time_call(lambda: index.matches_many(docs), **cpu)
+        assert index.matches_many(docs) == [index.matches(t) for t in docs]
+        results[name] = {"docs": len(docs), "one_at_a_time_mb_per_s": megabytes / one,
+                         "batched_mb_per_s": megabytes / many}
+    report.results["decontamination"] = results
+    short_rates = results["600_char_documents"]
+    report.check("decontam_batched_over_one_at_a_time_600_char_docs",
+                 short_rates["batched_mb_per_s"] / short_rates["one_at_a_time_mb_per_s"], ">=", 2.0)
 
 
 def scaled(report: Report, root: Path, quick: bool) -> None:

@@ -129,22 +129,29 @@ def _word_char_table() -> np.ndarray:
 def word_hashes_of(text: str) -> np.ndarray:
     """The hash of every word of `WORD_RE.findall(text.lower())`, in order, computed over the code points
     in numpy (no Python per word): the same values `_hash_new_words` gives the words."""
-    points = np.frombuffer(text.lower().encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    return _lowered_word_hashes(text.lower())[0]
+
+
+def _lowered_word_hashes(lowered: str) -> tuple[np.ndarray, np.ndarray]:
+    """(hash of each `\\w+` word of already lower-cased text, the code-point offset where each word starts)."""
+    points = np.frombuffer(lowered.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    empty = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
     if not len(points):
-        return np.zeros(0, dtype=np.uint64)
+        return empty
     is_word = _word_char_table()[points]
-    starts = np.flatnonzero(is_word & ~np.concatenate([[False], is_word[:-1]]))
+    begins = is_word & ~np.concatenate([[False], is_word[:-1]])
+    starts = np.flatnonzero(begins)
     if not len(starts):
-        return np.zeros(0, dtype=np.uint64)
+        return empty
     where = np.flatnonzero(is_word)  # positions of word characters, in order
-    word_of = np.cumsum(is_word & ~np.concatenate([[False], is_word[:-1]]))[where] - 1
+    word_of = np.cumsum(begins)[where] - 1
     first = np.searchsorted(where, starts)  # index into `where` of each word's first character
     offset = np.arange(len(where)) - first[word_of]  # position of each character within its word
     width = int(offset.max()) + 1
     powers = np.cumprod(np.full(width, _Q, dtype=np.uint64), dtype=np.uint64)
     with np.errstate(over="ignore"):
         h = np.add.reduceat(points[where].astype(np.uint64) * powers[offset], first, dtype=np.uint64)
-        return _mix(h)
+        return _mix(h), starts
 
 
 def _mix(h: np.ndarray) -> np.ndarray:
@@ -159,7 +166,11 @@ def _mix(h: np.ndarray) -> np.ndarray:
 
 def ngram_hash_array(text: str, n: int) -> np.ndarray:
     """Unique 64-bit hashes of the lower-cased word n-grams of `text` (sorted uint64; empty when shorter)."""
-    w = word_hashes_of(text)
+    return np.unique(_ngrams_of_words(word_hashes_of(text), n))
+
+
+def _ngrams_of_words(w: np.ndarray, n: int) -> np.ndarray:
+    """The hash of each run of `n` consecutive word hashes: Σ_j w[i+j]·P^j mod 2^64 (in order, repeats kept)."""
     m = len(w) - n + 1
     if m <= 0:
         return np.zeros(0, dtype=np.uint64)
@@ -169,7 +180,29 @@ def ngram_hash_array(text: str, n: int) -> np.ndarray:
         for j in range(n):
             h += w[j:j + m] * power
             power = power * _P
-    return np.unique(h)
+    return h
+
+
+# Documents hashed in one numpy pass by `ngram_hashes_many`: the per-call overhead of ~20 numpy operations
+# is paid per batch, not per document (most documents are a few hundred words).
+BATCH_CHARS = 1 << 20
+
+
+def ngram_hashes_many(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The word n-gram hashes of several documents in one pass: (hashes, the index in `texts` of each one's
+    document), repeats kept, no n-gram spanning two documents. Each document's set of hashes is
+    `ngram_hash_array`'s. The texts are lower-cased one by one and joined by a newline (not a word character),
+    so each one's words are those of `WORD_RE.findall(text.lower())`."""
+    lowered = [t.lower() for t in texts]
+    w, starts = _lowered_word_hashes("\n".join(lowered))
+    h = _ngrams_of_words(w, n)
+    if not len(h):
+        return h, np.zeros(0, dtype=np.int64)
+    doc_begins = np.cumsum([0] + [len(t) + 1 for t in lowered[:-1]])  # code-point offset of each document
+    doc_of_word = np.searchsorted(doc_begins, starts, side="right") - 1
+    first, last = doc_of_word[:len(h)], doc_of_word[n - 1:]
+    inside = first == last
+    return h[inside], first[inside]
 
 
 class HeldOutIndex:
@@ -205,3 +238,31 @@ class HeldOutIndex:
             return []
         found = np.unique(np.concatenate([self.docs[a:b] for a, b in zip(left[hit].tolist(), right[hit].tolist())]))
         return sorted(self.labels[i] for i in found.tolist())
+
+    def matches_many(self, texts: list[str]) -> list[list[str]]:
+        """`matches` of each text, hashed and searched a batch of documents at a time (`BATCH_CHARS`)."""
+        out: list[list[str]] = [[] for _ in texts]
+        if not len(self.hashes):
+            return out
+        begin = 0
+        while begin < len(texts):
+            end, chars = begin, 0
+            while end < len(texts) and (end == begin or chars + len(texts[end]) <= BATCH_CHARS):
+                chars += len(texts[end])
+                end += 1
+            self._match_batch(texts[begin:end], out, begin)
+            begin = end
+        return out
+
+    def _match_batch(self, texts: list[str], out: list[list[str]], base: int) -> None:
+        h, doc = ngram_hashes_many(texts, self.ngram_words)
+        left = np.searchsorted(self.hashes, h, side="left")
+        right = np.searchsorted(self.hashes, h, side="right")
+        hit = np.flatnonzero(right > left)
+        if not len(hit):
+            return
+        found: dict[int, set[int]] = defaultdict(set)
+        for d, a, b in zip(doc[hit].tolist(), left[hit].tolist(), right[hit].tolist()):
+            found[d].update(self.docs[a:b].tolist())
+        for d, held in found.items():
+            out[base + d] = sorted(self.labels[i] for i in held)

@@ -119,3 +119,33 @@ def test_vectorised_word_hashes_are_the_hashes_of_the_regex_words(text):
     from rungs.data.decontam import WORD_RE, _hash_new_words, word_hashes_of
 
     assert word_hashes_of(text).tolist() == _hash_new_words(WORD_RE.findall(text.lower())).tolist()
+
+
+def test_documents_matched_a_batch_at_a_time_match_as_one_at_a_time(monkeypatch):
+    """prepare matches a batch of training documents in one numpy pass: the same held-out documents as
+    matching each alone, with no n-gram across two documents and batches split anywhere."""
+    import random
+
+    import numpy as np
+
+    from rungs.data import decontam
+    from rungs.data.decontam import HeldOutIndex, ngram_hash_array, ngram_hashes_many
+
+    rng = random.Random(7)
+    vocab = ["alpha", "beta", "gamma", "ΣΟΦΊΑ", "naïve", "x_y", "北京", "İstanbul", "3", "ǅ"]
+    held = [" ".join(rng.choice(vocab) for _ in range(rng.randint(0, 40))) for _ in range(12)]
+    index = HeldOutIndex.build([(f"h\x00{i}", ngram_hash_array(t, 3)) for i, t in enumerate(held)], 3)
+    texts = [" ".join(rng.choice(vocab) for _ in range(rng.randint(0, 30))) + rng.choice(["", ".", " ΣΑΣ", "\n"])
+             for _ in range(300)]
+    texts += ["", "alpha", "alpha beta", "beta gamma", "gamma alpha"]  # each too short alone: joined, they would match
+    index_abc = HeldOutIndex.build([("h\x00abc", ngram_hash_array("alpha beta gamma", 3))], 3)
+    assert index_abc.matches_many(["alpha beta", "gamma"]) == [[], []]
+    assert index_abc.matches_many(["x alpha beta gamma", "alpha"]) == [["h/abc".replace("/", "\x00")], []]
+    one_at_a_time = [index.matches(t) for t in texts]
+    assert sum(map(bool, one_at_a_time)) > 50  # a test of the matches, not of empty lists
+    assert index.matches_many(texts) == one_at_a_time
+    monkeypatch.setattr(decontam, "BATCH_CHARS", 40)  # batches of a few documents, split at every size
+    assert index.matches_many(texts) == one_at_a_time
+    hashes, doc = ngram_hashes_many(texts, 3)
+    for i, t in enumerate(texts):
+        assert np.array_equal(np.unique(hashes[doc == i]), ngram_hash_array(t, 3)), t
