@@ -127,6 +127,11 @@ def resolve_train_config(recipe_name_or_path: str | Path, L: int, overrides: dic
         config["max_steps"] = max_steps
     if any(k in extra for k in ARCH_FIELDS):
         _recount(config)
+    # A cap at or above the planned steps stops nothing: dropped, so the config (and its trial key) is the
+    # uncapped one, and a finished full run is found by a sweep that caps above it.
+    if isinstance(config.get("max_steps"), int) and not isinstance(config["max_steps"], bool) \
+            and isinstance(config.get("steps"), int) and config["max_steps"] >= config["steps"]:
+        del config["max_steps"]
     try:
         return parse_config(config).to_dict()
     except TrainConfigError as err:

@@ -92,3 +92,19 @@ def test_choose_layout_reads_a_memory_size_as_text_and_one_checkpointing_policy(
         with pytest.raises(LadderInputError) as err:
             choose_layout(s.arch, batch_sequences=s.batch_sequences, **bad)
         assert err.value.field == field
+
+
+def test_a_step_cap_at_or_above_the_planned_steps_is_the_uncapped_config():
+    """A cap that stops nothing keys as the plain rung (a finished full run is found by a sweep that caps
+    above it); a cap below the plan is kept and keys apart."""
+    from ladder.plan.resolve import resolve_train_config
+    from sweeps.keys import trial_key
+
+    plain = resolve_train_config("cpu-demo", 3)
+    steps = plain["steps"]
+    assert "max_steps" not in plain or plain["max_steps"] is None
+    for cap in (steps, steps + 1, 10 * steps):
+        assert resolve_train_config("cpu-demo", 3, max_steps=cap) == plain
+        assert resolve_train_config("cpu-demo", 3, {"max_steps": cap}) == plain
+    capped = resolve_train_config("cpu-demo", 3, max_steps=steps - 1)
+    assert capped["max_steps"] == steps - 1 and trial_key(capped) != trial_key(plain)
