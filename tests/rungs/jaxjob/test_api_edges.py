@@ -82,30 +82,27 @@ def test_a_run_directory_holding_a_torch_checkpoint_is_refused_not_restarted_bes
     assert not (tmp_path / jax_ckpt.CHECKPOINT_DIR).exists()
 
 
-def test_dropout_is_refused_naming_the_field_before_the_run_directory_is_made(tmp_path, capsys):
-    with pytest.raises(TrainConfigError, match="dropout") as err:
-        train_jax(tiny_config(backend="jax", dropout=0.1), tmp_path / "run", progress=False)
-    assert err.value.key == "dropout"
-    code = main(["train", "cpu-demo", "--rung", "3", "--set", "backend=jax", "--set", "dropout=0.1",
+def _refused_before_the_run_directory(tmp_path, capsys, key: str, value, match: str) -> None:
+    """`train_jax` raises naming `key`, and `ladder train` exits 2 in one line; no run directory is made."""
+    with pytest.raises(TrainConfigError, match=match) as err:
+        train_jax(tiny_config(backend="jax", **{key: value}), tmp_path / "run", progress=False)
+    assert err.value.key == key
+    code = main(["train", "cpu-demo", "--rung", "3", "--set", "backend=jax", "--set", f"{key}={value}",
                  "--max-steps", "1", "--run-dir", str(tmp_path / "run")])
     assert code == 2
     out = capsys.readouterr().err
-    assert "dropout" in out and "Traceback" not in out
+    assert key in out and "Traceback" not in out
     assert not (tmp_path / "run").exists()
+
+
+def test_dropout_is_refused_naming_the_field_before_the_run_directory_is_made(tmp_path, capsys):
+    _refused_before_the_run_directory(tmp_path, capsys, "dropout", 0.1, "dropout")
 
 
 def test_a_device_jax_does_not_run_on_is_refused_naming_the_field_before_the_run_directory_is_made(tmp_path, capsys):
     # JAX here runs on the CPU: a cuda job would otherwise train on it, in emulated bf16 (precision=auto)
     assert jax.default_backend() == "cpu"
-    with pytest.raises(TrainConfigError, match="device=cuda, but JAX runs on cpu") as err:
-        train_jax(tiny_config(backend="jax", device="cuda"), tmp_path / "run", progress=False)
-    assert err.value.key == "device"
-    code = main(["train", "cpu-demo", "--rung", "3", "--set", "backend=jax", "--set", "device=cuda",
-                 "--max-steps", "1", "--run-dir", str(tmp_path / "run")])
-    assert code == 2
-    out = capsys.readouterr().err
-    assert "device" in out and "Traceback" not in out
-    assert not (tmp_path / "run").exists()
+    _refused_before_the_run_directory(tmp_path, capsys, "device", "cuda", "device=cuda, but JAX runs on cpu")
     for device in ("cpu", "auto"):
         check_config(parse_config(tiny_config(backend="jax", device=device)))
 
