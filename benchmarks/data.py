@@ -8,7 +8,7 @@ Checks, each against a reference measured in the same run where one exists:
   texts with the same tokenizer (the faster of `encode_batch` and `encode_batch_fast`);
 - `decontam_batched_over_one_at_a_time_600_char_docs` >= 2: the held-out n-gram match of every training
   document, a batch of documents per numpy pass (what `prepare` runs), against one document at a time, on the
-  demo's training text cut into 600-character documents (the demo's own, ~6 kB each, are reported too);
+  demo's training text cut into 600-character documents (the demo's own, ~4 kB each, are reported too);
 - `sampler_time_over_train_step_time` < 0.01: the sampler's seconds per 1M tokens against a
   forward+backward of a small dense torch transformer (the size of the cpu-demo ladder's smallest
   rung, a dense 4x FFN in place of the MoE) on 1M tokens;

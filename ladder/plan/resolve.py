@@ -129,8 +129,8 @@ def resolve_train_config(recipe_name_or_path: str | Path, L: int, overrides: dic
         _recount(config)
     # A cap at or above the planned steps stops nothing: dropped, so the config (and its trial key) is the
     # uncapped one, and a finished full run is found by a sweep that caps above it.
-    if isinstance(config.get("max_steps"), int) and not isinstance(config["max_steps"], bool) \
-            and isinstance(config.get("steps"), int) and config["max_steps"] >= config["steps"]:
+    cap = config.get("max_steps")
+    if type(cap) is int and cap >= config["steps"]:  # not a bool or a string: parse_config names those
         del config["max_steps"]
     try:
         return parse_config(config).to_dict()

@@ -11,11 +11,14 @@ from __future__ import annotations
 import logging
 import re
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
 log = logging.getLogger(__name__)
+K = TypeVar("K")  # a document's key beside its text (`HeldOutIndex.matching`)
 WORD_RE = re.compile(r"\w+")
 
 
@@ -240,29 +243,32 @@ class HeldOutIndex:
         return sorted(self.labels[i] for i in found.tolist())
 
     def matches_many(self, texts: list[str]) -> list[list[str]]:
-        """`matches` of each text, hashed and searched a batch of documents at a time (`BATCH_CHARS`)."""
-        out: list[list[str]] = [[] for _ in texts]
-        if not len(self.hashes):
-            return out
-        begin = 0
-        while begin < len(texts):
-            end, chars = begin, 0
-            while end < len(texts) and (end == begin or chars + len(texts[end]) <= BATCH_CHARS):
-                chars += len(texts[end])
-                end += 1
-            self._match_batch(texts[begin:end], out, begin)
-            begin = end
-        return out
+        """`matches` of each text, hashed and searched a batch of documents at a time (`matching`)."""
+        return [found for _, found in self.matching(enumerate(texts))]
 
-    def _match_batch(self, texts: list[str], out: list[list[str]], base: int) -> None:
-        h, doc = ngram_hashes_many(texts, self.ngram_words)
-        left = np.searchsorted(self.hashes, h, side="left")
-        right = np.searchsorted(self.hashes, h, side="right")
-        hit = np.flatnonzero(right > left)
-        if not len(hit):
-            return
+    def matching(self, docs: Iterable[tuple[K, str]]) -> Iterator[tuple[K, list[str]]]:
+        """(key, `matches` of its text) for each (key, text) of `docs`, in order: the documents are read a
+        batch of about `BATCH_CHARS` characters at a time, each batch hashed and searched in one numpy pass,
+        so no more than a batch is held."""
+        batch: list[tuple[K, str]] = []
+        chars = 0
+        for key, text in docs:
+            batch.append((key, text))
+            chars += len(text)
+            if chars >= BATCH_CHARS:
+                yield from self._match_batch(batch)
+                batch, chars = [], 0
+        if batch:
+            yield from self._match_batch(batch)
+
+    def _match_batch(self, batch: list[tuple[K, str]]) -> list[tuple[K, list[str]]]:
         found: dict[int, set[int]] = defaultdict(set)
-        for d, a, b in zip(doc[hit].tolist(), left[hit].tolist(), right[hit].tolist()):
-            found[d].update(self.docs[a:b].tolist())
-        for d, held in found.items():
-            out[base + d] = sorted(self.labels[i] for i in held)
+        if len(self.hashes):
+            h, doc = ngram_hashes_many([text for _, text in batch], self.ngram_words)
+            left = np.searchsorted(self.hashes, h, side="left")
+            right = np.searchsorted(self.hashes, h, side="right")
+            hit = np.flatnonzero(right > left)
+            for d, a, b in zip(doc[hit].tolist(), left[hit].tolist(), right[hit].tolist()):
+                found[d].update(self.docs[a:b].tolist())
+        return [(key, sorted(self.labels[i] for i in found[d]) if d in found else [])
+                for d, (key, _) in enumerate(batch)]

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from rungs.data.decontam import BATCH_CHARS, HeldOutIndex, ngram_hash_array
+from rungs.data.decontam import HeldOutIndex, ngram_hash_array
 from rungs.data.errors import DataInputError
 from rungs.data.readers import FileSpec, SegmentStats, segment_documents
 from rungs.data.segments import FilePlan, Segment
@@ -68,31 +68,23 @@ def scan_unit(unit: Unit, *, first_lines: tuple[int | None, ...] | None = None, 
     for j, segment in enumerate(unit.segments):
         stats = SegmentStats()
         docs, n_bytes, ids, removed, ngrams = 0, 0, [], [], []
-        # documents waiting to be matched against `held_out`, a batch at a time (HeldOutIndex.matches_many)
-        pending: list[tuple[str, str]] = []
-        pending_chars = 0
-
-        def match_pending() -> None:
-            nonlocal pending_chars
-            hits = held_out.matches_many([text for _, text in pending])
-            removed.extend([doc_id, found] for (doc_id, _), found in zip(pending, hits) if found)
-            pending.clear()
-            pending_chars = 0
-
         first = first_lines[j] if first_lines is not None else None
-        for doc in segment_documents(unit.file, unit.plan, segment, unit.spec, first_line=first, stats=stats):
-            docs += 1
-            n_bytes += len(doc.text.encode("utf-8"))
-            ids.append(id_hash(doc.doc_id))
-            if held_out is not None:
-                pending.append((doc.doc_id, doc.text))
-                pending_chars += len(doc.text)
-                if pending_chars >= BATCH_CHARS:
-                    match_pending()
-            if ngram_words is not None:
-                ngrams.append((f"{unit.spec.set_name}\x00{doc.doc_id}", ngram_hash_array(doc.text, ngram_words)))
-        if pending:
-            match_pending()
+
+        def read() -> Iterator[tuple[str, str]]:
+            nonlocal docs, n_bytes
+            for doc in segment_documents(unit.file, unit.plan, segment, unit.spec, first_line=first, stats=stats):
+                docs += 1
+                n_bytes += len(doc.text.encode("utf-8"))
+                ids.append(id_hash(doc.doc_id))
+                if ngram_words is not None:
+                    ngrams.append((f"{unit.spec.set_name}\x00{doc.doc_id}", ngram_hash_array(doc.text, ngram_words)))
+                yield doc.doc_id, doc.text
+
+        if held_out is None:
+            for _ in read():
+                pass
+        else:  # matched a batch of documents at a time
+            removed = [[doc_id, found] for doc_id, found in held_out.matching(read()) if found]
         results.append({"docs": docs, "bytes": n_bytes, "lines": stats.lines, "anonymous": stats.anonymous,
                         "id_hashes": np.array(ids, dtype=np.uint64), "removed": removed, "ngrams": ngrams})
     return results

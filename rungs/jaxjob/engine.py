@@ -135,10 +135,10 @@ class JaxEngine:
             raise ValueError(f"a job of {self.processes} processes needs a mesh over their devices")
         self.ns_dtype = ns_dtype
         # The MFU denominator's cores on the CPU: the ones XLA's pool uses (it does not read `threads`)
-        self.threads = xla_cpu_cores()
-        if cfg.threads and cfg.threads != self.threads and jax_device() == "cpu":
+        self.cpu_cores = xla_cpu_cores()
+        if cfg.threads and cfg.threads != self.cpu_cores and jax_device() == "cpu":
             log.info("threads=%d is torch's setting: XLA's CPU pool uses the %d cores this process may run on",
-                     cfg.threads, self.threads)
+                     cfg.threads, self.cpu_cores)
         self.initial_params = initial_params
         self.compile_seconds = 0.0
         self.recorder: ClipRecorder | None = None
@@ -378,7 +378,7 @@ class JaxEngine:
     def device_peak(self) -> DevicePeak:
         kind = jax_device()
         name = str(jax.devices()[0].device_kind) if kind == "cuda" else None  # JAX's GPU, which torch may not see
-        return device_peak(kind, override=self.cfg.peak_flops_per_device, cores=self.threads, device_name=name)
+        return device_peak(kind, override=self.cfg.peak_flops_per_device, cores=self.cpu_cores, device_name=name)
 
     def barrier(self) -> None:
         if self.processes > 1:

@@ -128,7 +128,7 @@ def test_the_cpu_peak_counts_the_cores_xlas_pool_uses_not_torchs_threads_setting
 
     engine = JaxEngine(parse_config(tiny_config(backend="jax", threads=1)))
     cores = len(os.sched_getaffinity(0))
-    assert engine.threads == cores
+    assert engine.cpu_cores == cores
     assert engine.device_peak().flops == cores * CPU_PEAK_FLOPS_PER_CORE
 
 
