@@ -55,16 +55,17 @@ class DevicePeak:
     source: str  # "config", "spec: H100", "cpu nominal: 4 cores x 2.24e11"
 
 
-def device_peak(device: str, *, override: float | None = None, cores: int | None = None,
+def device_peak(device: str, *, override: float | None = None, cores: float | None = None,
                 device_name: str | None = None) -> DevicePeak:
-    """The spec peak of one device the job runs on (`override`, e.g. the config's, wins)."""
+    """The spec peak of one device the job runs on (`override`, e.g. the config's, wins). On the CPU,
+    `cores` is the device's share of the cores (a fraction where several host devices share them)."""
     if override is not None:
         return DevicePeak(float(override), "config")
     import torch  # here, not at the top: the training loop (rungs.loop) imports no framework
 
     if device == "cpu":
         n = cores or torch.get_num_threads()
-        return DevicePeak(n * CPU_PEAK_FLOPS_PER_CORE, f"cpu nominal: {n} cores x {CPU_PEAK_FLOPS_PER_CORE:.3g}")
+        return DevicePeak(n * CPU_PEAK_FLOPS_PER_CORE, f"cpu nominal: {n:.3g} cores x {CPU_PEAK_FLOPS_PER_CORE:.3g}")
     name = device_name if device_name is not None else torch.cuda.get_device_name()
     words = name.upper().split()
     for pattern, flops in GPU_PEAK_BF16_FLOPS:

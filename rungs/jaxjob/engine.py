@@ -376,9 +376,13 @@ class JaxEngine:
         return self.sampler.report()
 
     def device_peak(self) -> DevicePeak:
+        """One device's peak. On the CPU the process's host devices (`--xla_force_host_platform_device_count`)
+        share its cores: each has `cpu_cores / local devices` of them, so `world` devices' peaks add up to
+        the cores' and not to world times them."""
         kind = jax_device()
         name = str(jax.devices()[0].device_kind) if kind == "cuda" else None  # JAX's GPU, which torch may not see
-        return device_peak(kind, override=self.cfg.peak_flops_per_device, cores=self.cpu_cores, device_name=name)
+        cores = self.cpu_cores / jax.local_device_count() if kind == "cpu" else None
+        return device_peak(kind, override=self.cfg.peak_flops_per_device, cores=cores, device_name=name)
 
     def barrier(self) -> None:
         if self.processes > 1:

@@ -129,7 +129,7 @@ def test_the_cpu_peak_counts_the_cores_xlas_pool_uses_not_torchs_threads_setting
     engine = JaxEngine(parse_config(tiny_config(backend="jax", threads=1)))
     cores = len(os.sched_getaffinity(0))
     assert engine.cpu_cores == cores
-    assert engine.device_peak().flops == cores * CPU_PEAK_FLOPS_PER_CORE
+    assert engine.device_peak().flops == cores / jax.local_device_count() * CPU_PEAK_FLOPS_PER_CORE
 
 
 def test_a_run_directory_or_compilation_cache_under_a_file_is_one_clear_error(tmp_path):

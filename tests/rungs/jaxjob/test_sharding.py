@@ -9,6 +9,7 @@ Four host devices need XLA_FLAGS set before jax is imported, so the work runs in
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rungs.metrics import CPU_PEAK_FLOPS_PER_CORE
 from tests.rungs.train_helpers import REPO, tiny_config
 from tests.xla_flags import jax_subprocess_env
 
@@ -91,7 +93,8 @@ def _worker(out: str) -> None:
     for expert in (None, 2):  # the default mesh over 4 devices, and (2, 2)
         res = train(_cfg(backend="jax", jax_mesh_expert=expert, tracking_uri=f"sqlite:///{run / 'mlflow.db'}"),
                     run_dir=run / f"trial{expert}", progress=False)
-        trials[str(expert)] = {"loss": res.losses, "devices": res.devices, "run_id": res.run_id, "bpb": res.bpb}
+        trials[str(expert)] = {"loss": res.losses, "devices": res.devices, "run_id": res.run_id, "bpb": res.bpb,
+                               "peak": res.peak_flops_per_device, "cores": len(os.sched_getaffinity(0))}
     # The runs' tags as MLflow stored them, read back here, where MLflow is imported already (the
     # trials tracked to it), instead of importing it and opening the store again in the test process.
     from mlflow import MlflowClient
@@ -128,6 +131,8 @@ def test_sharded_meshes_equal_one_device_a_trial_shards_over_every_device_and_4_
     for expert, got in trial["meshes"].items():
         tags[expert] = got["tags"]  # the MLflow run's tags (read in the worker by run_id)
         assert got["devices"] == 4, expert
+        # the 4 host devices share the process's cores: each device's MFU peak is a quarter of theirs
+        assert got["peak"] == pytest.approx(got["cores"] / 4 * CPU_PEAK_FLOPS_PER_CORE), expert
         # the tolerance of the job's bf16 Newton-Schulz (the resume check below)
         np.testing.assert_allclose(got["loss"], trial["one"], rtol=1e-4, err_msg=expert)
         # the final eval runs on the mesh as the step does (expert parallelism in its MoE layers) and
