@@ -91,6 +91,17 @@ def test_a_hand_edited_laws_file_is_refused_naming_the_domain(laws_file, tmp_pat
     _refused(capsys, ["extrapolate", "cpu-demo-d2", "--rung", "9", "--laws", path], path, "power_law.books", says)
 
 
+def test_a_law_fitted_against_another_column_than_training_flops_is_refused(tmp_path, capsys):
+    # evaluated at the target's training FLOPs, a law of tokens gave a BPB of the wrong unit and exit 0
+    path = tmp_path / "tokens.json"
+    assert main(["fit", "power-law", "--csv", str(FIXTURES / "demo_runs.csv"), "--x", "tokens", "--y", "bpb",
+                 "--group", "domain", "--floor", "auto", "--bootstrap", "0", "--holdout-top", "0", "--save", str(path),
+                 "--json"]) == 0
+    _refused(capsys, ["extrapolate", "cpu-demo-d2", "--rung", "9", "--laws", str(path)], "power_law.books",
+             "fitted against 'tokens'", "--x train_flops")
+    _refused(capsys, ["fit", "iso-bpb", "--laws", str(path)], "fitted against 'tokens'")
+
+
 def test_fitted_lr_laws_that_overflow_at_the_target_are_refused(tmp_path, capsys):
     law = {"params": {"const": 0.0, "log_steps": 1.0}, "terms": ["log_steps"], "exactly_determined": True}
     hparams = {"hparams": {"selected": {"log_lr": law, "lr_wd_product": {**law, "params": {"const": -5.0}}}}}

@@ -15,6 +15,10 @@ from typing import Any
 
 from ladder.errors import LadderInputError
 
+# The x every power law read here must have: the card (`ladder extrapolate`) and `ladder fit iso-bpb`
+# evaluate laws at training FLOPs, so a law of tokens or parameters would give a number of the wrong unit.
+COMPUTE_COLUMN = "train_flops"
+
 
 def load_laws(paths: list[str]) -> dict[str, Any]:
     """Merge laws files: {"power_law": {domain: fit}, "hparams": {...}, "arms": {baseline: result}} (or a bare
@@ -58,6 +62,12 @@ def load_laws(paths: list[str]) -> dict[str, Any]:
         for domain, fit in power_laws.items():
             if not isinstance(fit, dict):
                 raise LadderInputError(f"expected a fit object, got {type(fit).__name__}", where=path,
+                                       field=f"power_law.{domain}")
+            x = (fit.get("options") or {}).get("x", COMPUTE_COLUMN)
+            if x != COMPUTE_COLUMN:
+                raise LadderInputError(f"fitted against {x!r}, but the card and iso-bpb evaluate a law at training "
+                                       f"FLOPs: refit with `--x {COMPUTE_COLUMN}` (a column of training FLOPs under "
+                                       f"another name: rename it {COMPUTE_COLUMN})", where=path,
                                        field=f"power_law.{domain}")
             try:
                 laws["power_law"][domain] = _probed(power_law_from_dict(fit))
