@@ -194,8 +194,7 @@ def _decide(store: Store, units, rules: Rules,
             for source in sources:
                 _keep_smallest_uids([u for u in units if u.source == source], index, keep, rules.subsample)
         else:
-            for u in units:
-                keep[u.name] &= read_npz(store.attributes(RULE_ATTRIBUTES[rule], u.name))["keep"]
+            _keep_one_per_cluster(store, RULE_ATTRIBUTES[rule], units, index, keep)
         removed_rows = {u.name: np.flatnonzero(before[u.name] & ~keep[u.name]) for u in units}
         per_source = {s: {"docs_in": 0, "bytes_in": 0, "docs_removed": 0, "bytes_removed": 0} for s in sources}
         for u in units:
@@ -210,6 +209,30 @@ def _decide(store: Store, units, rules: Rules,
         rows = np.concatenate([removed_rows[u.name] for u in units]).astype(np.int32)
         steps[-1]["removed_rows"] = (unit_no, rows)
     return keep, steps, index
+
+
+def _keep_one_per_cluster(store: Store, tagger: str, units, index, keep) -> None:
+    """keep_one over what the rules before kept: of each duplicate cluster's still-kept documents, the
+    tagger's choice if it is among them, else the one with the smallest uid. The tagger chose over every
+    document, so its choice alone could be a document an earlier rule removed (near keeps the smallest uid,
+    semantic the farthest from its centroid): the cluster would lose every copy. Clusters span units and
+    sources (their ids are uids), so the choice is made over all of them at once."""
+    attrs = [read_npz(store.attributes(tagger, u.name)) for u in units]
+    cluster = np.concatenate([a["cluster"] for a in attrs])
+    chosen = np.concatenate([a["keep"] for a in attrs])
+    alive = np.concatenate([keep[u.name] for u in units])
+    uid = np.concatenate([index[u.name]["uid"] for u in units])
+    new = alive & chosen
+    orphans = np.flatnonzero(alive & ~chosen & ~np.isin(cluster, cluster[new]))
+    if len(orphans):  # clusters whose chosen document an earlier rule removed: their smallest surviving uid
+        order = orphans[np.lexsort((uid[orphans], cluster[orphans]))]
+        first = np.r_[True, cluster[order[1:]] != cluster[order[:-1]]]
+        new[order[first]] = True
+    start = 0
+    for u in units:
+        n = len(keep[u.name])
+        keep[u.name] &= new[start:start + n]
+        start += n
 
 
 def _keep_top(store: Store, units, index, keep, fraction: float) -> None:

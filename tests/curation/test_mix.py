@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
+from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from curation.mix import mix
 from curation.pipeline import curate
 from curation.rules import Rules, check_sources, load_rules
+from curation.store import Store, read_npz, units_of, write_npz
 from ladder.cli import main
 from rungs.data.errors import DataInputError
 from rungs.data.manifest import load_manifest
@@ -100,6 +104,39 @@ def test_an_arm_keeps_one_of_each_cluster_and_prepares_like_any_manifest(curated
     assert main(["data", "mix", str(curated / "cur"), "--rules", str(rules), "--out", str(arm), "--json"]) == 0
     capsys.readouterr()
     assert main(["data", "mix", str(curated / "cur"), "--rules", str(rules), "--out", str(out)]) == 2
+
+
+def test_rules_that_choose_different_copies_still_keep_one_of_every_cluster(curated, tmp_path, capsys):
+    # Two dedup taggers may keep different copies of one duplicate pair (near keeps the smallest uid,
+    # semantic the document farthest from its centroid); each rule applied its tagger's choice over all
+    # documents, and the pair lost both. Here exact's choice is flipped to each cluster's largest uid.
+    cur = tmp_path / "cur"
+    shutil.copytree(curated / "cur", cur)
+    store = Store(cur)
+    units = units_of(load_manifest(curated / "corpus" / "manifest.yaml"))
+    exact = {u.name: read_npz(store.attributes("exact", u.name)) for u in units}
+    uid = {u.name: read_npz(store.unit_index(u.name))["uid"] for u in units}
+    largest: dict[int, int] = {}
+    for u in units:
+        for c, d in zip(exact[u.name]["cluster"].tolist(), uid[u.name].tolist()):
+            largest[c] = max(largest.get(c, d), d)
+    assert len(largest) < sum(len(v) for v in uid.values())  # the corpus has an exact duplicate
+    for u in units:
+        flipped = np.array([largest[c] == d for c, d in zip(exact[u.name]["cluster"].tolist(), uid[u.name].tolist())])
+        write_npz(store.attributes("exact", u.name), cluster=exact[u.name]["cluster"], keep=flipped)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("exact_duplicates: keep_one\nnear_duplicates: keep_one\n")
+    assert main(["data", "mix", str(cur), "--rules", str(rules), "--out", str(tmp_path / "arm"), "--json"]) == 0
+    capsys.readouterr()
+    kept = {d.doc_id for s in load_manifest(tmp_path / "arm" / "manifest.yaml").sources for d in s.documents()}
+    # every near cluster (exact duplicates are near duplicates too) keeps exactly one document
+    near_of = {}
+    for u in units:
+        index = read_npz(store.unit_index(u.name))
+        near_of.update(zip(index["id"].tolist(), read_npz(store.attributes("near", u.name))["cluster"].tolist()))
+    kept_per_cluster = Counter(near_of[i] for i in kept)
+    assert set(kept_per_cluster) == set(near_of.values()) and set(kept_per_cluster.values()) == {1}
+    assert len(kept) == 117  # as with the taggers' own choices (the test above)
 
 
 def test_inspect_shows_removed_documents_with_the_one_kept(curated, capsys):
