@@ -107,7 +107,7 @@ def assign(root: str, unit: str, unit_idx: int, partitions: int) -> dict:
 
 
 def semantic_partition(root: str, partition: int, eps: float) -> dict:
-    from curation.semantic import diversity_weights, semantic_duplicates
+    from curation.semantic import neighbour_spread, semantic_duplicates
 
     store = Store(Path(root))
     d = store.work("semantic") / "by_topic" / f"p{partition:05d}"
@@ -120,25 +120,37 @@ def semantic_partition(root: str, partition: int, eps: float) -> dict:
     e = {k: v[order] for k, v in e.items()}
     ids = [f"{u:016x}" for u in e["uid"].tolist()]  # fixed width: string order is uid order
     cluster, keep = semantic_duplicates(ids, e["x"], e["topic"], centroids, eps)
-    weight = diversity_weights(e["x"], e["topic"], centroids)
+    spread = neighbour_spread(e["x"], e["topic"], centroids)  # whole topics per partition: any split, one spread
     for u in np.unique(e["unit"]):
         sel = e["unit"] == u
         write_npz(store.work("semantic") / "labels" / f"u{int(u):05d}" / f"p{partition:05d}.npz", row=e["row"][sel],
-                  cluster=cluster[sel], keep=keep[sel], weight=weight[sel])
+                  cluster=cluster[sel], keep=keep[sel], spread=spread[sel])
     return {"docs": int(len(keep)), "removed": int((~keep).sum())}
 
 
-def semantic_attributes(root: str, unit: str, unit_idx: int) -> dict:
+def diversity_scale(root: str) -> dict:
+    """The diversity weights' corpus-wide scale (`curation.semantic.spread_scale`) from every document's
+    spread: one task after the partitions, so a weight does not depend on how the topics were partitioned."""
+    from curation.semantic import spread_scale
+
+    labels = sorted((Store(Path(root)).work("semantic") / "labels").glob("u*/p*.npz"))
+    spread = np.concatenate([read_npz(p)["spread"] for p in labels]) if labels else np.zeros(0)
+    return {"scale": spread_scale(spread)}
+
+
+def semantic_attributes(root: str, unit: str, unit_idx: int, scale: dict | None) -> dict:
+    from curation.semantic import weights_from_spread
+
     store = Store(Path(root))
     index = read_npz(store.unit_index(unit))
     n = len(index["uid"])
-    cluster, keep, weight = index["uid"].copy(), np.ones(n, dtype=bool), np.ones(n)
+    cluster, keep, spread = index["uid"].copy(), np.ones(n, dtype=bool), np.full(n, np.nan)
     d = store.work("semantic") / "labels" / f"u{unit_idx:05d}"
     for path in sorted(d.glob("*.npz")) if d.is_dir() else []:
         p = read_npz(path)
-        cluster[p["row"]], keep[p["row"]], weight[p["row"]] = p["cluster"], p["keep"], p["weight"]
+        cluster[p["row"]], keep[p["row"]], spread[p["row"]] = p["cluster"], p["keep"], p["spread"]
     write_npz(store.attributes("semantic", unit), cluster=cluster, keep=keep)
-    write_npz(store.attributes("diversity", unit), weight=weight)
+    write_npz(store.attributes("diversity", unit), weight=weights_from_spread(spread, scale))
     return {"docs": n, "removed_docs": int((~keep).sum()), "removed_bytes": int(index["bytes"][~keep].sum()),
             "bytes": int(index["bytes"].sum())}
 
@@ -189,7 +201,8 @@ def run_semantic(ctx) -> dict:
 
     eps = DEFAULT_EPS if ctx.model_options.semantic_eps is None else ctx.model_options.semantic_eps
     parts = ctx.run_stage("semantic.partitions", semantic_partition, ctx.per_partition(eps))
-    attrs = ctx.run_stage("semantic.attributes", semantic_attributes, ctx.per_unit())
+    scale = ctx.run_stage("semantic.scale", diversity_scale, [("all", (str(ctx.store.root),))])["all"]["scale"]
+    attrs = ctx.run_stage("semantic.attributes", semantic_attributes, ctx.per_unit(scale))
     return {"docs": sum(r["docs"] for r in parts.values()), "eps": eps, "units": attrs}
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -145,6 +146,21 @@ def diversity_weights(embeddings: np.ndarray, labels: np.ndarray, centroids: np.
                       k_neighbors: int = DEFAULT_K_NEIGHBORS, clip_ratio: float = DEFAULT_CLIP_RATIO) -> np.ndarray:
     """Sampling weight (float64 > 0, mean exactly 1) of every document: higher where its topic's neighbours
     are far (a sparse region), lower where they are close (a dense one)."""
+    check_clip_ratio(clip_ratio)
+    spread = neighbour_spread(embeddings, labels, centroids, k_neighbors=k_neighbors)
+    return weights_from_spread(spread, spread_scale(spread, clip_ratio), clip_ratio)
+
+
+def check_clip_ratio(clip_ratio: float) -> None:
+    if not 1.0 <= clip_ratio < np.inf:  # an infinite ratio would give a lone document an infinite weight
+        raise ValueError(f"clip_ratio must be finite and >= 1, got {clip_ratio}")
+
+
+def neighbour_spread(embeddings: np.ndarray, labels: np.ndarray, centroids: np.ndarray, *,
+                     k_neighbors: int = DEFAULT_K_NEIGHBORS) -> np.ndarray:
+    """Each document's mean cosine distance to its k nearest neighbours in its topic (float64; NaN: alone in
+    its topic). A topic's spreads depend on that topic's documents only, so a corpus split by whole topics
+    gets the same spreads in any split; the weights' scale (`spread_scale`) is the whole corpus's."""
     import faiss
 
     x = check_embeddings(embeddings)
@@ -153,11 +169,9 @@ def diversity_weights(embeddings: np.ndarray, labels: np.ndarray, centroids: np.
     lab = check_labels(labels, n, c.shape[0])
     if k_neighbors < 1:
         raise ValueError(f"k_neighbors must be >= 1, got {k_neighbors}")
-    if not 1.0 <= clip_ratio < np.inf:  # an infinite ratio would give a lone document an infinite weight
-        raise ValueError(f"clip_ratio must be finite and >= 1, got {clip_ratio}")
     x64 = normalise_rows(x.astype(np.float64))
     xn = np.ascontiguousarray(x64, dtype=np.float32)
-    spread = np.full(n, np.nan)  # mean cosine distance to the k nearest neighbours; NaN: alone in its topic
+    spread = np.full(n, np.nan)
     for topic in np.unique(lab):
         members = np.flatnonzero(lab == topic)
         k = min(k_neighbors, members.size - 1)
@@ -174,10 +188,34 @@ def diversity_weights(embeddings: np.ndarray, labels: np.ndarray, centroids: np.
         # neighbours (1e-4 and below in a dense clump) keeps its digits
         cos = np.einsum("md,mkd->mk", x64[members], x64[members[nbrs]])
         spread[members] = np.clip(1.0 - cos, 0.0, 2.0).mean(axis=1)
+    return spread
+
+
+def spread_scale(spread: np.ndarray, clip_ratio: float = DEFAULT_CLIP_RATIO) -> dict[str, float] | None:
+    """The corpus-wide constants that turn spreads into weights: the median positive spread and the mean of
+    the clipped ratios (`weights_from_spread` divides by it, so the weights' mean is 1). None where no spread
+    is positive (every document alone in its topic, or every neighbour an exact copy): every weight is 1.
+    The mean is an exact sum (`math.fsum`), so it does not depend on the order the spreads come in."""
+    check_clip_ratio(clip_ratio)
     known = spread[~np.isnan(spread)]
     positive = known[known > 0]
-    if positive.size == 0:  # every document alone in its topic, or every neighbour an exact copy
-        return np.ones(n)
-    ratio = np.clip(spread / np.median(positive), 1.0 / clip_ratio, clip_ratio)
+    if positive.size == 0:
+        return None
+    median = float(np.median(positive))
+    ratio = _clipped_ratio(spread, median, clip_ratio)
+    return {"median": median, "mean_ratio": math.fsum(ratio.tolist()) / len(ratio)}
+
+
+def weights_from_spread(spread: np.ndarray, scale: dict[str, float] | None,
+                        clip_ratio: float = DEFAULT_CLIP_RATIO) -> np.ndarray:
+    """Weights of these documents under the corpus's `scale`: spread over the median spread, clipped to
+    [1/clip_ratio, clip_ratio] (alone in its topic: the top), over the corpus's mean of that ratio."""
+    if scale is None:
+        return np.ones(len(spread))
+    return _clipped_ratio(spread, scale["median"], clip_ratio) / scale["mean_ratio"]
+
+
+def _clipped_ratio(spread: np.ndarray, median: float, clip_ratio: float) -> np.ndarray:
+    ratio = np.clip(spread / median, 1.0 / clip_ratio, clip_ratio)
     ratio[np.isnan(spread)] = clip_ratio
-    return ratio / ratio.mean()
+    return ratio

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from curation.mix import mix
+from curation.model_taggers import ModelOptions
 from curation.pipeline import curate
 from curation.rules import Rules, check_sources, load_rules
+from curation.semantic import diversity_weights
 from curation.store import Store, read_npz, units_of, write_npz
 from ladder.cli import main
 from rungs.data.errors import DataInputError
@@ -150,7 +152,9 @@ def test_inspect_shows_removed_documents_with_the_one_kept(curated, capsys):
 def test_a_weight_rule_writes_each_kept_documents_weight(tmp_path):
     root = tmp_path
     write_corpus(root / "corpus", files_per_source=1, docs_per_file=25)
-    curate(root / "corpus" / "manifest.yaml", root / "cur", taggers=["semantic"], partitions=2)
+    # five topics, so that the partitions hold different ones
+    options = ModelOptions(n_topics=5)
+    curate(root / "corpus" / "manifest.yaml", root / "cur", taggers=["semantic"], partitions=2, model_options=options)
     rules = root / "rules.yaml"
     rules.write_text("semantic_duplicates: keep_one\ndiversity: weight\n")
     mix(root / "cur", load_rules(rules), root / "arm")
@@ -159,6 +163,20 @@ def test_a_weight_rule_writes_each_kept_documents_weight(tmp_path):
     assert records and all(r["weight"] > 0 for r in records)
     meta = json.loads((root / "cur" / "curation.json").read_text())
     assert set(meta["taggers"]) == {"topics", "semantic"}  # semantic brings the topics it needs
+    # The weights are the whole corpus's (one scale), not each partition's: another partition count (which
+    # `--workers` sets) gives the same weights, and they are `diversity_weights` over every document at once.
+    curate(root / "corpus" / "manifest.yaml", root / "cur5", taggers=["semantic"], partitions=5, model_options=options)
+    units = [u["unit"] for u in meta["units"]]
+    weights = {p: np.concatenate([read_npz(root / p / "attributes" / "diversity" / f"{u}.npz")["weight"] for u in units])
+               for p in ("cur", "cur5")}
+    np.testing.assert_array_equal(weights["cur"], weights["cur5"])
+    parts = [read_npz(f) for f in sorted((root / "cur" / "work" / "semantic" / "by_topic").glob("p*/*.npz"))]
+    uid = np.concatenate([p["uid"] for p in parts])
+    reference = diversity_weights(np.concatenate([p["x"] for p in parts]), np.concatenate([p["topic"] for p in parts]),
+                                  np.load(root / "cur" / "work" / "topics" / "centroids.npy"))
+    by_uid = dict(zip(uid.tolist(), reference.tolist()))
+    corpus_uid = np.concatenate([read_npz(root / "cur" / "units" / f"{u}.npz")["uid"] for u in units])
+    np.testing.assert_allclose(weights["cur"], [by_uid[u] for u in corpus_uid.tolist()], rtol=1e-12)
 
 
 def test_subsample_keeps_the_same_random_fraction_of_every_source(curated, tmp_path, capsys):
