@@ -14,7 +14,10 @@ Settings (`SETTING_FLAGS`: the LSH parameters, the topic count, SemDeDup's eps, 
 fixed for a directory once their tagger has begun: `curate` records them in curation.json's `settings` before
 the tagger's first stage. A later run takes each setting it is not given from there (else the default), and
 refuses one given with another value (`resolve_settings`): resuming, adding a tagger or rerunning needs no
-flags repeated, and no changed flag is silently ignored.
+flags repeated, and no changed flag is silently ignored. Flags are checked before any tagger runs and before
+curation.json records them (`check_inputs`): a source with no file, a `--topics` the training files are too
+few for, and classifier flags that would be ignored or train nothing are refused, so a refused flag never
+becomes a directory's setting.
 """
 
 from __future__ import annotations
@@ -274,13 +277,80 @@ def _options(settings: dict[str, dict[str, Any]], model_options: ModelOptions | 
                    quality_positive=tuple(q["positive"]), quality_negative=tuple(q["negative"]))
 
 
+def check_sources_have_files(manifest: Manifest) -> None:
+    """Refuses a training source whose `files` matched no file (a glob that matched only folders), as `prepare`
+    does and with its message: its own check, on the sources with no file (it reads no scan result for those)."""
+    from rungs.data.scanning import check_sets
+
+    check_sets("train", tuple(ds for ds in manifest.sources if not ds.files), {}, str(manifest.path))
+
+
+def check_quality_flags(given: ModelOptions | None, options: ModelOptions) -> None:
+    """Refuses classifier flags that would be ignored or would train nothing, whichever taggers run: a saved
+    classifier (`--quality-model`) given with sources to train one (it scores as it is), a source given as
+    both positive and negative, and positives without negatives or the reverse. `given`: the caller's options;
+    `options`: the settings resolved, where a side the caller left out is the one the directory was tagged with."""
+    g = given or ModelOptions()
+    if g.quality_model and (g.quality_positive or g.quality_negative):
+        raise DataInputError("a saved classifier scores as it is, so --quality-positive and --quality-negative would "
+                             "be ignored: give either --quality-model DIR, or --quality-positive SOURCES and "
+                             "--quality-negative SOURCES to train one", field="--quality-model")
+    both = sorted(set(g.quality_positive) & set(g.quality_negative))
+    if both:
+        raise DataInputError(f"source(s) {both} also given to --quality-positive: the classifier learns the positive "
+                             "sources against the negative ones, so a source is one or the other",
+                             field="--quality-negative")
+    if bool(options.quality_positive) != bool(options.quality_negative):
+        given_flag, missing = (("--quality-positive", "--quality-negative") if options.quality_positive
+                               else ("--quality-negative", "--quality-positive"))
+        raise DataInputError(f"needs {missing} SOURCES too: the quality classifier is trained on both (to score with "
+                             "a saved classifier instead, give --quality-model DIR alone)", field=given_flag)
+
+
+def check_topic_count(manifest: Manifest, units: list[Unit], options: ModelOptions) -> None:
+    """Refuses a `--topics` the topics tagger could not fit, before it embeds anything: more topics than
+    `topic_sample_size` (the most documents its sample is meant to hold) or than the training documents. It
+    fits on every document when they are at most `topic_sample_size` (`run_topics`), so the documents are counted
+    (as the tagger reads them) up to `n_topics`: the first ones of a large corpus, all of one too small.
+
+    Above `topic_sample_size` documents the sample is those of the smallest uids, about that many; one a few
+    short of `n_topics` is refused by the tagger itself, and `curate` then keeps no `--topics` setting."""
+    n = options.n_topics
+    if n is None:  # the default count: one topic per 50 documents, at least 1
+        return
+    where = str(manifest.path)
+    if n > options.topic_sample_size:
+        raise DataInputError(f"must be at most {options.topic_sample_size} (the topics are fitted on a sample of at "
+                             f"most about that many documents), got {n}", where=where, field="--topics")
+    have = 0
+    for unit in units:
+        for _ in unit.documents():
+            have += 1
+            if have >= n:
+                return
+    raise DataInputError(f"{n} topics need at least as many documents, the training files hold {have}",
+                         where=where, field="--topics")
+
+
+def check_inputs(manifest: Manifest, units: list[Unit], names: list[str], meta: dict, options: ModelOptions) -> None:
+    """What `curate` checks before any tagger runs (and `plan_curation` before any work), for the taggers
+    `names` that have not finished in the directory whose curation.json holds `meta`: the quality sources
+    (`check_quality_sources`) and the topic count (`check_topic_count`)."""
+    done = {n for n, t in meta.get("taggers", {}).items() if t.get("done")}
+    if "quality" in names and "quality" not in done:
+        check_quality_sources(manifest, units, options)
+    if "topics" in names and "topics" not in done:
+        check_topic_count(manifest, units, options)
+
+
 def plan_curation(manifest_path: str | Path, out: str | Path, *, taggers: str | None = None, bands: int | None = None,
                   rows: int | None = None, threshold: float | None = None,
                   model_options: ModelOptions | None = None) -> tuple[list[str], LSHParams, ModelOptions]:
     """What `curate` will run, checked before any work and without writing anything: the taggers (`--taggers`
     syntax) and every setting, those not given (None; unset in `model_options`) as `out` was tagged with, else
     the defaults. A DataInputError for a given setting that `out` was tagged with otherwise, unknown taggers,
-    and quality sources the classifier cannot be trained on."""
+    a source with no file, classifier flags that would be ignored (`check_quality_flags`), quality sources the
+    classifier cannot be trained on, and a `--topics` the training files are too few for."""
     manifest = load_manifest(manifest_path)
     store = Store(Path(out))
     meta = store.meta() if store.meta_path.is_file() else {}
@@ -289,12 +359,13 @@ def plan_curation(manifest_path: str | Path, out: str | Path, *, taggers: str | 
     elif not any(t.get("done") for t in meta.get("taggers", {}).values()) \
             and meta.get("manifest_key") != manifest.content_hash():
         meta = {}  # edited since, with no tagger finished: `curate` starts over (Store.open_for_writing)
+    check_sources_have_files(manifest)
     settings = resolve_settings(store, meta, given_settings(model_options=model_options, bands=bands, rows=rows,
                                                             threshold=threshold))
     options = _options(settings, model_options)
+    check_quality_flags(model_options, options)
     names = parse_taggers(taggers, options)
-    if "quality" in names and not meta.get("taggers", {}).get("quality", {}).get("done"):
-        check_quality_sources(manifest, units_of(manifest), options)
+    check_inputs(manifest, units_of(manifest), names, meta, options)
     return names, LSHParams(**settings["near"]), options
 
 
@@ -309,15 +380,16 @@ def curate(manifest_path: str | Path, out: str | Path, *, taggers: list[str] | N
         # every key is shuffled into partition `key % partitions`: with none, no document would meet another
         raise DataInputError(f"partitions must be an int >= 1, got {partitions!r}", field="partitions")
     manifest = load_manifest(manifest_path)
+    check_sources_have_files(manifest)
     store = Store(Path(out))
     meta = store.open_for_writing(manifest, manifest.content_hash())
     partitions = int(meta.get("partitions", partitions))
     settings = resolve_settings(store, meta, given_settings(lsh, model_options))
     lsh, options = LSHParams(**settings["near"]), _options(settings, model_options)
+    check_quality_flags(model_options, options)
     names = parse_taggers(",".join(taggers) if taggers else None, options)
     units = units_of(manifest)
-    if "quality" in names and not meta["taggers"].get("quality", {}).get("done"):
-        check_quality_sources(manifest, units, options)
+    check_inputs(manifest, units, names, meta, options)
     meta.update(partitions=partitions, lsh=dict(settings["near"]),
                 units=[{"unit": u.name, "source": u.source, "file": u.spec.rel} for u in units])
     store.write_meta(meta)
@@ -333,7 +405,15 @@ def curate(manifest_path: str | Path, out: str | Path, *, taggers: list[str] | N
         if name in SETTING_FLAGS:  # fixed from now on: a later run resumes with them
             meta.setdefault("settings", {})[name] = settings[name]
             store.write_meta(meta)
-        summary = TAGGERS[name].run(ctx)
+        try:
+            summary = TAGGERS[name].run(ctx)
+        except DataInputError as err:
+            if name == "topics" and err.field == "--topics" and not (store.work("topics") / "centroids.npy").is_file():
+                # the count did not fit the sample (`run_topics`): nothing depends on it before the centroids
+                # are fitted, so it is not kept, and a rerun may give another --topics in this directory
+                meta["settings"].pop("topics", None)
+                store.write_meta(meta)
+            raise
         if name == "topics":  # the count the default chose
             meta["settings"]["topics"]["n_topics"] = summary["n_topics"]
         meta["taggers"][name] = dict(summary, done=True, attributes={k: list(v) for k, v in

@@ -20,6 +20,7 @@ Documents are scored on their first `max_chars` characters (default 20,000). A p
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rungs.data.atomic import atomic_write_bytes
 from rungs.data.errors import DataInputError
 
 logger = logging.getLogger(__name__)
@@ -120,14 +122,21 @@ class QualityModel:
         return expit(self.logits(texts))
 
     def save(self, path: str | Path) -> Path:
-        """Write `path/weights.npz` and `path/model.json` (the directory is created); returns `path`."""
+        """Write `path/weights.npz` and `path/model.json` (the directory is created); returns `path`.
+
+        Each file is written to a temporary and renamed (`rungs.data.atomic`), model.json last and any old one
+        removed first: a save killed (or out of disk) at any point leaves a whole model or none (`load` then
+        refuses the directory, and `curate` trains again), never a half-written file or one model's settings
+        with another's weights."""
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        np.savez(out / WEIGHTS_FILE, coef_index=self.coef_index, coef_value=self.coef_value,
-                 intercept=np.array([self.intercept]))
+        (out / META_FILE).unlink(missing_ok=True)
+        buf = io.BytesIO()
+        np.savez(buf, coef_index=self.coef_index, coef_value=self.coef_value, intercept=np.array([self.intercept]))
+        atomic_write_bytes(out / WEIGHTS_FILE, buf.getvalue())
         meta = {"format": "curation.quality", "version": FORMAT_VERSION, "settings": asdict(self.settings),
                 "heldout_auc": self.heldout_auc, "counts": self.counts}
-        (out / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        atomic_write_bytes(out / META_FILE, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
         return out
 
     @classmethod

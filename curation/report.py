@@ -1,5 +1,6 @@
 """What a curation found: per tagger and source the documents and bytes `keep_one` would remove, the
-cluster-size histogram as a PNG in the curation directory, and samples of removed documents."""
+cluster-size histogram as a PNG in the curation directory, and samples of removed documents (refused, as
+`mix` refuses, once the manifest or its files changed since they were curated)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from rungs.data.errors import DataInputError
 from rungs.data.manifest import load_manifest
 
 KEEP_SETS = ("exact", "near", "semantic")  # attribute sets with a `keep`: what keep_one would remove
+# `mix`'s refusal of a curation whose manifest or files changed (its attributes' rows no longer match the files)
+CHANGED = "the manifest or its files changed since they were curated: curate again into a new directory"
 
 
 def curation_report(root: str | Path) -> dict:
@@ -114,7 +117,10 @@ def removed_samples(directory: str | Path, step: str, n: int, chars: int = 300) 
                                  f"{[s for s in KEEP_SETS if s in done]}", where=str(directory), field="--removed")
         pairs = [(k, int(r)) for k, u in enumerate(meta["units"])
                  for r in np.flatnonzero(~read_npz(store.attributes(step, u["unit"]))["keep"])]
-    units = units_of(load_manifest(meta["manifest"]))
+    manifest = load_manifest(meta["manifest"])
+    if manifest.content_hash() != meta["manifest_key"]:  # the rows are positions in the files as curated (as mix)
+        raise DataInputError(CHANGED, where=meta["manifest"])
+    units = units_of(manifest)
     k = min(n, len(pairs))
     chosen = [pairs[round(i * (len(pairs) - 1) / max(k - 1, 1))] for i in range(k)]
     cluster_set = step if step in KEEP_SETS else {"exact_duplicates": "exact", "near_duplicates": "near",
@@ -131,9 +137,15 @@ def removed_samples(directory: str | Path, step: str, n: int, chars: int = 300) 
 
 
 def _document(store: Store, unit, row: int, chars: int) -> dict:
+    """The `row`-th document of `unit`'s file, refused (as mix refuses it) unless it is the one curated there: an
+    edit the manifest's content key does not see (`Manifest.content_hash`) moves the rows."""
     index = read_npz(store.unit_index(unit.name))
-    text = next(d.text for k, d in enumerate(unit.documents()) if k == row)
-    return {"id": str(index["id"][row]), "bytes": int(index["bytes"][row]), "text": text[:chars]}
+    doc = next((d for k, d in enumerate(unit.documents()) if k == row), None)
+    if doc is None or doc.doc_id != index["id"][row]:
+        found = f"document {row} is {doc.doc_id!r}" if doc is not None else f"has no document {row}"
+        raise DataInputError(f"{found}, curated as {str(index['id'][row])!r}: the file changed since it was curated",
+                             where=str(unit.file))
+    return {"id": str(index["id"][row]), "bytes": int(index["bytes"][row]), "text": doc.text[:chars]}
 
 
 def _find_kept(store: Store, units, cluster_set: str, cluster: int, chars: int) -> dict | None:

@@ -2,6 +2,7 @@
 
     DIR/curation.json                  what was curated (manifest, its content key, units, partitions, taggers)
     DIR/units/<unit>.npz               per training file: uid, id, bytes, words of every document, in file order
+                                       (and id__trailing_nuls where an id ends in NUL: `str_arrays`)
     DIR/attributes/<tagger>/<unit>.npz per tagger and file: one value per document, rows as in units/
     DIR/work/<tagger>/...              the tagger's shuffle files (partitioned keys, edges, labels)
     DIR/done/<stage>/<task>.json       completion markers: a task with a marker is never run again
@@ -43,6 +44,7 @@ IDS_CHECKED = "ids"  # done/ids/<source>.json: the source's ids are unique acros
 OWN_FOLDERS = ("units", "attributes", "work", "done")  # what a curation that starts over removes (its own)
 # Where a curation writes files (each via a temporary and a rename): a killed one's temporaries are removed there.
 WRITTEN_FOLDERS = (".", "units", "attributes/*", "work/**", "done/*")
+TRAILING_NULS = "__trailing_nuls"  # beside a str array: the NULs NumPy drops from each value's end (`str_arrays`)
 
 
 @dataclass(frozen=True)
@@ -80,9 +82,30 @@ def write_npz(path: Path, **arrays: np.ndarray) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
+def str_arrays(name: str, values: list[str]) -> dict[str, np.ndarray]:
+    """`values` for `write_npz` as the str array `name`, kept exactly: NumPy's str arrays drop a string's
+    trailing NULs (an id `"d1\\u0000"` in JSON), so where a value ends in any, their counts are kept beside it
+    (`<name>__trailing_nuls`) and `read_npz` puts them back."""
+    arrays = {name: np.array(values, dtype=str)}
+    nuls = np.array([len(v) - len(v.rstrip("\0")) for v in values], dtype=np.int64)
+    if nuls.any():
+        arrays[name + TRAILING_NULS] = nuls
+    return arrays
+
+
 def read_npz(path: Path) -> dict[str, np.ndarray]:
+    """Every array of an npz file; a str array `str_arrays` wrote with trailing NULs as its exact values."""
     with np.load(path, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
+        arrays = {k: z[k] for k in z.files}
+    for key in [k for k in arrays if k.endswith(TRAILING_NULS)]:
+        name = key[:-len(TRAILING_NULS)]
+        arrays[name] = _with_nuls(arrays[name], arrays.pop(key))
+    return arrays
+
+
+def _with_nuls(values: np.ndarray, nuls: np.ndarray) -> np.ndarray:
+    """The strings `values` with `nuls` NULs put back at their ends (an object array of str, in memory only)."""
+    return np.array([v + "\0" * k for v, k in zip(values.tolist(), nuls.tolist())], dtype=object)
 
 
 def read_parts(paths: list[Path], names: tuple[str, ...], dtypes: tuple) -> dict[str, np.ndarray]:
@@ -170,7 +193,7 @@ def write_unit_index(store: Store, unit: Unit, docs: list[Document]) -> None:
     path = store.unit_index(unit.name)
     if not path.is_file():
         ids = [d.doc_id for d in docs]
-        write_npz(path, uid=doc_uids(unit.source, ids), id=np.array(ids, dtype=str),
+        write_npz(path, uid=doc_uids(unit.source, ids), **str_arrays("id", ids),
                   bytes=np.array([len(d.text.encode()) for d in docs], dtype=np.int64),
                   words=np.array([len(d.text.split()) for d in docs], dtype=np.int64))
     check_source_ids(store, unit)
@@ -213,6 +236,8 @@ def check_source_ids(store: Store, unit: Unit) -> None:
 
 def _index_array(path: Path, name: str) -> np.ndarray:
     with np.load(path, allow_pickle=False) as z:
+        if name + TRAILING_NULS in z.files:
+            return _with_nuls(z[name], z[name + TRAILING_NULS])
         return z[name]
 
 

@@ -40,9 +40,12 @@ def register(data_sub: argparse._SubParsersAction) -> None:
     c.add_argument("--topics", type=int, default=None, help="topic buckets (default: one per ~50 documents, <= 100)")
     c.add_argument("--semantic-eps", type=float, default=None,
                    help="semantic duplicates: cosine >= 1 - eps, eps in [0, 2) (default 0.01)")
-    c.add_argument("--quality-positive", default="", help="comma-separated sources the quality classifier learns as good")
-    c.add_argument("--quality-negative", default="", help="comma-separated sources it learns as the rest")
-    c.add_argument("--quality-model", default=None, help="a saved quality classifier directory to score with instead")
+    c.add_argument("--quality-positive", default="",
+                   help="comma-separated sources the quality classifier learns as good (with --quality-negative)")
+    c.add_argument("--quality-negative", default="",
+                   help="comma-separated sources it learns as the rest (with --quality-positive; no source on both)")
+    c.add_argument("--quality-model", default=None,
+                   help="a saved quality classifier directory to score with instead (without the two above)")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.set_defaults(handler=run_curate, on_interrupt="rerun the same command to resume: finished tasks are kept")
     m = data_sub.add_parser("mix", help="write an arm: a manifest of the documents the rules keep (no tagger reruns)")

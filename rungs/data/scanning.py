@@ -72,7 +72,7 @@ def _first_lines(per_segment: list[dict]) -> list[int]:
     return [int(n) for n in np.concatenate([[0], np.cumsum([r["lines"] for r in per_segment])[:-1]])]
 
 
-def _check_sets(split: str, sets: tuple[DocumentSet, ...], results: dict[FileKey, list[dict]], where: str) -> None:
+def check_sets(split: str, sets: tuple[DocumentSet, ...], results: dict[FileKey, list[dict]], where: str) -> None:
     """Every file holds a document, and ids are unique within each set (by their 64-bit hashes)."""
     for ds in sets:
         per_file = []
@@ -113,7 +113,7 @@ def scan(manifest: Manifest, plans: dict[FileKey, FilePlan], segments_per_task: 
     n = manifest.ngram_words
     where = str(manifest.path)
     evals = _scan_sets("eval", manifest.eval_sets, plans, segments_per_task, workers, address, ngram_words=n)
-    _check_sets("eval", manifest.eval_sets, evals, where)
+    check_sets("eval", manifest.eval_sets, evals, where)
     checked_eval = {ds.name: sum(r["docs"] for i in range(len(ds.files)) for r in evals[("eval", ds.name, i)])
                     for ds in manifest.eval_sets}
     held_out = HeldOutIndex.build([g for ds in manifest.eval_sets for i in range(len(ds.files))
@@ -127,7 +127,7 @@ def scan(manifest: Manifest, plans: dict[FileKey, FilePlan], segments_per_task: 
     else:
         held_ref = held_out
     trains = _scan_sets("train", manifest.sources, plans, segments_per_task, workers, address, held_out=held_ref)
-    _check_sets("train", manifest.sources, trains, where)
+    check_sets("train", manifest.sources, trains, where)
     removed_train: dict[tuple[str, str], list[str]] = {}
     flagged: dict[tuple[str, str], list[str]] = {}
     removed: dict[FileKey, list[frozenset[str]]] = {}

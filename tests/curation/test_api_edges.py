@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from curation.minhash import LSHParams
+from curation.model_taggers import ModelOptions
 from curation.mix import kept_count, mix
 from curation.pipeline import curate
 from curation.quality import min_documents, train_quality_classifier
@@ -160,3 +161,73 @@ def test_a_rerun_removes_the_temporaries_a_killed_curation_left_in_its_own_folde
         path.write_text("half")
     curate(manifest, out, taggers=["exact"])
     assert not [p for p in left if p.exists()] and mine.exists()
+
+
+CHANGED = "the manifest or its files changed since they were curated: curate again into a new directory"
+
+
+def test_inspect_refuses_a_curation_whose_files_changed_as_mix_does(tmp_path, monkeypatch):
+    write_corpus(tmp_path / "corpus")
+    manifest = tmp_path / "corpus" / "manifest.yaml"
+    curate(manifest, tmp_path / "cur", taggers=["exact"], partitions=2)
+    mix(tmp_path / "cur", Rules(exact_duplicates="keep_one"), tmp_path / "arm")
+    assert removed_samples(tmp_path / "cur", "exact", 1)["removed"] == 1
+    key = json.loads((tmp_path / "cur" / "curation.json").read_text())["manifest_key"]
+    # a file that sorts first in source a's glob: every later file's unit number moves
+    (tmp_path / "corpus" / "a+.jsonl").write_text(json.dumps({"id": "new-1", "text": "a file added later"}) + "\n")
+    with pytest.raises(DataInputError) as mixed:
+        mix(tmp_path / "cur", Rules(exact_duplicates="keep_one"), tmp_path / "arm2")
+    assert mixed.value.detail == CHANGED
+    for directory, step in ((tmp_path / "cur", "exact"), (tmp_path / "arm", "exact_duplicates")):
+        with pytest.raises(DataInputError) as err:
+            removed_samples(directory, step, 1)
+        assert (err.value.detail, err.value.where) == (CHANGED, mixed.value.where)
+    # an edit the content key misses (it fingerprints files by size, mtime and their ends) moves the rows: the
+    # document read is checked against the id curated there, as mix checks it
+    (tmp_path / "corpus" / "a+.jsonl").unlink()
+    monkeypatch.setattr("rungs.data.manifest.Manifest.content_hash", lambda self: key)
+    a0 = tmp_path / "corpus" / "a0.jsonl"
+    a0.write_text("".join(a0.read_text().splitlines(keepends=True)[::-1]))
+    with pytest.raises(DataInputError, match="the file changed since it was curated") as err:
+        removed_samples(tmp_path / "cur", "exact", 1)
+    assert err.value.where == str(a0)
+
+
+def _saved_model(path: Path) -> Path:
+    return train_quality_classifier([f"good text {k}" for k in range(5)], [f"bad words {k}" for k in range(5)],
+                                    0).save(path)
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--quality-positive", "a"], "--quality-positive: needs --quality-negative SOURCES too"),
+    (["--quality-negative", "b"], "--quality-negative: needs --quality-positive SOURCES too"),
+    (["--taggers", "exact", "--quality-positive", "a"], "--quality-positive: needs --quality-negative SOURCES too"),
+    (["--quality-positive", "a", "--quality-negative", "b,a"], "--quality-negative: source(s) ['a'] also given to "
+                                                               "--quality-positive"),
+    (["--quality-model", "MODEL", "--quality-positive", "a", "--quality-negative", "b"],
+     "--quality-model: a saved classifier scores as it is, so --quality-positive and --quality-negative would be "
+     "ignored"),
+])
+def test_quality_flags_that_would_be_ignored_or_train_nothing_are_refused(tmp_path, capsys, flags, line):
+    from ladder.cli import main
+
+    write_corpus(tmp_path / "corpus", files_per_source=1, docs_per_file=12)
+    model = _saved_model(tmp_path / "model")
+    argv = ["data", "curate", str(tmp_path / "corpus" / "manifest.yaml"), "--out", str(tmp_path / "cur"),
+            *[str(model) if f == "MODEL" else f for f in flags]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and line in err and "Traceback" not in err, err
+    assert not (tmp_path / "cur").exists()  # before any tagger runs
+
+
+def test_one_classifier_flag_alone_completes_the_sources_a_directory_was_tagged_with(tmp_path):
+    write_corpus(tmp_path / "corpus", files_per_source=1, docs_per_file=12)
+    manifest, out = tmp_path / "corpus" / "manifest.yaml", tmp_path / "cur"
+    with pytest.raises(DataInputError, match="needs --quality-negative") as err:
+        curate(manifest, out, model_options=ModelOptions(quality_positive=("a",)))
+    assert err.value.field == "--quality-positive"
+    curate(manifest, out, taggers=["quality"], model_options=ModelOptions(quality_positive=("a",),
+                                                                          quality_negative=("b",)))
+    meta = curate(manifest, out, taggers=["quality"], model_options=ModelOptions(quality_positive=("a",)))
+    assert meta["settings"]["quality"] == {"model": None, "positive": ["a"], "negative": ["b"]}

@@ -4,13 +4,16 @@ the file; a rerun refuses again until the file is fixed, and after the fix the s
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from curation.mix import mix
 from curation.pipeline import curate
+from curation.rules import Rules
 from curation.store import Store, check_source_ids, read_npz, units_of, write_unit_index
 from ladder.cli import main
 from rungs.data.errors import DataInputError
@@ -73,8 +76,25 @@ def _empty_file(root: Path) -> tuple[Path, str]:
     return root / "b1.jsonl", "b: holds no non-empty document (an empty file?)"
 
 
+def _id_ending_in_nul_in_two_files(root: Path) -> tuple[Path, str]:
+    # NumPy's str arrays drop trailing NULs: the id is named as it is, not as 'x'
+    _append(root / "a0.jsonl", {"id": "x\u0000", "text": "a text whose id ends in NUL"})
+    _append(root / "a1.jsonl", {"id": "x\u0000", "text": "another text under the same id"})
+    return root / "a1.jsonl", "a: document id 'x\\x00' appears twice; ids must be unique within a set"
+
+
+def _source_without_files(root: Path) -> tuple[Path, str]:
+    (root / "only-a-folder").mkdir()  # the glob matches a folder and no file: the source has none
+    manifest = root / "manifest.yaml"
+    manifest.write_text(manifest.read_text().replace(
+        "  - {name: b, domain: b, share: 0.5, files: ['b*.jsonl']}\n",
+        "  - {name: b, domain: b, share: 0.3, files: ['b*.jsonl']}\n"
+        "  - {name: z, domain: z, share: 0.2, files: ['only-a-*']}\n"))
+    return manifest, "sources: z: has no non-empty documents"
+
+
 CASES = [_surrogate_text, _surrogate_id, _surrogate_without_ids, _id_twice_in_a_file, _id_in_two_files, _two_ids_repeated,
-         _empty_file]
+         _empty_file, _id_ending_in_nul_in_two_files, _source_without_files]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__.strip("_") for c in CASES])
@@ -167,3 +187,21 @@ def test_ids_that_share_a_uid_are_a_collision_not_a_repeat(tmp_path, monkeypatch
     np.savez(store.unit_index(units[1].name), **index)
     with pytest.raises(DataInputError, match="document id 'a/f0-d0' appears twice"):
         check_source_ids(store, units[0])
+
+
+def test_ids_ending_in_nul_are_kept_exactly_and_mix_reads_the_unchanged_files(tmp_path):
+    write_corpus(tmp_path / "corpus")
+    ids = ["d1\u0000", "d1", "\u0000\u0000", "mid\u0000dle\u0000"]
+    _append(tmp_path / "corpus" / "a0.jsonl", *({"id": i, "text": f"text number {k} of the ids ending in NUL"}
+                                                 for k, i in enumerate(ids)))
+    _append(tmp_path / "corpus" / "a1.jsonl", {"id": "d1\u0000\u0000", "text": "not a repeat of d1 and NUL"})
+    manifest = tmp_path / "corpus" / "manifest.yaml"
+    curate(manifest, tmp_path / "cu", taggers=["exact"], partitions=2)
+    assert read_npz(tmp_path / "cu" / "units" / "a-00000.npz")["id"].tolist()[-4:] == ids
+    assert read_npz(tmp_path / "cu" / "units" / "a-00001.npz")["id"].tolist()[-1] == "d1\u0000\u0000"
+    assert read_npz(tmp_path / "cu" / "units" / "b-00000.npz")["id"].dtype.kind == "U"  # no NUL: as before
+
+    payload = mix(tmp_path / "cu", Rules(exact_duplicates="keep_one"), tmp_path / "arm")
+    assert payload["kept"]["a"]["docs"] == 60 + len(ids) + 1 - 1  # the planted exact pair loses one
+    with gzip.open(tmp_path / "arm" / "data" / "a" / "a-00000.jsonl.gz", "rt", encoding="utf-8") as f:
+        assert [json.loads(line)["id"] for line in f][-4:] == ids

@@ -1,5 +1,6 @@
 """The tagger pipeline in this process: planted duplicates found, the same attributes for any partitioning,
-resumable after kill -9 (a real process), and never writing into a directory it did not create."""
+resumable after kill -9 (a real process), never writing into a directory it did not create, and a --topics the
+corpus is too small for refused before the directory records it."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import numpy as np
 import pytest
 
 from curation.ids import doc_uid
+from curation.model_taggers import ModelOptions
 from curation.pipeline import curate
 from curation.store import read_npz
+from ladder.cli import main
 from rungs.data.errors import DataInputError
 from tests.curation.corpus import write_corpus
 
@@ -115,3 +118,32 @@ def test_a_curation_killed_with_sigkill_resumes_to_the_same_attributes(tiny, tmp
 def test_uids_are_stable_hashes_of_source_and_id():
     assert doc_uid("a", "x") == doc_uid("a", "x") != doc_uid("b", "x")
     assert 0 <= doc_uid("a", "x") < 2**63 and np.int64(doc_uid("a", "x")) == doc_uid("a", "x")
+
+
+def test_too_many_topics_are_refused_before_any_tagger_runs_and_nothing_is_kept(tiny, tmp_path, capsys):
+    root, _ = tiny
+    manifest, out = root / "corpus" / "manifest.yaml", tmp_path / "cur"
+    curate_topics = ["data", "curate", str(manifest), "--out", str(out), "--taggers", "topics"]
+    for topics, line in (("500", "--topics: 500 topics need at least as many documents, the training files hold 120"),
+                         ("100001", "--topics: must be at most 100000")):
+        assert main([*curate_topics, "--topics", topics]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{manifest}: {line}" in err, err
+        assert not out.exists()  # refused before curation.json records the setting
+    with pytest.raises(DataInputError, match="500 topics need"):
+        curate(manifest, out, taggers=["topics"], model_options=ModelOptions(n_topics=500))
+    assert not (out / "curation.json").exists()
+    assert main([*curate_topics, "--topics", "5", "--json"]) == 0  # the corrected value, in the same --out
+    assert json.loads(capsys.readouterr().out)["taggers"]["topics"]["n_topics"] == 5
+
+
+def test_a_topic_count_its_sample_cannot_hold_is_not_kept_and_a_corrected_rerun_runs(tiny, tmp_path):
+    """Over `topic_sample_size` documents the sample is those of the smallest uids, about that many: 57 of these
+    120 for 60. The tagger refuses 60 topics after embedding, and the directory keeps no --topics setting."""
+    root, _ = tiny
+    manifest, out = root / "corpus" / "manifest.yaml", tmp_path / "cur"
+    with pytest.raises(DataInputError, match="60 topics need at least as many documents, the sample has 57"):
+        curate(manifest, out, taggers=["topics"], model_options=ModelOptions(n_topics=60, topic_sample_size=60))
+    assert "topics" not in json.loads((out / "curation.json").read_text()).get("settings", {})
+    meta = curate(manifest, out, taggers=["topics"], model_options=ModelOptions(n_topics=20, topic_sample_size=60))
+    assert meta["taggers"]["topics"]["n_topics"] == meta["settings"]["topics"]["n_topics"] == 20

@@ -100,3 +100,53 @@ def test_bad_input_is_refused(tmp_path):
         train_quality_classifier("not a list", ["c d"] * 5, seed=0)
     with pytest.raises(ValueError, match="not a saved quality model"):
         QualityModel.load(tmp_path)
+
+
+def test_a_save_that_fails_midway_leaves_a_whole_model_or_none(demo_model, tmp_path, monkeypatch):
+    """A save killed or out of disk while writing model.json (after the weights) over an older model: never a
+    half-written model.json, nor the old model.json over the new weights; `load` refuses the directory until a
+    save finishes (and a resumed curate then trains again)."""
+    import builtins
+    import errno
+    import io
+
+    path = tmp_path / "model"
+    older = QualityModel(SMALL, np.array([1, 2]), np.array([0.5, -0.5]), 0.1, 0.6, {"train_positive": 1})
+    older.save(path)
+    real_open = builtins.open
+
+    class HalfWritten:
+        """A file whose write stops halfway through, as when the disk fills or the process is killed."""
+
+        def __init__(self, f) -> None:
+            self.f = f
+
+        def write(self, data) -> int:
+            self.f.write(data[:len(data) // 2])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.f.close()
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    def failing_open(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        return HalfWritten(f) if "w" in mode and "model.json" in str(file) else f
+
+    with monkeypatch.context() as m:
+        m.setattr(builtins, "open", failing_open)
+        m.setattr(io, "open", failing_open)
+        with pytest.raises(OSError):
+            demo_model.save(path)
+    with pytest.raises(ValueError, match="has no model.json and weights.npz: not a saved quality model"):
+        QualityModel.load(path)
+    assert not [p for p in path.iterdir() if p.name.startswith(".")]  # no temporary left
+    loaded = QualityModel.load(demo_model.save(path))
+    np.testing.assert_array_equal(loaded.coef_value, demo_model.coef_value)
+    assert loaded.heldout_auc == demo_model.heldout_auc
