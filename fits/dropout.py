@@ -9,7 +9,8 @@ parameters,
 
 fitted by weighted least squares (weights 1/se²). k's sign is free: the law may rise with size
 (a larger model overfits repeated data more) or fall. Optima outside the sampled dropout range
-are flagged and left out of the sigmoid fit.
+are flagged and left out of the sigmoid fit, and so is a slice that sweeps no dropout (fewer than 3
+values: a ladder rung run at one dropout), each with its reason in `excluded`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import curve_fit
 
-from fits.errors import FitConvergenceError, FitInputError
+from fits.errors import FitConvergenceError, FitInputError, FlatSurfaceError
 from fits.results import jsonable, normal_quantile
 from fits.surfaces import WEIGHT_SCALE_REL, SurfaceResult, fit_surface
 from fits.validate import check_group_values, check_level, numeric_column, require_columns
@@ -53,7 +54,7 @@ class DropoutLawResult:
     def summary(self) -> str:
         p = self.params
         return (f"dropout law p*(N) = {p['p_max']:.3g} / (1 + exp(-{p['k']:.3g}·(log N - {p['m']:.3g}))) from "
-                f"{len(self.surfaces) - len(self.excluded)} optima, {len(self.excluded)} excluded (code {self.code_version})")
+                f"{sum(s.ok for s in self.surfaces)} optima, {len(self.excluded)} excluded (code {self.code_version})")
 
     def predict(self, params_active, n_draws: int = 2000, level: float = 0.95, seed: int = 0) -> dict[str, Any]:
         log_n = np.log(np.atleast_1d(np.asarray(params_active, dtype=float)))
@@ -85,7 +86,8 @@ def fit_dropout_law(df: pd.DataFrame, y: str = "bpb", *, dropout: str = "dropout
                     weight_scale_rel: float = WEIGHT_SCALE_REL, id_column: str | None = "run_id",
                     slice_cols: tuple[str, ...] | None = None) -> DropoutLawResult:
     """One dropout optimum per slice (model size, and TPP when the table has it), then the sigmoid
-    over log size through all usable optima."""
+    over log size through all usable optima. A slice with too few dropout values for a curve is left out
+    and reported in `excluded`, as one whose optimum is flagged."""
     require_columns(df, [dropout, size, y])
     df = df.assign(**{dropout: numeric_column(df, dropout), size: numeric_column(df, size, positive=True)})
     if (df[dropout] < 0).any() or (df[dropout] >= 1).any():
@@ -97,8 +99,12 @@ def fit_dropout_law(df: pd.DataFrame, y: str = "bpb", *, dropout: str = "dropout
     for key_vals, group in df.groupby(list(slice_cols), sort=True):
         key = dict(zip(slice_cols, map(_key_value, key_vals if isinstance(key_vals, tuple) else (key_vals,))))
         profile = group.loc[group.groupby(dropout)[y].idxmin()]  # best run at each dropout value
-        s = fit_surface(profile, [dropout], y, log_coords=[False], weight_scale_rel=weight_scale_rel,
-                        id_column=id_column, key=key)
+        try:
+            s = fit_surface(profile, [dropout], y, log_coords=[False], weight_scale_rel=weight_scale_rel,
+                            id_column=id_column, key=key)
+        except FlatSurfaceError as err:  # no dropout sweep here (a ladder rung at one dropout): said, left out
+            excluded.append({**key, "reason": str(err)})
+            continue
         surfaces.append(s)
         if not s.ok:
             excluded.append({**key, "reason": ", ".join(s.flags)})
@@ -106,8 +112,8 @@ def fit_dropout_law(df: pd.DataFrame, y: str = "bpb", *, dropout: str = "dropout
     n_sizes = len({s.key[size] for s in good})
     if len(good) < MIN_OPTIMA or n_sizes < MIN_SIZES:
         raise FitInputError(f"the dropout sigmoid has 3 parameters and needs usable optima at ≥ {MIN_SIZES} model sizes "
-                            f"(≥ {MIN_OPTIMA} optima in all); got {len(good)} usable of {len(surfaces)} at {n_sizes} "
-                            "sizes", column=size)
+                            f"(≥ {MIN_OPTIMA} optima in all); got {len(good)} usable of {len(good) + len(excluded)} "
+                            f"slices at {n_sizes} sizes", column=size)
     log_n = np.log([s.key[size] for s in good])
     p_opt = np.array([s.optimum[0] for s in good])
     se = np.array([s.optimum_se[0] for s in good])

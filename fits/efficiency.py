@@ -130,18 +130,19 @@ def baseline_law(base: pd.DataFrame, x: str, y: str, **fit_options: Any) -> Powe
 
 
 def _eg_interval(law: PowerLawResult, y_cand: float, n_runs: int, used: float,
-                 level: float) -> tuple[float, float, dict[str, float] | None]:
+                 level: float) -> tuple[float, float, dict[str, float] | None, float | None]:
     """EG's interval: the compute the baseline's law needs for the candidate's measured BPB (the mean of
     its `n_runs` runs), with the law's parameter uncertainty and the candidate's seed noise carried
-    through the law's slope (`fits.prediction`); a law saved without a prediction model falls back to
-    its bootstrap draws (parameter uncertainty only)."""
+    through the law's slope (`fits.prediction`), and the degrees of freedom of its Student-t; a law saved
+    without a prediction model falls back to its bootstrap draws (parameter uncertainty only, percentiles:
+    no degrees of freedom)."""
     model = law.prediction_model
     if model is None:
         lo, hi = percentile_interval(law.inverse_draws([y_cand])[:, 0] / used, level)
-        return float(lo), float(hi), None
+        return float(lo), float(hi), None, None
     iv = model.inverse_interval([y_cand], level, n_runs=n_runs)
     return (float(iv["lo"][0] / used), float(iv["hi"][0] / used),
-            {k: float(v[0]) for k, v in iv["shares"].items()})
+            {k: float(v[0]) for k, v in iv["shares"].items()}, float(iv["dof"]))
 
 
 def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", y: str = "bpb",
@@ -183,10 +184,12 @@ def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "bas
                     row[f"{key}_interval"] = None
                     row[f"{key}_interval_note"] = "the arm's BPB is below the baseline law's floor"
                 elif notes[key] is None:
-                    lo, hi, shares = _eg_interval(law, y_c, len(g), used, ci_level)
+                    lo, hi, shares, dof = _eg_interval(law, y_c, len(g), used, ci_level)
                     row[f"{key}_interval"] = [float(lo), float(hi)]
                     if shares is not None:
                         row[f"{key}_interval_shares"] = shares
+                    if dof is not None:  # its Student-t's: what a trend over the rungs reads σ with
+                        row[f"{key}_interval_dof"] = dof
                 else:
                     row[f"{key}_interval"], row[f"{key}_interval_note"] = None, notes[key]
                 if wall and key == "eg_time":

@@ -12,7 +12,10 @@ slope: the compute the baseline needs to move from its BPB to the arm's). Its un
 method: the seed noise of both means, σ²·(1/n_base + 1/n_arm) with σ² the variance of log BPB between seeds
 pooled over every (arm, rung) with repeated seeds (its degrees of freedom Σ(n − 1) give the Student-t), and
 the slope's, from the law's bootstrap draws: var(log EG) = var(Δ)/s² + Δ²·var(s)/s⁴. Without repeated seeds
-there is no noise estimate and no interval. A rung where the baseline has no run gives no EG.
+there is no noise estimate and no interval; where the baseline's law has no interval (the one interval rule,
+`FitResult.interval_note`: fewer than 5 rungs, no bootstrap), its slope's part cannot be had, and the EG
+has no interval either, the law's note saying why, as against the law. A rung where the baseline has no
+run gives no EG.
 
 How many seeds would narrow it: with n seeds on each side, the seed-noise part of the interval is
 ±t·σ·√(2/n)/s in log EG, t with the G·(n − 1) degrees of freedom of the same G (arm, rung) groups at n seeds
@@ -119,17 +122,20 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
                    "baseline_bpb": float(b[y].mean()), "local_slope": s, "runs": [len(b), len(g)]}
             if t is None:
                 row["eg_flops_interval"], row["eg_flops_interval_note"] = None, NO_REPEATS_NOTE
+            elif draws is None:  # the one interval rule: the law has no interval, so neither has its slope's part
+                row["eg_flops_interval"], row["eg_flops_interval_note"] = None, law.interval_note
             else:
                 var_delta = var_log * (1 / len(b) + 1 / len(g))
-                var_s = float(np.var(local_slope(*draws, c_base), ddof=1)) if draws is not None else 0.0
+                var_s = float(np.var(local_slope(*draws, c_base), ddof=1))
                 se = math.sqrt(var_delta / s**2 + delta**2 * var_s / s**4)
                 row["eg_flops_interval"] = [math.exp(log_eg - t * se), math.exp(log_eg + t * se)]
+                row["eg_flops_interval_dof"] = dof  # its Student-t's, the seed noise's
                 row["eg_flops_interval_shares"] = {"seed_noise": var_delta / s**2 / se**2 if se else 1.0,
                                                    "slope": delta**2 * var_s / s**4 / se**2 if se else 0.0}
-                if s > 0:
-                    counts = [seeds_for_half_width(sd, s, target_half_width, groups=groups, ci_level=ci_level)
-                              for sd in (sd_measured, *sd_interval)]
-                    row["seeds_for_target"], row["seeds_for_target_range"] = counts[0], counts[1:]
+            if t is not None and s > 0:  # the seeds a side from the seed noise alone: measured either way
+                counts = [seeds_for_half_width(sd, s, target_half_width, groups=groups, ci_level=ci_level)
+                          for sd in (sd_measured, *sd_interval)]
+                row["seeds_for_target"], row["seeds_for_target_range"] = counts[0], counts[1:]
             rows.append(row)
         arms[str(name)] = rows
     return jsonable({"baseline": baseline, "ci_level": ci_level, "arms": arms, "baseline_law_flops": law.params,

@@ -8,13 +8,16 @@ interval holds 1 is "no measured gain"; one above 1 a gain, below 1 a loss.
 
 The trend is the slope b of log EG against log compute across rungs, log EG_i = a + b·log C_i: b > 0
 means the gain grows with scale. Each rung's EG carries its own uncertainty, σ_i = (log hi − log lo) /
-(2·t) from its interval; the fit is weighted least squares with weights 1/σ_i², its standard error
-that of the weights scaled up by the Birge ratio √(χ²/dof) when the rungs scatter more than their
-intervals say (never down), and the interval Student-t with n − 2 degrees of freedom. Without rung
-intervals it is ordinary least squares with the residuals' standard error. Two rungs give a slope and
-no interval. A slope whose interval holds 0 is "no measured trend". The trend keeps its design (log
-compute, weights), dof and the covariance of (a, b), and each cell the compute range its rungs span:
-what `fits.eg_extrapolate` needs to carry the EG to a target's compute (`ladder extrapolate`'s card).
+(2·t) from its interval, t the quantile that interval was made with (Student-t at its degrees of freedom:
+the baseline law's prediction model's against the law, the pooled seed noise's against the same rung; the
+normal quantile for an interval of bootstrap percentiles); the fit is weighted least squares with weights
+1/σ_i², its standard error that of the weights scaled up by the Birge ratio √(χ²/dof) when the rungs
+scatter more than their intervals say (never down), and the interval Student-t with n − 2 degrees of
+freedom. Without rung intervals it is ordinary least squares with the residuals' standard error. Two
+rungs give a slope and no interval. A slope whose interval holds 0 is "no measured trend". The trend
+keeps its design (log compute, weights), dof and the covariance of (a, b), and each cell the compute
+range its rungs span: what `fits.eg_extrapolate` needs to carry the EG to a target's compute (`ladder
+extrapolate`'s card).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from fits.efficiency import efficiency_gains
 from fits.errors import FitError, FitInputError
 from fits.floors import DEFAULT_FLOOR
 from fits.results import jsonable
-from fits.validate import check_bootstrap, check_level
+from fits.validate import check_bootstrap, check_level, numeric_column, require_columns
 from provenance import code_version
 
 AGAINST = ("law", "rung")
@@ -59,6 +62,10 @@ def verdict(interval: list[float | None] | None, null: float, *, above: str, bel
     return above if lo > null else below if hi < null else inside
 
 
+# What a cell against the same rung carries besides its EG (`fits.eg_same_rung`): the law's local slope and the
+# runs a side (with the domain's `seed_noise`, its interval's seed-noise part), and the seeds a side for the target.
+SAME_RUNG_KEYS = ("local_slope", "runs", "seeds_for_target", "seeds_for_target_range")
+
 # An arm whose BPB lies below the baseline law's floor: no compute brings the baseline there, so its EG_FLOPs
 # is unbounded (`efficiency_gains` gives None, `jsonable`'s infinity).
 BEYOND_FLOOR = "gain beyond the baseline's floor"
@@ -70,8 +77,12 @@ def eg_verdict(interval: list[float] | None) -> str:
 
 
 def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float] | None], *,
-             ci_level: float = 0.95, min_dof_for_interval: int = 1) -> dict[str, Any]:
-    """The slope of log EG against log compute with its Student-t interval (module docstring)."""
+             ci_level: float = 0.95, min_dof_for_interval: int = 1,
+             interval_dofs: list[float | None] | None = None) -> dict[str, Any]:
+    """The slope of log EG against log compute with its Student-t interval (module docstring). `intervals`
+    are the rungs' EG intervals at `ci_level`; `interval_dofs` the degrees of freedom of each one's Student-t
+    quantile (`eg_flops_interval_dof` of `efficiency_gains` and `same_rung_gains`), None (or a None entry)
+    for an interval made with the normal quantile, as a bootstrap's percentiles are."""
     x = np.asarray(log_compute, dtype=float)
     y = np.log(np.asarray(eg, dtype=float))
     n = len(x)
@@ -80,11 +91,17 @@ def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float
                 "note": "a trend needs at least two rungs of different compute"}
     dof = n - 2
     t = float(stats.t.ppf(0.5 + ci_level / 2, max(dof, 1)))
-    z = float(stats.norm.ppf(0.5 + ci_level / 2))
     weighted = all(iv is not None and iv[0] > 0 and iv[1] > iv[0] for iv in intervals)
     if weighted:
-        # Each rung's interval is a t/normal interval in log space; its half-width over z is σ.
-        sigma = np.array([(math.log(hi) - math.log(lo)) / (2 * z) for lo, hi in intervals])
+        # Each rung's interval is a t (or normal) interval in log space: its half-width over that quantile is σ.
+        dofs = list(interval_dofs) if interval_dofs is not None else [None] * n
+        if len(dofs) != n:
+            raise FitInputError(f"interval_dofs has {len(dofs)} entries for {n} rungs; give one per rung (None for "
+                                "a normal interval)", column="interval_dofs")
+        q = 0.5 + ci_level / 2
+        quantiles = [float(stats.norm.ppf(q)) if d is None or not math.isfinite(d) else float(stats.t.ppf(q, d))
+                     for d in dofs]
+        sigma = np.array([(math.log(hi) - math.log(lo)) / (2 * k) for (lo, hi), k in zip(intervals, quantiles)])
         w = 1.0 / sigma**2
     else:
         w = np.ones(n)
@@ -142,13 +159,23 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
         if unknown:
             raise FitInputError(f"unknown domains {unknown}; the table has {sorted(available)}", column="domains")
         available = {d: available[d] for d in domains}
+    # What every domain shares is refused for the whole table; what one domain's values lack is that domain's
+    # error (below), and the others go on.
+    require_columns(df, [arm, rung, flops])
+    if baseline not in set(df[arm]):
+        raise FitInputError(f"no rows with {arm} == {baseline!r}; arms present: {sorted(map(str, set(df[arm])))}",
+                            column=arm)
     per_arm: dict[str, dict[str, Any]] = {}
     laws: dict[str, Any] = {}
     errors: dict[str, str] = {}
     noise: dict[str, Any] = {}
     for domain, column in available.items():
         rows_df = df.dropna(subset=[column])
+        numeric_column(rows_df, column, positive=True)  # a bad value is the table's to fix, not a domain to skip
         try:
+            if baseline not in set(rows_df[arm]):
+                raise FitInputError(f"empty in every {baseline!r} run, so the baseline has no law on {domain}; "
+                                    f"measure the baseline on {domain}, or leave the domain out", column=column)
             if against == "rung":
                 out = same_rung_gains(rows_df, arm=arm, baseline=baseline, y=column, flops=flops, rung=rung,
                                       bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor,
@@ -157,8 +184,6 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
             else:
                 out = efficiency_gains(rows_df, arm=arm, baseline=baseline, y=column, flops=flops, wall=None,
                                        rung=rung, bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor)
-        except FitInputError:
-            raise
         except FitError as err:  # a domain whose baseline law cannot be fitted: said, the others go on
             errors[domain] = f"{type(err).__name__}: {err}"
             continue
@@ -171,11 +196,12 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
                 cells.append({"rung": r["rung"], "train_flops": r["train_flops"], "bpb": r["bpb"],
                               "eg": r["eg_flops"], "interval": iv,
                               "verdict": BEYOND_FLOOR if beyond else eg_verdict(iv),
-                              **{k: r[k] for k in ("seeds_for_target", "seeds_for_target_range") if k in r},
+                              **{k: r[k] for k in SAME_RUNG_KEYS if k in r},
                               **({"interval_note": r["eg_flops_interval_note"]}
                                  if r.get("eg_flops_interval_note") else {})})
             trend = eg_trend(np.log([c["train_flops"] for c in cells]), np.array([c["eg"] for c in cells]),
-                             [c["interval"] for c in cells], ci_level=ci_level) \
+                             [c["interval"] for c in cells], ci_level=ci_level,
+                             interval_dofs=[r.get("eg_flops_interval_dof") for r in rows]) \
                 if all(c["eg"] is not None and c["eg"] > 0 for c in cells) else {
                     "slope": None, "interval": None, "verdict": "no trend",
                     "note": "a rung's EG is unbounded (the arm's BPB is below the baseline law's floor) or 0"}

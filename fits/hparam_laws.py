@@ -296,6 +296,10 @@ def fit_hparam_laws(df: pd.DataFrame, y: str = "bpb", *, criterion: str = "aic",
         dropout_law = fit_dropout_law(df, y=y, dropout=dropout_column, id_column=id_column, slice_cols=slice_cols)
         # the LR/WD surfaces use each slice's best dropout only, so dropout does not blur them
         best_p = {tuple(s.key[c] for c in slice_cols): s.best_observed[dropout_column] for s in dropout_law.surfaces}
+        # a slice left out of the dropout law for too few dropout values keeps the dropout of its best run
+        best_run = df.loc[df.groupby(list(slice_cols))[y].idxmin()]
+        for k, p_best in zip(zip(*(best_run[c] for c in slice_cols)), best_run[dropout_column]):
+            best_p.setdefault(k, p_best)
         keys = list(zip(*(df[c] for c in slice_cols)))
         df = df[np.isclose(df[dropout_column], [best_p.get(k, np.nan) for k in keys])]
     if df.groupby(list(slice_cols))["lr"].nunique().max() < 3:

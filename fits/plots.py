@@ -5,7 +5,7 @@ the Figure, which a notebook shows as is.
 - `plot_power_laws`: BPB against FLOPs on log axes per domain, the bootstrap band, the held-out
   rung(s) marked, and the law continued past the data;
 - `plot_extrapolation`: each law and its band drawn on from the fitted range out to a target's FLOPs,
-  with the prediction there (`ladder extrapolate --plot`);
+  with the prediction there and the recipe card's interval of one run (`ladder extrapolate --plot`);
 - `plot_surface` / `plot_hparams`: loss contours in the diagonal coordinates (log LR, log LR·WD)
   with the sampled runs and the optimum; optima against steps and TPP with the fitted laws;
 - `plot_efficiency`: EG_FLOPs and EG_time against compute with intervals;
@@ -102,7 +102,8 @@ def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_f
             label = "predicted without it" + (" (E=0)" if backtest.get("floor_at_zero") else "")
             if "rel_error" in row:  # the backtest's numbers on the figure itself
                 inside = row.get("inside") and row.get("interval_available", True)
-                label += f": {100 * row['rel_error']:+.1f}%" + (", inside 95%" if inside else "")
+                level = backtest.get("ci_level") or 0.95
+                label += f": {100 * row['rel_error']:+.1f}%" + (f", inside {level:.0%}" if inside else "")
             if row.get("lo") is None or not row.get("interval_available", True):
                 ax.plot(row["x"], row["predicted"], "_", color="C3", ms=12, zorder=5, label=label + " (interval n/a)")
                 continue
@@ -123,10 +124,14 @@ def plot_power_laws(laws: dict[str, Any], df: pd.DataFrame, *, x: str = "train_f
 
 def plot_extrapolation(laws: dict[str, Any], target_x: float, data: pd.DataFrame | None = None, *,
                        x: str = "train_flops", y: str = "bpb", group: str = "domain",
-                       path: str | Path | None = None, target_label: str = "target") -> Figure:
+                       path: str | Path | None = None, target_label: str = "target", level: float = 0.95) -> Figure:
     """One panel per law: its runs (where `data` holds them), the fitted range shaded, the law drawn on
     out to `target_x` (dashed past the data), its band where the one interval rule allows one
-    (`FitResult.interval_note`), and the prediction at the target with its interval."""
+    (`FitResult.interval_note`), and the prediction at the target with the recipe card's interval at
+    `level` (`fits.extrapolate.bpb_from_law`: one new run's prediction interval, the same numbers the card
+    prints), its legend saying which."""
+    from fits.extrapolate import bpb_from_law
+
     names = sorted(laws)
     fig, axes = new_figure(ncols=max(1, min(len(names), 4)), nrows=max(1, int(np.ceil(len(names) / 4))))
     for ax, name in zip(axes, names):
@@ -146,11 +151,18 @@ def plot_extrapolation(laws: dict[str, Any], target_x: float, data: pd.DataFrame
         if data is not None and group in data.columns:
             part = data[data[group].astype(str) == name]
             ax.scatter(part[x], part[y], color="k", s=14, zorder=3, label="runs")
-        value = float(law.predict([target_x])[0])
-        label = f"{target_label}: {value:.4g}" + ("" if has_band else " (interval n/a)")
-        if has_band:
-            lo, hi = law.predict_interval([target_x])
-            ax.errorbar(target_x, value, yerr=[[value - lo[0]], [hi[0] - value]], fmt="*", color="C3", ms=10,
+        card = bpb_from_law(law, target_x, level)  # what `ladder extrapolate` prints at the target
+        value, interval = card["value"], card["interval"]
+        label = f"{target_label}: {value:.4g}"
+        if interval is None:
+            label += " (interval n/a)"
+        elif card["interval_kind"].startswith("prediction interval"):
+            label += f", {level:.0%} prediction interval of one run (the card's)"
+        else:  # a laws file saved by older code: the law's band, no run noise (the card says the same)
+            label += f", {level:.0%} band of the law (no run noise)"
+        if interval is not None:
+            lo, hi = interval
+            ax.errorbar(target_x, value, yerr=[[value - lo], [hi - value]], fmt="*", color="C3", ms=10,
                         capsize=4, zorder=5, label=label)
         else:
             ax.plot(target_x, value, "*", color="C3", ms=10, zorder=5, label=label)

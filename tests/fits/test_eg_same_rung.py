@@ -90,6 +90,30 @@ def test_without_repeated_seeds_there_is_no_interval_and_the_reason_is_given():
     assert all(r["eg_flops_interval"] is None and "repeated seeds" in r["eg_flops_interval_note"] for r in rows)
 
 
+@pytest.mark.parametrize("rungs, bootstrap", [(4, 50), (5, 0)], ids=["four rungs", "no bootstrap"])
+def test_where_the_baseline_law_has_no_interval_neither_has_the_eg_and_the_laws_note_says_why(rungs, bootstrap):
+    """The one interval rule (docs/fits.md): against the same rung as against the law, an EG has an interval only
+    where the baseline's law has one. It printed one with the slope's part set to zero."""
+    from fits.efficiency import baseline_law
+
+    df = ladder({"baseline": 1.0, "b": 1.3})
+    df = df[df["rung"] < 2 + rungs]
+    law = baseline_law(df[df["arm"] == "baseline"], "train_flops", "bpb", bootstrap=bootstrap, floor="auto")
+    assert law.interval_note  # what the rule reads
+    out = same_rung_gains(df, baseline="baseline", bootstrap=bootstrap, floor="auto")
+    rows = out["arms"]["b"]
+    assert len(rows) == rungs
+    assert all(r["eg_flops_interval"] is None and r["eg_flops_interval_note"] == law.interval_note for r in rows)
+    assert all(r["eg_flops"] == pytest.approx(1.3, rel=0.2) for r in rows)  # the estimate stays
+    by_rung = eg_by_domain(df, baseline="baseline", bootstrap=bootstrap, floor="auto", against="rung")
+    by_law = eg_by_domain(df, baseline="baseline", bootstrap=bootstrap, floor="auto")
+    for out in (by_rung, by_law):
+        cell = out["arms"]["b"]["all"]
+        assert all(r["interval"] is None and r["verdict"] == "no interval" and r["interval_note"] == law.interval_note
+                   for r in cell["rungs"])
+        assert cell["trend"]["method"] == "ols"  # no rung interval to weight by, as against the law
+
+
 def test_local_slope_is_the_log_derivative():
     C = 3e12
 
@@ -131,7 +155,11 @@ def test_seeds_for_a_width_is_the_interval_formula_solved_for_n():
 
 def test_the_seeds_it_names_give_intervals_that_wide_on_ladders_drawn_with_that_noise():
     # Ladders from a known law and noise: the seeds a side the formula names for ±10% give intervals that
-    # wide (the median over 12 ladders), one seed fewer does not
+    # wide (the median over 12 ladders), one seed fewer does not. The width is the seed-noise part the formula
+    # solves for, exp(t·σ·√(1/n_base + 1/n_arm)/s) − 1 from the measured noise and each cell's slope and runs
+    # (without a bootstrap the law has no interval, so the EG prints none: the one interval rule)
+    from scipy import stats
+
     noise, target = 0.005, 0.10
     n = seeds_for_half_width(noise, ALPHA, target, groups=10)  # E = 0: the local slope is α everywhere
     rng = np.random.default_rng(21)
@@ -141,7 +169,10 @@ def test_the_seeds_it_names_give_intervals_that_wide_on_ladders_drawn_with_that_
         for _ in range(12):
             out = same_rung_gains(ladder({"baseline": 1.0, "replica": 1.0}, seeds=range(k), noise=noise, rng=rng),
                                   baseline="baseline", bootstrap=0)
-            widths += [math.sqrt(r["eg_flops_interval"][1] / r["eg_flops_interval"][0]) - 1
+            sd, dof = out["seed_noise"]["log_sd"], out["seed_noise"]["dof"]
+            t = stats.t.ppf(0.975, dof)
+            assert all(r["eg_flops_interval"] is None for r in out["arms"]["replica"])
+            widths += [math.exp(t * sd * math.sqrt(1 / r["runs"][0] + 1 / r["runs"][1]) / r["local_slope"]) - 1
                        for r in out["arms"]["replica"]]
         return float(np.median(widths))
 

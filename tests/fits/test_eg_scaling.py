@@ -115,3 +115,68 @@ def test_bad_inputs_are_named():
         eg_by_domain(df, baseline="none", domains=["code"])
     with pytest.raises(FitInputError, match="bpb_<domain>"):
         eg_by_domain(df[["arm", "rung", "train_flops"]])
+
+
+def test_a_domain_without_baseline_runs_is_an_error_of_that_domain_and_the_others_are_fitted():
+    """The docstring's promise: a domain whose baseline law cannot be fitted is said, the others go on.
+    Here the baseline has no code BPB at all (it re-raised "no rows with arm == 'baseline'" for every domain)."""
+    df = runs_table({"baseline": lambda C: C, "dedup": lambda C: 1.3 * C})
+    df.loc[df["arm"] == "baseline", "bpb_code"] = np.nan
+    out = eg_by_domain(df, bootstrap=50)
+    assert out["domains"] == ["web", "all"] and list(out["errors"]) == ["code"]
+    assert "bpb_code" in out["errors"]["code"] and "empty in every 'baseline' run" in out["errors"]["code"]
+    assert sorted(out["arms"]["dedup"]) == ["all", "web"]
+    assert all(r["interval"][0] < 1.3 < r["interval"][1] for r in out["arms"]["dedup"]["web"]["rungs"])
+    # against the same rung the same; a domain alone fails as before, naming the domain's column
+    assert list(eg_by_domain(df, bootstrap=50, against="rung")["errors"]) == ["code"]
+    with pytest.raises(FitInputError, match="bpb_code"):
+        eg_by_domain(df, bootstrap=50, domains=["code"])
+    # what every domain shares still refuses the table, once
+    with pytest.raises(FitInputError, match="missing"):
+        eg_by_domain(df.drop(columns="rung"), bootstrap=50)
+
+
+def test_the_trend_weights_each_rung_by_its_own_student_t_interval():
+    """σ_i = (log hi − log lo) / (2·t), t the quantile of the rung's interval (the module docstring): a t(ν)
+    interval read with the normal z overstated σ by t/z and, with the Birge ratio floored at 1, the slope's
+    standard error with it. Checked against a weighted least-squares fit computed here from the intervals."""
+    from scipy import stats
+
+    x = np.log([1e12, 3e12, 1e13, 3e13, 1e14])
+    eg = np.exp(0.02 + 0.01 * x)  # on a line: χ² is 0, so the Birge ratio is 1 and the weights set the width
+    half = np.array([0.10, 0.15, 0.12, 0.20, 0.25])  # each rung's half-width in log EG
+    dofs = [15.0, 4.0, 15.0, None, 9.0]  # None: a normal (bootstrap percentile) interval
+    intervals = [[v * math.exp(-h), v * math.exp(h)] for v, h in zip(eg, half)]
+    trend = eg_trend(x, eg, intervals, interval_dofs=dofs)
+    q = [stats.norm.ppf(0.975) if d is None else stats.t.ppf(0.975, d) for d in dofs]
+    w = 1 / (half / np.array(q)) ** 2
+    design = np.column_stack([np.ones_like(x), x])
+    cov = np.linalg.inv(design.T @ (w[:, None] * design))
+    assert trend["weights"] == pytest.approx(w.tolist(), rel=1e-12)
+    assert trend["birge_ratio"] == 1.0 and trend["slope"] == pytest.approx(0.01, rel=1e-9)
+    assert trend["se"] == pytest.approx(math.sqrt(cov[1, 1]), rel=1e-9)
+    assert np.allclose(trend["cov"], cov, rtol=1e-9, atol=0)
+    assert trend["interval"][1] - trend["slope"] == pytest.approx(stats.t.ppf(0.975, 3) * math.sqrt(cov[1, 1]),
+                                                                  rel=1e-9)
+    with pytest.raises(FitInputError, match="one per rung"):
+        eg_trend(x, eg, intervals, interval_dofs=dofs[:2])
+
+
+def test_eg_by_domain_gives_the_trend_each_rungs_interval_dof():
+    """Against the law each rung's EG interval is Student-t at the baseline law's prediction model's dof
+    (`efficiency_gains`), against the same rung at the pooled seed noise's: the trend reads each rung's σ with
+    that t, not with z."""
+    from scipy import stats
+
+    from fits.efficiency import baseline_law, efficiency_gains
+
+    df = runs_table({"baseline": lambda C: C, "dedup": lambda C: 1.3 * C})
+    law_dof = baseline_law(df[df["arm"] == "baseline"], "train_flops", "bpb_code", bootstrap=50).prediction_model.dof
+    seed_dof = 10  # (arm, rung) pairs of two seeds: 2 arms × 5 rungs, one dof each
+    for against, dof in (("law", law_dof), ("rung", seed_dof)):
+        cell = eg_by_domain(df, domains=["code"], bootstrap=50, against=against)["arms"]["dedup"]["code"]
+        t = stats.t.ppf(0.975, dof)
+        sigma = [(math.log(r["interval"][1]) - math.log(r["interval"][0])) / (2 * t) for r in cell["rungs"]]
+        assert cell["trend"]["weights"] == pytest.approx([1 / s**2 for s in sigma], rel=1e-9), against
+    rows = efficiency_gains(df, y="bpb_code", wall=None, bootstrap=50)["arms"]["dedup"]
+    assert [r["eg_flops_interval_dof"] for r in rows] == [law_dof] * len(rows)  # what the trend is given

@@ -1,6 +1,7 @@
 """Sweeps → slice optima → the report's hyperparameter laws, and the dropout law."""
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from fits.dropout import fit_dropout_law, sigmoid
@@ -121,3 +122,35 @@ def test_a_dropout_only_sweep_gives_the_dropout_law_and_no_lr_laws():
         assert o["dropout"] == pytest.approx(truth(o["params_active"]), abs=0.01)
     with pytest.raises(FitInputError, match="did not vary LR/WD"):
         fit_hparam_laws(df).predict(steps=1000, tpp=5, params_active=1e8)
+
+
+def test_a_slice_without_a_dropout_sweep_is_left_out_of_the_dropout_law_and_said(tmp_path, capsys):
+    """A ladder rung run at one dropout next to a dropout sweep: its slice has no dropout curve, so it is left
+    out of the dropout law with its reason (as `slice_optima` leaves out LR/WD slices); it killed the whole fit,
+    LR/WD laws included, with FlatSurfaceError. Its LR/WD sweep still counts, at the one dropout it ran."""
+    def truth(n):
+        return 0.2 / (1 + np.exp(-1.0 * (np.log(n) - np.log(1e8))))
+    swept = sweep(seed=4, sizes=(1e6, 1e7, 3e7, 1e8, 3e8, 1e9, 1e10), tpps=(20.0,), dropout_law=truth)
+    rung = sweep(seed=7, sizes=(3e10,), tpps=(20.0,))  # no dropout_law: every run at dropout 0
+    assert rung["dropout"].nunique() == 1
+    df = pd.concat([swept, rung], ignore_index=True)
+    alone = fit_dropout_law(swept)
+    law = fit_dropout_law(df)
+    assert law.params == pytest.approx(alone.params, rel=1e-12)  # the same optima, the same sigmoid
+    assert [s.key["params_active"] for s in law.surfaces] == [s.key["params_active"] for s in alone.surfaces]
+    (left_out,) = law.excluded
+    assert left_out["params_active"] == 3e10 and left_out["tpp"] == 20.0
+    assert "column 'dropout'" in left_out["reason"] and "at least 3 distinct values" in left_out["reason"]
+    assert law.summary().startswith(f"dropout law p*(N) = {law.params['p_max']:.3g}")
+    assert f"from {len(alone.surfaces)} optima, 1 excluded" in law.summary()
+    fit = fit_hparam_laws(df)
+    out = fit.to_dict()
+    assert out["dropout"]["excluded"] == law.excluded and out["dropout"]["params"] == pytest.approx(alone.params)
+    assert 3e10 in {s.key["params_active"] for s in fit.slices}  # its LR/WD optimum, at dropout 0
+    assert fit.lr_wd is not None and fit.log_lr is not None
+    from ladder.cli import main
+
+    df.to_csv(tmp_path / "sweep.csv", index=False)
+    assert main(["fit", "hparams", "--csv", str(tmp_path / "sweep.csv")]) == 0
+    err = capsys.readouterr().err
+    assert "dropout law: slice params_active=3e+10, tpp=20 left out (column 'dropout': needs at least 3" in err

@@ -98,6 +98,35 @@ def test_efficiency_save_writes_an_arms_laws_file_that_extrapolate_reads(tmp_pat
     assert "agc_on" in card["data_arms"]["baselines"]["agc_off"]
 
 
+def test_efficiency_matches_a_numeric_arm_column_to_the_baseline_and_saves_t_weighted_trends(tmp_path, capsys):
+    """--baseline is text and `fit arms` compares the arm column as text: `fit efficiency` compared it as read, so
+    an arm column of numbers (0, 1) never matched (exit 2: "no rows with arm == '0'; arms present: ['0', '1']").
+    Its saved trend reads each rung's σ with the Student-t of that rung's interval (fits.eg_scaling.eg_trend)."""
+    import math
+
+    from scipy import stats
+
+    from tests.fits.test_eg_scaling import runs_table
+
+    table = runs_table({"baseline": lambda C: C, "dedup": lambda C: 1.3 * C})  # five rungs: the law has intervals
+    named, numeric, saved = tmp_path / "named.csv", tmp_path / "numeric.csv", tmp_path / "numeric.json"
+    table.to_csv(named, index=False)
+    table.assign(arm=table["arm"].map({"baseline": 0, "dedup": 1})).to_csv(numeric, index=False)
+    argv = ("--wall", "none", "--bootstrap", "50", "--json")
+    code, out, err = run(capsys, "fit", "efficiency", "--csv", str(numeric), "--baseline", "0", *argv,
+                         "--save", str(saved))
+    assert code == 0, err
+    payload = json.loads(out)
+    code, out, _ = run(capsys, "fit", "efficiency", "--csv", str(named), "--baseline", "baseline", *argv)
+    assert list(payload["arms"]) == ["1"]
+    rows = payload["arms"]["1"]
+    assert [r["eg_flops"] for r in rows] == pytest.approx([r["eg_flops"] for r in json.loads(out)["arms"]["dedup"]])
+    cell = json.loads(saved.read_text())["arms"]["arms"]["1"]["all"]
+    sigma = [(math.log(r["eg_flops_interval"][1]) - math.log(r["eg_flops_interval"][0]))
+             / (2 * stats.t.ppf(0.975, r["eg_flops_interval_dof"])) for r in rows]
+    assert cell["trend"]["weights"] == pytest.approx([1 / s**2 for s in sigma], rel=1e-9)
+
+
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # fits.prediction, inverting past the floor
 def test_efficiency_says_an_arm_below_the_baseline_floor_and_saves_it(floor_csv, tmp_path, capsys):
     base = pd.read_csv(floor_csv).rename(columns={"bpb_code": "bpb"})

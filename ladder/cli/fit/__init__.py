@@ -211,6 +211,10 @@ def run_hparams(args: argparse.Namespace) -> int:
     if payload["dropout"]:
         d = payload["dropout"]["params"]
         stdout_console.print(f"dropout* = {d['p_max']:.3g} / (1 + exp(-{d['k']:.3g}·(log N - {d['m']:.3g})))")
+        for left_out in payload["dropout"]["excluded"]:  # no usable dropout optimum: not in the sigmoid
+            where = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                              for k, v in left_out.items() if k != "reason")
+            print(f"dropout law: slice {where} left out ({left_out['reason']})", file=sys.stderr)
     if payload["selected"] is None:
         stdout_console.print("LR/WD were not swept: no LR*/WD* laws")
         return 0

@@ -134,6 +134,10 @@ def run_arms(args: argparse.Namespace) -> int:
                                     columns, rows))
     stdout_console.print(make_table(f"trend: slope of log EG against log compute ({level} intervals)",
                                     ["arm", "domain", "slope", "interval", "reading"], trends))
+    notes = sorted({r["interval_note"] for per in out["arms"].values() for cell in per.values()
+                    for r in cell["rungs"] if r.get("interval_note")})
+    for note in notes:  # the table's n/a, said once each (as `fit efficiency` does)
+        print(f"interval not available: {note}", file=sys.stderr)
     for domain, error in out["errors"].items():
         print(f"{domain}: no baseline law ({error})", file=sys.stderr)
     return 0

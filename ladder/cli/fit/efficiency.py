@@ -56,6 +56,8 @@ def run_efficiency(args: argparse.Namespace) -> int:
     if args.bootstrap < 0:
         raise LadderInputError(f"must be 0 or more, got {args.bootstrap}", field="--bootstrap")
     df, source = load_input(args)
+    if args.arm in df.columns:  # --baseline is text: an arm column read as numbers (0, 1) is compared as text
+        df = df.assign(**{args.arm: df[args.arm].astype(str)})
     check_other_arms(df, args.arm, args.baseline, where=source.get("csv") or f"experiment {source.get('experiment')}")
     try:
         out = efficiency_gains(df, arm=args.arm, baseline=args.baseline, y=args.y, flops=args.x,
@@ -138,7 +140,8 @@ def arms_section(out: dict, y: str, source: dict) -> dict:
                           **{k: r[k] for k in ("eg_time", "eg_time_interval", "wall_seconds") if k in r}})
         if all(c["eg"] is not None and c["eg"] > 0 for c in cells):
             trend = eg_trend(np.log([c["train_flops"] for c in cells]), np.array([c["eg"] for c in cells]),
-                             [c["interval"] for c in cells], ci_level=out["ci_level"])
+                             [c["interval"] for c in cells], ci_level=out["ci_level"],
+                             interval_dofs=[r.get("eg_flops_interval_dof") for r in rows])
         else:  # the words of fits.eg_scaling.eg_by_domain
             trend = {"slope": None, "interval": None, "verdict": "no trend",
                      "note": "an EG the baseline's law cannot give (the arm's BPB is below the law's floor)"}
