@@ -13,7 +13,11 @@ Load-balancing loss (Switch Transformer / Megatron `switch_load_balancing_loss_f
 It equals 1 at perfect balance (f = P = 1/E) for any k, and E (its maximum) when every token goes to
 one expert with probability 1. f carries no gradient; P does. All layers' counts are stacked into
 one (L, E) tensor first, so a distributed job sums them with ONE all-reduce (`reduce_fn`) per step,
-making f the global batch's assignment fraction (Megatron's "global" aux loss) while P stays local.
+making f the fraction over every data-parallel rank's tokens (Megatron's "global" aux loss) while P
+stays local. Under gradient accumulation the loss is formed per micro-batch (its backward runs before
+the next micro-batch is routed), so f is the micro-batch's across ranks, not the whole batch's: with
+`lb_loss_coef` > 0, `micro_batch_sequences` changes the router's balancing gradient (as in Megatron,
+whose aux loss is per micro-batch too), while the task loss's gradient is the full batch's.
 
 z-loss (ST-MoE): mean over layers and tokens of logsumexp(logits)^2.
 
@@ -67,13 +71,14 @@ class RouterOutput(NamedTuple):
 class Router(nn.Module):
     """logits = x W^T in the compute dtype, then fp32; scores = softmax or sigmoid; top-k on scores + bias.
 
-    Gates are the selected unbiased scores, normalised to sum to 1 over the k slots
-    (normalize_gates=True). With top_k=1 that makes every gate 1 and the router learns only from the
-    balancing terms: pass normalize_gates=False there (Switch Transformer's choice).
+    Gates are the selected unbiased scores, normalised to sum to 1 over the k slots (normalize_gates,
+    by default where top_k > 1). With top_k=1 normalising makes every gate 1 and the router learns
+    only from the balancing terms, so one slot's gate is its score unnormalised (Switch Transformer's
+    choice) unless normalize_gates=True is asked for.
     """
 
     def __init__(self, d_model: int, n_experts: int, top_k: int, *, score: str = "softmax",
-                 expert_bias: bool = False, bias_update_rate: float = 1e-3, normalize_gates: bool = True):
+                 expert_bias: bool = False, bias_update_rate: float = 1e-3, normalize_gates: bool | None = None):
         super().__init__()
         if score not in ("softmax", "sigmoid"):
             raise RouterConfigError(f"score must be 'softmax' or 'sigmoid', got {score!r}")
@@ -84,7 +89,7 @@ class Router(nn.Module):
                                     f"got {d_model}, {bias_update_rate}")
         self.d_model, self.n_experts, self.top_k = d_model, n_experts, top_k
         self.score, self.use_expert_bias, self.bias_update_rate = score, expert_bias, bias_update_rate
-        self.normalize_gates = normalize_gates
+        self.normalize_gates = top_k > 1 if normalize_gates is None else normalize_gates
         self.weight = nn.Parameter(torch.empty(n_experts, d_model))
         self.register_buffer("expert_bias", torch.zeros(n_experts))
         # Assignment counts accumulated over the micro-batches of one optimizer step (training only).

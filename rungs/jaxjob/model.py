@@ -263,13 +263,15 @@ def _swiglu(p: Params, prefix: str, x: jax.Array) -> jax.Array:
 def route(weight: jax.Array, bias: jax.Array | None, x: jax.Array, cfg: Any) -> Routing:
     """`rungs.router.Router`: the GEMM in the weight's (compute) dtype, logits cast to fp32; scores
     softmax or sigmoid; top-k on scores + bias; gates the selected unbiased scores normalised over
-    the k slots (normalize_gates=True). All of it fp32 for fp32 weights."""
+    the k slots where k > 1 (one slot's gate is its score: normalised, it would be 1 and the router would
+    learn from the balancing terms only). All of it fp32 for fp32 weights."""
     logits = (x.astype(weight.dtype) @ weight.T).astype(jnp.float32)         # (N, E)
     probs = jax.nn.softmax(logits, -1) if cfg.router_score == "softmax" else jax.nn.sigmoid(logits)
     select = probs + bias if (cfg.expert_bias and bias is not None) else probs
     _, expert_idx = jax.lax.top_k(select, cfg.top_k)                          # (N, k)
     gate = jnp.take_along_axis(probs, expert_idx, -1)
-    gate = gate / jnp.maximum(gate.sum(-1, keepdims=True), jnp.finfo(gate.dtype).tiny)
+    if cfg.top_k > 1:
+        gate = gate / jnp.maximum(gate.sum(-1, keepdims=True), jnp.finfo(gate.dtype).tiny)
     counts = count_per_expert(expert_idx, cfg.n_experts)
     return Routing(expert_idx.astype(jnp.int32), gate, probs, logits, counts, jnp.zeros((), jnp.int32))
 

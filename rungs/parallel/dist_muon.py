@@ -11,8 +11,8 @@ a row shard of each matrix. Each step:
 4. a second ``all_to_all_single`` returns the orthogonalised rows to the shards that hold them,
    which are cast back to FP32 and applied (decoupled weight decay, then the scaled update).
 
-Replicated matrices (the router; expert stacks replicated over the data-parallel group under
-expert parallelism) skip step 2: each is orthogonalised by one owner and all-gathered. A
+Replicated matrices (expert stacks replicated over the data-parallel group under expert
+parallelism; a router, were it given to Muon: `rungs.optim.build_optimizer` gives it to AdamW) skip step 2: each is orthogonalised by one owner and all-gathered. A
 replication group of one rank (e.g. expert stacks FSDP-sharded along the expert dim, which are
 whole matrices already) is orthogonalised locally with no collective.
 

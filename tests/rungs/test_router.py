@@ -136,3 +136,17 @@ def test_bad_configuration():
         load_balancing_loss([], 4, 2)
     with pytest.raises(RouterConfigError, match="expert_bias=False"):
         Router(8, 4, 2).update_bias(torch.ones(4))
+
+
+def test_one_slot_gates_are_the_scores_so_the_task_loss_reaches_the_router():
+    # normalised over one slot every gate is 1: the task loss gave the router no gradient at top_k=1
+    torch.manual_seed(0)
+    x, upstream = torch.randn(16, 8), torch.randn(16, 1)
+    router = Router(8, 4, 1)
+    out = router(x)
+    torch.testing.assert_close(out.gate, out.probs.gather(-1, out.expert_idx))
+    (out.gate * upstream).sum().backward()
+    assert float(router.weight.grad.abs().max()) > 1e-3
+    asked = Router(8, 4, 1, normalize_gates=True)
+    assert bool((asked(x).gate == 1).all())
+    assert Router(8, 4, 2).normalize_gates  # top-k > 1 normalises by default
