@@ -6,10 +6,12 @@ config (`sweeps.keys`); resolving a trial into a config is the training job's bu
 (`ladder.plan.resolve`), so the orchestrator does that step and deduplicates by key.
 
 Override precedence, lowest first: the grid point (lr, weight_decay, dropout, seed, tpp), spec.overrides,
-block.overrides, the arm. A spec's or block's lr / weight_decay replaces the law's centre of a block
-without its own `lr_wd` grid; one beside such a grid, a tpp or dropout beside the block's list of them,
-and a seed outside `seeds:` are refused when the spec is read (`sweeps.spec.check_override_values`), so
-the grid never silently discards an override. A spec's or block's tpp is the block's TPP: the law's centre
+block.overrides, the arm. A step cap follows the same order: the spec's `max_steps` (or a `max_steps` in its
+overrides), the block's, the arm's; it is the trial's `max_steps`, not one of its overrides. A block's
+`resources` are written over the spec's field by field. A spec's or block's lr / weight_decay replaces the
+law's centre of a block without its own `lr_wd` grid; one beside such a grid, a tpp or dropout beside the
+block's list of them, and a seed outside `seeds:` are refused when the spec is read
+(`sweeps.spec.check_override_values`), so the grid never silently discards an override. A spec's or block's tpp is the block's TPP: the law's centre
 is re-planned at it, as for a block's `tpp` list. An arm may pin any knob, the learning rate included (that
 is how a forced-divergence arm is written), and changes only that knob: an arm that pins TPP keeps its grid
 point's LR and WD. A trial's coordinates are the values it runs with.
@@ -28,7 +30,7 @@ from functools import lru_cache
 from ladder.errors import LadderInputError
 from ladder.plan.generator import RungSpec, plan_rung
 from ladder.plan.recipe import Recipe, load_recipe
-from sweeps.spec import ARM_DATA_KEY, Block, Centre, Resources, SweepSpec
+from sweeps.spec import ARM_DATA_KEY, MAX_STEPS_KEY, Block, Centre, Resources, SweepSpec
 
 # Names of the resolved-config knobs the grid sets (the override keys `ladder.plan.resolve` accepts).
 LR_KEY = "lr"
@@ -141,12 +143,26 @@ def _trial(spec: SweepSpec, block: Block, planners: _Planners, L: int, arm: str,
         resources=resources, data=data, tpp_in_label=len(block.tpp) > 1)
 
 
+def written_max_steps(spec: SweepSpec, block: Block, arm: dict) -> int | None:
+    """A trial's step cap, the later place winning: the spec's `max_steps`, then a `max_steps` in its
+    `overrides`, the block's likewise, then the arm's (`null` in an arm or an override lifts the cap).
+    `sweeps.spec.check_override_values` refuses a level that sets it twice, and a value that is no cap."""
+    cap = spec.max_steps
+    for level in (spec, block):
+        if level.max_steps is not None:
+            cap = level.max_steps
+        if MAX_STEPS_KEY in level.overrides:
+            cap = level.overrides[MAX_STEPS_KEY]
+    if MAX_STEPS_KEY in arm:
+        cap = arm[MAX_STEPS_KEY]
+    return cap
+
+
 def expand_block(spec: SweepSpec, block: Block, planners: _Planners) -> list[Trial]:
     trials = []
     seeds = block.seeds if block.seeds is not None else spec.seeds
     dropouts: list[float | None] = list(block.dropout) if block.dropout is not None else [None]
-    max_steps = block.max_steps if block.max_steps is not None else spec.max_steps
-    resources = block.resources or spec.resources
+    resources = spec.block_resources(block)  # the block's fields over the spec's
     # A spec's or block's tpp is the block's TPP (refused beside a `tpp` list): the law's centre is the
     # rung's at that TPP, whose steps the LR and WD laws read. An arm's pinned TPP is an ablation of that
     # one knob: its trials keep their grid point's LR and WD.
@@ -161,6 +177,9 @@ def expand_block(spec: SweepSpec, block: Block, planners: _Planners) -> list[Tri
                     for arm, arm_entry in block.arms.items():
                         data = block.arm_data(arm)
                         arm_overrides = {k: v for k, v in arm_entry.items() if k != ARM_DATA_KEY}
+                        # The cap is the trial's max_steps, not an override: an arm's beats the block's and
+                        # the spec's (the resolver applies its max_steps after the overrides).
+                        max_steps = written_max_steps(spec, block, arm_overrides)
                         for seed in seeds:
                             # A spec's or block's lr / weight_decay replaces the law's centre (sweeps.spec
                             # refuses one beside the block's own lr_wd grid), so the grid sets only the rest.
@@ -171,9 +190,23 @@ def expand_block(spec: SweepSpec, block: Block, planners: _Planners) -> list[Tri
                             if dropout is not None:
                                 overrides[DROPOUT_KEY] = dropout
                             overrides.update(arm_overrides)
+                            overrides.pop(MAX_STEPS_KEY, None)
                             trials.append(_trial(spec, block, planners, L, arm, data, overrides, d_lr, d_prod,
                                                  max_steps, resources))
     return trials
+
+
+def at_law(spec: SweepSpec, trial: Trial) -> bool:
+    """The trial runs at its rung's law LR and WD (`ladder.plan.plan_rung`): the centre of a block whose
+    `lr_wd` centre is the law, with no lr or weight_decay written in the spec's or the block's overrides or
+    in its arm (each replaces the law's value)."""
+    if trial.log_lr_offset != 0 or trial.log_lr_wd_offset != 0:
+        return False
+    block = next(b for b in spec.blocks if b.name == trial.block)
+    if isinstance(block.lr_wd.centre, Centre):
+        return False
+    written = (spec.overrides, block.overrides, block.arms.get(trial.arm, {}))
+    return not any(key in values for values in written for key in (LR_KEY, WD_KEY))
 
 
 def expand(spec: SweepSpec, recipe: Recipe | None = None) -> list[Trial]:

@@ -17,9 +17,9 @@ from ladder.errors import LadderInputError
 from ladder.plan.corpus_data import read_corpus
 from ladder.plan.recipe import Recipe, load_recipe
 from rungs.tracking import sqlite_path
-from sweeps.expand import DROPOUT_KEY, LR_KEY, SEED_KEY, WD_KEY, Trial, expand
+from sweeps.expand import DROPOUT_KEY, LR_KEY, SEED_KEY, TPP_KEY, WD_KEY, Trial, expand
 from sweeps.keys import trial_key
-from sweeps.spec import Resources, SweepSpec
+from sweeps.spec import MAX_STEPS_KEY, Resources, SweepSpec
 
 Resolver = Callable[..., dict]
 DATA_KEY = "data_manifest"  # the training config's corpus (rungs.config.TrainConfig)
@@ -133,17 +133,34 @@ def _written_at(spec: SweepSpec, trial: Trial, key: str) -> str | None:
     return None
 
 
+# Where a block's grid sets a knob the spec did not write: the block field that makes the grid.
+_GRID_FIELD_OF = {LR_KEY: "lr_wd", WD_KEY: "lr_wd", DROPOUT_KEY: "dropout", TPP_KEY: "tpp"}
+
+
 def _override_field(spec: SweepSpec, trial: Trial, key: str | None) -> str:
     """Where the override `key` a trial's resolution refused was written (`--set`, the resolver's name for its
-    overrides, is the first unknown key's)."""
+    overrides, is the first unknown key's, else the first architecture field's: the model they make is the
+    invalid one). A knob no override wrote came from the block's grid (`blocks.b.lr_wd`), its seeds or the
+    step cap; any other, from the recipe's plan of the block's rung."""
     if key == "--set":
-        from ladder.plan.resolve import valid_override_keys
+        from ladder.plan.resolve import ARCH_FIELDS, valid_override_keys
 
         valid = {*valid_override_keys(), "tpp"}
-        key = next((k for k in trial.overrides if k not in valid), None)
+        key = next((k for k in trial.overrides if k not in valid), None) or \
+            next((k for k in trial.overrides if k in ARCH_FIELDS), None)
     if key is None:
         return f"blocks.{trial.block}"
-    return _written_at(spec, trial, key) or f"blocks.{trial.block}.{key}"
+    written = _written_at(spec, trial, key)
+    if written is not None:
+        return written
+    block = next(b for b in spec.blocks if b.name == trial.block)
+    if key in _GRID_FIELD_OF:
+        return f"blocks.{trial.block}.{_GRID_FIELD_OF[key]}"
+    if key == SEED_KEY:
+        return f"blocks.{trial.block}.seeds" if block.seeds is not None else "seeds"
+    if key == MAX_STEPS_KEY:
+        return f"blocks.{trial.block}.max_steps" if block.max_steps is not None else "max_steps"
+    return f"blocks.{trial.block}"
 
 
 def _data_field(spec: SweepSpec, trial: Trial) -> str:

@@ -40,6 +40,11 @@ OverrideValue = Annotated[bool | int | float | str | None, BeforeValidator(_one_
 MAX_LOG_OFFSET = 20.0
 # An arm's corpus (sweeps.expand, ladder.plan.data_arms): not a config override but the data it trains on.
 ARM_DATA_KEY = "data"
+# A trial's step cap: the spec's and a block's `max_steps` field, or a `max_steps` in overrides or an arm
+# (sweeps.expand.written_max_steps: the later place wins).
+MAX_STEPS_KEY = "max_steps"
+# The training config's corpus manifest (rungs.config.TrainConfig): a path, made absolute at load.
+DATA_MANIFEST_KEY = "data_manifest"
 
 
 def _check_name(v: str) -> str:
@@ -73,7 +78,8 @@ class _Strict(BaseModel):
 
 class Axis(_Strict):
     """Offsets in natural-log units around the centre: `points` values `spacing` apart, centred
-    (an even count straddles the centre), or an explicit list of `offsets`."""
+    (an even count straddles the centre), or an explicit list of `offsets`. A field that would be ignored
+    is refused: `spacing` or `points` beside `offsets`, and a non-zero `spacing` with `points: 1`."""
 
     spacing: Real = Field(default=0.0, ge=0)
     points: StrictInt = Field(default=1, ge=1)
@@ -83,6 +89,13 @@ class Axis(_Strict):
     def _consistent(self) -> Axis:
         if self.offsets is not None and len(self.offsets) == 0:
             raise ValueError("offsets is empty: the grid would have no points; give at least one offset (0 is the centre)")
+        written = [name for name in ("spacing", "points") if name in self.model_fields_set]
+        if self.offsets is not None and written:
+            raise ValueError(f"`{written[0]}` is ignored beside `offsets`, which lists every point itself: give either "
+                             f"`offsets` or `spacing` and `points`")
+        if self.offsets is None and self.points == 1 and self.spacing != 0:
+            raise ValueError(f"`spacing` {self.spacing:g} does nothing with `points: 1` (the default: the centre "
+                             f"alone); set `points` (e.g. 3) or remove `spacing`")
         if self.offsets is None and self.points > 1 and self.spacing <= 0:
             raise ValueError(f"{self.points} points need a positive spacing (natural-log units)")
         far = [v for v in self.values() if abs(v) > MAX_LOG_OFFSET]
@@ -107,13 +120,28 @@ class Centre(_Strict):
 
 
 class LrWdGrid(_Strict):
-    """The grid in (log LR, log LR·WD). `layout: grid` is the full product of the two axes;
-    `cross` is the centre plus each axis stepped alone (cheaper: a+b-1 points instead of a·b)."""
+    """The grid in (log LR, log LR·WD). `layout: grid` is the full product of the two axes (a·b points);
+    `cross` is the centre plus each axis's non-zero offsets stepped alone: a+b−1 points for axes of a and
+    b points that hold the centre, one more for an axis of explicit `offsets` without 0. An even `points`
+    has no point at the centre (it straddles it) and is refused for `cross`: its cross would cost a+b+1
+    points, more than the full grid at 2×2."""
 
     centre: Literal["law"] | Centre = "law"
     log_lr: Axis = Axis()
     log_lr_wd: Axis = Axis()
     layout: Literal["grid", "cross"] = "grid"
+
+    @model_validator(mode="after")
+    def _cross_has_a_centre(self) -> LrWdGrid:
+        if self.layout == "cross":
+            for name in ("log_lr", "log_lr_wd"):
+                axis: Axis = getattr(self, name)
+                if axis.offsets is None and axis.points % 2 == 0:
+                    raise ValueError(f"layout cross steps each axis alone from the centre, but `{name}` has "
+                                     f"{axis.points} points, an even count with none at the centre (the cross would "
+                                     f"be {axis.points} + the other axis + 1 points); give an odd `points`, or "
+                                     f"`layout: grid`")
+        return self
 
     def offsets(self) -> list[tuple[float, float]]:
         """(Δ log LR, Δ log LR·WD) pairs, the centre first when it is on the grid."""
@@ -273,6 +301,14 @@ class SweepSpec(_Strict):
     def experiment_name(self) -> str:
         return self.experiment or f"sweep-{self.name}"
 
+    def block_resources(self, block: Block) -> Resources:
+        """A block's resources: the fields it writes over the spec's (a field it leaves out inherits the
+        spec's value). Checked when the spec is read (`check_block_resources`)."""
+        if block.resources is None:
+            return self.resources
+        return Resources.model_validate({**self.resources.model_dump(),
+                                         **block.resources.model_dump(exclude_unset=True)})
+
 
 def available_specs() -> list[str]:
     return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
@@ -293,7 +329,23 @@ def parse_spec(data: object, where: str) -> SweepSpec:
     spec = validate_mapping(SweepSpec, data, where=where, what="a sweep spec", schema="sweeps/spec.py",
                             messages={"too_short": "{msg}: an empty list would give an empty sweep"})
     check_override_values(spec, where=where)
+    check_block_resources(spec, where=where)
     return spec
+
+
+def check_block_resources(spec: SweepSpec, *, where: str = "sweep spec") -> None:
+    """Each block's resources, merged field by field over the spec's, are resources a trial can hold (a
+    block's `workers: 4` under the spec's `ep: 8` is not): refused naming `blocks.<name>.resources`."""
+    from pydantic import ValidationError
+
+    for block in spec.blocks:
+        try:
+            spec.block_resources(block)
+        except ValidationError as err:
+            detail = err.errors()[0]["msg"].removeprefix("Value error, ")
+            inherited = sorted(set(Resources.model_fields) - block.resources.model_fields_set)
+            raise LadderInputError(f"{detail} (the fields this block leaves out, {', '.join(inherited)}, are the "
+                                   f"spec's)", where=where, field=f"blocks.{block.name}.resources") from None
 
 
 # The knobs the grid sets, and what a value of each must be (the training config's bounds,
@@ -327,7 +379,9 @@ def check_override_values(spec: SweepSpec, *, where: str = "sweep spec") -> None
     can use, and no spec or block override is one a block's grid would silently replace: a spec's or
     block's lr / weight_decay replaces the law's centre of a block without an `lr_wd` grid (and is refused
     beside one), its tpp / dropout applies to a block without a `tpp` / `dropout` list, and seeds are
-    set with `seeds:`. Raises LadderInputError naming the field (`blocks.b.arms.a.lr`)."""
+    set with `seeds:`. A `max_steps` in overrides or an arm is a positive whole number or null, and is not
+    written beside the same level's `max_steps` field. Raises LadderInputError naming the field
+    (`blocks.b.arms.a.lr`)."""
     def check(values: dict[str, OverrideValue], field: str) -> None:
         for key, (ok, valid) in _GRID_VALUES.items():
             if key in values and not ok(values[key]):
@@ -348,36 +402,71 @@ def check_override_values(spec: SweepSpec, *, where: str = "sweep spec") -> None
                         f"remove one of them (an arm may pin {key} for its own trials)", where=where,
                         field=f"{field}.{key}")
 
+    def cap(values: dict[str, OverrideValue], field: str, level: SweepSpec | Block | None = None) -> None:
+        if MAX_STEPS_KEY not in values:
+            return
+        value = values[MAX_STEPS_KEY]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise LadderInputError(f"must be a positive whole number of optimizer steps, or null for no cap, got "
+                                   f"{value!r}{_text_hint(value)}", where=where, field=f"{field}.{MAX_STEPS_KEY}")
+        if level is not None and level.max_steps is not None:
+            owner = field.removesuffix("overrides")
+            raise LadderInputError(f"contradicts `{owner}max_steps: {level.max_steps}`, which caps the same trials; "
+                                   f"remove one of them (an arm may set its own max_steps)", where=where,
+                                   field=f"{field}.{MAX_STEPS_KEY}")
+
     check(spec.overrides, "overrides")
+    cap(spec.overrides, "overrides", spec)
     contradicts(spec.overrides, "overrides", spec.blocks)
     for block in spec.blocks:
         base = f"blocks.{block.name}"
         check(block.overrides, f"{base}.overrides")
+        cap(block.overrides, f"{base}.overrides", block)
         contradicts(block.overrides, f"{base}.overrides", [block])
         for arm, values in block.arms.items():
             check(values, f"{base}.arms.{arm}")
+            cap(values, f"{base}.arms.{arm}")
 
 
 def load_spec(name_or_path: str | Path) -> SweepSpec:
-    """Load and validate a sweep spec by name (`smoke`) or path. A relative recipe path and `data:` are
-    relative to the spec's folder (as a manifest's files are to the manifest's); they come back absolute."""
+    """Load and validate a sweep spec by name (`smoke`) or path. A relative recipe path, `data:` (the spec's
+    and an arm's) and a `data_manifest` override (the spec's, a block's or an arm's) are relative to the
+    spec's folder (as a manifest's files are to the manifest's); they come back absolute, so the trial key
+    names the corpus, whatever directory the spec is run from."""
     path = resolve_spec_path(name_or_path)
     spec = parse_spec(read_yaml(path), str(path))
     folder = path.resolve().parent
-    update = {}
+    update: dict[str, object] = {}
     if is_recipe_path(spec.recipe) and not Path(spec.recipe).expanduser().is_absolute():
         update["recipe"] = str((folder / Path(spec.recipe).expanduser()).resolve())
     if spec.data is not None:
-        update["data"] = str((folder / Path(spec.data).expanduser()).resolve())
-    if any(b.has_data_arms for b in spec.blocks):
-        update["blocks"] = [_with_absolute_arm_data(b, folder) for b in spec.blocks]
+        update["data"] = _absolute(spec.data, folder)
+    if DATA_MANIFEST_KEY in spec.overrides:
+        update["overrides"] = _with_absolute_manifest(spec.overrides, folder)
+    if any(b.has_data_arms or DATA_MANIFEST_KEY in b.overrides or any(DATA_MANIFEST_KEY in a for a in b.arms.values())
+           for b in spec.blocks):
+        update["blocks"] = [_with_absolute_paths(b, folder) for b in spec.blocks]
     return spec.model_copy(update=update) if update else spec
 
 
-def _with_absolute_arm_data(block: Block, folder: Path) -> Block:
-    arms = {name: {**arm, ARM_DATA_KEY: str((folder / Path(str(arm[ARM_DATA_KEY])).expanduser()).resolve())}
-            if ARM_DATA_KEY in arm else arm for name, arm in block.arms.items()}
-    return block.model_copy(update={"arms": arms})
+def _absolute(path: str, folder: Path) -> str:
+    return str((folder / Path(path).expanduser()).resolve())
+
+
+def _with_absolute_manifest(values: dict[str, OverrideValue], folder: Path) -> dict[str, OverrideValue]:
+    """`values` with a relative `data_manifest` made absolute (a value that is no path is left to the resolver)."""
+    manifest = values.get(DATA_MANIFEST_KEY)
+    if not isinstance(manifest, str) or not manifest.strip():
+        return values
+    return {**values, DATA_MANIFEST_KEY: _absolute(manifest, folder)}
+
+
+def _with_absolute_paths(block: Block, folder: Path) -> Block:
+    arms = {}
+    for name, arm in block.arms.items():
+        arm = _with_absolute_manifest(arm, folder)
+        arms[name] = {**arm, ARM_DATA_KEY: _absolute(str(arm[ARM_DATA_KEY]), folder)} if ARM_DATA_KEY in arm else arm
+    return block.model_copy(update={"arms": arms, "overrides": _with_absolute_manifest(block.overrides, folder)})
 
 
 def is_recipe_path(recipe: str) -> bool:

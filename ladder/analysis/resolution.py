@@ -100,24 +100,26 @@ def _check_target(target: Any) -> None:
 
 
 def ladder_runs(trials: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    """(rung, training FLOPs) of the runs a backtest fits: the ladder block's trials, plus every other
-    trial of the same kind (at the law's LR/WD, the ladder's TPP and arm: the extra seeds of a
-    backtest spec), each key once. Where no block is named "ladder", the trials at the law's LR/WD of the
-    first such trial's kind (`first_kind`): each arm of an ablation is its own law, and counting the other arms' runs as its
-    seeds would overstate the precision. A trial is a dict with key, block, L, train_flops, tpp, arm and
-    at_law."""
-    ladder = [t for t in trials if t["block"] == LADDER_BLOCK]
-    if not ladder:
-        kind = first_kind(trials)
-        ladder = [t for t in trials if t["at_law"] and (t["tpp"], t["arm"]) == kind]
-    kinds = {(t["tpp"], t["arm"]) for t in ladder}
-    keep = {t["key"]: t for t in ladder} | {t["key"]: t for t in trials if t["at_law"] and (t["tpp"], t["arm"]) in kinds}
+    """(rung, training FLOPs) of the runs a backtest fits: every trial at the law's LR/WD of the law's kind
+    (`law_kind`: the TPP and arm of the "ladder" block's first trial at the law, else the sweep's), each key
+    once: the ladder's runs and the extra seeds of a backtest spec, in any block. A grid point off the law's
+    LR/WD is not a seed of the law, nor is another arm's or TPP's run: each arm of an ablation is its own law,
+    and counting the other arms' runs or the grid's neighbours as its seeds would overstate the precision. A
+    trial is a dict with key, block, L, train_flops, tpp, arm and at_law."""
+    kind = law_kind(trials)
+    keep = {t["key"]: t for t in trials if t["at_law"] and (t["tpp"], t["arm"]) == kind}
     return [(t["L"], t["train_flops"]) for t in keep.values()]
 
 
 def first_kind(trials: list[dict[str, Any]]) -> tuple[Any, Any] | None:
-    """(TPP, arm) of the first trial at the law's LR/WD: the law a sweep without a "ladder" block is read for."""
+    """(TPP, arm) of the first trial at the law's LR/WD."""
     return next(((t["tpp"], t["arm"]) for t in trials if t["at_law"]), None)
+
+
+def law_kind(trials: list[dict[str, Any]]) -> tuple[Any, Any] | None:
+    """(TPP, arm) of the law a sweep is read for: the "ladder" block's first trial at the law's LR/WD, else
+    (no such block, or none of its trials at the law) the sweep's first."""
+    return first_kind([t for t in trials if t["block"] == LADDER_BLOCK]) or first_kind(trials)
 
 
 def ladder_resolution(trials: list[dict[str, Any]], *, target: float = DEFAULT_TARGET_WIDTH,
@@ -133,8 +135,9 @@ def ladder_resolution(trials: list[dict[str, Any]], *, target: float = DEFAULT_T
     flops = [float(np.mean(v)) for _, v in sorted(rungs.items())]
     seeds = [len(v) for _, v in sorted(rungs.items())]
     out = top_rung_half_width(flops, seeds, level=level)
-    several = len({t["arm"] for t in trials}) > 1 and not any(t["block"] == LADDER_BLOCK for t in trials)
-    return {"rungs": sorted(rungs), "seeds": seeds, "arm": first_kind(trials)[1] if several else None, "law": "A·C^(−α) (no floor; a visible floor adds a parameter "
+    kind = law_kind(trials)
+    several = kind is not None and len({t["arm"] for t in trials}) > 1  # the arm read is named
+    return {"rungs": sorted(rungs), "seeds": seeds, "arm": kind[1] if several else None, "law": "A·C^(−α) (no floor; a visible floor adds a parameter "
             "and width)", "noise": model_seed_noise().to_dict(), **out,
             "suggest": suggestions(flops, seeds, target, level=level)}
 

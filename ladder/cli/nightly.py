@@ -15,6 +15,8 @@ from ladder.run.nightly_report import write_report
 from ladder.cli.output import check_writable, make_table, print_json, progress_line, stdout_console
 from sweeps.spec import load_spec, resolve_spec_path
 
+DEFAULT_REPEATS = 2  # runs a new baseline measures: the fewest with a spread
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("nightly", help="run the nightly rung regression; exit 1 on a regression")
@@ -22,7 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", help="golden file (default: sweeps/goldens/<spec name>.json)")
     p.add_argument("--update-baseline", action="store_true",
                    help="measure --repeats runs and write the golden file with tolerances from their spread")
-    p.add_argument("--repeats", type=int, default=2, help="runs measured by --update-baseline (default 2)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help=f"runs measured by --update-baseline, at least 2 (default {DEFAULT_REPEATS}); only with "
+                        f"--update-baseline")
     p.add_argument("--address", help="Ray cluster address (default: a private local Ray)")
     p.add_argument("--out", help="where runs and the report go (default: runs/nightly)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -30,6 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Before anything is read or run: --repeats is the number of runs a new baseline measures.
+    if args.repeats is not None and args.repeats < 2:
+        raise LadderInputError(f"tolerances come from the spread of repeats; use at least 2, got {args.repeats}",
+                               field="--repeats")
+    if args.repeats is not None and not args.update_baseline:
+        raise LadderInputError("sets how many runs --update-baseline measures; a nightly check runs the spec once: "
+                               "leave it out, or add --update-baseline", field="--repeats")
+    repeats = args.repeats if args.repeats is not None else DEFAULT_REPEATS
     path = resolve_spec_path(args.spec)
     spec = load_spec(path)
     baseline = Path(args.baseline) if args.baseline else GOLDENS_DIR / f"{spec.name}.json"
@@ -37,11 +49,9 @@ def run(args: argparse.Namespace) -> int:
     # Before Ray starts: the runs, the report and a new golden must be writable where they are to go.
     check_writable(root, flag="--out" if args.out else "--out (default runs/nightly)", kind="directory")
     if args.update_baseline:
-        if args.repeats < 2:
-            raise LadderInputError("tolerances come from the spread of repeats; use at least 2", field="--repeats")
         check_writable(baseline, flag="--baseline" if args.baseline else f"--baseline (default {baseline})",
                         kind="file")
-        runs, machine = run_repeats(spec, where=str(path), root=root, repeats=args.repeats, address=args.address,
+        runs, machine = run_repeats(spec, where=str(path), root=root, repeats=repeats, address=args.address,
                                     progress=progress_line)
         from provenance import code_version
 

@@ -117,7 +117,7 @@ def plan(args: argparse.Namespace) -> int:
     planned = plan_sweep(spec, where=where)
     cost = cost_sweep(planned, spec_recipe(spec, where=where), mfu=args.mfu, goodput=args.goodput)
     check_fits_memory(cost, where=where)
-    resolution = _resolution(planned, cost, args.target_width)
+    resolution = _resolution(spec, planned, cost, args.target_width)
     if args.json:
         print_json({"sweep": spec.name, "spec": where, "recipe": spec.recipe, "experiment": spec.experiment_name,
                     **cost.to_dict(), "resolution": resolution})
@@ -144,14 +144,20 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resolution(planned, cost, target: float | None) -> dict | None:
-    """The ladder's expected top-rung ± (ladder.analysis.resolution); None for a sweep of fewer than 4 rungs."""
+def _resolution(spec, planned, cost, target: float | None) -> dict | None:
+    """The ladder's expected top-rung ± (ladder.analysis.resolution); None for a sweep of fewer than 4 rungs.
+    A trial is at the law where it runs the law's LR and WD (sweeps.expand.at_law): not a grid neighbour,
+    not around an explicit `lr_wd.centre`, not an arm or override that pins lr or weight_decay. A sweep none of
+    whose trials is at the law (a ladder at a fixed LR) is read at its blocks' centres instead."""
     from ladder.analysis.resolution import DEFAULT_TARGET_WIDTH, ladder_resolution
+    from sweeps.expand import at_law
 
     flops = {t.key: t.train_flops for t in cost.trials}
+    law = {p.key: at_law(spec, p.trial) for p in planned}
+    if not any(law.values()):
+        law = {p.key: p.trial.log_lr_offset == 0 and p.trial.log_lr_wd_offset == 0 for p in planned}
     return ladder_resolution([{"key": p.key, "block": p.trial.block, "L": p.trial.L, "train_flops": flops[p.key],
-                               "tpp": p.trial.tpp, "arm": p.trial.arm,
-                               "at_law": p.trial.log_lr_offset == 0 and p.trial.log_lr_wd_offset == 0} for p in planned],
+                               "tpp": p.trial.tpp, "arm": p.trial.arm, "at_law": law[p.key]} for p in planned],
                              target=target or DEFAULT_TARGET_WIDTH)
 
 

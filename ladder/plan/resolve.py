@@ -145,6 +145,10 @@ def _recount(config: dict[str, Any]) -> None:
         counts = count_parameters(arch)
         flops = count_flops_per_token(arch)
     except (TypeError, ValueError, ZeroDivisionError) as err:
+        try:  # a value the config refuses (n_experts: 0) is named by its field, not by the counting's arithmetic
+            parse_config(config)
+        except TrainConfigError as bad:
+            raise LadderInputError(bad.detail, field=bad.key) from None
         raise LadderInputError(f"architecture override gives an invalid model: {err}", field="--set") from None
     config["params_total"] = counts.total
     config["params_active"] = counts.nonembedding_active

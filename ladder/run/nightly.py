@@ -20,6 +20,10 @@ so a ratio would not make two classes comparable either, and it would add a seco
 every night. A team with several machine classes keeps one golden file per class (`--baseline`).
 The class is measured by a Ray task that holds the trials' resources, so on a cluster it names the
 kind of node the trials ran on (with `gpus: 0` the task, like the trials, sees no GPU).
+
+A trial's golden name (`trial_name`) is block/L/arm/seed plus whatever its block varies (TPP, grid offsets,
+dropout), so every trial of a grid is measured and judged on its own; two trials of one name are refused
+before anything runs (`nightly_names`), as is a golden with no trials or a trial with no BPB (`load_golden`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from ladder.errors import LadderInputError
 from ladder.machine import machine_info
 from ladder.run.orchestrate import SweepOutcome, connect_ray, run_sweep
+from sweeps.expand import Trial
+from sweeps.plan import PlannedTrial
 from sweeps.spec import SWEEPS_DIR, SweepSpec
 
 GOLDENS_DIR = SWEEPS_DIR / "goldens"
@@ -112,13 +118,44 @@ def golden_machine_class(golden: dict) -> str | None:
     return (golden.get("machine") or {}).get("class")
 
 
-def trial_name(row_label: str, coordinates: dict) -> str:
-    """A name that survives config-field additions (the trial key does not): block/L/arm/seed."""
-    return f"{coordinates['block']}/L{coordinates['L']}/{coordinates['arm']}/s{coordinates['seed']}"
+def trial_name(trial: Trial) -> str:
+    """A name that survives config-field additions (the trial key does not): block/L/arm/seed, with the
+    coordinates the trial's block varies between them, as its label shows them: the TPP where the block
+    lists several, the grid offsets (natural logs) where they are not the centre, the dropout where the
+    block sets one. A trial at the centre of a one-TPP block keeps the plain `rungs/L3/base/s0`."""
+    parts = [trial.block, f"L{trial.L}"]
+    if trial.tpp_in_label:
+        parts.append(f"tpp{trial.tpp:g}")
+    if trial.log_lr_offset != 0:
+        parts.append(f"dlr{trial.log_lr_offset:+g}")
+    if trial.log_lr_wd_offset != 0:
+        parts.append(f"dlrwd{trial.log_lr_wd_offset:+g}")
+    if trial.dropout is not None:
+        parts.append(f"p{trial.dropout:g}")
+    return "/".join([*parts, trial.arm, f"s{trial.seed}"])
 
 
-def measure(outcome: SweepOutcome, spec_trials: dict[str, dict]) -> dict[str, TrialMeasurement]:
-    """Final BPB per domain, tokens/s and mean MoE rounds of each finished trial, from MLflow."""
+def nightly_names(planned: list[PlannedTrial], *, where: str) -> dict[str, str]:
+    """Each planned trial's golden name (`trial_name`), by trial key. Two trials of one name would be
+    measured as one (the later overwriting the earlier, so a regression in one could pass): refused,
+    before anything runs."""
+    names: dict[str, str] = {}
+    by_name: dict[str, PlannedTrial] = {}
+    for p in planned:
+        name = trial_name(p.trial)
+        other = by_name.setdefault(name, p)
+        if other is not p:
+            raise LadderInputError(f"trials {other.label!r} and {p.label!r} both have the nightly name {name!r} (their "
+                                   "coordinates agree to the digits a name shows), so one would hide the other's "
+                                   "regression; space their grid points further apart", where=where,
+                                   field=f"blocks.{p.trial.block}")
+        names[p.key] = name
+    return names
+
+
+def measure(outcome: SweepOutcome, names: dict[str, str]) -> dict[str, TrialMeasurement]:
+    """Final BPB per domain, tokens/s and mean MoE rounds of each finished trial, from MLflow, by its
+    nightly name (`names`: trial key → name, `nightly_names`)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(outcome.tracking_uri)
@@ -130,7 +167,7 @@ def measure(outcome: SweepOutcome, spec_trials: dict[str, dict]) -> dict[str, Tr
         rounds = [m.value for m in client.get_metric_history(row.run_id, "moe_rounds_mean")]
         # The median step rate: one slow step (a busy neighbour, an eval) does not move it.
         rates = [m.value for m in client.get_metric_history(row.run_id, "tokens_per_second")]
-        out[trial_name(row.label, spec_trials[row.key])] = TrialMeasurement(
+        out[names[row.key]] = TrialMeasurement(
             bpb={k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("final_bpb/")},
             tokens_per_second=statistics.median(rates) if rates else float("nan"),
             moe_rounds_mean=statistics.fmean(rounds) if rounds else float("nan"),
@@ -138,16 +175,14 @@ def measure(outcome: SweepOutcome, spec_trials: dict[str, dict]) -> dict[str, Tr
     return out
 
 
-def run_once(spec: SweepSpec, *, where: str, out_dir: Path, address: str | None, progress) -> dict[str, TrialMeasurement]:
-    from sweeps.plan import plan_sweep
-
+def run_once(spec: SweepSpec, *, where: str, out_dir: Path, address: str | None, progress,
+             names: dict[str, str]) -> dict[str, TrialMeasurement]:
     store = f"sqlite:///{(out_dir / 'mlflow.db').resolve()}"
     outcome = run_sweep(spec, where=where, address=address, tracking_uri=store, progress=progress)
-    coords = {p.key: p.trial.coordinates() for p in plan_sweep(spec, where=where)}
     failed = [r.label for r in outcome.rows if r.state != "finished"]
     if failed:
         progress(f"nightly: trials did not finish: {failed}")
-    return measure(outcome, coords)
+    return measure(outcome, names)
 
 
 def trial_machine(spec: SweepSpec) -> dict:
@@ -161,12 +196,16 @@ def trial_machine(spec: SweepSpec) -> dict:
 def run_repeats(spec: SweepSpec, *, where: str, root: Path, repeats: int, address: str | None,
                 progress) -> tuple[list[dict[str, TrialMeasurement]], dict]:
     """Each repeat's measurements, and the machine the trials ran on."""
+    from sweeps.plan import plan_sweep
+
+    names = nightly_names(plan_sweep(spec, where=where), where=where)  # before Ray starts
     started = connect_ray(address)  # one Ray for all repeats
     try:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         machine = trial_machine(spec)
         progress(f"nightly: machine class {machine['class']}")
-        runs = [run_once(spec, where=where, out_dir=root / f"{stamp}-{i}", address=address, progress=progress)
+        runs = [run_once(spec, where=where, out_dir=root / f"{stamp}-{i}", address=address, progress=progress,
+                         names=names)
                 for i in range(repeats)]
         return runs, machine
     finally:
@@ -271,16 +310,18 @@ class _GoldenTolerances(BaseModel):
 
 class _GoldenTrial(BaseModel):
     model_config = ConfigDict(extra="allow")
-    bpb: dict[str, _GoldenNumber]
+    # At least one domain: a trial with no BPB to compare would pass whatever tonight's BPB.
+    bpb: Annotated[dict[str, _GoldenNumber], Field(min_length=1)]
     tokens_per_second: Annotated[_GoldenNumber, Field(gt=0)]  # compared as its logarithm
     moe_rounds_mean: _GoldenNumber
 
 
 class GoldenFile(BaseModel):
-    """What `compare` reads of a golden file (written by `build_golden`); other keys are kept as written."""
+    """What `compare` reads of a golden file (written by `build_golden`); other keys are kept as written.
+    At least one trial, each with at least one domain's BPB: an empty golden would judge nothing and pass."""
     model_config = ConfigDict(extra="allow")
     tolerances: _GoldenTolerances
-    trials: dict[str, _GoldenTrial]
+    trials: Annotated[dict[str, _GoldenTrial], Field(min_length=1)]
     machine: dict | None = None
 
 
@@ -306,7 +347,9 @@ def load_golden(path: Path) -> dict:
                                f"--update-baseline", where=str(path), field="--baseline")
     validate_mapping(GoldenFile, golden, where=str(path), what="a golden file", schema="ladder/run/nightly.py",
                      messages={"missing": "missing", "model_type": "must be a JSON object",
-                               "dict_type": "must be a JSON object", "float_type": "must be a number"}, suffix="; regenerate with --update-baseline")
+                               "dict_type": "must be a JSON object", "float_type": "must be a number",
+                               "too_short": "is empty: a golden with nothing in it would judge nothing and pass"},
+                     suffix="; regenerate with --update-baseline")
     return golden
 
 

@@ -33,7 +33,7 @@ from ladder.run.sweep_runs import (TAG_ATTEMPT, TAG_ERROR, TAG_KEY, TAG_LABEL, T
 from ladder.run.sweep_runs import reregister as register_result
 from ladder.run.tracking_server import TrackingServer, is_local_store
 from rungs.host_memory import ALLOCATOR_ENV
-from rungs.tracking import store_lock
+from rungs.tracking import sqlite_path, store_lock
 from rungs.tracking_uri import DEFAULT_TRACKING_URI
 from sweeps.spec import SweepSpec
 
@@ -172,6 +172,12 @@ def check_fits_this_machine(trials: list[PlannedTrial], *, where: str) -> None:
     check_fits_cluster(trials, [{"CPU": float(os.cpu_count() or 1), "GPU": math.inf}], where=where)
 
 
+def _new_local_store(store: str) -> bool:
+    """A local SQLite store whose file does not exist yet: reading it would create it."""
+    db = sqlite_path(store)
+    return db is not None and not db.exists()
+
+
 def connect_ray(address: str | None) -> bool:
     """Connect to `address` or start a private local Ray; True when this call started Ray. An address
     at which nothing answers is refused first (`check_ray_address`)."""
@@ -294,6 +300,12 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
     store = default_store(tracking_uri)
     check_store(store, create=create_store)  # a missing, damaged or locked store: before anything is written
     ray_module = sys.modules.get("ray")  # no import of ray here: a finished sweep reruns in seconds
+    local_ray = address is None and (ray_module is None or not ray_module.is_initialized())
+    if local_ray and _new_local_store(store):
+        # A store not yet made holds nothing finished: every trial is to run, so one a private local Ray could
+        # never place is bad input, refused before the store is created (else only the trials left to run are
+        # checked, below: a finished sweep reruns on any machine).
+        check_fits_this_machine(planned, where=where)
     if ray_module is None or not ray_module.is_initialized():
         check_ray_address(address)  # a cluster that does not answer: before the store is read (or created)
     runs_root = runs_root_for(store)
@@ -320,7 +332,7 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
     if not todo:
         return SweepOutcome(sweep=spec.name, experiment=spec.experiment_name, tracking_uri=store,
                             rows=[rows[p.key] for p in planned])
-    if address is None and (ray_module is None or not ray_module.is_initialized()):
+    if local_ray:
         check_fits_this_machine(todo, where=where)  # a private local Ray would never place them: before it starts
     started = connect_ray(address)
     try:

@@ -100,7 +100,7 @@ def _measurements(golden: dict) -> dict[str, TrialMeasurement]:
 
 def test_the_nightly_judges_its_jax_rung_against_its_own_golden_entry():
     planned = plan_sweep(load_spec("nightly"), where="nightly")
-    names = {trial_name(p.label, p.trial.coordinates()): p for p in planned}
+    names = {trial_name(p.trial): p for p in planned}
     assert {n for n, p in names.items() if p.config.get("backend") == "jax"} == {"jax/L3/jax/s0"}
     golden = load_golden(GOLDENS_DIR / "nightly.json")
     assert set(golden["trials"]) == set(names)

@@ -15,8 +15,9 @@ from ladder.cli import main
 from ladder.errors import LadderInputError
 from ladder.machine import cpu_model, machine_class, machine_info
 from ladder.run.nightly import (FLOOR_BPB_ABS, FLOOR_TOKENS_PER_SECOND_LOG_RATIO, NOT_COMPARABLE, SAFETY_FACTOR,
-                            GOLDENS_DIR, TrialMeasurement, build_golden, compare, load_golden)
+                                GOLDENS_DIR, TrialMeasurement, build_golden, compare, load_golden)
 from ladder.run.nightly_report import write_report
+from sweeps.plan import plan_sweep
 from sweeps.spec import load_spec
 from tests.rungs.train_helpers import ONE_DOC_EVAL
 
@@ -145,6 +146,10 @@ def test_shipped_golden_file_matches_the_shipped_spec():
     golden = load_golden(GOLDENS_DIR / "nightly.json")
     spec = load_spec("nightly")
     assert golden["spec"] == spec.name and golden["repeats"] >= 2
+    from ladder.run.nightly import nightly_names
+
+    names = nightly_names(plan_sweep(spec, where="nightly"), where="nightly")
+    assert {n: golden["trials"][n]["key"] for n in names.values()} == {n: k for k, n in names.items()}
     assert set(golden["trials"]) == ({f"rungs/L{L}/base/s0" for L in spec.blocks[0].rungs}
                                      | {f"jax/L{L}/jax/s0" for L in spec.blocks[1].rungs})  # the JAX rung
     for trial in golden["trials"].values():
@@ -205,3 +210,99 @@ def test_nightly_passes_against_its_own_baseline_and_fails_a_worse_one(tmp_path)
         true_golden = golden["trials"][c["trial"]]["bpb"][c["metric"].split("/", 1)[1]]
         assert abs(c["current"] - true_golden) <= golden["tolerances"]["bpb_abs"]
     assert list((tmp_path / "runs").glob("report-*/report.md"))
+
+
+@pytest.mark.parametrize("name", ["smoke", "lr_wd", "dropout", "nightly"])
+def test_every_trial_of_a_spec_has_its_own_nightly_name(name):
+    """The name was block/L/arm/seed: smoke's three LR points were one name, lr_wd's 81 trials three, and the
+    measurement of one overwrote the others'. The grid offsets, TPP and dropout are in it now, where they vary."""
+    from ladder.run.nightly import nightly_names, trial_name
+
+    planned = plan_sweep(load_spec(name), where=name)
+    names = nightly_names(planned, where=name)
+    assert len(set(names.values())) == len(planned)
+    assert all(names[p.key] == trial_name(p.trial) for p in planned)
+
+
+def test_the_nightly_name_shows_what_a_trials_block_varies():
+    from ladder.run.nightly import trial_name
+
+    planned = plan_sweep(load_spec("lr_wd"), where="lr_wd")
+    names = {trial_name(p.trial) for p in planned}
+    assert "surface/L3/tpp2.5/base/s0" in names  # the centre: no offsets
+    assert "surface/L3/tpp2.5/dlr-0.5/dlrwd+0.7/base/s0" in names
+    dropout = {trial_name(p.trial) for p in plan_sweep(load_spec("dropout"), where="dropout")}
+    assert all("/p" in n for n in dropout)
+
+
+def test_two_trials_of_one_nightly_name_are_refused_before_anything_runs():
+    from dataclasses import replace
+
+    from ladder.run.nightly import nightly_names, trial_name
+
+    first, second, _ = plan_sweep(load_spec("smoke"), where="smoke")
+    twin = replace(second, trial=replace(second.trial, log_lr_offset=first.trial.log_lr_offset))
+    with pytest.raises(LadderInputError) as err:
+        nightly_names([first, twin], where="smoke.yaml")
+    assert err.value.field == "blocks.lr" and trial_name(first.trial) in err.value.detail
+
+
+def test_a_regression_in_any_grid_point_is_measured_and_caught(monkeypatch):
+    """Smoke's three LR points: the centre's BPB regressed, and the nightly said ok (the other two points, later
+    under the same name, overwrote its measurement)."""
+    import types
+
+    import mlflow.tracking
+
+    from ladder.run.nightly import measure, nightly_names
+    from ladder.run.orchestrate import SweepOutcome, TrialRow
+
+    planned = plan_sweep(load_spec("smoke"), where="smoke")
+    bpb = {f"run{i}": 3.0 for i in range(len(planned))}
+    rows = [TrialRow(key=p.key, label=p.label, state="finished", run_id=f"run{i}") for i, p in enumerate(planned)]
+
+    class Client:
+        def __init__(self, uri):
+            pass
+
+        def get_run(self, run_id):
+            return types.SimpleNamespace(data=types.SimpleNamespace(metrics={"final_bpb/web": bpb[run_id]}))
+
+        def get_metric_history(self, run_id, metric):
+            return [types.SimpleNamespace(value=1.0 if metric == "moe_rounds_mean" else 1000.0)]
+
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", Client)
+    names = nightly_names(planned, where="smoke")
+    golden = build_golden(load_spec("smoke"), [measure(SweepOutcome("smoke", "e", "u", rows), names)] * 2, HERE)
+    assert len(golden["trials"]) == len(planned) == 3
+    bpb["run0"] = 9.99  # the law's centre regresses
+    report = compare(golden, measure(SweepOutcome("smoke", "e", "u", rows), names), "smoke", HERE)
+    assert [(c.trial, c.metric) for c in report.regressions] == [(names[planned[0].key], "bpb/web")]
+
+
+@pytest.mark.parametrize("trials, field", [({}, "trials"),
+                                           ({"rungs/L3/base/s0": {"bpb": {}, "tokens_per_second": 1.0,
+                                                                  "moe_rounds_mean": 1.0}},
+                                            "trials.rungs/L3/base/s0.bpb")])
+def test_an_empty_golden_is_refused_before_anything_runs(tmp_path, capsys, trials, field):
+    """`trials: {}` passed, trained the whole nightly, then crashed drawing 0 plots; `bpb: {}` passed any BPB."""
+    path = tmp_path / "golden.json"
+    path.write_text(json.dumps({"tolerances": {"bpb_abs": 0.01, "tokens_per_second_log_ratio": 1.0,
+                                               "moe_rounds_abs": 0.05}, "trials": trials}))
+    with pytest.raises(LadderInputError) as err:
+        load_golden(path)
+    assert "empty" in err.value.detail and field in str(err.value)
+    out = tmp_path / "out"
+    rc = main(["nightly", "nightly", "--baseline", str(path), "--out", str(out)])
+    assert rc == 2 and "empty" in capsys.readouterr().err
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("argv, says", [(["--repeats", "0"], "at least 2"),
+                                        (["--repeats", "1", "--update-baseline"], "at least 2"),
+                                        (["--repeats", "3"], "--update-baseline")])
+def test_repeats_that_measure_nothing_or_are_ignored_are_refused(tmp_path, capsys, argv, says):
+    rc = main(["nightly", "nightly", "--baseline", str(tmp_path / "g.json"), "--out", str(tmp_path / "out"), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--repeats" in err and says in err
+    assert not any(tmp_path.iterdir())

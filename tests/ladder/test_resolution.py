@@ -79,3 +79,42 @@ def test_a_bad_target_width_exits_2(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["sweep", "plan", "demo", "--target-width", "wide"])
     assert exit_info.value.code == 2 and "--target-width" in capsys.readouterr().err
+
+
+def _plan_resolution(tmp_path, capsys, name: str, block: dict) -> dict:
+    import yaml
+
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(yaml.safe_dump({"name": name, "recipe": "cpu-demo",
+                                    "blocks": [{"name": "ladder", "rungs": [2, 3, 4, 5], **block}]}))
+    assert main(["sweep", "plan", str(spec), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["resolution"]
+
+
+def test_a_ladder_blocks_grid_neighbours_and_other_arms_are_not_its_seeds(tmp_path, capsys):
+    """`sweep plan` counted every trial of the "ladder" block as a seed of its law: an LR grid e^±1 away, or
+    arms that turn AGC off or pin lr=0.5, made one seed a rung read as three (±1.8% where one seed gives ±3.4%)."""
+    plain = _plan_resolution(tmp_path, capsys, "plain", {})
+    assert plain["seeds"] == [1] * 4 and plain["arm"] is None
+    grid = _plan_resolution(tmp_path, capsys, "grid", {"lr_wd": {"log_lr": {"spacing": 1.0, "points": 3}}})
+    assert grid["seeds"] == [1] * 4 and grid["half_width"] == pytest.approx(plain["half_width"])
+    arms = _plan_resolution(tmp_path, capsys, "arms", {"arms": {"base": {}, "noagc": {"agc": False},
+                                                                "big_lr": {"lr": 0.5}}})
+    assert arms["seeds"] == [1] * 4 and arms["arm"] == "base"
+    assert arms["half_width"] == pytest.approx(plain["half_width"])
+    # An arm pinning lr is not at the law, even listed first: the law is read for the first arm that is.
+    pinned_first = _plan_resolution(tmp_path, capsys, "pinned", {"arms": {"big_lr": {"lr": 0.5}, "base": {}}})
+    assert pinned_first["arm"] == "base" and pinned_first["seeds"] == [1] * 4
+    # A ladder at an explicit centre, the law nowhere: read at its centre.
+    fixed = _plan_resolution(tmp_path, capsys, "fixed", {"lr_wd": {"centre": {"lr": 0.01, "weight_decay": 0.1},
+                                                                   "log_lr": {"spacing": 1.0, "points": 3}}})
+    assert fixed["seeds"] == [1] * 4
+
+
+def test_a_ladder_blocks_runs_off_the_law_are_not_counted():
+    from ladder.analysis.resolution import ladder_runs
+
+    t = {"block": "ladder", "L": 4, "train_flops": 1.0, "tpp": 5.0, "arm": "base", "at_law": True}
+    trials = [t | {"key": "a"}, t | {"key": "b", "at_law": False}, t | {"key": "c", "arm": "noagc"},
+              t | {"key": "d", "tpp": 20.0}, t | {"key": "e", "block": "extra"}]
+    assert sorted(ladder_runs(trials)) == [(4, 1.0), (4, 1.0)]  # a, and e: an extra seed of the same law

@@ -168,7 +168,7 @@ def test_duplicate_key_in_a_flow_mapping_and_merge_keys_still_work(work):
      b'"trials": {"b/L3/a/s0": {"bpb": {"web": "x"}, "tokens_per_second": 5, "moe_rounds_mean": 1}}}\n',
      "trials.b/L3/a/s0.bpb.web"),
     (b'{"tolerances": {"bpb_abs": 0.01, "tokens_per_second_log_ratio": 0.9, "moe_rounds_abs": 0.05}, '
-     b'"trials": {"b/L3/a/s0": {"bpb": {}, "tokens_per_second": 0, "moe_rounds_mean": 1}}}\n',
+     b'"trials": {"b/L3/a/s0": {"bpb": {"web": 3.0}, "tokens_per_second": 0, "moe_rounds_mean": 1}}}\n',
      "tokens_per_second"),
     (b'{"tolerances": {"bpb_abs": NaN, "tokens_per_second_log_ratio": 0.9, "moe_rounds_abs": 0.05}, "trials": {}}',
      "tolerances.bpb_abs: must be a finite number"),

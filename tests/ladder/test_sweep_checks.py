@@ -77,3 +77,16 @@ def test_status_counts_the_steps_a_trial_runs_a_cap_above_its_steps_cutting_noth
     assert _run_steps({"steps": 763, "max_steps": 5000}) == 763  # "step 400/5000" read as far from done
     assert _run_steps({"steps": 763, "max_steps": 20}) == 20
     assert _run_steps({"steps": 763, "max_steps": None}) == 763 and _run_steps({}) is None
+
+
+def test_a_trial_too_big_for_this_machine_is_refused_before_the_default_store_is_made(tmp_path, capsys, monkeypatch):
+    """Bad input (exit 2) touches nothing: the default runs/mlflow.db and its lock were created, then refused."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    spec = bad_spec(tmp_path, resources={"cpus": (os.cpu_count() or 1) + 1})
+    rc = main(["sweep", "run", spec, "--json"])
+    captured = capsys.readouterr()
+    assert rc == 2 and "cluster has" in captured.err and "CPU" in captured.err
+    assert captured.out == ""
+    assert not (tmp_path / "runs").exists()

@@ -130,3 +130,89 @@ def test_the_science_check_ladder_has_five_rungs_over_30x_compute_at_one_tpp():
     assert max(flops.values()) / min(flops.values()) >= 30
     assert len({p.config["tpp"] for p in planned}) == 1
     assert min(p.config["d_model"] for p in planned) >= 64  # pre-asymptotic rungs stay out (docs/backtest_diagnosis)
+
+
+@pytest.mark.parametrize("top, block", [({"max_steps": 20}, {}), ({}, {"max_steps": 20}),
+                                        ({"overrides": {"max_steps": 20}}, {}), ({}, {"overrides": {"max_steps": 20}})],
+                         ids=["spec", "block", "spec-overrides", "block-overrides"])
+def test_an_arms_max_steps_beats_the_blocks_and_the_specs(top, block):
+    """docs/sweeps.md: later ones win, spec, then block, then arm. The spec's cap used to replace the arm's, so
+    the arm resolved to the base arm's config and vanished from the plan as a duplicate."""
+    from sweeps.plan import plan_sweep
+
+    spec = spec_of(**top, blocks=[{"name": "b", "rungs": [3], **block,
+                                   "arms": {"base": {}, "short": {"max_steps": 5}, "full": {"max_steps": None}}}])
+    planned = {p.trial.arm: p for p in plan_sweep(spec, where="test.yaml")}
+    assert set(planned) == {"base", "short", "full"}
+    assert planned["base"].config["max_steps"] == 20 and planned["short"].config["max_steps"] == 5
+    assert planned["full"].config.get("max_steps") is None  # null lifts the cap: the uncapped rung
+    assert [planned[a].trial.max_steps for a in ("base", "short", "full")] == [20, 5, None]
+    assert all("max_steps" not in p.trial.overrides for p in planned.values())
+    # A block's cap beats the spec's, as an arm's beats both.
+    both = spec_of(max_steps=20, blocks=[{"name": "b", "rungs": [3], "max_steps": 10}])
+    assert [t.max_steps for t in expand(both)] == [10]
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"max_steps": 20, "overrides": {"max_steps": 5}}, "overrides.max_steps"),
+    ({"blocks": [{"name": "b", "rungs": [3], "max_steps": 20, "overrides": {"max_steps": 5}}]},
+     "blocks.b.overrides.max_steps"),
+    ({"blocks": [{"name": "b", "rungs": [3], "arms": {"a": {"max_steps": 0}}}]}, "blocks.b.arms.a.max_steps"),
+    ({"blocks": [{"name": "b", "rungs": [3], "arms": {"a": {"max_steps": "5"}}}]}, "blocks.b.arms.a.max_steps"),
+])
+def test_a_max_steps_written_twice_at_one_level_or_not_a_cap_is_refused(bad, field):
+    with pytest.raises(LadderInputError) as err:
+        spec_of(**bad)
+    assert err.value.field == field
+
+
+def test_a_blocks_resources_inherit_the_fields_it_leaves_out():
+    """The Block docstring: fields left out inherit the spec's. A block's `resources` used to replace the spec's
+    whole, dropping its gpu_memory (so no memory check ran) and its cpus."""
+    spec = spec_of(resources={"cpus": 4, "gpus": 1, "workers": 2, "gpu_memory": "80GB"},
+                   blocks=[{"name": "own", "rungs": [3], "resources": {"workers": 4}}, {"name": "plain", "rungs": [4]}])
+    own, plain = expand(spec)
+    assert (own.resources.cpus, own.resources.gpus, own.resources.workers, own.resources.gpu_memory) == \
+        (4, 1, 4, "80GB")
+    assert plain.resources == spec.resources
+    # The merged resources are checked as a whole: the spec's ep must divide the block's workers.
+    with pytest.raises(LadderInputError) as err:
+        spec_of(resources={"gpus": 1, "workers": 8, "ep": 8}, blocks=[{"name": "b", "rungs": [3],
+                                                                       "resources": {"workers": 4}}])
+    assert err.value.field == "blocks.b.resources" and "ep=8" in err.value.detail
+
+
+@pytest.mark.parametrize("axis, says", [
+    ({"spacing": 0.5, "points": 3, "offsets": [0.0]}, "`spacing` is ignored beside `offsets`"),
+    ({"points": 3, "offsets": [0.0, 0.5]}, "`points` is ignored beside `offsets`"),
+    ({"spacing": 0.5}, "`spacing` 0.5 does nothing with `points: 1`"),
+    ({"spacing": 0.7, "points": 1}, "`spacing` 0.7 does nothing with `points: 1`"),
+])
+def test_an_axis_field_that_would_be_ignored_is_refused(axis, says):
+    with pytest.raises(LadderInputError) as err:
+        spec_of(blocks=[{"name": "b", "rungs": [3], "lr_wd": {"log_lr_wd": axis}}])
+    assert err.value.field == "blocks.b.lr_wd.log_lr_wd" and says in err.value.detail
+    assert "\n" not in str(err.value)
+    # What is meant is still written: offsets alone, or spacing with points, or a zero spacing.
+    for fine in ({"offsets": [0.0, 0.5]}, {"spacing": 0.5, "points": 3}, {"spacing": 0.0}):
+        spec_of(blocks=[{"name": "b", "rungs": [3], "lr_wd": {"log_lr_wd": fine}}])
+
+
+def test_every_shipped_spec_still_loads():
+    for name in available_specs():
+        assert load_spec(name).blocks, name
+
+
+def test_cross_layout_with_an_even_point_count_is_refused_and_grid_counts_are_as_documented():
+    """An even axis straddles the centre: its cross would be a+b+1 points (5 for 2×2, more than the grid's 4)."""
+    with pytest.raises(LadderInputError) as err:
+        spec_of(blocks=[{"name": "c", "rungs": [3], "lr_wd": {
+            "layout": "cross", "log_lr": {"spacing": 0.5, "points": 2}, "log_lr_wd": {"spacing": 0.7, "points": 3}}}])
+    assert err.value.field == "blocks.c.lr_wd" and "`log_lr` has 2 points" in err.value.detail
+    grid = spec_of(blocks=[{"name": "g", "rungs": [3], "lr_wd": {
+        "log_lr": {"spacing": 0.5, "points": 2}, "log_lr_wd": {"spacing": 0.7, "points": 2}}}])
+    assert len(expand(grid)) == 2 * 2
+    # Explicit offsets without 0: the centre is added, one more point than a+b-1.
+    offsets = spec_of(blocks=[{"name": "o", "rungs": [3], "lr_wd": {
+        "layout": "cross", "log_lr": {"offsets": [0.5, 1.0]}, "log_lr_wd": {"spacing": 0.7, "points": 3}}}])
+    assert len(expand(offsets)) == 2 + 3 - 1 + 1

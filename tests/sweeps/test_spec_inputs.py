@@ -101,3 +101,27 @@ def test_status_shows_a_failed_trials_error(tmp_path, capsys):
     assert trials[0]["error"] == "FileNotFoundError: manifest file not found: /data/gone.yaml"
     rc, out, _ = run_cli(capsys, "sweep", "status", str(spec_path), "--tracking-uri", store)
     assert rc == 0 and "FileNotFoundError: manifest file not found: /data/gone.yaml" in out
+
+
+@pytest.mark.parametrize("where", ["spec", "block", "arm"])
+def test_a_relative_data_manifest_override_is_relative_to_the_spec_and_keyed_absolute(tmp_path, monkeypatch, where):
+    """As `data:` is: run from another directory, the spec trains on the corpus beside it, and the key names
+    that corpus's absolute path (it named the literal string, so two directories' corpora shared one key)."""
+    manifest = write_corpus(tmp_path / "sweep" / "corpus", SHARES)
+    prepare_corpus(manifest, tmp_path / "sweep" / "corpus" / "prepared")
+    (tmp_path / "sweep" / "recipes").mkdir()
+    write_recipe(tmp_path / "sweep" / "recipes" / "mine.yaml", data="../corpus/prepared")
+
+    def planned(name: str, path: str):
+        override = {"data_manifest": path}
+        block = {"name": "ladder", "rungs": [2], **({"overrides": override} if where == "block" else {}),
+                 **({"arms": {"base": override}} if where == "arm" else {})}
+        top = {"overrides": override} if where == "spec" else {}
+        spec = write_spec(tmp_path / "sweep" / name, recipe="recipes/mine.yaml", blocks=[block], **top)
+        return plan_sweep(load_spec(spec), where=name)
+
+    monkeypatch.chdir(tmp_path)  # not the spec's folder: the relative path resolved here would not exist
+    (relative,) = planned("relative.yaml", "corpus/manifest.yaml")
+    (absolute,) = planned("absolute.yaml", str(manifest.resolve()))
+    assert relative.config["data_manifest"] == str(manifest.resolve())
+    assert relative.key == absolute.key

@@ -149,3 +149,16 @@ def test_two_trials_a_label_cannot_tell_apart_are_refused(tmp_path, capsys):
     err = refused(tmp_path, capsys, "blocks.b", {"lr_wd": {"log_lr": {"offsets": [0, 0.0001]}}})
     assert "labelled" in err and "space the grid points" in err
 
+
+
+def test_a_grid_value_the_config_refuses_names_the_blocks_lr_wd(tmp_path, capsys):
+    """An explicit centre 20 natural logs below an lr of 1e300 is an infinite lr: the grid made it, so the field
+    is the block's `lr_wd` (it was `blocks.b.lr`, a field no spec has)."""
+    refused(tmp_path, capsys, "blocks.b.lr_wd", {"lr_wd": {"centre": {"lr": 1e300, "weight_decay": 1e300},
+                                                            "log_lr": {"offsets": [20]}}})
+
+
+def test_an_architecture_override_the_config_refuses_names_the_arms_field(tmp_path, capsys):
+    """`n_experts: 0` gave `blocks.b: ... integer division or modulo by zero`, Python's words, no field."""
+    err = refused(tmp_path, capsys, "blocks.b.arms.a.n_experts", {"arms": {"a": {"n_experts": 0}}})
+    assert "division" not in err and "greater than 0" in err
