@@ -153,24 +153,35 @@ def check_tokenizer(corpus: CorpusData, vocab_size: int, *, where: str | None, f
     from rungs.data.errors import DataInputError
     from rungs.data.manifest import load_manifest
 
+    from rungs.data.out_dir import same_corpus
+
     try:
-        current = job_input_key(load_manifest(corpus.manifest), vocab_size)
+        manifest = load_manifest(corpus.manifest)
+        current = job_input_key(manifest, vocab_size)
     except DataInputError as err:
         raise LadderInputError(f"the manifest {corpus.path} was prepared from: {err}", where=where,
                                field=field) from None
     if current != corpus.key:
+        # What `prepare` checks before it writes into a prepared directory (rungs.data.out_dir): the same
+        # manifest, tokenizer and vocabulary is brought up to date as it is; another one needs --overwrite.
+        identity = {"manifest": str(manifest.path.resolve()), "tokenizer": JOB_TOKENIZER, "vocab_size": vocab_size}
+        if same_corpus(corpus.path, identity):
+            why, fix = f"{corpus.manifest} or one of its files changed since", ""
+        else:
+            why = f"it was prepared with another --vocab-size or tokenizer than the recipe's vocab_size={vocab_size}"
+            fix = (" --overwrite` (it replaces the corpus prepared there; or prepare into a new `--out DIR` and "
+                   "name DIR)")
         raise LadderInputError(
-            f"{corpus.path} is not what the training job will prepare: it was prepared with another --vocab-size "
-            f"than the recipe's vocab_size={vocab_size}, or {corpus.manifest} or one of its files changed since, "
-            f"so its token counts may not be the job's; run `ladder data prepare {corpus.manifest} --out "
-            f"{corpus.path} --vocab-size {vocab_size}` again", where=where, field=field)
+            f"{corpus.path} is not what the training job will prepare: {why}, so its token counts may not be the "
+            f"job's; run `ladder data prepare {corpus.manifest} --out {corpus.path} --vocab-size {vocab_size}"
+            f"{fix or '` again'}", where=where, field=field)
     return []
 
 
 def job_input_key(manifest, vocab_size: int) -> str:
     """`rungs.data.prepare.input_key(manifest, "bpe", vocab_size)`, the key the training job prepares
     under, computed here because that module reaches Ray (its workers), which planning must not import;
-    tests/ladder/test_corpus_data.py holds the two equal."""
+    tests/ladder/test_recipe_data.py holds the two equal."""
     import hashlib
 
     from rungs.data.corpus import FORMAT_VERSION

@@ -231,6 +231,10 @@ class PreparedCorpus:
             vocab_size = int(self.meta["tokenizer"]["vocab_size"])
             dtype = token_dtype(vocab_size)
             paths = [self.path / f"{s['stem']}.tokens.npy" for s in entry["shards"]]
+            lost = next((p for p in [*paths, base / f"{name}.docs.npy"] if not p.exists()), None)
+            if lost is not None:
+                raise DataInputError(f"is missing (removed since prepare wrote it); rerun the `ladder data prepare` "
+                                     f"that wrote {self.path}: it writes what is missing again", where=str(lost))
             for p in paths:
                 found = np.load(p, mmap_mode="r").dtype
                 if found != dtype:

@@ -23,7 +23,7 @@ from rungs.data.decontam import HeldOutIndex, ngram_hash_array
 from rungs.data.errors import DataInputError
 from rungs.data.readers import FileSpec, SegmentStats, segment_documents
 from rungs.data.segments import FilePlan, Segment
-from rungs.data.shard_writer import ShardWriter, shard_stem
+from rungs.data.shard_writer import ShardWriter, shard_files, shard_stem
 from rungs.data.storage import DataFile
 from rungs.data.tokenizer import TokenIdError, token_dtype
 
@@ -91,11 +91,15 @@ def scan_unit(unit: Unit, *, first_lines: tuple[int | None, ...] | None = None, 
 
 
 def _shard_done(out: Path, stem: str, key: str) -> dict | None:
+    """The record of a finished shard: its `.json` under `key`, with its other three files there (a file
+    lost since is written again with the rest of the shard). None when the shard is to be (re)built."""
     path = out / f"{stem}.json"
     if not path.exists():
         return None
     info = json.loads(path.read_text())
-    return info if info.get("key") == key else None
+    if info.get("key") != key or not all((out / f).exists() for f in shard_files(stem)):
+        return None
+    return info
 
 
 def tokenize_unit(unit: Unit, *, tokenizer, out: Path, key: str, first_lines: tuple[int, ...],

@@ -11,7 +11,8 @@ A manifest is YAML, paths relative to the manifest file (or to `base`):
     base: s3://bucket/corpus       # optional: where relative `files` are (default: the manifest's folder)
 
 `files` entries may be globs, and local paths or object-store URLs (`s3://`, `gs://`, `hf://`:
-`rungs.data.storage`). The formats and how a file is read are `rungs.data.readers`'; how a large file
+`rungs.data.storage`); a local entry that matches only folders is refused (a folder's files are read only
+when a glob names them), as is a file of a compression or archive format the readers do not read. The formats and how a file is read are `rungs.data.readers`'; how a large file
 is cut for parallel work is `rungs.data.segments`'. Every file must hold at least one non-empty
 document; an empty, binary or non-UTF-8 file is refused with an error naming the file, as is an id that
 appears twice within a set (`checked_documents` applies both checks to one file). A document's
@@ -34,6 +35,7 @@ import yaml
 from rungs.data.errors import DataInputError
 from rungs.data.readers import MAX_DOCUMENT_BYTES, PART_SUFFIX, Document, FileSpec, segment_documents, \
     split_document, whole_plan
+from rungs.data.segments import unsupported_format
 from rungs.data.storage import FINGERPRINT_BYTES, DataFile, RemoteFile, fingerprints, is_url, list_remote
 
 if TYPE_CHECKING:
@@ -167,7 +169,9 @@ def file_fingerprint(path: DataFile) -> str:
     return fingerprints([path])[0]
 
 
-def _resolve_files(entry: dict, base: Path | str, where: str, label: str) -> tuple[DataFile, ...]:
+def _resolve_files(entry: dict, base: Path | str, where: str, label: str,
+                   ) -> tuple[tuple[DataFile, ...], list[tuple[str, list[Path]]]]:
+    """The files `entry`'s patterns match, and each local pattern that matched only folders (with them)."""
     patterns = entry.get("files")
     if isinstance(patterns, str):
         patterns = [patterns]
@@ -175,23 +179,38 @@ def _resolve_files(entry: dict, base: Path | str, where: str, label: str) -> tup
         raise DataInputError("needs `files`: a list of paths or globs relative to the manifest", where=where,
                              field=f"{label}.files")
     files: list[DataFile] = []
+    only_folders: list[tuple[str, list[Path]]] = []
     for pattern in patterns:
         if is_url(pattern) or isinstance(base, str):
             url = pattern if is_url(pattern) or Path(pattern).is_absolute() else f"{str(base).rstrip('/')}/{pattern}"
             if not is_url(url):
-                files.extend(_local_files(Path(url), pattern, where, label))
+                files.extend(_local_files(Path(url), pattern, where, label, only_folders))
                 continue
             files.extend(list_remote(url, f"{label}.files"))
             continue
-        files.extend(_local_files(base / pattern, pattern, where, label))
-    return tuple(files)
+        files.extend(_local_files(base / pattern, pattern, where, label, only_folders))
+    return tuple(files), only_folders
 
 
-def _local_files(full: Path, pattern: str, where: str, label: str) -> list[Path]:
+def _local_files(full: Path, pattern: str, where: str, label: str,
+                 only_folders: list[tuple[str, list[Path]]]) -> list[Path]:
+    """The files `pattern` matches; a pattern that matches only folders is added to `only_folders`."""
     matches = sorted(Path(m) for m in glob.glob(str(full), recursive=True))
     if not matches:
         raise DataInputError(f"{pattern!r} matches no file (looked for {full})", where=where, field=f"{label}.files")
-    return [m for m in matches if m.is_file()]
+    files = [m for m in matches if m.is_file()]
+    if not files:
+        only_folders.append((pattern, matches))
+    return files
+
+
+def _folders_refused(pattern: str, folders: list[Path], *, empty: bool) -> str:
+    """The message for a `files` entry that matches only folders (`empty`: the set has no file at all)."""
+    shown = ", ".join(str(f) for f in folders[:3]) + (f" and {len(folders) - 3} more" if len(folders) > 3 else "")
+    stem = pattern.rstrip("/")
+    return (("has no non-empty documents: " if empty else "")
+            + f"`files` entry {pattern!r} matches only folders ({shown}), and a folder's files are not read "
+            f"unless named: use a glob such as '{stem}/*.jsonl', or '{stem}/**/*' for every file under it")
 
 
 _SOURCE_KEYS = {"name", "domain", "share", "files", "text_field", "id_field"}
@@ -271,7 +290,15 @@ def _document_set(entry: object, i: int, base: Path | str, where: str, *, train:
         if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
             raise DataInputError(f"share must be a number in (0, 1], got {share!r}", where=where, field=f"{label}.share")
         share = float(share)
-    files = _resolve_files(entry, base, where, label)
+    files, only_folders = _resolve_files(entry, base, where, label)
+    if only_folders:  # the files in a folder are not read unless a glob names them (`prepare` saw no file here)
+        pattern, folders = only_folders[0]
+        raise DataInputError(_folders_refused(pattern, folders, empty=not files), where=where,
+                             field=f"{'sources' if train else 'eval'}: {name}" if not files else f"{label}.files")
+    for file in files:
+        unsupported = unsupported_format(file.name)
+        if unsupported is not None:
+            raise DataInputError(unsupported, where=str(file), field=name)
     return DocumentSet(name=name, domain=str(domain or name), files=files, share=share,
                        text_field=str(entry.get("text_field", "text")), id_field=str(entry.get("id_field", "id")),
                        base=base)

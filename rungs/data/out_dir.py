@@ -26,14 +26,14 @@ from pathlib import Path
 
 from rungs.data.errors import DataInputError
 from rungs.data.manifest import Manifest
+from rungs.data.shard_writer import shard_files
 
 STATE_FILES = ("meta.json", "progress.json", "decontamination.json")  # every prepare writes these
 TOKENIZER_FILE = "tokenizer.json"  # a prepare writes it unless its tokenizer is the byte tokenizer
-SHARD_PARTS = (".tokens.npy", ".index.npy", ".ids.json", ".json")
 TABLE_PARTS = ("docs", "keys", "order", "strata")
 OWNED_STEP = "owned"  # progress.json's step that lists the files a prepare is about to write
 
-__all__ = ["check_out_dir", "owned_files", "planned_files", "prepared_key", "read_state", "shard_files",
+__all__ = ["check_out_dir", "owned_files", "planned_files", "prepared_key", "read_state", "same_corpus", "shard_files",
            "set_table_files", "writes_tokenizer", "OWNED_STEP", "TOKENIZER_FILE"]
 
 
@@ -54,10 +54,6 @@ def prepared_key(out: Path) -> str | None:
         if state is not None:
             return state["key"]
     return None
-
-
-def shard_files(stem: str) -> list[str]:
-    return [f"{stem}{part}" for part in SHARD_PARTS]
 
 
 def set_table_files(split: str, name: str) -> list[str]:
@@ -135,6 +131,13 @@ def _has_files(directory: Path) -> bool:
     return any(not p.is_dir() for p in directory.rglob("*"))
 
 
+def same_corpus(out: Path, identity: dict) -> bool:
+    """Whether `out`'s `progress.json` records this corpus (`identity`: the manifest's path, the tokenizer, the
+    vocabulary): then a prepare into it needs no --overwrite, even where its input files changed."""
+    progress = read_state(out / "progress.json") or {}
+    return all(progress.get(field) == value for field, value in identity.items())
+
+
 def check_out_dir(out: Path, manifest: Manifest, key: str, identity: dict, *, overwrite: bool) -> None:
     """Raise DataInputError (field `out`) unless `prepare` may write the corpus of `key` into `out`;
     `identity` is what progress.json records beside the key: the manifest's path, the tokenizer, the vocabulary."""
@@ -148,9 +151,7 @@ def check_out_dir(out: Path, manifest: Manifest, key: str, identity: dict, *, ov
         raise DataInputError(f"is not empty and not a prepared directory{why}; prepare writes only into a new or "
                              "empty directory or one it prepared (it never deletes files it did not write)",
                              where=str(out), field="out")
-    progress = read_state(out / "progress.json") or {}
-    same_corpus = all(progress.get(field) == value for field, value in identity.items())
-    if found != key and not same_corpus and not overwrite:
+    if found != key and not same_corpus(out, identity) and not overwrite:
         meta = read_state(out / "meta.json") or {}
         source = f" from {meta['manifest']}" if isinstance(meta.get("manifest"), str) else ""
         raise DataInputError(f"holds a corpus prepared{source} for another manifest, tokenizer or vocabulary; "

@@ -58,7 +58,8 @@ def write_set_table(out: Path, split: str, name: str, shards: list[dict], progre
     Holds 8 bytes per document for the keys plus the sorts' indices; the shards are read one at a time."""
     step = f"{split}/{name}"
     info = progress.done(step)
-    if info is not None and info.get("shards") == shards:
+    if info is not None and info.get("shards") == shards and \
+            all((out / f).exists() for f in table_files(split, name)):  # a table lost since is written again
         return info
     tables, keys, codes, collections = [], [], [], {}
     start = 0
@@ -93,6 +94,13 @@ def write_set_table(out: Path, split: str, name: str, shards: list[dict], progre
                                 "tokens": int(table[code_arr == r, 1].sum())} for r, c in enumerate(names)]
     progress.mark(step, info)
     return info
+
+
+def table_files(split: str, name: str) -> list[str]:
+    """The set's document table files a prepare writes (relative to `out`): the held-out sets' `.docs.npy`
+    alone, a source's also its keys and orders."""
+    parts = ("docs", "keys", "order", "strata") if split == "train" else ("docs",)
+    return [f"{split}/{name}.{part}.npy" for part in parts]
 
 
 def write_meta(out: Path, key: str, manifest: Manifest, tokenizer_json: dict, entries: dict[str, dict], *,

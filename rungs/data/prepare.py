@@ -44,10 +44,10 @@ from rungs.data.filework import ENCODE_BATCH_BYTES, ENCODE_BATCH_DOCS, SHARD_BYT
     tokenize_documents, tokenize_unit
 from rungs.data.manifest import DEMO_MANIFEST, Manifest, load_manifest
 from rungs.data.out_dir import OWNED_STEP, TOKENIZER_FILE, check_out_dir, owned_files, planned_files, read_state
-from rungs.data.outputs import Progress, write_meta, write_set_table
+from rungs.data.outputs import Progress, table_files, write_meta, write_set_table
 from rungs.data.scanning import FileKey, ScanResult, scan, units_of
 from rungs.data.segments import FilePlan, plan_file
-from rungs.data.shard_writer import shard_stem
+from rungs.data.shard_writer import shard_files, shard_stem
 from rungs.data.tokenizer import UINT16_VOCAB, BpeTokenizer
 from rungs.data.vocabulary import TokenizerLoader, bpe_sample, tokenizer_file, tokenizer_file_vocab_size, \
     tokenizer_key, tokenizer_step
@@ -125,9 +125,12 @@ def _shard_key(key: str, shard_bytes: int) -> str:
 
 
 def _finished(out: Path, key: str, shard_bytes: int) -> bool:
-    """Whether `out` holds the finished corpus of `key` cut at `shard_bytes`: its `meta.json` has this key and
-    every set's first shard is recorded under this size (all the shards of a finished corpus are). A
-    `meta.json` that cannot be read is not finished: the directory is prepared again."""
+    """Whether `out` holds the finished corpus of `key` cut at `shard_bytes`: its `meta.json` has this key,
+    every set's first shard is recorded under this size (all the shards of a finished corpus are), and every
+    file of its shards and document tables is there (a listing per folder: nothing is read or hashed). A
+    `meta.json` that cannot be read is not finished: the directory is prepared again; nor is one whose file
+    was lost since: the rerun writes what is missing (a finished shard is kept, a shard missing a file is
+    written again)."""
     meta_path = out / "meta.json"
     if not meta_path.exists():
         return False
@@ -143,10 +146,38 @@ def _finished(out: Path, key: str, shard_bytes: int) -> bool:
     except (KeyError, IndexError, TypeError):
         firsts = []
     if firsts and all(r is not None and r["key"] == _shard_key(key, shard_bytes) for r in firsts):
-        return True
+        try:
+            missing = _missing_file(out, meta)
+        except (KeyError, TypeError):
+            log.warning("prepare: %s is not a meta.json prepare can read; preparing %s again", meta_path, out)
+            return False
+        if missing is None:
+            return True
+        log.warning("prepare: %s is missing (lost since it was written); preparing %s again: the finished files are "
+                    "kept and what is missing is written again", out / missing, out)
+        return False
     log.info("prepare: %s holds shards of another --shard-bytes; cutting them again at %d input bytes",
              out, shard_bytes)
     return False
+
+
+def _missing_file(out: Path, meta: dict) -> str | None:
+    """The first file (relative to `out`) of a finished corpus's shards and document tables that is not there,
+    or None; one directory listing per folder, so a corpus of many shards costs a few system calls."""
+    listed: dict[str, set[str]] = {}
+    for split, field in (("train", "sources"), ("eval", "eval")):
+        for entry in meta[field]:
+            wanted = table_files(split, entry["name"]) + [f for s in entry["shards"] for f in shard_files(s["stem"])]
+            for rel in wanted:
+                folder, _, name = rel.rpartition("/")
+                if folder not in listed:
+                    try:
+                        listed[folder] = set(os.listdir(out / folder))
+                    except OSError:
+                        listed[folder] = set()
+                if name not in listed[folder]:
+                    return rel
+    return None
 
 
 def plan_inputs(manifest: Manifest, shard_bytes: int, *, parallel: bool = False) -> dict[FileKey, FilePlan]:

@@ -4,7 +4,10 @@ Formats by extension: `.jsonl`/`.jsonl.gz`/`.jsonl.zst` (one JSON object per lin
 optionally `id`; field names configurable), `.parquet` (columns `text` and optionally `id`, a row
 group at a time) and any other file as text (`.txt`, `.txt.gz`, ...: the whole file is one document,
 its id the file's name relative to the manifest). Nothing holds more than one line, one row group or
-two document pieces in memory, whatever the file's size.
+two document pieces in memory, whatever the file's size. Other compressions and archives (`.bz2`, `.xz`,
+`.lz4`, `.zip`, ...) are refused by suffix when the manifest is loaded (`segments.unsupported_format`), and
+by their first bytes where a file fails to read as UTF-8 (`segments.format_of_bytes`), naming the formats
+that are read.
 
 A document longer than `MAX_DOCUMENT_BYTES` (1 MiB of UTF-8) is split into pieces of at most that
 many bytes, cut after the last newline in the piece's second half (else after the last whitespace,
@@ -13,7 +16,9 @@ document's id with the suffix `#part<k>` (`books/war-and-peace.txt#part3`): prov
 collection and decontamination stay per document while tokenizer memory stays bounded (encoding a
 string costs ~150x its size). A text file is cut into the same pieces while it streams.
 
-A JSONL line without an id is named `<file>:<line>` by its line number in the whole file. A reader of
+A JSONL line without an id (or with a null one) is named `<file>:<line>` by its line number in the whole
+file, a Parquet row with a null id `<file>:<row>`; an id must otherwise be a string or a number (an object,
+a list or a boolean is refused with its line or row: `str()` would make up an id). A reader of
 a later segment learns the lines before it from the scan (`first_line`); read without it, the
 segment reports `anonymous` and its ids are provisional. A JSONL text or id must be text UTF-8 can encode:
 a lone surrogate escape (`\\ud800`, which `json` decodes without complaint) is refused with its line.
@@ -26,12 +31,13 @@ import gzip
 import io
 import itertools
 import json
+import numbers
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from rungs.data.errors import DataInputError
-from rungs.data.segments import FilePlan, Segment, file_kind
+from rungs.data.segments import FilePlan, Segment, file_kind, format_of_bytes
 from rungs.data.storage import DataFile, RemoteFile, check_unchanged, open_binary, size_of
 
 MAX_DOCUMENT_BYTES = 1 << 20  # longer documents are split into pieces of at most this many bytes
@@ -105,7 +111,8 @@ def segment_documents(file: DataFile, plan: FilePlan, segment: Segment, spec: Fi
             for k, piece in enumerate(pieces):
                 yield Document(f"{doc.doc_id}{PART_SUFFIX}{k}", piece, doc.weight)
     except UnicodeDecodeError:
-        raise DataInputError(f"is not UTF-8 text ({_first_non_utf8(file, plan.codec)}); convert it to UTF-8 or drop "
+        raise DataInputError(_format_of(file, plan.codec) or
+                             f"is not UTF-8 text ({_first_non_utf8(file, plan.codec)}); convert it to UTF-8 or drop "
                              "it from the manifest", where=str(file), field=spec.set_name) from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as err:
         raise DataInputError(f"is not a readable gzip file ({err or type(err).__name__})", where=str(file),
@@ -216,7 +223,8 @@ def _jsonl(file: DataFile, codec: str, segment: Segment, spec: FileSpec, first_l
                 text = row[spec.text_field]
             except (json.JSONDecodeError, KeyError, TypeError) as err:
                 number = (known if known is not None else lines_before(file, codec, segment)) + local
-                raise DataInputError(f"line {number} is not a JSON object with a {spec.text_field!r} string ({err})",
+                raise DataInputError((_format_of(file, codec) if number == 1 else None) or
+                                     f"line {number} is not a JSON object with a {spec.text_field!r} string ({err})",
                                      where=str(file), field=spec.set_name) from None
             if not isinstance(text, str):  # a number or a list is not a document: str() would make one up
                 number = (known if known is not None else lines_before(file, codec, segment)) + local
@@ -230,7 +238,13 @@ def _jsonl(file: DataFile, codec: str, segment: Segment, spec: FileSpec, first_l
                     raise DataInputError(f"line {number}: field {WEIGHT_FIELD!r} is {weight!r}; a document's weight "
                                          "must be a positive finite number", where=str(file), field=spec.set_name)
                 weight = float(weight)
-            doc_id = str(row[spec.id_field]) if spec.id_field in row else None
+            doc_id = row.get(spec.id_field)
+            if doc_id is not None and not isinstance(doc_id, str):
+                if not is_number(doc_id):
+                    number = (known if known is not None else lines_before(file, codec, segment)) + local
+                    raise DataInputError(not_an_id(f"line {number}", spec.id_field, doc_id, "<file>:<line>"),
+                                         where=str(file), field=spec.set_name)
+                doc_id = str(doc_id)
             # A lone surrogate comes only from an escape (the line decoded as UTF-8), and is not ASCII: a line of
             # ASCII (an O(1) flag), or one without a backslash (a memchr), costs no encode.
             if (not text.isascii() or not (doc_id or "").isascii()) and b"\\" in raw:
@@ -271,6 +285,20 @@ def not_text(position: str, field: str, value) -> str:
             f"must be a string (convert it in the file, or drop the record)")
 
 
+def is_number(value) -> bool:
+    """An int, float or decimal (a JSON or Parquet number), not a boolean: an id may be one."""
+    return isinstance(value, numbers.Number) and not isinstance(value, bool)
+
+
+def not_an_id(position: str, field: str, value, default: str) -> str:
+    """The message for an id that is neither a string nor a number (nor null: no id)."""
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return (f"{position}: field {field!r} is {type(value).__name__} {shown}; a document's id must be a string or a "
+            f"number, or null for none (the document is then named {default}): fix it in the file, or drop "
+            "the record")
+
+
 def _parquet(file: DataFile, segment: Segment, spec: FileSpec) -> Iterator[Document]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -297,11 +325,17 @@ def _parquet(file: DataFile, segment: Segment, spec: FileSpec) -> Iterator[Docum
                 if bad is not None:  # a null or a number is not a document: str() would make one up
                     raise DataInputError(not_text(f"row {row + bad} (counting from 0)", spec.text_field, texts[bad]),
                                          where=str(file), field=spec.set_name)
-            ids = batch.column(spec.id_field).to_pylist() if spec.id_field in columns else \
-                [f"{spec.rel}:{row + i}" for i in range(len(texts))]
+            ids = batch.column(spec.id_field).to_pylist() if spec.id_field in columns else [None] * len(texts)
+            for i, (doc_id, text) in enumerate(zip(ids, texts)):
+                if doc_id is None:  # no id column, or a null in it
+                    doc_id = f"{spec.rel}:{row + i}"
+                elif not isinstance(doc_id, str):
+                    if not is_number(doc_id):
+                        raise DataInputError(not_an_id(f"row {row + i} (counting from 0)", spec.id_field, doc_id,
+                                                       "<file>:<row>"), where=str(file), field=spec.set_name)
+                    doc_id = str(doc_id)
+                yield Document(doc_id, str(text))
             row += len(texts)
-            for doc_id, text in zip(ids, texts):
-                yield Document(str(doc_id), str(text))
 
 
 def _text(file: DataFile, codec: str, spec: FileSpec) -> Iterator[Document]:
@@ -313,8 +347,9 @@ def _text(file: DataFile, codec: str, spec: FileSpec) -> Iterator[Document]:
         def chunks() -> Iterator[str]:
             for chunk in iter(lambda: stream.read(_CHUNK), ""):
                 if "\x00" in chunk:
-                    raise DataInputError(f"looks binary (a NUL byte at character {seen[0] + chunk.index(chr(0))}); a "
-                                         "text document must be UTF-8 text", where=str(file), field=spec.set_name)
+                    raise DataInputError(_format_of(file, codec) or f"looks binary (a NUL byte at character "
+                                         f"{seen[0] + chunk.index(chr(0))}); a text document must be UTF-8 text",
+                                         where=str(file), field=spec.set_name)
                 seen[0] += len(chunk)
                 yield chunk
 
@@ -380,6 +415,17 @@ def iter_pieces(chunks: Iterator[str], max_bytes: int = MAX_DOCUMENT_BYTES) -> I
         yield window
         buf = buf[len(window):]
         fill()
+
+
+def _format_of(file: DataFile, codec: str) -> str | None:
+    """For a file that did not read as UTF-8 text: the message naming what its first bytes say it is (a
+    compression prepare does not read, an archive, gzip or zstd without its suffix), or None."""
+    try:
+        with open_binary(file) as f:
+            head = decoded(f, codec, 0, size_of(file)).read(16)
+    except (OSError, EOFError, zlib.error):
+        return None
+    return format_of_bytes(head, file.name, codec)
 
 
 def _first_non_utf8(file: DataFile, codec: str) -> str:

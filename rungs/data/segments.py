@@ -57,6 +57,43 @@ class FilePlan:
         return Segment(0, 0, self.segments[-1].stop)
 
 
+# Compressions and archives prepare does not read: refused by suffix (`unsupported_format`, when the manifest
+# is loaded) and by their first bytes where a file fails to read as text (`format_of_bytes`).
+SUPPORTED_FORMATS = ".jsonl, .parquet or text, uncompressed or compressed as .gz (gzip, BGZF) or .zst (zstd)"
+_UNSUPPORTED_SUFFIXES = {".bz2": "bzip2-compressed", ".xz": "xz-compressed", ".lzma": "LZMA-compressed",
+                         ".lz4": "LZ4-compressed", ".zip": "a zip archive", ".7z": "a 7-Zip archive",
+                         ".tar": "a tar archive", ".tgz": "a tar archive"}
+_MAGIC = ((b"\xfd7zXZ\x00", "xz-compressed"), (b"\x04\x22\x4d\x18", "LZ4-compressed"), (b"PK\x03\x04", "a zip archive"),
+          (b"PK\x05\x06", "a zip archive"), (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive"))
+
+
+def _unsupported(what: str) -> str:
+    return (f"is {what}, a format prepare does not read (it reads {SUPPORTED_FORMATS}); decompress it, or "
+            "recompress it as .gz or .zst, or drop it from the manifest")
+
+
+def unsupported_format(name: str) -> str | None:
+    """Why a file named `name` cannot be read (a compression or archive suffix prepare does not read, also
+    under .gz or .zst: `x.tar.gz`), or None."""
+    lowered = name.lower()
+    bases = (lowered, lowered.removesuffix(".gz").removesuffix(".zst"))
+    what = next((w for suffix, w in _UNSUPPORTED_SUFFIXES.items() if any(b.endswith(suffix) for b in bases)), None)
+    return _unsupported(what) if what is not None else None
+
+
+def format_of_bytes(head: bytes, name: str, codec: str) -> str | None:
+    """What a file's first (decompressed) bytes say it is, when that is not text prepare can read: another
+    compression or an archive, or gzip or zstd under a name without their suffix (`codec` ""). None otherwise."""
+    if not codec and head.startswith(b"\x1f\x8b"):
+        return f"is gzip-compressed, but its name does not end in .gz; rename it {name}.gz"
+    if not codec and head.startswith(b"\x28\xb5\x2f\xfd"):
+        return f"is zstd-compressed, but its name does not end in .zst; rename it {name}.zst"
+    if head.startswith(b"BZh") and head[4:10] in (b"1AY&SY", b"\x17rE8P\x90"):
+        return _unsupported("bzip2-compressed")
+    what = next((w for magic, w in _MAGIC if head.startswith(magic)), None)
+    return _unsupported(what) if what is not None else None
+
+
 def file_kind(name: str) -> tuple[str, str]:
     codec = "gzip" if name.endswith(".gz") else "zstd" if name.endswith(".zst") else ""
     base = name.removesuffix(".gz").removesuffix(".zst")

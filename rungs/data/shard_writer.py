@@ -35,8 +35,16 @@ def npy_header(dtype: np.dtype, n: int) -> bytes:
     return buf.getvalue()
 
 
+SHARD_PARTS = (".tokens.npy", ".index.npy", ".ids.json", ".json")  # a shard's files; the `.json` is written last
+
+
 def shard_stem(split: str, name: str, file_index: int, k: int) -> str:
     return f"{split}/{name}/{file_index:05d}-{k:04d}"
+
+
+def shard_files(stem: str) -> list[str]:
+    """A shard's four files (relative paths, as its stem)."""
+    return [f"{stem}{part}" for part in SHARD_PARTS]
 
 
 class ShardWriter:

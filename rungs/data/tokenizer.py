@@ -1,7 +1,9 @@
 """Tokenizers: a byte-level BPE trained with HF `tokenizers`, and the pure byte tokenizer.
 
 Both reserve one end-of-document token (EOS). Shards store every document followed by EOS, and
-BPB evaluation puts EOS before a document so that its first token is scored with a context.
+BPB evaluation puts EOS before a document so that its first token is scored with a context. A document's
+text is always plain text: the literal `<|endoftext|>` (or any special token's string) inside a document is
+encoded as its characters, never as EOS, as the byte tokenizer does.
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ import numpy as np
 from rungs.data.errors import DataInputError
 
 EOS_TEXT = "<|endoftext|>"
+# The BPE trainer's words (pre-tokens: a run of letters, of digits, of other symbols or of whitespace) are
+# cut into pieces of at most this many bytes while it trains: its time grows with the square of a word's
+# length (a 1 MiB run without whitespace, base64 or DNA, took ~20 CPU-min). The demo's longest word is 140
+# bytes (its longest run without whitespace 252 characters), so its tokenizer is the one trained on whole
+# words, byte for byte; encoding is not affected.
+BPE_WORD_BYTES = 1024
 UINT16_VOCAB = 1 << 16  # ids 0..65,535 fit uint16; a larger vocabulary needs uint32
 
 
@@ -69,6 +77,11 @@ class BpeTokenizer:
         self.hf = hf_tokenizer
         self.eos_id = int(hf_tokenizer.token_to_id(EOS_TEXT))
         self.vocab_size = int(hf_tokenizer.get_vocab_size())
+        _plain_text(hf_tokenizer)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        _plain_text(self.hf)  # a pickled HF tokenizer (a Ray task's) comes back without the setting
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
@@ -88,21 +101,39 @@ class BpeTokenizer:
         return {"kind": self.kind, "vocab_size": self.vocab_size, "eos_id": self.eos_id}
 
 
+def _plain_text(hf) -> None:
+    """Make `hf` encode special tokens' strings in the input as plain text: HF matches added special tokens
+    in the text even with `add_special_tokens=False`, so a document quoting `<|endoftext|>` would hold EOS
+    (a false document boundary, text `decode` drops). Not part of `tokenizer.json` (the file is unchanged);
+    needs tokenizers >= 0.15.1 (older ones lack the setting and still match them)."""
+    if hasattr(hf, "encode_special_tokens"):
+        hf.encode_special_tokens = True
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int) -> BpeTokenizer:
     """Train a byte-level BPE of `vocab_size` entries (256 byte symbols + EOS + merges).
 
-    Deterministic for the same texts in the same order: shards built from it hash identically.
+    Deterministic for the same texts in the same order: shards built from it hash identically. Words
+    longer than `BPE_WORD_BYTES` are trained on as pieces of that length (bounded time); the tokenizer
+    returned pre-tokenizes as ByteLevel alone, so nothing of the cap is in `tokenizer.json`.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 258:
         raise ValueError(f"a byte-level BPE needs vocab_size >= 258 (256 bytes + EOS + 1 merge), got {vocab_size}")
     hf = Tokenizer(models.BPE())
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # ByteLevel maps every byte to one character (none a newline), so N characters are N bytes of a word:
+    # a longer word is cut into N-byte pieces, a shorter one left whole. FixedLength (recent tokenizers) adds
+    # ~1 CPU-s (15-20%) to training on the demo's 13.7 MB; the same cut by a regex, where it is missing, ~55%.
+    cut = pre_tokenizers.FixedLength(length=BPE_WORD_BYTES) if hasattr(pre_tokenizers, "FixedLength") else \
+        pre_tokenizers.Split(Regex(f".{{{BPE_WORD_BYTES}}}"), behavior="isolated")
+    hf.pre_tokenizer = pre_tokenizers.Sequence([byte_level, cut])
     hf.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS_TEXT], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2)
     hf.train_from_iterator(texts, trainer=trainer)
+    hf.pre_tokenizer = byte_level
     return BpeTokenizer(hf)
 
 

@@ -4,7 +4,8 @@
 Hugging Face `tokenizer.json` with an `<|endoftext|>` token (a fixed vocabulary, e.g. a recipe's
 131,072-entry one); `vocab_size` is then the model's vocabulary, which must hold every id. The BPE is
 trained on a bounded, deterministic sample: each source's first `BPE_SAMPLE_BYTES / sources` bytes of
-clean documents, in file order.
+clean documents, in file order, its words cut at `rungs.data.tokenizer.BPE_WORD_BYTES` bytes while it
+trains (a long run without whitespace would otherwise cost time with the square of its length).
 """
 
 from __future__ import annotations

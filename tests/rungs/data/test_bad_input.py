@@ -134,6 +134,59 @@ def _missing(root):
     return root / "manifest.yaml", "sources[1].files: 'b.jsonl' matches no file"
 
 
+def _object_id(root):
+    with open(root / "b.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"id": {"x": 1}, "text": "an id that is an object"}\n')
+    return root / "b.jsonl", ("b: line 41: field 'id' is dict {'x': 1}; a document's id must be a string or a number, "
+                              "or null for none (the document is then named <file>:<line>)")
+
+
+def _boolean_id(root):
+    with open(root / "b.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"id": true, "text": "an id that is a boolean"}\n')
+    return root / "b.jsonl", "b: line 41: field 'id' is bool True; a document's id must be a string or a number"
+
+
+def _a_folder_among_the_files(root):
+    (root / "more").mkdir()
+    (root / "b.jsonl").rename(root / "more" / "b.jsonl")
+    (root / "c.jsonl").write_text('{"id": "c", "text": "a file beside the folder"}\n')
+    _retarget(root, "files: [b.jsonl]", "files: [more, c.jsonl]")
+    return root / "manifest.yaml", (f"sources[1].files: `files` entry 'more' matches only folders ({root / 'more'}), "
+                                    "and a folder's files are not read unless named: use a glob such as "
+                                    "'more/*.jsonl', or 'more/**/*' for every file under it")
+
+
+def _only_a_folder(root):
+    (root / "more").mkdir()
+    (root / "b.jsonl").rename(root / "more" / "b.jsonl")
+    _retarget(root, "files: [b.jsonl]", "files: ['more/']")
+    return root / "manifest.yaml", ("sources: b: has no non-empty documents: `files` entry 'more/' matches only "
+                                    "folders")
+
+
+def _bzip2_by_suffix(root):
+    import bz2
+
+    (root / "b.jsonl.bz2").write_bytes(bz2.compress((root / "b.jsonl").read_bytes()))
+    _retarget(root, "b.jsonl", "b.jsonl.bz2")
+    return root / "b.jsonl.bz2", ("b: is bzip2-compressed, a format prepare does not read (it reads .jsonl, .parquet "
+                                  "or text, uncompressed or compressed as .gz (gzip, BGZF) or .zst (zstd))")
+
+
+def _xz_by_its_bytes(root):
+    import lzma
+
+    (root / "b.txt").write_bytes(lzma.compress((root / "b.jsonl").read_bytes()))
+    _retarget(root, "b.jsonl", "b.txt")
+    return root / "b.txt", "b: is xz-compressed, a format prepare does not read"
+
+
+def _gzip_without_its_suffix(root):
+    (root / "b.jsonl").write_bytes(gzip.compress((root / "b.jsonl").read_bytes()))
+    return root / "b.jsonl", "b: is gzip-compressed, but its name does not end in .gz; rename it b.jsonl.gz"
+
+
 def _retarget(root, old: str, new: str) -> None:
     manifest = root / "manifest.yaml"
     manifest.write_text(manifest.read_text().replace(old, new))
@@ -142,7 +195,9 @@ def _retarget(root, old: str, new: str) -> None:
 CASES = [_empty, _blank_text_file, _binary, _binary_but_utf8, _latin1_jsonl, _lone_surrogate_text, _lone_surrogate_id,
          _lone_surrogate_gzip, _id_twice, _not_gzip, _truncated_gzip, _bad_parquet,
          _manifest_not_utf8, _manifest_bad_yaml, _manifest_unknown_key, _source_unknown_key,
-         _decontamination_unknown_key, _decontamination_not_a_mapping, _share_is_a_bool, _missing]
+         _decontamination_unknown_key, _decontamination_not_a_mapping, _share_is_a_bool, _missing, _object_id,
+         _boolean_id, _a_folder_among_the_files, _only_a_folder, _bzip2_by_suffix, _xz_by_its_bytes,
+         _gzip_without_its_suffix]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__.strip("_") for c in CASES])

@@ -190,3 +190,69 @@ def test_ensure_prepared_repairs_an_unreadable_meta_json(tiny_manifest, tmp_path
     (target / "meta.json").write_text("{")
     assert ensure_prepared(tiny_manifest, vocab_size=257, tokenizer="byte", cache_root=tmp_path) == target
     assert (target / "meta.json").read_bytes() == meta
+
+
+def test_the_bpe_trains_on_a_long_run_without_whitespace_in_pieces(tiny_manifest):
+    """A word's training time grows with the square of its length (HF's trainer): a word longer than
+    `BPE_WORD_BYTES` is trained on as pieces of that length, so no learned token is longer; whole, a 20 kB
+    run merged up to a 4,096-byte token. Encoding a longer run afterwards round-trips."""
+    from rungs.data.tokenizer import train_bpe
+
+    texts = [d.text for d in load_manifest(tiny_manifest).sources[0].documents()][:2]
+    tok = train_bpe(texts + ["x" * 20_000], 300)
+    # BPE_WORD_BYTES (1,024); ByteLevel's token strings have a character per byte
+    assert max(len(token) for token in tok.hf.get_vocab()) <= 1_024
+    run = "see " + "x" * 20_000 + " end"
+    assert tok.decode(tok.encode(run)) == run
+
+
+def test_a_literal_eos_inside_a_document_is_plain_text(tiny_manifest, tiny_bpe, tmp_path):
+    """`<|endoftext|>` quoted in a document is its characters, not EOS (a false document boundary whose text
+    `decode` drops): in `encode`, `encode_many`, a tokenizer sent to a worker (pickled), and in a prepare's
+    shards with a given tokenizer.json (encoded as the byte tokenizer would: only the EOS after it)."""
+    import pickle
+
+    text = "Models split documents with <|endoftext|> between them."
+    tok = PreparedCorpus.open(tiny_bpe).tokenizer
+    for t in (tok, pickle.loads(pickle.dumps(tok))):
+        ids = t.encode_many([text])[0].tolist()
+        assert t.eos_id not in ids and ids == t.encode(text) and t.decode(ids) == text
+    root = tmp_path / "corpus"
+    write_jsonl(root / "a.jsonl", [{"id": "gpt", "text": text}, {"id": "other", "text": "a second document"}])
+    write_jsonl(root / "x.jsonl", [{"id": "held", "text": "a held-out document"}])
+    (root / "m.yaml").write_text("sources:\n  - {name: a, share: 1.0, files: [a.jsonl]}\n"
+                                 "eval:\n  - {domain: x, files: [x.jsonl]}\n")
+    out = prepare(root / "m.yaml", tmp_path / "out", vocab_size=300, tokenizer=str(tiny_bpe / "tokenizer.json"))
+    corpus = PreparedCorpus.open(out)
+    shard = corpus.train_shard("a")
+    tokens = shard.document_tokens(0).tolist()
+    assert corpus.eos_id not in tokens and corpus.tokenizer.decode(tokens) == text
+    assert int((shard.tokens[0:shard.n_tokens] == corpus.eos_id).sum()) == 2  # one EOS after each document
+
+
+def test_a_shard_file_lost_after_its_record_is_written_again_by_a_rerun(tiny_manifest, tmp_path):
+    """A shard is finished only with all four of its files, a finished corpus only with every file of its
+    shards and tables: a rerun writes what was lost (the rest kept, same inodes) back to the same bytes, with
+    `meta.json` removed as well; a complete directory stays a no-op."""
+    out = prepare(tiny_manifest, tmp_path / "out", vocab_size=257, tokenizer="byte", shard_bytes=2_000)
+    want = _files(out)
+    shards = sorted((out / "train" / "a").glob("*.tokens.npy"))
+    assert len(shards) > 2
+    kept = {p: p.stat().st_ino for p in (out / "train" / "a").iterdir() if not p.name.startswith(shards[1].name[:10])}
+    shards[1].unlink()
+    with pytest.raises(DataInputError, match=r"00000-0001\.tokens\.npy: is missing .*rerun the `ladder data prepare`"):
+        PreparedCorpus.open(out).train_shard("a")
+    for lost in (shards[1], shards[1].with_name(shards[1].name.replace(".tokens.npy", ".ids.json")),
+                 out / "train" / "a.keys.npy", out / "eval" / "x.docs.npy"):
+        lost.unlink(missing_ok=True)
+        prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte", shard_bytes=2_000)
+        assert _files(out) == want, lost
+    assert {p: p.stat().st_ino for p in kept} == kept  # the other shards were not written again
+    shards[-1].unlink()
+    (out / "meta.json").unlink()
+    prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte", shard_bytes=2_000)
+    assert _files(out) == want
+    stamp = (out / "meta.json").stat()
+    prepare(tiny_manifest, out, vocab_size=257, tokenizer="byte", shard_bytes=2_000)
+    assert ((out / "meta.json").stat().st_ino, (out / "meta.json").stat().st_mtime_ns) == \
+           (stamp.st_ino, stamp.st_mtime_ns)

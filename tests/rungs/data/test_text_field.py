@@ -1,5 +1,6 @@
 """A document's text must be a string: `{"text": 42}` in JSONL, or a number or null in a Parquet column, is
-an error naming the file, the line or row and the field, not the document "42"."""
+an error naming the file, the line or row and the field, not the document "42". An id is a string or a number,
+or null for none: an object is an error, not the id "{'x': 1}"."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from ladder.cli import main
 from rungs.data.errors import DataInputError
+from rungs.data.manifest import load_manifest
 from rungs.data.prepare import prepare
 
 from .conftest import write_manifest
@@ -51,3 +53,30 @@ def test_a_parquet_text_that_is_not_a_string_names_the_file_row_and_field(column
         prepare(manifest, tmp_path / "out", vocab_size=257, tokenizer="byte")
     assert err.value.where == str(tmp_path / "b.parquet") and err.value.field == "b"
     assert err.value.detail.startswith(f"row {row} (counting from 0): field 'text' is {shown}, not a string")
+
+
+def test_a_null_id_is_no_id_and_an_id_that_is_not_a_string_or_number_is_refused(tmp_path):
+    """A null id is no id (`<file>:<line>`, `<file>:<row>`), not the id "None" (two of them were a repeated id);
+    a number is its text; an object, list or boolean is refused with its line or row, not made into "{'x': 1}"."""
+    manifest = write_manifest(tmp_path)
+    lines = [{"id": "b-0", "text": "one"}, {"id": None, "text": "two"}, {"id": 7, "text": "three"},
+             {"id": None, "text": "four"}]
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    pq.write_table(pa.table({"id": ["p0", None, None], "text": ["x", "y", "z"]}), tmp_path / "c.parquet")
+    manifest.write_text(manifest.read_text().replace("files: [b.jsonl]", "files: [b.jsonl, c.parquet]"))
+    ds = load_manifest(manifest).sources[1]
+    assert [d.doc_id for d in ds.documents()] == ["b-0", "b.jsonl:2", "7", "b.jsonl:4", "p0", "c.parquet:1",
+                                                  "c.parquet:2"]
+    pq.write_table(pa.table({"id": pa.array([{"x": 1}, None], pa.struct([("x", pa.int64())])), "text": ["x", "y"]}),
+                   tmp_path / "c.parquet")
+    with pytest.raises(DataInputError) as err:
+        prepare(manifest, tmp_path / "out", vocab_size=257, tokenizer="byte")
+    assert err.value.where == str(tmp_path / "c.parquet") and err.value.field == "b"
+    assert err.value.detail.startswith("row 0 (counting from 0): field 'id' is dict {'x': 1}; a document's id must be "
+                                       "a string or a number, or null for none (the document is then named "
+                                       "<file>:<row>)")
+    lines[2] = {"id": ["a"], "text": "three"}
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    with pytest.raises(DataInputError, match=r"line 3: field 'id' is list \['a'\]; a document's id must be a string"):
+        prepare(manifest, tmp_path / "out", vocab_size=257, tokenizer="byte")
+    assert not (tmp_path / "out").exists()
