@@ -20,7 +20,6 @@ Documents are scored on their first `max_chars` characters (default 20,000). A p
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import math
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from curation.store import write_npz
 from rungs.data.atomic import atomic_write_bytes
 from rungs.data.errors import DataInputError
 
@@ -131,9 +131,8 @@ class QualityModel:
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         (out / META_FILE).unlink(missing_ok=True)
-        buf = io.BytesIO()
-        np.savez(buf, coef_index=self.coef_index, coef_value=self.coef_value, intercept=np.array([self.intercept]))
-        atomic_write_bytes(out / WEIGHTS_FILE, buf.getvalue())
+        write_npz(out / WEIGHTS_FILE, coef_index=self.coef_index, coef_value=self.coef_value,
+                  intercept=np.array([self.intercept]))
         meta = {"format": "curation.quality", "version": FORMAT_VERSION, "settings": asdict(self.settings),
                 "heldout_auc": self.heldout_auc, "counts": self.counts}
         atomic_write_bytes(out / META_FILE, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())

@@ -57,7 +57,10 @@ def prepared_key(out: Path) -> str | None:
 
 
 def set_table_files(split: str, name: str) -> list[str]:
-    return [f"{split}/{name}.{part}.npy" for part in TABLE_PARTS]
+    """The set's document table files a prepare writes (relative to `out`): a held-out set's `.docs.npy`
+    alone, a training source's also its keys, order and strata."""
+    parts = TABLE_PARTS if split == "train" else ("docs",)
+    return [f"{split}/{name}.{part}.npy" for part in parts]
 
 
 def writes_tokenizer(state: dict) -> bool:

@@ -26,6 +26,7 @@ import numpy as np
 from rungs.data.atomic import _TMP_MARK, atomic_write_bytes, atomic_write_json, npy_bytes
 from rungs.data.corpus import FORMAT_VERSION
 from rungs.data.manifest import Manifest
+from rungs.data.out_dir import set_table_files
 from rungs.data.subset import collection_of, subset_key
 
 log = logging.getLogger("rungs.data.prepare")
@@ -59,7 +60,7 @@ def write_set_table(out: Path, split: str, name: str, shards: list[dict], progre
     step = f"{split}/{name}"
     info = progress.done(step)
     if info is not None and info.get("shards") == shards and \
-            all((out / f).exists() for f in table_files(split, name)):  # a table lost since is written again
+            all((out / f).exists() for f in set_table_files(split, name)):  # a table lost since is written again
         return info
     tables, keys, codes, collections = [], [], [], {}
     start = 0
@@ -94,13 +95,6 @@ def write_set_table(out: Path, split: str, name: str, shards: list[dict], progre
                                 "tokens": int(table[code_arr == r, 1].sum())} for r, c in enumerate(names)]
     progress.mark(step, info)
     return info
-
-
-def table_files(split: str, name: str) -> list[str]:
-    """The set's document table files a prepare writes (relative to `out`): the held-out sets' `.docs.npy`
-    alone, a source's also its keys and orders."""
-    parts = ("docs", "keys", "order", "strata") if split == "train" else ("docs",)
-    return [f"{split}/{name}.{part}.npy" for part in parts]
 
 
 def write_meta(out: Path, key: str, manifest: Manifest, tokenizer_json: dict, entries: dict[str, dict], *,

@@ -43,8 +43,9 @@ from rungs.data.errors import DataDiskFullError, DataInputError
 from rungs.data.filework import ENCODE_BATCH_BYTES, ENCODE_BATCH_DOCS, SHARD_BYTES, SHARD_TEXT_BYTES, \
     tokenize_documents, tokenize_unit
 from rungs.data.manifest import DEMO_MANIFEST, Manifest, load_manifest
-from rungs.data.out_dir import OWNED_STEP, TOKENIZER_FILE, check_out_dir, owned_files, planned_files, read_state
-from rungs.data.outputs import Progress, table_files, write_meta, write_set_table
+from rungs.data.out_dir import OWNED_STEP, TOKENIZER_FILE, check_out_dir, owned_files, planned_files, read_state, \
+    set_table_files
+from rungs.data.outputs import Progress, write_meta, write_set_table
 from rungs.data.scanning import FileKey, ScanResult, scan, units_of
 from rungs.data.segments import FilePlan, plan_file
 from rungs.data.shard_writer import shard_files, shard_stem
@@ -167,7 +168,7 @@ def _missing_file(out: Path, meta: dict) -> str | None:
     listed: dict[str, set[str]] = {}
     for split, field in (("train", "sources"), ("eval", "eval")):
         for entry in meta[field]:
-            wanted = table_files(split, entry["name"]) + [f for s in entry["shards"] for f in shard_files(s["stem"])]
+            wanted = set_table_files(split, entry["name"]) + [f for s in entry["shards"] for f in shard_files(s["stem"])]
             for rel in wanted:
                 folder, _, name = rel.rpartition("/")
                 if folder not in listed:

@@ -113,6 +113,7 @@ def test_a_save_that_fails_midway_leaves_a_whole_model_or_none(demo_model, tmp_p
     path = tmp_path / "model"
     older = QualityModel(SMALL, np.array([1, 2]), np.array([0.5, -0.5]), 0.1, 0.6, {"train_positive": 1})
     older.save(path)
+    (path / "notes.txt").write_text("mine")  # a file save did not write: never removed
     real_open = builtins.open
 
     class HalfWritten:
@@ -150,3 +151,4 @@ def test_a_save_that_fails_midway_leaves_a_whole_model_or_none(demo_model, tmp_p
     loaded = QualityModel.load(demo_model.save(path))
     np.testing.assert_array_equal(loaded.coef_value, demo_model.coef_value)
     assert loaded.heldout_auc == demo_model.heldout_auc
+    assert (path / "notes.txt").read_text() == "mine"
