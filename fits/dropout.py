@@ -7,7 +7,11 @@ parameters,
 
     p*(N) = p_max / (1 + exp(−k · (log N − m)))
 
-fitted by weighted least squares (weights 1/se²). k's sign is free: the law may rise with size
+fitted by least squares, unweighted: each optimum's own standard error rests on one or two residual
+degrees of freedom (four or five dropout values, three coefficients), so its weight 1/se² would follow
+the noise in the error estimate (weights over a range of ~100 in one sweep) and the law's 95% interval
+covered the true dropout* in 73–80% of simulated sweeps; unweighted, with Student's t at n − 3 degrees of
+freedom, it covers ~95%. k's sign is free: the law may rise with size
 (a larger model overfits repeated data more) or fall. Optima outside the sampled dropout range
 are flagged and left out of the sigmoid fit, and so is a slice that sweeps no dropout (fewer than 3
 values: a ladder rung run at one dropout), each with its reason in `excluded`.
@@ -15,6 +19,7 @@ values: a ladder rung run at one dropout), each with its reason in `excluded`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +28,9 @@ import pandas as pd
 from scipy.optimize import curve_fit
 
 from fits.errors import FitConvergenceError, FitInputError, FlatSurfaceError
-from fits.results import jsonable, normal_quantile
+from fits.results import jsonable, student_quantile
 from fits.surfaces import WEIGHT_SCALE_REL, SurfaceResult, fit_surface
-from fits.validate import check_group_values, check_level, numeric_column, require_columns
+from fits.validate import check_group_values, check_level, numeric_column, require_columns, snap_close
 from provenance import code_version
 
 MIN_SIZES = 3
@@ -43,11 +48,13 @@ class DropoutLawResult:
     cov: np.ndarray
     excluded: list[dict[str, Any]]
     options: dict[str, Any]
+    dof: float = float("inf")  # residual degrees of freedom: optima used − 3
     code_version: str = field(default_factory=code_version)
 
     def conf_int(self, level: float | None = None) -> dict[str, tuple[float, float]]:
-        """Each sigmoid parameter's interval at `level` (default 0.95) from the fit's covariance."""
-        z = normal_quantile(level)
+        """Each sigmoid parameter's interval at `level` (default 0.95) from the fit's covariance, Student's t
+        at the fit's residual degrees of freedom."""
+        z = student_quantile(level, self.dof)
         se = np.sqrt(np.clip(np.diag(self.cov), 0, None))
         return {k: (float(v - z * e), float(v + z * e)) for (k, v), e in zip(self.params.items(), se)}
 
@@ -57,29 +64,49 @@ class DropoutLawResult:
                 f"{sum(s.ok for s in self.surfaces)} optima, {len(self.excluded)} excluded (code {self.code_version})")
 
     def predict(self, params_active, n_draws: int = 2000, level: float = 0.95, seed: int = 0) -> dict[str, Any]:
-        log_n = np.log(np.atleast_1d(np.asarray(params_active, dtype=float)))
-        p = self.params
-        mean = sigmoid(log_n, p["p_max"], p["k"], p["m"])
-        draws = np.random.default_rng(seed).multivariate_normal([p["p_max"], p["k"], p["m"]], self.cov, n_draws)
-        curves = np.clip(sigmoid(log_n[None, :], draws[:, 0:1], draws[:, 1:2], draws[:, 2:3]), 0.0, 1.0)
-        level = check_level(level, "level")
-        q = 50 * (1 - level)
-        return {"dropout": mean.tolist(), "interval": [np.percentile(curves, q, axis=0).tolist(),
-                                                       np.percentile(curves, 100 - q, axis=0).tolist()]}
+        mean, lo, hi = sigmoid_interval(self.params, self.cov, self.dof, params_active, level=level,
+                                        n_draws=n_draws, seed=seed)
+        return {"dropout": mean.tolist(), "interval": [lo.tolist(), hi.tolist()]}
 
     def to_dict(self) -> dict[str, Any]:
         se = np.sqrt(np.clip(np.diag(self.cov), 0, None))
         return jsonable({"form": "p*(N) = p_max / (1 + exp(-k (log N - m)))", "params": self.params,
-                         "se": dict(zip(self.params, se)), "cov": self.cov,
+                         "se": dict(zip(self.params, se)), "cov": self.cov, "dof": self.dof,
                          "optima": [{"params_active": s.key["params_active"], "dropout": s.optimum_natural()[s.coords[0]],
                                      "tpp": s.key.get("tpp"), "se": s.optimum_se[0], "flags": s.flags,
                                      "notes": s.notes} for s in self.surfaces],
                          "excluded": self.excluded, "options": self.options, "code_version": self.code_version})
 
 
+def sigmoid_interval(params: dict[str, float], cov: Any, dof: float, params_active: Any, *, level: float = 0.95,
+                     n_draws: int = 2000, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """dropout*(N) and its interval at `level`: the sigmoid at draws of its parameters from a multivariate
+    Student t (the fit's covariance, `dof` residual degrees of freedom; inf: normal), clipped to [0, 1]."""
+    log_n = np.log(np.atleast_1d(np.asarray(params_active, dtype=float)))
+    centre = np.array([params["p_max"], params["k"], params["m"]])
+    level = check_level(level, "level")
+    rng = np.random.default_rng(seed)
+    draws = rng.multivariate_normal(np.zeros(3), np.asarray(cov, dtype=float), n_draws)
+    if math.isfinite(dof):
+        draws /= np.sqrt(rng.chisquare(dof, n_draws) / dof)[:, None]
+    draws += centre
+    curves = np.clip(sigmoid(log_n[None, :], draws[:, 0:1], draws[:, 1:2], draws[:, 2:3]), 0.0, 1.0)
+    q = 50 * (1 - level)
+    return (sigmoid(log_n, *centre), np.percentile(curves, q, axis=0), np.percentile(curves, 100 - q, axis=0))
+
+
 def _key_value(value: object) -> float | str:
     """A slice's value in its key: a number as float (sizes, TPP), anything else (a tokenizer, an arm) as text."""
     return float(value) if isinstance(value, (int, float, np.number)) and not isinstance(value, bool) else str(value)
+
+
+def dropout_values(df: pd.DataFrame, dropout: str = "dropout") -> np.ndarray:
+    """The dropout column as float64, each value in [0, 1), values within float noise of each other snapped
+    to one (0.1 and 0.1000000001 are one point of a profile)."""
+    values = numeric_column(df, dropout)
+    if (values < 0).any() or (values >= 1).any():
+        raise FitInputError("dropout must lie in [0, 1)", column=dropout)
+    return snap_close(values)
 
 
 def fit_dropout_law(df: pd.DataFrame, y: str = "bpb", *, dropout: str = "dropout", size: str = "params_active",
@@ -89,9 +116,7 @@ def fit_dropout_law(df: pd.DataFrame, y: str = "bpb", *, dropout: str = "dropout
     over log size through all usable optima. A slice with too few dropout values for a curve is left out
     and reported in `excluded`, as one whose optimum is flagged."""
     require_columns(df, [dropout, size, y])
-    df = df.assign(**{dropout: numeric_column(df, dropout), size: numeric_column(df, size, positive=True)})
-    if (df[dropout] < 0).any() or (df[dropout] >= 1).any():
-        raise FitInputError("dropout must lie in [0, 1)", column=dropout)
+    df = df.assign(**{dropout: dropout_values(df, dropout), size: numeric_column(df, size, positive=True)})
     slice_cols = tuple(c for c in (slice_cols or (size, "tpp")) if c in df.columns)
     for column in slice_cols:
         check_group_values(df, column)
@@ -116,17 +141,15 @@ def fit_dropout_law(df: pd.DataFrame, y: str = "bpb", *, dropout: str = "dropout
                             f"slices at {n_sizes} sizes", column=size)
     log_n = np.log([s.key[size] for s in good])
     p_opt = np.array([s.optimum[0] for s in good])
-    se = np.array([s.optimum_se[0] for s in good])
-    sigma = np.maximum(np.where(np.isfinite(se), se, np.nanmax(np.append(se, 0.02))), 1e-4)
     best = None
     for k0 in (2.0, -2.0):
         try:
             popt, pcov = curve_fit(sigmoid, log_n, p_opt, p0=[min(max(p_opt.max() * 1.2, 0.05), 0.99), k0, np.median(log_n)],
-                                   sigma=sigma, bounds=([0.0, -50.0, log_n.min() - 10], [1.0, 50.0, log_n.max() + 10]),
+                                   bounds=([0.0, -50.0, log_n.min() - 10], [1.0, 50.0, log_n.max() + 10]),
                                    maxfev=20000)
         except RuntimeError:
             continue
-        sse = float(np.sum(((sigmoid(log_n, *popt) - p_opt) / sigma) ** 2))
+        sse = float(np.sum((sigmoid(log_n, *popt) - p_opt) ** 2))
         if best is None or sse < best[2]:
             best = (popt, pcov, sse)
     if best is None or not np.all(np.isfinite(best[1])):
@@ -134,5 +157,5 @@ def fit_dropout_law(df: pd.DataFrame, y: str = "bpb", *, dropout: str = "dropout
                                   "the optima may not follow a sigmoid in log size")
     popt, pcov, _ = best
     return DropoutLawResult(surfaces=surfaces, params=dict(zip(("p_max", "k", "m"), map(float, popt))), cov=pcov,
-                            excluded=excluded, options={"y": y, "dropout": dropout, "size": size,
+                            dof=float(len(good) - 3), excluded=excluded, options={"y": y, "dropout": dropout, "size": size,
                                                         "weight_scale_rel": weight_scale_rel})

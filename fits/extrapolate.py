@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from fits.dropout import sigmoid
+from fits.dropout import sigmoid_interval
 from fits.power_law import PowerLawResult
 from fits.report_laws import hparams_from_report, usable_lr_wd
 from fits.results import jsonable
@@ -62,13 +62,11 @@ def hparams_from_laws(hparams: dict[str, Any], *, steps: float, tpp: float, para
 
 
 def dropout_from_law(dropout: dict[str, Any], params_active: float, level: float = 0.95, seed: int = 0) -> dict[str, Any]:
-    p = dropout["params"]
-    mean = float(sigmoid(math.log(params_active), p["p_max"], p["k"], p["m"]))
-    draws = np.random.default_rng(seed).multivariate_normal([p["p_max"], p["k"], p["m"]], np.asarray(dropout["cov"]), 2000)
-    curve = np.clip(sigmoid(math.log(params_active), draws[:, 0], draws[:, 1], draws[:, 2]), 0.0, 1.0)
-    q = 50 * (1 - level)
-    return {"value": mean, "interval95": [float(np.percentile(curve, q)), float(np.percentile(curve, 100 - q))],
-            "source": "fitted dropout law"}
+    # a law saved before its degrees of freedom were: the normal draws it was made with
+    dof = dropout.get("dof")
+    mean, lo, hi = sigmoid_interval(dropout["params"], dropout["cov"], float("inf") if dof is None else float(dof),
+                                    params_active, level=level, seed=seed)
+    return {"value": float(mean[0]), "interval95": [float(lo[0]), float(hi[0])], "source": "fitted dropout law"}
 
 
 # Past this many times the largest fitted compute a prediction is flagged on the card (and on stderr).

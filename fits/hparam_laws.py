@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import statsmodels.api as sm
 
-from fits.errors import FitInputError, FlatSurfaceError
+from fits.errors import FitError, FitInputError, FlatSurfaceError
 from fits.results import jsonable
 from fits.surfaces import WEIGHT_SCALE_REL, SurfaceResult, fit_surface
 from fits.validate import check_level, n_distinct, numeric_column, require_columns, row_name, snap_close
@@ -263,6 +263,40 @@ def check_slices(df: pd.DataFrame, slice_cols: tuple[str, ...]) -> None:
                                 f"size and one TPP, so add {c!r} to slice_cols", column=c)
 
 
+def finite_or_diverged(df: pd.DataFrame, column: str) -> np.ndarray:
+    """The metric as float64: a diverged run's empty, NaN or infinite cell is NaN/inf (left out and counted),
+    a cell that is text and no number (a typo, `1.0O2`) is refused naming its row, not taken for a diverged run."""
+    raw = df[column]
+    metric = pd.to_numeric(raw, errors="coerce")
+    text = raw.astype(str).str.strip().str.lower()
+    unparsed = (metric.isna() & raw.notna() & ~text.isin(["", "nan", "none", "null"])).to_numpy()
+    if unparsed.any():
+        first = int(np.argmax(unparsed))
+        raise FitInputError(f"has {int(unparsed.sum())} value(s) that are not numbers ({raw.iloc[first]!r} at "
+                            f"{row_name(df, first)}); a diverged run's value is empty, NaN or inf", column=column)
+    return metric.to_numpy(dtype=np.float64)
+
+
+def rows_at_lr_wd_dropout(df: pd.DataFrame, y: str, slice_cols: tuple[str, ...],
+                          dropout_column: str) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """Each slice's runs at one dropout value: the one with the most distinct (LR, WD) points, the best
+    loss among equals. A grid run at dropout 0 beside a dropout sweep at the grid's centre keeps the grid
+    (the best dropout alone would leave the centre's one run, and no surface); a grid crossed with every
+    dropout keeps the best dropout's grid. Returns the rows and, per slice, the dropout used."""
+    keep = np.zeros(len(df), dtype=bool)
+    used = []
+    for key_vals, positions in df.groupby(list(slice_cols), sort=True).indices.items():
+        group = df.iloc[positions]
+        p_values = group[dropout_column].to_numpy(dtype=float)
+        points = {p: len(set(zip(group["lr"][p_values == p], group["wd"][p_values == p]))) for p in set(p_values)}
+        best_loss = {p: float(group[y][p_values == p].min()) for p in points}
+        chosen = min(points, key=lambda p: (-points[p], best_loss[p], p))
+        keep[positions[p_values == chosen]] = True
+        key = key_vals if isinstance(key_vals, tuple) else (key_vals,)
+        used.append({**dict(zip(slice_cols, key)), dropout_column: float(chosen), "lr_wd_points": points[chosen]})
+    return df[keep], used
+
+
 def fit_hparam_laws(df: pd.DataFrame, y: str = "bpb", *, criterion: str = "aic",
                     slice_cols: tuple[str, ...] | str = SLICE_REGRESSORS, weight_scale_rel: float = WEIGHT_SCALE_REL,
                     id_column: str | None = "run_id", dropout_column: str = "dropout") -> HparamLawsResult:
@@ -275,9 +309,11 @@ def fit_hparam_laws(df: pd.DataFrame, y: str = "bpb", *, criterion: str = "aic",
     slice_cols = slice_columns(slice_cols)
     require_columns(df, [*REQUIRED, y, *slice_cols])
     df = df.copy()
-    metric = pd.to_numeric(df[y], errors="coerce")
+    metric = finite_or_diverged(df, y)
     diverged = int((~np.isfinite(metric)).sum())
     df = df[np.isfinite(metric)]
+    if df.empty:
+        raise FitInputError(f"no run has a finite value (all {diverged} are empty, NaN or infinite)", column=y)
     for c in REQUIRED:
         df[c] = numeric_column(df, c, positive=True)
     for c in dict.fromkeys((*slice_cols, *SLICE_REGRESSORS, "lr", "wd")):  # float noise in the last bits: one value
@@ -291,24 +327,23 @@ def fit_hparam_laws(df: pd.DataFrame, y: str = "bpb", *, criterion: str = "aic",
     options = {"y": y, "criterion": criterion, "slice_cols": list(slice_cols), "weight_scale_rel": weight_scale_rel,
                "diverged_rows_dropped": diverged, "n_rows": len(df)}
     if has_dropout:
-        from fits.dropout import fit_dropout_law
+        from fits.dropout import dropout_values, fit_dropout_law
 
-        dropout_law = fit_dropout_law(df, y=y, dropout=dropout_column, id_column=id_column, slice_cols=slice_cols)
-        # the LR/WD surfaces use each slice's best dropout only, so dropout does not blur them
-        best_p = {tuple(s.key[c] for c in slice_cols): s.best_observed[dropout_column] for s in dropout_law.surfaces}
-        # a slice left out of the dropout law for too few dropout values keeps the dropout of its best run
-        best_run = df.loc[df.groupby(list(slice_cols))[y].idxmin()]
-        for k, p_best in zip(zip(*(best_run[c] for c in slice_cols)), best_run[dropout_column]):
-            best_p.setdefault(k, p_best)
-        keys = list(zip(*(df[c] for c in slice_cols)))
-        df = df[np.isclose(df[dropout_column], [best_p.get(k, np.nan) for k in keys])]
+        df[dropout_column] = dropout_values(df, dropout_column)  # bad values refused, not a missing law
+        try:
+            dropout_law = fit_dropout_law(df, y=y, dropout=dropout_column, id_column=id_column, slice_cols=slice_cols)
+        except FitError as err:  # no dropout law (too few sizes sweep it): the LR/WD laws are still fitted
+            options["dropout_error"] = str(err)
+        # the LR/WD surfaces use one dropout per slice, so dropout does not blur them
+        df, options["lr_wd_dropout"] = rows_at_lr_wd_dropout(df, y, slice_cols, dropout_column)
     if df.groupby(list(slice_cols))["lr"].nunique().max() < 3:
         if dropout_law is not None:  # a dropout sweep: the dropout law alone, LR/WD laws left empty
             return HparamLawsResult(slices=[], excluded=[], lr_wd=None, log_lr=None, lr_wd_candidates=[],
                                     log_lr_candidates=[], report_lr_wd=None, report_log_lr=None,
                                     options={**options, "lr_wd_swept": False}, dropout=dropout_law)
+        because = f"; and no dropout law: {options['dropout_error']}" if "dropout_error" in options else ""
         raise FitInputError("no slice sweeps the learning rate (a surface needs ≥ 3 distinct LR values per "
-                            f"{'/'.join(slice_cols)} slice)", column="lr")
+                            f"{'/'.join(slice_cols)} slice){because}", column="lr")
     surfaces, excluded = slice_optima(df, y, slice_cols, weight_scale_rel=weight_scale_rel, id_column=id_column)
     good = [s for s in surfaces if s.ok]
     if not good:

@@ -66,6 +66,15 @@ def normal_quantile(level: float | None) -> float:
     return NormalDist().inv_cdf(0.5 + level / 2.0)
 
 
+def student_quantile(level: float | None, dof: float) -> float:
+    """t with P(|T| ≤ t) = level (default 0.95) at `dof` degrees of freedom; NaN without any (dof ≤ 0 or NaN):
+    intervals from a least-squares fit's own residuals."""
+    from scipy import stats
+
+    level = check_level(0.95 if level is None else level, "level")
+    return float(stats.t.ppf(0.5 + level / 2.0, dof)) if dof > 0 else float("nan")
+
+
 @runtime_checkable
 class LawResult(Protocol):
     """What every fit result offers, whichever law it fitted."""

@@ -14,7 +14,8 @@ so a run 1% worse than the best counts e⁻¹ as much and one 5% worse e⁻⁵. 
 quadratic near its minimum; without the weights, far-off (and diverging) runs dominate the fit
 and drag the optimum. The scale is relative to the loss, so a best loss of 0 (or one so near 0
 that the weights leave too few runs to determine the quadratic) is refused, not fitted.
-The optimum's uncertainty is the delta method on the WLS coefficient covariance. A surface whose Hessian is not positive definite, or whose optimum lies outside the
+The optimum's uncertainty is the delta method on the WLS coefficient covariance, its interval Student's
+t at the fit's residual degrees of freedom. A surface whose Hessian is not positive definite, or whose optimum lies outside the
 sampled region (the convex hull of the sampled points), is flagged, never silently used.
 A cross-shaped design (points only along the two axes) cannot see the u·v term: the separable
 quadratic is fitted instead and noted (`no_cross_term`); a slice with exactly as many points as
@@ -32,7 +33,7 @@ import statsmodels.api as sm
 from scipy.spatial import Delaunay
 
 from fits.errors import FitInputError, FlatSurfaceError
-from fits.results import jsonable, normal_quantile
+from fits.results import jsonable, student_quantile
 from fits.validate import n_distinct, numeric_column, require_columns
 from provenance import code_version
 
@@ -85,6 +86,7 @@ class SurfaceResult:
     key: dict[str, Any] = field(default_factory=dict)
     samples: np.ndarray | None = field(default=None, repr=False)  # (n, d+1): fit-space coords, then y
     notes: list[str] = field(default_factory=list)  # fit-form caveats: no_cross_term, no_residual_dof
+    resid_dof: float = float("nan")  # the WLS fit's residual degrees of freedom (points - coefficients)
     code_version: str = field(default_factory=code_version)
 
     @property
@@ -101,7 +103,10 @@ class SurfaceResult:
         return out
 
     def optimum_natural(self) -> dict[str, float]:
-        return {c: float(np.exp(v) if lg else v) for c, v, lg in zip(self.coords, self.optimum, self.log_coords)}
+        """The optimum in natural units; inf where a flagged optimum lies too far out for exp (a loss flat
+        along a coordinate puts it thousands of log units away)."""
+        with np.errstate(over="ignore"):
+            return {c: float(np.exp(v) if lg else v) for c, v, lg in zip(self.coords, self.optimum, self.log_coords)}
 
     def predict(self, points: Any) -> np.ndarray:
         """The fitted loss at `points` in natural units (not logged): an (n, d) array, one point of d
@@ -127,8 +132,9 @@ class SurfaceResult:
 
     def conf_int(self, level: float | None = None) -> dict[str, tuple[float, float]]:
         """The optimum's interval per coordinate at `level` (default 0.95), in fitted coordinates (log
-        where log_coords): the delta-method standard error, normal quantiles (NaN without residuals)."""
-        z = normal_quantile(level)
+        where log_coords): the delta-method standard error times Student's t at the fit's residual degrees
+        of freedom (a 3×3 grid has 3: ±1.96·SE covered 87% there, ±t·SE 95%); NaN without residuals."""
+        z = student_quantile(level, self.resid_dof)
         return {c: (float(v - z * se), float(v + z * se)) for c, v, se in zip(self.coords, self.optimum, self.optimum_se)}
 
     def summary(self) -> str:
@@ -224,18 +230,8 @@ def fit_surface(df: pd.DataFrame, coords: list[str], y: str, *, log_coords: list
     g, H = gradient_hessian(coef, d)
     pd_ok = bool(np.all(np.linalg.eigvalsh(H) > 0))
     opt_c = optimum_of(coef, d) if abs(np.linalg.det(H)) > 1e-300 else np.full(d, np.nan)
-    # delta method: numerical Jacobian of the optimum with respect to the coefficients
-    J = np.zeros((d, len(coef)))
-    for i in range(len(coef)):
-        h = 1e-6 * max(abs(coef[i]), 1e-3)
-        up, dn = coef.copy(), coef.copy()
-        up[i] += h
-        dn[i] -= h
-        J[:, i] = (optimum_of(up, d) - optimum_of(dn, d)) / (2 * h)
-    with np.errstate(invalid="ignore"):
-        se = np.sqrt(np.clip(np.diag(J @ np.nan_to_num(cov, nan=0.0) @ J.T), 0, None))
-    if "no_residual_dof" in notes:
-        se = np.full(d, np.nan)
+    se = _optimum_se(coef, cov, d) if np.all(np.isfinite(opt_c)) and "no_residual_dof" not in notes \
+        else np.full(d, np.nan)
     optimum = opt_c + center
     inside = _inside(x, optimum)
     best = int(np.argmin(loss))
@@ -246,7 +242,26 @@ def fit_surface(df: pd.DataFrame, coords: list[str], y: str, *, log_coords: list
         best_observed={**{c: float(raw[best, j]) for j, c in enumerate(coords)}, y: float(loss[best])},
         rows_used=df[id_column].tolist() if id_column and id_column in df.columns else df.index.tolist(),
         weight_scale=scale, key=dict(key or {}), samples=np.column_stack([x, loss]), notes=notes,
+        resid_dof=float(len(loss) - len(keep)),
     )
+
+
+def _optimum_se(coef: np.ndarray, cov: np.ndarray, d: int) -> np.ndarray:
+    """The delta method: a numerical Jacobian of the optimum with respect to the coefficients. NaN where
+    a step of the Jacobian makes the Hessian singular (a loss with next to no curvature: the surface is
+    flagged all the same), not numpy's LinAlgError."""
+    J = np.zeros((d, len(coef)))
+    try:
+        for i in range(len(coef)):
+            h = 1e-6 * max(abs(coef[i]), 1e-3)
+            up, dn = coef.copy(), coef.copy()
+            up[i] += h
+            dn[i] -= h
+            J[:, i] = (optimum_of(up, d) - optimum_of(dn, d)) / (2 * h)
+    except np.linalg.LinAlgError:
+        return np.full(d, np.nan)
+    with np.errstate(invalid="ignore"):
+        return np.sqrt(np.clip(np.diag(J @ np.nan_to_num(cov, nan=0.0) @ J.T), 0, None))
 
 
 def _is_cross(x: np.ndarray) -> bool:

@@ -128,6 +128,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"BPB {domain} not predicted: {reason}", file=sys.stderr)
     if fitted_here.get("hint"):
         print(fitted_here["hint"], file=sys.stderr)
+    if fitted_here.get("hparams_error"):
+        print(f"LR/WD laws not fitted from these runs (the recipe's laws are used): {fitted_here['hparams_error']}",
+              file=sys.stderr)
     if args.plot and not laws["power_law"]:
         print(f"no BPB laws to plot: {args.plot} not written", file=sys.stderr)
     elif args.plot:

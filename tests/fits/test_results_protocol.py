@@ -37,7 +37,9 @@ def test_hyperparameter_laws_and_their_surfaces_keep_the_protocol():
     assert set(laws.conf_int()) == {"lr_wd_product", "log_lr"}
     surface = laws.slices[0]
     lo, hi = surface.conf_int(0.95)["lr"]
-    assert lo < surface.optimum[0] < hi and hi - lo == pytest.approx(2 * 1.959964 * surface.optimum_se[0], rel=1e-5)
+    t19 = 2.093024  # Student's t, 0.975, at the 5x5 grid's 25 - 6 residual degrees of freedom
+    assert surface.resid_dof == 19
+    assert lo < surface.optimum[0] < hi and hi - lo == pytest.approx(2 * t19 * surface.optimum_se[0], rel=1e-5)
 
 
 def test_the_dropout_law_and_chinchilla_keep_the_protocol():

@@ -126,3 +126,13 @@ def test_a_plot_path_that_cannot_be_written_is_refused_before_the_card(laws_file
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "--plot" in err and says in err and "Traceback" not in err
+
+
+def test_extrapolate_from_runs_says_why_the_lr_wd_laws_are_not_fitted(capsys):
+    """The demo's runs hold one LR/WD slice: the card falls back to the recipe's laws, and said why only in the
+    JSON's provenance."""
+    csv = Path(__file__).parents[2] / "notebooks" / "fixtures" / "demo_runs.csv"
+    assert main(["extrapolate", "cpu-demo-d2", "--rung", "9", "--csv", str(csv), "--floor", "auto",
+                 "--bootstrap", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "LR/WD laws not fitted from these runs (the recipe's laws are used): column 'log_lr_wd'" in err

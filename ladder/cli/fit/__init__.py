@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 
 from ladder.cli.fit import arms, efficiency, power_law
@@ -185,6 +186,14 @@ def plot_chinchilla(fit, df, *, n: str, d: str, y: str, path: str, backtest: dic
 
 # ---------------------------------------------------------------- hyperparameters
 
+def _lr_wd_cells(optimum: dict[str, float | None]) -> list[object]:
+    """A slice's LR* and WD* for the table; "-" for an optimum too far out to be a number (a loss flat
+    along LR·WD puts it thousands of log units away: the slice is flagged and left out of the laws)."""
+    lr, lr_wd = optimum.get("lr"), optimum.get("lr_wd")
+    ok = [v is not None and math.isfinite(v) and v > 0 for v in (lr, lr_wd)]
+    return [lr if ok[0] else "-", lr_wd / lr if all(ok) else "-"]
+
+
 def run_hparams(args: argparse.Namespace) -> int:
     from fits.errors import FitError
     from fits.hparam_laws import fit_hparam_laws
@@ -204,8 +213,8 @@ def run_hparams(args: argparse.Namespace) -> int:
     if args.json:
         print_json(payload)
         return 0
-    rows = [[f"{s['params_active']:.3g}", s["tpp"], s["steps"], s["optimum"]["lr"],
-             s["optimum"]["lr_wd"] / s["optimum"]["lr"], ", ".join(s["flags"]) or "ok"] for s in payload["slices"]]
+    rows = [[f"{s['params_active']:.3g}", s["tpp"], s["steps"], *_lr_wd_cells(s["optimum"]),
+             ", ".join(s["flags"]) or "ok"] for s in payload["slices"]]
     stdout_console.print(make_table("LR/WD optima per slice", ["params_active", "tpp", "steps", "LR*", "WD*", "flags"], rows))
     p, lr = payload["lr_wd_product"], payload["log_lr"]
     if payload["dropout"]:
@@ -215,14 +224,30 @@ def run_hparams(args: argparse.Namespace) -> int:
             where = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                               for k, v in left_out.items() if k != "reason")
             print(f"dropout law: slice {where} left out ({left_out['reason']})", file=sys.stderr)
+    if payload["options"]["diverged_rows_dropped"]:
+        print(f"{payload['options']['diverged_rows_dropped']} run(s) without a finite {args.y} (diverged) left out",
+              file=sys.stderr)
+    if "dropout_error" in payload["options"]:
+        print(f"dropout law not fitted: {payload['options']['dropout_error']}", file=sys.stderr)
     if payload["selected"] is None:
         stdout_console.print("LR/WD were not swept: no LR*/WD* laws")
         return 0
     report = HparamLaws()  # the report's laws, written once (ladder/plan/recipe.py)
-    stdout_console.print(f"LR*·WD* = {p['coef']:.4g} · steps^{p['steps_exponent']:.3f}   (report: {report.lr_wd_text()})")
-    tpp_term = f" + {lr['log_tpp']:.3f}·log TPP" if lr["log_tpp"] is not None else " (TPP constant: no TPP term)"
-    stdout_console.print(f"log LR* = {lr['intercept']:.3f}{tpp_term} + {lr['log_steps']:.3f}·log steps   "
-                         f"(report: {report.log_lr_text()})")
+    if p["coef"] is not None:
+        stdout_console.print(f"LR*·WD* = {p['coef']:.4g} · steps^{p['steps_exponent']:.3f}   "
+                             f"(report: {report.lr_wd_text()})")
+    if lr["intercept"] is not None:
+        tpp_term = f" + {lr['log_tpp']:.3f}·log TPP" if lr["log_tpp"] is not None else " (TPP constant: no TPP term)"
+        stdout_console.print(f"log LR* = {lr['intercept']:.3f}{tpp_term} + {lr['log_steps']:.3f}·log steps   "
+                             f"(report: {report.log_lr_text()})")
+    if p["coef"] is None or lr["intercept"] is None:
+        stdout_console.print("[yellow]steps do not vary across the slices, so the report's form (a law in steps) is "
+                             "not identifiable; the selected laws:[/yellow]")
+        for name in ("lr_wd_product", "log_lr"):
+            law = payload["selected"][name]
+            terms = f"{law['params']['const']:.4g}" + "".join(
+                f" {'-' if law['params'][t] < 0 else '+'} {abs(law['params'][t]):.4g}·{t}" for t in law["terms"])
+            stdout_console.print(f"  {law['target']} = {terms}")
     if payload["selected"]["log_lr"].get("exactly_determined"):
         stdout_console.print(f"[yellow]exactly determined from {payload['selected']['log_lr']['n']} slice optima: "
                              "no intervals; add slices for uncertainty[/yellow]")
