@@ -197,7 +197,7 @@ class TrainConfig(BaseModel):
 
     # --- tracking ---
     tracking_uri: str | None = DEFAULT_TRACKING_URI  # None or "": no tracking
-    experiment_name: str = "ladder"
+    experiment_name: str = Field(default="ladder", pattern=r"\S", description="the MLflow experiment (not blank)")
 
     @model_validator(mode="before")
     @classmethod

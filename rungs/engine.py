@@ -61,6 +61,7 @@ from rungs.metrics import DevicePeak
 class Engine(Protocol):
     rank: int  # this process's rank in the job (0 in a one-process job)
     world: int  # the number of devices/processes the job's global batch is split over
+    processes: int  # the job's processes (1: one process, whatever its number of devices)
 
     def tags(self) -> dict[str, str]:
         """MLflow tags this engine adds to the run (e.g. workers, dp, ep, backend)."""

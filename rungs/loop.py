@@ -29,6 +29,7 @@ from rungs.config import TrainConfig
 from rungs.engine import Engine
 from rungs.metrics import DevicePeak, DivergenceRule, MovingMedian, utilisation
 from rungs.progress import StepProgress
+from rungs.signals import sigterm_raises
 from rungs.run_files import (CheckpointError, DiskFullError, append_jsonl, drop_jsonl_after, is_disk_full,
                              write_json_atomic)
 from rungs.tracking import RUN_ID_FILE, Tracker, run_status
@@ -130,33 +131,34 @@ def run_job(cfg: TrainConfig, engine: Engine, *, run_dir: Path, lr_multiplier: C
     log.info("set-up took %.1fs; MFU peak %s FLOP/s per device (%s)", time.perf_counter() - job_start,
              f"{peak.flops:.3g}" if peak.flops else "unknown", peak.source)
     bar = StepProgress(total, enabled=progress and main, start=state.step)
-    try:
-        diverged_reason, job_start = _steps(cfg, engine, state, run_dir, tracker, bar, peak, unigram, lr_multiplier,
-                                            stop_at=total if stop_after is None else min(total, stop_after),
-                                            job_start=job_start)
-        bar.close()
-        state.wall_seconds += time.perf_counter() - job_start
-        if state.step < total and diverged_reason is None:  # stopped early on request: resumable
+    # a preemption's SIGTERM closes a one-process job's MLflow run FAILED, as a crash does (rungs/signals.py)
+    with sigterm_raises(enabled=engine.processes == 1):
+        try:
+            diverged_reason, job_start = _steps(cfg, engine, state, run_dir, tracker, bar, peak, unigram, lr_multiplier,
+                                                stop_at=total if stop_after is None else min(total, stop_after),
+                                                job_start=job_start)
+            bar.close()
+            state.wall_seconds += time.perf_counter() - job_start
+            if state.step < total and diverged_reason is None:  # stopped early on request: resumable
+                if tracker is not None:
+                    tracker.finish(status="KILLED")
+                engine.barrier()
+                return _result(tracker, state, peak, engine.world, unigram, None, run_dir, finished=False)
+            res = _result(tracker, state, peak, engine.world, unigram, diverged_reason, run_dir, finished=True)
+            res.config_key = cfg.key()
+            report = engine.data_report()
+            if main:  # the result last: it marks the job finished, and a rerun then writes nothing more
+                write_json_atomic(run_dir / DATA_REPORT_FILE, report, indent=2, default=float)
+                write_json_atomic(run_dir / RESULT_FILE, res.to_json(), indent=2)
+        except BaseException as err:  # a crash (Ctrl-C, SIGTERM) leaves the MLflow run marked, not RUNNING forever
+            bar.close()
+            full = isinstance(err, DiskFullError) or is_disk_full(err)
             if tracker is not None:
-                tracker.finish(status="KILLED")
-            engine.barrier()
-            return _result(tracker, state, peak, engine.world, unigram, None, run_dir, finished=False)
-        res = _result(tracker, state, peak, engine.world, unigram, diverged_reason, run_dir, finished=True)
-        res.config_key = cfg.key()
-        if main:
-            write_json_atomic(run_dir / RESULT_FILE, res.to_json(), indent=2)
-        report = engine.data_report()
-        if main:
-            write_json_atomic(run_dir / DATA_REPORT_FILE, report, indent=2, default=float)
-    except BaseException as err:  # a crash (or Ctrl-C) leaves the MLflow run marked, not RUNNING forever
-        bar.close()
-        full = isinstance(err, DiskFullError) or is_disk_full(err)
-        if tracker is not None:
-            tracker.finish(status="FAILED", failing=True, skip_flush=full)
-        if full and not isinstance(err, DiskFullError):  # e.g. the clip-event log: say so, and where
-            raise DiskFullError(err.errno, f"disk full while training in {run_dir} ({err}); free space and "
-                                           "rerun: the job resumes from its last checkpoint") from err
-        raise
+                tracker.finish(status="FAILED", failing=True, skip_flush=full)
+            if full and not isinstance(err, DiskFullError):  # e.g. the clip-event log: say so, and where
+                raise DiskFullError(err.errno, f"disk full while training in {run_dir} ({err}); free space and "
+                                               "rerun: the job resumes from its last checkpoint") from err
+            raise
     if tracker is not None:
         log_final(tracker, res, run_dir)
     engine.barrier()

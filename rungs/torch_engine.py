@@ -157,6 +157,7 @@ class TorchEngine:
 
     rank = 0
     world = 1
+    processes = 1
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg

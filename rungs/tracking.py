@@ -218,6 +218,9 @@ class Tracker:
                 return
         with store_lock(tracking_uri):  # two jobs starting together must not both create the experiment
             exp = self.client.get_experiment_by_name(experiment_name)
+            if exp is not None and exp.lifecycle_stage == "deleted":  # `ladder train` refuses it up front
+                raise ValueError(f"the MLflow experiment {experiment_name!r} (id {exp.experiment_id}) was deleted "
+                                 f"in {tracking_uri}; restore it or name another experiment")
             if exp is None:
                 exp_id = self.client.create_experiment(experiment_name, tags=EXPERIMENT_KIND_TAGS,
                                                        artifact_location=_artifact_location(tracking_uri))
@@ -297,6 +300,18 @@ class Tracker:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+
+def deleted_experiment(tracking_uri: str, name: str) -> str | None:
+    """The id of experiment `name` when the store holds it deleted (the MLflow UI deletes softly, and no run
+    can be created in a deleted experiment), else None; a SQLite store not created yet holds none."""
+    db = sqlite_path(tracking_uri)
+    if db is not None and not db.is_file():
+        return None
+    from mlflow import MlflowClient
+
+    exp = MlflowClient(tracking_uri).get_experiment_by_name(name)
+    return exp.experiment_id if exp is not None and exp.lifecycle_stage == "deleted" else None
 
 
 def run_status(tracking_uri: str, run_id: str) -> str | None:

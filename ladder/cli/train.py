@@ -70,17 +70,21 @@ def record_finished_run(config: dict, run_dir: Path, *, reregister: bool) -> Non
 
     cfg = parse_config(config)
     done = finished_result(Path(run_dir), cfg.run_steps, cfg.resume_keys())
-    if done is None or not done.run_id or run_status(cfg.tracking_uri, done.run_id) is not None:
+    if done is None or (done.run_id and run_status(cfg.tracking_uri, done.run_id) is not None):
         return
     if not reregister:
+        # A job trained without tracking (tracking_uri empty) shares its run directory with the tracked command:
+        # tracking is not part of the job's key, so the rerun found the result and recorded nothing.
+        why = (f"its MLflow run {done.run_id} is not in {cfg.tracking_uri}: the store was replaced, or --tracking-uri "
+               "names another one. Point --tracking-uri at the store it was recorded in; or" if done.run_id else
+               f"it ran without tracking, so {cfg.tracking_uri} has no run of it. Rerun")
         raise LadderInputError(
-            f"this job finished earlier (its result is {Path(run_dir) / RESULT_FILE}) but its MLflow run "
-            f"{done.run_id} is not in {cfg.tracking_uri}: the store was replaced, or --tracking-uri names another "
-            "one. Point --tracking-uri at the store it was recorded in; or rerun with --reregister to record its "
-            "finished result in this store; or --fresh to train it again", field="--tracking-uri")
+            f"this job finished earlier (its result is {Path(run_dir) / RESULT_FILE}) but {why} with --reregister to "
+            "record its finished result in this store; or --fresh to train it again", field="--tracking-uri")
     run_id = register_result(cfg.tracking_uri, cfg.experiment_name, Path(run_dir),
                              {TAG_KEY: cfg.trial_key or cfg.key(), "config_key": cfg.key()})
-    log.info("re-registered %s: run %s (not in the store) → %s", run_dir, done.run_id, run_id)
+    log.info("re-registered %s: %s → %s", run_dir,
+             f"run {done.run_id} (not in the store)" if done.run_id else "trained without tracking", run_id)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,6 +106,15 @@ def run(args: argparse.Namespace) -> int:
         # is down, a damaged store or a scheme MLflow cannot read fails here in one line. A job creates
         # its SQLite store (or store directory) on first use, so a missing one is allowed.
         check_store(config["tracking_uri"], create=True)
+        from rungs.tracking import deleted_experiment
+
+        deleted = deleted_experiment(config["tracking_uri"], config["experiment_name"])
+        if deleted is not None:  # MLflow cannot create a run in it: refused before any data or model work
+            raise LadderInputError(
+                f"the MLflow experiment {config['experiment_name']!r} (id {deleted}) was deleted in "
+                f"{config['tracking_uri']}; restore it (MLFLOW_TRACKING_URI={config['tracking_uri']} mlflow "
+                f"experiments restore --experiment-id {deleted}) or name another with --set experiment_name=NAME",
+                field="experiment_name")
     run_dir = args.run_dir or default_run_dir(config)
     try:
         if config.get("tracking_uri") and not args.fresh:

@@ -54,6 +54,7 @@ class ShardedTorchEngine:
         self.restore_from = restore_from
         self._weights_drawn = True
         self.rank, self.world = par.rank, par.world
+        self.processes = par.world  # one device per process
         self.clipper: ActivationGradClipper | None = None
         self._events: list[dict[str, Any]] = []
 

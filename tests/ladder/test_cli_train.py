@@ -181,3 +181,42 @@ def test_a_finished_job_whose_run_is_not_in_the_store_is_refused_or_reregistered
         {f"final_bpb/{d}": v for d, v in trained["bpb"].items()}
     assert main([*argv, "--tracking-uri", second]) == 0  # recorded now: returned as it is
     assert json.loads(capsys.readouterr().out)["run_id"] == payload["run_id"]
+
+
+def test_a_job_finished_without_tracking_is_not_returned_as_tracked(tmp_path, capsys):
+    """Tracking is not part of a job's key, so `--set tracking_uri=` and the tracked command share a run
+    directory: the tracked rerun printed the stored numbers with run_id null, exit 0, and the store got nothing
+    (a rung the fits then silently lacked). Refused as a run missing from the store is; --reregister records it."""
+    from mlflow import MlflowClient
+
+    run, store = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = ["train", "cpu-demo", "--rung", "3", "--max-steps", "1", "--run-dir", str(run), "--json", *_TINY]
+    assert main([*argv, "--set", "tracking_uri="]) == 0
+    untracked = json.loads(capsys.readouterr().out)
+    assert untracked["run_id"] is None
+    assert main([*argv, "--tracking-uri", store]) == 2
+    err = capsys.readouterr().err
+    assert "it ran without tracking" in err and "--reregister" in err and "Traceback" not in err
+    assert main([*argv, "--tracking-uri", store, "--reregister"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["run_id"] and payload["bpb"] == untracked["bpb"]
+    assert MlflowClient(store).get_run(payload["run_id"]).info.status == "FINISHED"
+
+
+def test_a_deleted_or_blank_experiment_is_refused_before_any_work(tmp_path, capsys):
+    """The MLflow UI deletes an experiment softly; a run cannot be created in it, and the job died with a
+    30-line MlflowException after preparing the data and building the model."""
+    from mlflow import MlflowClient
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(store)
+    client.delete_experiment(client.create_experiment("gone"))
+    run = tmp_path / "run"
+    argv = ["train", "cpu-demo", "--rung", "3", "--max-steps", "1", "--run-dir", str(run), "--tracking-uri", store,
+            *_TINY]
+    assert main([*argv, "--set", "experiment_name=gone"]) == 2
+    err = capsys.readouterr().err
+    assert "experiment 'gone' (id 1) was deleted" in err and "mlflow experiments restore --experiment-id 1" in err
+    assert not run.exists()
+    assert main([*argv, "--set", "experiment_name= "]) == 2
+    assert "experiment_name" in capsys.readouterr().err

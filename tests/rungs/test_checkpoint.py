@@ -226,3 +226,41 @@ def test_a_dead_holder_does_not_keep_the_run_directory(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     assert "pid" in (tmp_path / "job.lock").read_text()  # it did hold the lock
     assert train(tiny_config(max_steps=2), run_dir=tmp_path, progress=False, wait_for_run_dir=False).steps == 2
+
+
+def test_sigterm_closes_the_mlflow_run_failed_and_exits_143(tmp_path):
+    """SIGTERM is how Kubernetes, Slurm and Ray stop a job: Python's default ended the process with no except
+    clause run, and the MLflow run stayed RUNNING with no end time."""
+    from mlflow import MlflowClient
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = tmp_path / "run"
+    cfg = tiny_config(max_steps=400, checkpoint_interval=1, tracking_uri=store)
+    code = ("import json, sys\nfrom rungs.train import train\n"
+            f"train(json.loads(sys.argv[1]), run_dir={str(run)!r}, progress=False)\n")
+    job = subprocess.Popen([sys.executable, "-c", code, json.dumps(cfg)], cwd=REPO)
+    try:
+        for _ in range(1200):  # training: its first checkpoint written (the run id before it)
+            if (run / "checkpoint.pt").exists() or job.poll() is not None:
+                break
+            threading.Event().wait(0.1)
+        assert job.poll() is None, "the job ended before it could be stopped"
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=120) == 143
+    finally:
+        job.kill()
+    record = MlflowClient(store).get_run((run / "mlflow_run_id").read_text().strip())
+    assert record.info.status == "FAILED" and record.info.end_time is not None
+
+
+def test_the_data_report_is_written_before_the_result_that_marks_the_job_finished(tmp_path, monkeypatch):
+    """A kill between the two writes left a result (so the rerun returned it and wrote nothing) and no data
+    report, for good."""
+    import rungs.loop
+
+    written = []
+    real = rungs.loop.write_json_atomic
+    monkeypatch.setattr(rungs.loop, "write_json_atomic", lambda path, *a, **k: (written.append(path.name),
+                                                                                  real(path, *a, **k)))
+    train(tiny_config(max_steps=2), run_dir=tmp_path / "run", progress=False)
+    assert written.index("data_report.json") < written.index("result.json")
