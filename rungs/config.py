@@ -45,6 +45,25 @@ def _type_name(annotation: Any) -> str:
     return " or ".join(names) or str(annotation)
 
 
+def bool_refusal(annotation: Any, value: object) -> str | None:
+    """Why `value` cannot stand for a field of type `annotation`, when it is true/false where a number goes
+    (pydantic reads `lr: true` as 1.0 and `steps: false` as 0, a typo trained as a value); else None."""
+    if isinstance(value, bool) and not _takes_bool(annotation):
+        return f"takes {_type_name(annotation)}, not true/false (got {str(value).lower()})"
+    return None
+
+
+def refuse_bool_numbers(model: type[BaseModel], data: Any) -> Any:
+    """`data` (a pydantic model's raw input) unchanged, or ValueError naming the first key `bool_refusal` refuses."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            field = model.model_fields.get(key)
+            why = bool_refusal(field.annotation, value) if field is not None else None
+            if why:
+                raise ValueError(f"{key}: {why}")
+    return data
+
+
 class TrainConfigError(ValueError):
     """A training configuration that cannot run: names the key and what would be valid."""
 
@@ -202,15 +221,8 @@ class TrainConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_bool_numbers(cls, data: Any) -> Any:
-        """true/false where a number goes is refused: pydantic would read `--set lr=true` as lr = 1.0 and
-        `steps: false` as 0, a typo trained as a value."""
-        if isinstance(data, dict):
-            for key, value in data.items():
-                field = cls.model_fields.get(key)
-                if isinstance(value, bool) and field is not None and not _takes_bool(field.annotation):
-                    raise ValueError(f"{key}: takes {_type_name(field.annotation)}, not true/false (got "
-                                     f"{str(value).lower()})")
-        return data
+        """true/false where a number goes is refused (`--set lr=true` is not lr = 1.0)."""
+        return refuse_bool_numbers(cls, data)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

@@ -26,8 +26,10 @@ def round_half_up(x: float) -> int:
 
 
 def round_to_multiple(x: float, multiple: int, minimum: int | None = None) -> int:
+    """x to the nearest multiple (half up), at least `minimum` rounded up to a multiple (default one multiple):
+    a batch rule's `min_sequences: 1` does not undo its `sequence_multiple: 64`."""
     value = multiple * round_half_up(x / multiple)
-    return max(value, minimum if minimum is not None else multiple)
+    return max(value, multiple * max(1, math.ceil(minimum / multiple)) if minimum is not None else multiple)
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,7 @@ def plan_rung(recipe: Recipe, L: int, tpp: float | None = None) -> RungSpec:
     tokens = steps * batch_tokens
     lr, wd = default_lr_wd(recipe, tpp, steps)
     try:
-        sources = plan_sources(recipe.mixture, tokens, recipe.full_scale_tokens)
+        sources = plan_sources(recipe.mixture, tokens, recipe.full_scale_tokens, rounding_tokens=tokens - target_tokens)
     except LadderInputError as err:
         raise LadderInputError(f"rung L{L} at TPP {tpp:g}: {err.detail}", where=f"recipe {recipe.name}", field=err.field) from None
     return RungSpec(

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from ladder.errors import LadderInputError
 from ladder.plan.corpus_data import check_mixture, check_tokenizer, log_warnings, read_corpus, resolve_data_path
 from ladder.plan.yaml_input import read_yaml, validate_mapping
+from rungs.config import bool_refusal
 
 RECIPES_DIR = Path(__file__).parent.parent / "recipes"
 SHARE_TOLERANCE = 1e-6
@@ -22,6 +24,15 @@ SHARE_TOLERANCE = 1e-6
 class _Strict(BaseModel):
     # allow_inf_nan=False: `Field(gt=0)` alone lets inf through (and YAML spells it `.inf`).
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """true/false where a number goes is refused: pydantic would plan `tpp: true` as TPP 1."""
+        why = bool_refusal(cls.model_fields[info.field_name].annotation, value)
+        if why:
+            raise ValueError(why)
+        return value
 
 
 class WidthRule(_Strict):
@@ -181,19 +192,20 @@ class Recipe(_Strict):
         return rungs
 
     def d_model(self, n_layers: int) -> int:
-        """The width rule; raises when L gives a non-integer width under a rule that requires one."""
+        """The width rule; raises when L gives a non-integer width under a rule that requires one, and when
+        it gives none (below 1). A rule that does not require an integer rounds half up, as every rule does."""
         num = self.width.numerator * n_layers
-        if num % self.width.denominator:
-            if self.width.require_integer:
-                raise LadderInputError(
-                    f"L={n_layers} gives d_model = {self.width.numerator}/{self.width.denominator}·{n_layers}"
-                    f" = {num / self.width.denominator:.2f}, not an integer; valid L are multiples of "
-                    f"{self.width.denominator // math.gcd(self.width.numerator, self.width.denominator)}",
-                    where=f"recipe {self.name}",
-                    field="width",
-                )
-            return round(num / self.width.denominator)
-        return num // self.width.denominator
+        rule = f"{self.width.numerator}/{self.width.denominator}·{n_layers} = {num / self.width.denominator:.2f}"
+        if num % self.width.denominator and self.width.require_integer:
+            raise LadderInputError(
+                f"L={n_layers} gives d_model = {rule}, not an integer; valid L are multiples of "
+                f"{self.width.denominator // math.gcd(self.width.numerator, self.width.denominator)}",
+                where=f"recipe {self.name}", field="width")
+        d = math.floor(num / self.width.denominator + 0.5)
+        if d < 1:
+            raise LadderInputError(f"L={n_layers} gives d_model = {rule}, which rounds to {d}: no model; choose a "
+                                   "larger L or a wider rule", where=f"recipe {self.name}", field="width")
+        return d
 
     def n_layers(self, L: int) -> int:
         """The depth rule: L itself unless the recipe fixes the depth."""
@@ -247,6 +259,11 @@ def with_data(recipe: Recipe, path: Path, *, where: str, field: str = "data") ->
     for i, s in enumerate(mixture):
         found = corpus.source(s.name)
         unique = s.unique_tokens if s.unique_tokens is not None else found.unique_tokens
+        if unique is not None and unique <= 0:
+            raise LadderInputError(
+                f"source {s.name!r} of {corpus.path} has no tokens left to train on (every document of it was "
+                "decontaminated, deduplicated or empty); drop it from the mixture or prepare the corpus with "
+                "documents in it", where=where, field=f"mixture[{i}].unique_tokens" if written else field)
         if unique is None:
             raise LadderInputError(
                 f"{corpus.path} is a bare manifest: it has no token counts (they depend on the tokenizer and on "

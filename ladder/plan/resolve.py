@@ -3,7 +3,9 @@
 `resolve_train_config("cpu-demo", 3, ["lr=0.01"])` returns the flat dict `rungs.train.train`
 runs from (and the sweep orchestrator hashes into a trial key). Overriding `tpp` re-plans the
 rung (tokens, steps, data plan); overriding an architecture field recomputes the parameter and
-FLOP counts from the new shapes; unknown keys are errors that list the valid ones.
+FLOP counts from the new shapes; overriding `steps`, `batch_sequences`, `seq_len` or an architecture
+field keeps the rest of the plan (steps, LR, WD, the source allocation) and records in `tpp` the tokens
+per active parameter the job trains (`trained_tpp`); unknown keys are errors that list the valid ones.
 """
 
 from __future__ import annotations
@@ -133,9 +135,29 @@ def resolve_train_config(recipe_name_or_path: str | Path, L: int, overrides: dic
     if type(cap) is int and cap >= config["steps"]:  # not a bool or a string: parse_config names those
         del config["max_steps"]
     try:
-        return parse_config(config).to_dict()
+        resolved = parse_config(config).to_dict()
     except TrainConfigError as err:
         raise LadderInputError(err.detail, where=f"{recipe.name} L{L}", field=err.key) from None
+    if any(k in extra for k in (*TOKEN_FIELDS, *ARCH_FIELDS)):
+        resolved["tpp"] = trained_tpp(resolved, spec.tpp)
+    return resolved
+
+
+# The overrides that change the tokens a job trains (steps × batch_sequences × seq_len) without re-planning it.
+TOKEN_FIELDS = ("steps", "batch_sequences", "seq_len")
+
+
+def trained_tpp(config: dict[str, Any], nominal: float) -> float:
+    """The TPP a resolved config trains: `nominal` (the plan's) when its tokens are what planning at that TPP
+    gives with the config's batch (the target tpp·N rounded up to whole batches, as `plan_rung` rounds), else
+    the tokens it trains over its active parameters. So `batch_sequences: 80, steps: 238` on a rung planned
+    at 20 × 952 keeps TPP 30, and `batch_sequences: 16` alone (the planned steps at four times the tokens a
+    step) records the TPP it trains, where the fits read `tpp`. The rung's source allocation (`sources`) stays
+    the plan's: a job that trains more tokens repeats its sources more (its data report says by how much)."""
+    batch = config["batch_sequences"] * config["seq_len"]
+    tokens = config["steps"] * batch
+    planned_steps = max(1, math.ceil(nominal * config["params_active"] / batch - 1e-9))
+    return float(nominal) if planned_steps * batch == tokens else tokens / config["params_active"]
 
 
 def _recount(config: dict[str, Any]) -> None:

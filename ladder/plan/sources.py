@@ -25,12 +25,16 @@ class SourceAllocation:
     unique_fraction: float  # unique_tokens / full-scale unique tokens (= T_rung / T_full)
 
 
-def plan_sources(mixture: list[Source], rung_tokens: float, full_scale_tokens: float) -> dict[str, SourceAllocation]:
+def plan_sources(mixture: list[Source], rung_tokens: float, full_scale_tokens: float, *,
+                 rounding_tokens: float = 0.0) -> dict[str, SourceAllocation]:
+    """Each source's allocation at a rung of `rung_tokens`. `rounding_tokens` is how far the rung's budget
+    was rounded up past its target (to whole batches): a rung may pass `full_scale_tokens` by that much
+    (a full-scale rung at its own budget), its caps then the whole sources."""
     if rung_tokens <= 0:
         raise LadderInputError(f"rung token budget must be positive, got {rung_tokens:g}", field="tokens")
-    if rung_tokens > full_scale_tokens * (1 + 1e-9):
+    if rung_tokens - rounding_tokens > full_scale_tokens * (1 + 1e-9):
         raise LadderInputError(
-            f"rung budget {rung_tokens:.4g} tokens exceeds the full-scale budget {full_scale_tokens:.4g}; "
+            f"rung budget {rung_tokens:,.0f} tokens exceeds the full-scale budget {full_scale_tokens:,.0f}; "
             "source scaling only shrinks data, so a rung must not train on more tokens than the full run "
             "(lower TPP, choose a smaller rung, or raise full_scale_tokens)",
             field="full_scale_tokens",
