@@ -45,7 +45,8 @@ def muon_update_scale(cfg: TrainConfig, optimizer: Any) -> str:
     return str(getattr(optimizer, "convention", cfg.adjust_lr))
 
 
-def _seed_everything(seed: int, deterministic: bool) -> None:
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Python's, numpy's and torch's generators from `seed`; torch's deterministic algorithms as the config says."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -58,9 +59,12 @@ def _seed_everything(seed: int, deterministic: bool) -> None:
 
 def resolve_device(cfg: TrainConfig) -> str:
     """The device type a torch job of this config runs on: `device=auto` is cuda when torch sees a
-    GPU, else cpu. Resolved here, at the engine, not in the config (which planning imports torch-free)."""
+    GPU, else cpu. Resolved here, at the engine, not in the config (which planning imports torch-free).
+    `device=cuda` where torch sees no GPU is refused."""
     if cfg.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise TrainConfigError("device is cuda but torch sees no GPU; use device=cpu or auto", key="device")
     return cfg.device
 
 
@@ -174,14 +178,12 @@ class TorchEngine:
         cfg = self.cfg
         torch.set_num_threads(self.threads)
         log.info("torch threads: %d", self.threads)
-        _seed_everything(cfg.seed, cfg.deterministic)
+        seed_everything(cfg.seed, cfg.deterministic)
         self.corpus = PreparedCorpus.open(ensure_prepared(cfg.data_manifest, vocab_size=cfg.vocab_size,
                                                           cache_root=Path(cfg.data_cache_root)))
         self.sampler = SourceScaledSampler(self.corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
                                            batch_sequences=cfg.batch_sequences, seed=cfg.seed, subset=cfg.subset)
         self.device_type = resolve_device(cfg)
-        if self.device_type == "cuda" and not torch.cuda.is_available():
-            raise TrainConfigError("device is cuda but torch sees no GPU; use device=cpu or auto", key="device")
         self.model = Transformer(cfg.architecture()).to(self.device_type)
         self.optimizer = build_optimizer(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,
                                          muon_momentum=cfg.muon_momentum, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),

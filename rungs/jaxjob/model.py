@@ -162,9 +162,17 @@ def _softmax_attend(q, k, v, mask: _Mask, scores: str, values: str):
     return _attend_fwd(q, k, v, mask, scores, values)[0]
 
 
+def _scores(spec: str, q, k, acc):
+    """q k^T in `acc` from q and k widened first: the plain einsum of bf16 q and k rounds every score to bf16
+    (a spacing of 0.0625 at a score of 10) before the softmax, 16x the torch kernel's error against float64
+    at large scores. Products of bf16 values are exact in fp32, so only the sums round, as under torch's
+    autocast (`preferred_element_type` fails on XLA:CPU at run time, see `_dot`)."""
+    return jnp.einsum(spec, q.astype(acc), k.astype(acc))
+
+
 def _attend_fwd(q, k, v, mask, scores, values):
     acc = jnp.promote_types(q.dtype, jnp.float32)
-    s = jnp.where(mask.array(), jnp.einsum(scores, q, k).astype(acc) * q.shape[-1] ** -0.5, -jnp.inf)
+    s = jnp.where(mask.array(), _scores(scores, q, k, acc) * q.shape[-1] ** -0.5, -jnp.inf)
     m = jnp.max(s, -1, keepdims=True)              # every query sees at least itself: finite
     p = jnp.exp(s - m)
     total = jnp.sum(p, -1, keepdims=True)
@@ -177,7 +185,7 @@ def _attend_bwd(mask, scores, values, res, do):
     q, k, v, o, lse = res
     acc = jnp.promote_types(q.dtype, jnp.float32)
     scale = q.shape[-1] ** -0.5
-    s = jnp.einsum(scores, q, k).astype(acc) * scale
+    s = _scores(scores, q, k, acc) * scale
     p = jnp.where(mask.array(), jnp.exp(s - lse), 0.0)                         # the forward's probabilities
     dv = _dot(_transposed(values), p.astype(v.dtype), do.astype(v.dtype), acc)
     dp = _dot(scores, do.astype(v.dtype), v, acc)

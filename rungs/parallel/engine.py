@@ -36,7 +36,7 @@ from rungs.evaluation import DomainScore, evaluate_model, unigram_bpb
 from rungs.metrics import DevicePeak, device_peak
 from rungs.parallel import dist_checkpoint
 from rungs.parallel.distributed import DistributedError, Parallel, build_model, build_optimizer, train_step
-from rungs.torch_engine import muon_update_scale
+from rungs.torch_engine import muon_update_scale, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,8 @@ class ShardedTorchEngine:
                                    f"{cfg.accumulation_steps} micro-batches")
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        torch.manual_seed(cfg.seed)  # every rank draws the single-process model's stream, keeping its shards
+        # every rank draws the single-process model's stream, keeping its shards; deterministic as configured
+        seed_everything(cfg.seed, cfg.deterministic)
         self.corpus = self._open_corpus()
         self.sampler = SourceScaledSampler(self.corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
                                            batch_sequences=cfg.batch_sequences, seed=cfg.seed, subset=cfg.subset)

@@ -38,7 +38,7 @@ from rungs.loop import RESULT_FILE, TrainResult, finished_result, run_job
 from rungs.parallel.distributed import DistributedError, setup
 from rungs.parallel.engine import CHECKPOINT_DIR, ShardedTorchEngine  # noqa: F401
 from rungs.run_files import CheckpointError, DiskFullError, RunDirError, exclusive_run_dir, make_run_dir
-from rungs.torch_engine import lr_schedule
+from rungs.torch_engine import lr_schedule, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def train_sharded(config: TrainConfig | dict, *, run_dir: Path, ep: int | None =
     stored = finished_result(run_dir, cfg.run_steps, cfg.resume_keys()) if resume else None
     if stored is not None:  # a finished job returns its stored result (every rank reads it)
         return stored
-    par = setup(ep=ep)
+    par = setup(ep=ep, device_type=resolve_device(cfg))  # the config's device, refused when absent
     # Rank 0 holds the run directory for the whole job (one job per trial: rungs.run_files); the
     # other ranks wait at the loop's first barrier, then every rank looks for a result the holder wrote.
     with exclusive_run_dir(run_dir) if par.is_main else contextlib.nullcontext():
