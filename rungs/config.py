@@ -10,7 +10,7 @@ from __future__ import annotations
 import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rungs.agc_settings import AGCSettings
 from rungs.architecture import ModelConfig
@@ -197,7 +197,7 @@ class TrainConfig(BaseModel):
     # How a source's unique subset is chosen (rungs.data.sampler): "stratified" keeps the source's
     # mix of collections at every rung; "prefix" is the rule of runs made before 2026-11-30.
     subset: Literal["stratified", "prefix"] = "stratified"
-    data_cache_root: str = "runs/data"
+    data_cache_root: str = Field(default="runs/data", description="where prepared corpora are cached")
 
     # --- evaluation, checkpoints, logging ---
     eval_interval: int = Field(default=100, gt=0)
@@ -216,13 +216,21 @@ class TrainConfig(BaseModel):
 
     # --- tracking ---
     tracking_uri: str | None = DEFAULT_TRACKING_URI  # None or "": no tracking
-    experiment_name: str = Field(default="ladder", pattern=r"\S", description="the MLflow experiment (not blank)")
+    experiment_name: str = Field(default="ladder", description="the MLflow experiment")
 
     @model_validator(mode="before")
     @classmethod
     def _no_bool_numbers(cls, data: Any) -> Any:
         """true/false where a number goes is refused (`--set lr=true` is not lr = 1.0)."""
         return refuse_bool_numbers(cls, data)
+
+    @field_validator("data_cache_root", "experiment_name")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        """A blank cache root is the working directory (corpora written there); MLflow refuses a blank name."""
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

@@ -96,7 +96,11 @@ def run(args: argparse.Namespace) -> int:
     if args.max_steps is not None and args.max_steps <= 0:
         raise LadderInputError(f"--max-steps must be positive, got {args.max_steps}", field="--max-steps")
     overrides = list(args.overrides)
-    if args.tracking_uri:
+    if args.tracking_uri is not None:
+        if not args.tracking_uri.strip():  # it fell back to the default store: say how to mean either
+            raise LadderInputError("empty tracking URI; leave the flag out for the default store "
+                                   "(sqlite:///runs/mlflow.db), or --set tracking_uri= to train without tracking",
+                                   field="--tracking-uri")
         overrides.append(f"tracking_uri={args.tracking_uri}")
     config = resolve_train_config(args.recipe, args.rung, overrides, max_steps=args.max_steps, data=args.data)
     if config.get("tracking_uri"):

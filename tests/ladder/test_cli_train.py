@@ -219,4 +219,13 @@ def test_a_deleted_or_blank_experiment_is_refused_before_any_work(tmp_path, caps
     assert "experiment 'gone' (id 1) was deleted" in err and "mlflow experiments restore --experiment-id 1" in err
     assert not run.exists()
     assert main([*argv, "--set", "experiment_name= "]) == 2
-    assert "experiment_name" in capsys.readouterr().err
+    assert "experiment_name: must not be blank" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,said", [(["--tracking-uri", ""], "--tracking-uri: empty tracking URI"),
+                                       (["--set", "data_cache_root="], "data_cache_root: must not be blank")])
+def test_a_blank_store_or_cache_root_is_refused(argv, said, capsys):
+    """`--tracking-uri ''` trained into the default store; a blank data_cache_root cached corpora in the working
+    directory."""
+    assert main(["train", "cpu-demo", "--rung", "2", *argv]) == 2
+    assert said in capsys.readouterr().err
