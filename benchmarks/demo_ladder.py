@@ -66,7 +66,7 @@ def run(quick: bool, spec_name: str = DEMO_SPEC) -> Report:
     report = Report("demo_ladder")
     torch.set_num_threads(1)
     planned = plan_sweep(load_spec(spec_name))
-    ladder = {p.config["L"]: p.config for p in planned if p.trial.block == "ladder"}
+    ladder = {p.config["L"]: p.config for p in planned if "ladder" in p.blocks}
     recipe, rung, tpp = REFERENCE
     steppers = {"reference": Stepper(resolve_train_config(recipe, rung, {"tpp": tpp}))}
     steppers.update({f"L{L}": Stepper(config) for L, config in sorted(ladder.items())})

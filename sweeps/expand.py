@@ -24,7 +24,7 @@ unique tokens; the trial carries the corpus in `data`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from ladder.errors import LadderInputError
@@ -61,6 +61,7 @@ class Trial:
     resources: Resources
     data: str | None = None  # a data arm's prepared corpus (None: the spec's or the recipe's data)
     tpp_in_label: bool = False  # the block lists several TPPs: the label names the trial's
+    also_in: tuple[str, ...] = ()  # later blocks that asked for the same trial (`expand` keeps it once, as `block`'s)
 
     @property
     def label(self) -> str:
@@ -213,20 +214,22 @@ def expand(spec: SweepSpec, recipe: Recipe | None = None) -> list[Trial]:
     """All trials of a spec in a stable order (block, rung, TPP, grid point, dropout, arm, seed).
 
     Trials whose overrides coincide (a grid centre that is also a plain ladder rung) appear once,
-    under the first block that asks for them. Two different trials with one label are refused: progress
+    under the first block that asks for them (the others in its `also_in`). Two different trials with one label are refused: progress
     lines, the demo's time-left estimate and `ladder sweep status` name trials by it.
     """
     recipe = recipe or load_recipe(spec.recipe, data=spec.data)
     planners = _Planners(spec, recipe)
-    seen: set[tuple] = set()
+    first: dict[tuple, int] = {}
     out = []
     for block in spec.blocks:
         for trial in expand_block(spec, block, planners):
             ident = (trial.L, trial.max_steps, trial.data,
                      tuple(sorted((k, repr(v)) for k, v in trial.overrides.items())))
-            if ident not in seen:
-                seen.add(ident)
+            if ident not in first:
+                first[ident] = len(out)
                 out.append(trial)
+            elif trial.block not in (kept := out[first[ident]]).also_in and trial.block != kept.block:
+                out[first[ident]] = replace(kept, also_in=(*kept.also_in, trial.block))
     by_label: dict[str, Trial] = {}
     for trial in out:
         other = by_label.setdefault(trial.label, trial)

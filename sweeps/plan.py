@@ -9,7 +9,7 @@ so a bad spec is refused before Ray or the tracking server starts.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -30,6 +30,9 @@ class PlannedTrial:
     trial: Trial
     key: str
     config: dict  # the resolved training config (identity only: tracking fields are added at launch)
+    # every block that asked for this key, the trial's first: two blocks may share one (the LR/WD grid's
+    # centre is the ladder's rung), trained once, and each block's analysis must find it
+    blocks: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -90,7 +93,10 @@ def plan_sweep(spec: SweepSpec, *, where: str = "sweep spec", recipe: Recipe | N
                 f"resources.workers", where=where, field=f"blocks.{trial.block}")
         check_trial_data(config, trial, spec, where=where)
         key = trial_key(config)
-        planned.setdefault(key, PlannedTrial(trial=trial, key=key, config=config))
+        first = planned.setdefault(key, PlannedTrial(trial=trial, key=key, config=config, blocks=(trial.block,)))
+        more = tuple(b for b in (trial.block, *trial.also_in) if b not in first.blocks)
+        if more:
+            planned[key] = replace(first, blocks=(*first.blocks, *more))
     if not planned:
         raise LadderInputError("the spec expands to no trials", where=where, field="blocks")
     return list(planned.values())

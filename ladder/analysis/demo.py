@@ -22,7 +22,7 @@ from ladder.analysis.demo_result import DemoResult
 from ladder.analysis.recipe_card import build_card
 from ladder.analysis.sweep_eta import SweepEta
 from ladder.errors import LadderInputError
-from ladder.run.mlflow_runs import fit_table, long_by_domain, read_runs
+from ladder.run.mlflow_runs import domains_of, fit_table, long_by_domain, read_runs
 
 if TYPE_CHECKING:
     from fits.compute_laws import PowerLawSet
@@ -35,23 +35,35 @@ DEMO_FLOOR = "auto"  # the floor rule of the demo's compute laws (fit_compute_la
 SURFACE_COLUMNS = ("bpb", "lr", "wd", "train_flops", "params_active", "steps", "tpp")
 
 
-def ladder_runs(runs: pd.DataFrame, spec) -> pd.DataFrame:
-    """The runs a compute law is fitted on: of the sweep's current plan (an experiment keeps runs of
-    earlier recipe versions), those the one selection rule keeps (`fits.compute_laws`: the ladder
-    block, one run per rung at the recipe's TPP and the law's LR/WD)."""
-    from fits.compute_laws import select_runs
-    from fits.errors import FitInputError
+def current_runs(runs: pd.DataFrame, spec) -> pd.DataFrame:
+    """The runs of the sweep's current plan (an experiment keeps runs of earlier recipe versions: another
+    corpus, another LR law), each with its `block`: the ladder's where the ladder block asked for its key,
+    whichever block the plan lists first (the LR/WD grid's centre is the ladder's rung, trained once)."""
+    from fits.compute_laws import LADDER_BLOCK
     from sweeps.plan import plan_sweep
 
-    block_of = {p.key: p.trial.block for p in plan_sweep(spec)}  # the plan names each key's block
+    block_of = {p.key: LADDER_BLOCK if LADDER_BLOCK in p.blocks else p.trial.block for p in plan_sweep(spec)}
     current = runs[runs["trial_key"].isin(block_of)] if "trial_key" in runs.columns else runs.iloc[:0]
-    current = current.assign(block=current["trial_key"].map(block_of)) if len(current) else current
+    return current.assign(block=current["trial_key"].map(block_of)) if len(current) else current
+
+
+def ladder_runs(current: pd.DataFrame) -> pd.DataFrame:
+    """The runs a compute law is fitted on: of the sweep's current plan (`current_runs`' table), those the
+    one selection rule keeps (`fits.compute_laws`: the ladder block, one run per rung at the recipe's TPP
+    and the law's LR/WD); refused when every one of them diverged."""
+    from fits.compute_laws import select_runs
+    from fits.errors import FitInputError
+
     try:
         chosen, _ = select_runs(current, "train_flops", "bpb")
     except FitInputError as err:
         raise LadderInputError(f"no finished ladder runs of the sweep to fit: {err.detail}", field="demo") from None
     if chosen.empty:
         raise LadderInputError("no finished runs of the sweep's current plan to fit", field="demo")
+    finite = chosen[pd.to_numeric(chosen["bpb"], errors="coerce").notna()]
+    if finite.empty:
+        raise LadderInputError(f"all {len(chosen)} ladder runs of the sweep diverged (no BPB to fit); their MLflow "
+                               "runs say why", field="demo")
     return chosen
 
 
@@ -112,8 +124,12 @@ def fit_lr_wd_surfaces(runs: pd.DataFrame) -> tuple[list[Any], list[dict[str, An
         if len(bad):
             raise FitInputError(f"holds non-numbers (first {bad.iloc[0]!r} at row {bad.index[0]!r})", column=column)
         table[column] = values
-    table = table.dropna(subset=["bpb", "lr", "wd"]).assign(lr_wd=lambda t: t["lr"] * t["wd"])
     surfaces, errors = [], []
+    for flops, part in table.dropna(subset=["lr", "wd"]).groupby("train_flops"):
+        if part["lr"].nunique() >= 3 and part["bpb"].isna().all():  # said, not a surface that vanishes
+            errors.append({"train_flops": float(flops), "error": "no run of this rung has a BPB on every held-out "
+                           "domain (the surface fits their mean)"})
+    table = table.dropna(subset=["bpb", "lr", "wd"]).assign(lr_wd=lambda t: t["lr"] * t["wd"])
     for flops, part in table.groupby("train_flops"):
         if part["lr"].nunique() < 3:
             continue
@@ -136,17 +152,24 @@ def demo_cards(recipe_ref: str, target_rung: int, laws: dict) -> dict[str, dict]
             "mai-base-2 L102": build_card("mai-base-2", 102, {"power_law": {}, "hparams": None, "files": []})}
 
 
-def check_demo_inputs(spec_name: str, tracking_uri: str | None, *, new_store: bool = False):
+def check_demo_inputs(spec_name: str, tracking_uri: str | None, *, new_store: bool = False, bootstrap: int = 1000):
     """The checks `ladder sweep run` makes, before the demo writes anything: the spec (a bad one is named
     by its file, as `ladder sweep plan` names it), a trial that cannot fit its GPU, and the store (a
-    --tracking-uri the user names must exist unless `new_store`; the default store may be created).
+    --tracking-uri the user names must exist unless `new_store`; the default store may be created); and
+    the fits' `bootstrap` (refused after the sweep, it cost the sweep's minutes).
     Returns (spec, where, recipe, store, create_store)."""
+    from fits.errors import FitInputError
+    from fits.validate import check_bootstrap
     from ladder.run.orchestrate import check_fits_this_machine, default_store
     from ladder.run.stores import check_store
     from sweeps.cost import check_fits_memory, cost_sweep
     from sweeps.plan import plan_sweep, spec_recipe
     from sweeps.spec import load_spec, resolve_spec_path
 
+    try:
+        check_bootstrap(bootstrap)
+    except FitInputError as err:
+        raise LadderInputError(err.detail, field="--bootstrap") from None
     where = str(resolve_spec_path(spec_name))
     spec = load_spec(where)
     planned = plan_sweep(spec, where=where)  # bad specs fail here, named by their file
@@ -169,7 +192,8 @@ def run_demo(*, out_dir: Path = Path("runs/demo"), tracking_uri: str | None = No
     from rungs.data.prepare import ensure_prepared
 
     t0 = time.perf_counter()
-    spec, where, recipe, uri, create_store = check_demo_inputs(spec_name, tracking_uri, new_store=new_store)
+    spec, where, recipe, uri, create_store = check_demo_inputs(spec_name, tracking_uri, new_store=new_store,
+                                                               bootstrap=bootstrap)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     progress("[1/5] demo corpus: tokenizing the shipped multi-domain corpus (cached after the first run)")
@@ -179,15 +203,20 @@ def run_demo(*, out_dir: Path = Path("runs/demo"), tracking_uri: str | None = No
              "an AMX CPU, 23 min on 2 AVX2 cores; the time left follows each finished trial)")
     eta = SweepEta(_trial_flops(spec), progress)
     eta.start()
-    outcome = run_sweep(spec, where=where, tracking_uri=uri, progress=eta, create_store=create_store)
+    outcome = run_sweep(spec, where=where, tracking_uri=uri, progress=eta, create_store=create_store, on_todo=eta.todo)
     sweep = {"trials": len(outcome.rows), "states": pd.Series([r.state for r in outcome.rows]).value_counts().to_dict(),
              "ran_now": sum(bool(getattr(r, "ran_now", False)) for r in outcome.rows)}
     result = DemoResult(out_dir=out_dir, tracking_uri=uri, experiment=outcome.experiment, sweep=sweep)
 
     progress(f"[3/5] fits: BPB vs FLOPs per domain ({bootstrap} bootstrap resamples) and the top-rung backtest")
-    runs = fit_table(read_runs(outcome.experiment, uri))
-    best = long_by_domain(ladder_runs(runs, spec))
+    runs = current_runs(fit_table(read_runs(outcome.experiment, uri)), spec)
+    best = long_by_domain(ladder_runs(runs))
     result.power_laws, result.backtests = fit_compute_laws(best, bootstrap=bootstrap)
+    for domain in domains_of(runs):  # a held-out domain no ladder run scored: said, not dropped
+        if domain not in result.power_laws and domain not in result.backtests:
+            why = "no ladder run has a BPB on this held-out domain"
+            log.warning("power law for %s: %s", domain, why)
+            result.backtests[domain] = {"error": why, "law_error": f"law not fitted: {why}"}
     if not result.power_laws:
         log.warning("no domain's BPB-vs-FLOPs law could be fitted from the demo runs; the report shows why")
 
@@ -229,7 +258,7 @@ def summary(result: DemoResult) -> dict[str, Any]:
         "tracking_uri": result.tracking_uri,
         "experiment": result.experiment,
         "sweep": result.sweep,
-        "laws": {d: {**law.params, "ci": law.ci} for d, law in result.power_laws.items()},
+        "laws": {d: _law_summary(law) for d, law in result.power_laws.items()},
         "backtest": {d: ({"error": b["error"]} if "error" in b else
                          {"rel_error": b["predictions"][0]["rel_error"], "inside": b["all_inside"],
                           "floor_at_zero": b["floor_at_zero"]})
@@ -238,3 +267,13 @@ def summary(result: DemoResult) -> dict[str, Any]:
         "cards": result.cards,
         "wall_seconds": result.wall_seconds,
     }
+
+
+def _law_summary(law) -> dict[str, Any]:
+    """A law's parameters and intervals as the report shows them: none where the one interval rule gives none,
+    and no interval for E where E sits at zero (no floor seen: the nested law A·C^-α, E not identified)."""
+    floor_at_zero = bool(law.extra.get("floor_at_zero"))
+    ci = dict(law.ci) if law.interval_note is None else {}
+    if floor_at_zero:
+        ci.pop("E", None)
+    return {**law.params, "ci": ci, "floor_at_zero": floor_at_zero}

@@ -21,6 +21,9 @@ from ladder.errors import LadderInputError
 from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI, fit_table, long_by_domain, read_runs
 
 FIXTURES = Path(__file__).resolve().parents[2] / "notebooks" / "fixtures"
+# `make demo`'s store (DEFAULT_TRACKING_URI, relative to the working directory it ran in: the repository's root),
+# named from the repository: a Jupyter kernel starts in notebooks/, where the relative path finds no store.
+DEMO_STORE = f"sqlite:///{FIXTURES.parents[1] / DEFAULT_TRACKING_URI.removeprefix('sqlite:///')}"
 SOURCES = ("auto", "fixture", "mlflow")  # LADDER_NOTEBOOK_SOURCE's values
 KEEP = ["run_id", "rung", "block", "arm", "seed", "lr", "wd", "dropout", "steps", "tpp", "params_active", "train_flops",
         "wall_seconds", "tokens", "final_loss", "diverged", "bpb"]
@@ -33,7 +36,7 @@ def load_runs(experiment: str, fixture: str, *, spec: str | None = None,
     if mode not in SOURCES:  # a misspelt choice must not fall back to the other source unnoticed
         raise LadderInputError(f"must be one of {', '.join(SOURCES)} (unset: auto), got {mode!r}",
                                field="LADDER_NOTEBOOK_SOURCE")
-    uri = tracking_uri or os.environ.get("LADDER_TRACKING_URI", DEFAULT_TRACKING_URI)
+    uri = tracking_uri or os.environ.get("LADDER_TRACKING_URI", DEMO_STORE)
     if mode != "fixture":
         try:
             table = fit_table(read_runs(experiment, uri))

@@ -126,11 +126,11 @@ def write_report(result: DemoResult, best: pd.DataFrame) -> Path:
         ci = law.ci if law.interval_note is None else {}  # the one interval rule: "n/a" where there is none
         if law.extra.get("floor_at_zero"):  # E on its bound: no value to report, nor an interval
             law_rows.append([d, "0 (no floor seen: A·C^−α)", law.params["A"], law.params["alpha"], "not identified",
-                             ci.get("alpha", "n/a"), law.n_points])
+                             ci.get("alpha", "n/a"), _rungs_and_runs(best, d, law.n_points)])
             continue
         law_rows.append([d, law.params["E"], law.params["A"], law.params["alpha"], ci.get("E", "n/a"),
-                         ci.get("alpha", "n/a"), law.n_points])
-    parts.append(_table(["domain", "E", "A", "α", "E 95% CI", "α 95% CI", "rungs / why not fitted"], law_rows))
+                         ci.get("alpha", "n/a"), _rungs_and_runs(best, d, law.n_points)])
+    parts.append(_table(["domain", "E", "A", "α", "E 95% CI", "α 95% CI", "rungs (runs) / why not fitted"], law_rows))
     parts.append("<h2>Backtest: the top rung predicted from the rungs below</h2>")
     parts.append(_img(result.figures["backtest"]))
     bt_rows = []
@@ -181,3 +181,8 @@ def _width(prediction: dict) -> str:
     text = f"±{prediction['half_width_rel']:.1%} ({describe_shares(prediction['interval']['shares'])})"
     common = prediction["interval"].get("heldout_sampling_common")
     return text + (f"; held-out set ±{common:.1%}, common to every rung (not in the interval)" if common else "")
+
+
+def _rungs_and_runs(best: pd.DataFrame, domain: str, runs: int) -> str:
+    """"6 (12)": the rungs (distinct compute) a domain's law was fitted on, and its runs (two seeds a rung)."""
+    return f"{best.loc[best['domain'] == domain, 'train_flops'].nunique()} ({runs})"

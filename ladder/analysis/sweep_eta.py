@@ -1,11 +1,11 @@
 """The time a running sweep has left, from its finished trials: `make demo` prints it as it goes.
 
 Trials of a ladder differ by 75× in compute, so the estimate weighs each by its training FLOPs (from the
-sweep plan, no torch): time left ≈ time so far × FLOPs still to train / FLOPs trained. A trial finished
-before this run (the sweep skips it, so it never ends here) counts as still to train: a partly rerun sweep's
-estimate is high, never low. The orchestrator reports each trial's
-end as "[k/N] word LABEL ..."; every message passes through unchanged, the ones that end a trial with
-"elapsed …, about … left" appended.
+sweep plan, no torch): time left ≈ time so far × FLOPs still to train / FLOPs trained. Only the trials this
+run trains count (`todo`, from the orchestrator's `on_todo`: a trial finished before is skipped and never
+ends here), and a trial that failed counts as neither trained nor left (it does not run again in this
+sweep). The orchestrator reports each trial's end as "[k/N] word LABEL ..."; every message passes through
+unchanged, the ones that end a trial with "elapsed …, about … left" appended (no time left after the last).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from ladder.errors import LadderInputError
 from ladder.plan.values import finite_real
 
-_END = re.compile(r"^\[(\d+)/(\d+)\]\s+\S+\s+(.+?)\s+(?:bpb \S+\s+)?\(\d+ s\)$")
+_END = re.compile(r"^\[(\d+)/(\d+)\]\s+(\S+)\s+(.+?)\s+(?:bpb \S+\s+)?\(\d+ s\)$")
 
 
 def _minutes(seconds: float) -> str:
@@ -42,6 +42,10 @@ class SweepEta:
         self.t0: float | None = None
         self.done: set[str] = set()
 
+    def todo(self, labels: list[str]) -> None:
+        """The trials this run trains: the others (finished before) are neither trained nor left here."""
+        self.flops = {label: flops for label, flops in self.flops.items() if label in set(labels)}
+
     def start(self) -> None:
         """Begin timing (when the sweep starts, after the corpus is prepared)."""
         self.t0 = self.clock()
@@ -51,9 +55,13 @@ class SweepEta:
         if match is None or self.t0 is None:
             self.progress(message)
             return
-        if match.group(3).strip() in self.flops:
-            self.done.add(match.group(3).strip())
-        left = self.seconds_left()
+        word, label = match.group(3), match.group(4).strip()
+        if word == "failed":  # not trained, and not run again by this sweep
+            self.flops.pop(label, None)
+        elif label in self.flops:
+            self.done.add(label)
+        last = match.group(1) == match.group(2)
+        left = None if last else self.seconds_left()
         elapsed = self.clock() - self.t0
         tail = f"; elapsed {_minutes(elapsed)}" + (f", about {_minutes(left)} left" if left is not None else "")
         self.progress(message + tail)

@@ -148,14 +148,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def render(card: dict[str, Any]) -> None:
+NO_LAWS = ("no BPB laws given: pass --laws FILE.json (from `ladder fit power-law --save`), --experiment or "
+           "--csv")
+
+
+def render(card: dict[str, Any], *, no_laws: str = NO_LAWS) -> None:
+    """The card as tables; `no_laws`: what to say where it predicts no BPB (the flags that would give it laws)."""
     t, hp = card["target"], card["hyperparameters"]
     stdout_console.print(make_table(f"recipe card: {t['recipe']} L{t['L']}", ["name", "value", "interval"],
                                     card_rows(card)))
     stdout_console.print(f"hyperparameters from: {hp['source']}")
     if not card["predicted_bpb"]:
-        stdout_console.print("no BPB laws given: pass --laws FILE.json (from `ladder fit power-law --save`), "
-                             "--experiment or --csv")
+        stdout_console.print(no_laws)
     arms = card.get("data_arms")
     if arms:
         stdout_console.print(make_table(f"data arms: EG_FLOPs − 1 at L{t['L']} from each arm's trend "

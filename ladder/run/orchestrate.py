@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -286,13 +287,14 @@ def run_on_tune(payloads: list[dict], *, name: str, storage_path: Path, max_conc
 def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None = None,
               tracking_uri: str | None = None, max_concurrent: int | None = None,
               progress=lambda msg: log.info(msg), create_store: bool = True,
-              reregister: bool = False) -> SweepOutcome:
+              reregister: bool = False, on_todo: Callable[[list[str]], None] | None = None) -> SweepOutcome:
     """Run every trial of `spec` that MLflow does not already hold as finished.
 
     `create_store`: a SQLite file or store directory that does not exist may be created (the CLI
     allows it for the default store and `--new-store` only). `reregister`: trials whose finished
     result sits in their run directory but whose MLflow run is missing from the store are recorded
-    in it as new runs (else that is refused: it means the store was replaced or mistyped).
+    in it as new runs (else that is refused: it means the store was replaced or mistyped). `on_todo`
+    is told the labels of the trials this run will train, before any starts (the demo's time left).
     """
     planned = plan_sweep(spec, where=where)  # bad specs fail here, before anything starts
     if any(p.trial.resources.gpu_memory for p in planned):  # a trial that cannot fit its GPU: before launch
@@ -329,6 +331,8 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
     todo = [p for p in planned if rows[p.key].state not in ("finished", "diverged")]
     progress(f"sweep {spec.name}: {len(planned)} trials, {len(planned) - len(todo)} already finished, "
              f"{len(todo)} to run; tracking {store}")
+    if on_todo is not None:
+        on_todo([p.label for p in todo])
     if not todo:
         return SweepOutcome(sweep=spec.name, experiment=spec.experiment_name, tracking_uri=store,
                             rows=[rows[p.key] for p in planned])

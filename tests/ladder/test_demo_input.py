@@ -86,6 +86,7 @@ def test_run_demo_passes_the_spec_file_and_store_rule_to_the_sweep(workdir, monk
                       progress=lambda msg: None)
     assert seen["where"].endswith("demo.yaml") and seen["create_store"] is True
     assert seen["tracking_uri"] == "sqlite:///x/mlflow.db"
+    assert type(seen["on_todo"].__self__).__name__ == "SweepEta"  # the time left counts only the trials to run
 
 
 def test_plan_only_json_is_one_object(workdir, capsys):

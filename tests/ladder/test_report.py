@@ -41,6 +41,11 @@ def test_report_fits_a_domain_without_a_floor_as_the_nested_law_and_says_so(tmp_
     assert all(p.stat().st_size > 0 for p in result.figures.values())
     out = json.loads(json.dumps(summary(result), default=str))
     assert out["backtest"]["math"]["floor_at_zero"] and "math" in out["laws"]
+    # demo.json as the report: no interval for an E that sits at zero (it gave [0, 0.985]), and the flag
+    assert out["laws"]["math"]["floor_at_zero"] and "E" not in out["laws"]["math"]["ci"]
+    assert not out["laws"]["code"]["floor_at_zero"]
+    # the report's rung column counts rungs, with the runs beside them (it showed 15 runs as "rungs")
+    assert "rungs (runs) / why not fitted" in html and "<td>5 (15)</td>" in html
 
 
 def test_the_card_of_a_law_without_a_floor_predicts_and_says_e_is_zero():
