@@ -162,6 +162,7 @@ def check_demo_inputs(spec_name: str, tracking_uri: str | None, *, new_store: bo
     from fits.validate import check_bootstrap
     from ladder.run.orchestrate import check_fits_this_machine, default_store
     from ladder.run.stores import check_store
+    from rungs.tracking_uri import is_embedded_default
     from sweeps.cost import check_fits_memory, cost_sweep
     from sweeps.plan import plan_sweep, spec_recipe
     from sweeps.spec import load_spec, resolve_spec_path
@@ -177,7 +178,7 @@ def check_demo_inputs(spec_name: str, tracking_uri: str | None, *, new_store: bo
     if any(p.trial.resources.gpu_memory for p in planned):
         check_fits_memory(cost_sweep(planned, recipe), where=where)
     store = default_store(tracking_uri)
-    create_store = new_store or tracking_uri is None
+    create_store = new_store or is_embedded_default(tracking_uri)
     check_store(store, create=create_store, command="ladder demo")  # reads only: a store it may create is made later
     check_fits_this_machine(planned, where=where)  # the demo's private local Ray: before its data is prepared
     return spec, where, recipe, store, create_store

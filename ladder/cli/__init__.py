@@ -32,9 +32,8 @@ SUBCOMMAND_MODULES = [
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own usage errors are bad input too: exit 2
-        self.print_usage(sys.stderr)
-        sys.stderr.write(f"ladder: error: {message}\n")
+    def error(self, message: str) -> None:  # argparse's own usage errors are bad input too: exit 2, one line
+        sys.stderr.write(f"ladder: error: {message} (`{self.prog} --help` lists the flags)\n")
         raise SystemExit(2)
 
 

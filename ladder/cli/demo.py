@@ -23,7 +23,8 @@ from ladder.plan.recipe import load_recipe
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the whole flow: corpus, ladder sweep, fits, backtest, recipe cards, report")
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="where the report goes")
-    p.add_argument("--tracking-uri", help="MLflow store (default: sqlite:///runs/mlflow.db)")
+    p.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI if set, else "
+                                          "sqlite:///runs/mlflow.db)")
     p.add_argument("--new-store", action="store_true",
                    help="create the --tracking-uri store when it does not exist (without it a missing store is "
                         "refused, as by `ladder sweep run`)")

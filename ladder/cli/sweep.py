@@ -9,6 +9,7 @@ from ladder.errors import LadderInputError
 from ladder.analysis.recipe_card import human_count
 from ladder.cli.output import make_table, print_json, progress_line, stdout_console
 from ladder.plan.byte_sizes import format_bytes
+from rungs.tracking_uri import is_embedded_default
 from sweeps.spec import load_spec, resolve_spec_path
 
 # Exit codes of `ladder sweep run`: 0 every trial finished or diverged (a divergence is a result),
@@ -22,8 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = ss.add_parser("run", help="run every trial not yet finished (finished trials are skipped)")
     r.add_argument("spec", help="sweep spec: a name (smoke, demo, ...) or a path to a YAML file")
     r.add_argument("--address", help="Ray cluster address (default: a private local Ray)")
-    r.add_argument("--tracking-uri", help="MLflow store or server (default: sqlite:///runs/mlflow.db behind a "
-                                          "local tracking server)")
+    r.add_argument("--tracking-uri", help="MLflow store or server (default: $MLFLOW_TRACKING_URI if set, else "
+                                          "sqlite:///runs/mlflow.db behind a local tracking server)")
     r.add_argument("--max-concurrent", type=int, help="trials at once (default: the spec's, else what fits)")
     r.add_argument("--new-store", action="store_true",
                    help="create the --tracking-uri store when it does not exist (without it a missing store is "
@@ -36,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.epilog = "exit status: 0 all trials finished or diverged; 1 a trial failed; 2 bad input"
     s = ss.add_parser("status", help="pending / running / finished / failed / diverged per trial")
     s.add_argument("spec", help="sweep spec: a name or a path")
-    s.add_argument("--tracking-uri", help="MLflow store or server (default: sqlite:///runs/mlflow.db)")
+    s.add_argument("--tracking-uri", help="MLflow store or server (default: $MLFLOW_TRACKING_URI if set, else "
+                                          "sqlite:///runs/mlflow.db)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.set_defaults(handler=status)
     q = ss.add_parser("plan", help="what a sweep will run and cost, before it runs: its trials, training FLOPs and "
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     spec, where = _load(args.spec)
     outcome = run_sweep(spec, where=where, address=args.address, tracking_uri=args.tracking_uri,
                         max_concurrent=args.max_concurrent, progress=progress_line,
-                        create_store=args.new_store or args.tracking_uri is None, reregister=args.reregister)
+                        create_store=args.new_store or is_embedded_default(args.tracking_uri), reregister=args.reregister)
     counts = outcome.counts()
     if args.json:
         print_json({**counts, "sweep": outcome.sweep, "experiment": outcome.experiment,

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 from ladder.errors import LadderInputError
 from ladder.cli.output import make_table, print_json, stdout_console
 from ladder.plan.resolve import resolve_train_config
+from rungs.tracking_uri import TRACKING_URI_ENV
 
 DEFAULT_RUNS_ROOT = Path("runs") / "train"
 log = logging.getLogger(__name__)
@@ -36,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (repeatable), e.g. --set lr=0.01 --set dropout=0.1")
     p.add_argument("--max-steps", type=int, help="stop after N steps (the LR schedule spans these N)")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///runs/mlflow.db)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI if set, else "
+                                          "sqlite:///runs/mlflow.db; --set tracking_uri= trains without tracking)")
     p.add_argument("--run-dir", type=Path, help="job directory (default runs/train/<recipe>-L<L>-<config key>)")
     p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint in the run directory")
     p.add_argument("--reregister", action="store_true",
@@ -102,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
                                    "(sqlite:///runs/mlflow.db), or --set tracking_uri= to train without tracking",
                                    field="--tracking-uri")
         overrides.append(f"tracking_uri={args.tracking_uri}")
+    elif os.environ.get(TRACKING_URI_ENV) and not any(o.partition("=")[0].strip() == "tracking_uri" for o in overrides):
+        overrides.insert(0, f"tracking_uri={os.environ[TRACKING_URI_ENV]}")  # as every command reads it
     config = resolve_train_config(args.recipe, args.rung, overrides, max_steps=args.max_steps, data=args.data)
     if config.get("tracking_uri"):
         from ladder.run.stores import check_store

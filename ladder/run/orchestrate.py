@@ -35,7 +35,7 @@ from ladder.run.sweep_runs import reregister as register_result
 from ladder.run.tracking_server import TrackingServer, is_local_store
 from rungs.host_memory import ALLOCATOR_ENV
 from rungs.tracking import sqlite_path, store_lock
-from rungs.tracking_uri import DEFAULT_TRACKING_URI
+from rungs.tracking_uri import default_tracking_uri
 from sweeps.spec import SweepSpec
 
 log = logging.getLogger(__name__)
@@ -79,11 +79,10 @@ class SweepOutcome:
 
 
 def default_store(tracking_uri: str | None) -> str:
-    """--tracking-uri, else $MLFLOW_TRACKING_URI (set on cluster pods), else the embedded SQLite store.
-    An empty --tracking-uri stays empty (check_store refuses it) rather than meaning the default."""
-    if tracking_uri is not None:
-        return tracking_uri
-    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    """--tracking-uri, else $MLFLOW_TRACKING_URI (set on cluster pods), else the embedded SQLite store
+    (`rungs.tracking_uri.default_tracking_uri`, as every command resolves it). An empty --tracking-uri stays
+    empty (check_store refuses it) rather than meaning the default."""
+    return default_tracking_uri(tracking_uri)
 
 
 def launch_config(planned: PlannedTrial, *, tracking_uri: str, experiment: str) -> dict:

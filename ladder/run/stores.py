@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ladder.errors import StoreError
 from rungs.tracking import sqlite_path
-from rungs.tracking_uri import DEFAULT_TRACKING_URI
+from rungs.tracking_uri import DEFAULT_TRACKING_URI, TRACKING_URI_ENV
 
 # What a --tracking-uri may be, in the words a user can act on (MLflow's own list is in its error; file stores
 # are refused by MLflow 3 unless MLFLOW_ALLOW_FILE_STORE=true).
@@ -30,6 +30,17 @@ LOCK_WAIT_SECONDS = 20.0
 
 
 def check_store(store: str, *, create: bool, command: str = "ladder sweep run SPEC") -> None:
+    """`_check_store` (its docstring), a refusal naming $MLFLOW_TRACKING_URI where the store came from it."""
+    try:
+        _check_store(store, create=create, command=command)
+    except StoreError as err:
+        if store and store == os.environ.get(TRACKING_URI_ENV) and err.field == "--tracking-uri":
+            raise StoreError(err.detail, where=err.where, field=f"--tracking-uri (or ${TRACKING_URI_ENV}, "
+                                                                f"which names this store)") from None
+        raise
+
+
+def _check_store(store: str, *, create: bool, command: str) -> None:
     """Refuse a store that cannot be what the user meant, before anything reads or writes it.
 
     A `sqlite:///` file or a store directory that does not exist is created only when `create` (the

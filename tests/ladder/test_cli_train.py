@@ -229,3 +229,30 @@ def test_a_blank_store_or_cache_root_is_refused(argv, said, capsys):
     directory."""
     assert main(["train", "cpu-demo", "--rung", "2", *argv]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_mlflow_tracking_uri_names_the_store_of_every_command(tmp_path, monkeypatch, capsys):
+    """`ladder sweep run` honoured $MLFLOW_TRACKING_URI and `ladder train`, `fit --experiment` did not: a sweep
+    recorded into one store while the fit of its experiment read another. A refusal names the variable."""
+    from mlflow import MlflowClient
+
+    from rungs.tracking_uri import default_tracking_uri, is_embedded_default
+
+    store = f"sqlite:///{tmp_path / 'env.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    assert default_tracking_uri(None) == store and default_tracking_uri("sqlite:///x.db") == "sqlite:///x.db"
+    assert not is_embedded_default(None)  # a store named by the variable is not created unasked
+    argv = ["train", "cpu-demo", "--rung", "3", "--max-steps", "1", "--run-dir", str(tmp_path / "run"), "--json",
+            "--set", "experiment_name=env", *_TINY]
+    assert main(argv) == 0
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    assert MlflowClient(store).get_run(run_id).info.status == "FINISHED"
+    main(["fit", "power-law", "--experiment", "env", "--no-log", "--bootstrap", "0"])  # one run: no law to fit
+    err = capsys.readouterr().err
+    assert "no MLflow store" not in err and "no experiment named" not in err  # it read the variable's store
+    assert main(["fit", "power-law", "--experiment", "other", "--no-log"]) == 2
+    assert f"no experiment named 'other' in {store}" in capsys.readouterr().err
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'missing.db'}")
+    assert main(["fit", "power-law", "--experiment", "env"]) == 2
+    assert "--tracking-uri (or $MLFLOW_TRACKING_URI, which names this store): no MLflow store" in capsys.readouterr().err
+    assert not (tmp_path / "missing.db").exists()

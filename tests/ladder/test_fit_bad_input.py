@@ -34,10 +34,11 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def refused_by_argparse(code: int, out: str, err: str, *says: str) -> str:
-    """argparse's refusal of a flag's value: exit 2, its usage, then one error line naming the flag."""
+    """argparse's refusal of a flag's value: exit 2, one line naming the flag (the usage block it printed before
+    made it 5-10 lines, where every other bad input is one)."""
     assert code == 2 and out == "" and "Traceback" not in err
     errors = [line for line in err.splitlines() if "error:" in line]
-    assert len(errors) == 1, err
+    assert len(errors) == 1 and len(err.strip().splitlines()) == 1, err
     for word in says:
         assert word in errors[0], errors[0]
     return errors[0]

@@ -17,9 +17,8 @@ import math
 import sys
 
 from ladder.cli.fit import arms, efficiency, power_law
-from ladder.cli.fit.inputs import add_ci_level_and_seed, delta_arg, column_arg, finish, input_error, load_input
+from ladder.cli.fit.inputs import (add_ci_level_and_seed, check_counts_and_level, delta_arg, column_arg, finish, input_error, load_input)
 from ladder.errors import LadderInputError
-from ladder.run.mlflow_runs import DEFAULT_TRACKING_URI
 from ladder.plan.recipe import HparamLaws
 from ladder.cli.output import make_table, output_file, print_json, stdout_console
 
@@ -33,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     def common(q: argparse.ArgumentParser) -> None:
         q.add_argument("--csv", help="input table (one row per run)")
         q.add_argument("--experiment", help="read the runs of this MLflow experiment instead of a CSV")
-        q.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI, help=f"MLflow store (default {DEFAULT_TRACKING_URI})")
+        q.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI if set, else sqlite:///runs/mlflow.db)")
         q.add_argument("--no-log", action="store_true", help="do not log the fit back to MLflow (with --experiment)")
         q.add_argument("--save", type=output_file((".json",)),
                        help="write the fitted laws (with bootstrap draws) to this JSON file")
@@ -85,8 +84,7 @@ def run_chinchilla(args: argparse.Namespace) -> int:
 
     df, source = load_input(args)
     n, d, y = column_arg(args, "n", "params_active"), column_arg(args, "d", "tokens"), column_arg(args, "y", "bpb")
-    if args.bootstrap < 0 or args.holdout_top < 0 or not 0 < args.ci_level < 1:
-        raise LadderInputError("--bootstrap and --holdout-top must be ≥ 0 and --ci-level in (0, 1)", field="--bootstrap")
+    check_counts_and_level(args)
     if args.n_starts < 0:
         raise LadderInputError(f"must be 0 (all 4,500 starts) or more, got {args.n_starts}", field="--n-starts")
     if args.delta == "auto":

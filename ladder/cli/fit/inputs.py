@@ -15,6 +15,7 @@ import pandas as pd
 
 from fits.floors import DEFAULT_FLOOR, FLOOR_RULES
 from ladder.errors import LadderInputError
+from rungs.tracking_uri import default_tracking_uri
 from ladder.run.mlflow_runs import (check_domain_bpb, describe_rows, domains_of, fit_table, log_fit_run, long_by_domain,
                                     missing_bpb, read_runs)
 
@@ -146,6 +147,7 @@ def load_input(args: argparse.Namespace) -> tuple[pd.DataFrame, dict[str, Any]]:
             raise LadderInputError(f"not a readable CSV: {err}", where=str(path)) from None
         df.index = pd.RangeIndex(2, len(df) + 2, name="line")  # rows named by their line in the file (1: header)
         return df, {"csv": str(path), "n_rows": len(df)}
+    args.tracking_uri = default_tracking_uri(args.tracking_uri)  # as `ladder sweep run` chose the store it wrote
     runs = fit_table(read_runs(args.experiment, args.tracking_uri))
     return runs, {"experiment": args.experiment, "tracking_uri": args.tracking_uri, "n_runs": len(runs)}
 
@@ -180,3 +182,13 @@ def column_arg(args: argparse.Namespace, name: str, default: str) -> str:
     if args.experiment:
         return default
     raise LadderInputError(f"required with --csv: name the column, e.g. --{name} {default}", field=f"--{name}")
+
+
+def check_counts_and_level(args: argparse.Namespace) -> None:
+    """--bootstrap and --holdout-top are counts (≥ 0), --ci-level a level in (0, 1): each refused by its own name
+    and value (one message named --bootstrap for a bad --ci-level)."""
+    for flag, value in (("--bootstrap", args.bootstrap), ("--holdout-top", args.holdout_top)):
+        if value < 0:
+            raise LadderInputError(f"must be ≥ 0, got {value}", field=flag)
+    if not 0 < args.ci_level < 1:
+        raise LadderInputError(f"must lie in (0, 1) (0.95 for a 95% interval), got {args.ci_level}", field="--ci-level")

@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from fits.compute_laws import DEFAULT_SELECT, SELECT_RULES
-from ladder.cli.fit.inputs import (NO_FLOOR_HINT, SMALL_LADDER_HINT, add_ci_level_and_seed, add_floor_arg, column_arg, delta_arg, finish,
+from ladder.cli.fit.inputs import (NO_FLOOR_HINT, SMALL_LADDER_HINT, add_ci_level_and_seed, check_counts_and_level, add_floor_arg, column_arg, delta_arg, finish,
                                    input_error, is_no_floor, load_input, per_domain_rows)
 from ladder.cli.output import make_table, print_json, stdout_console
 from ladder.errors import LadderInputError
@@ -64,8 +64,7 @@ def run_power_law(args: argparse.Namespace) -> int:
     group = args.group or ("domain" if args.experiment and y == "bpb" else None)
     wide_domains = domains_of(df) if group == "domain" and y == "bpb" and "domain" not in df.columns else []
     df = per_domain_rows(df, group, y, where=source.get("csv") or args.experiment, x=x)
-    if args.bootstrap < 0 or args.holdout_top < 0 or not 0 < args.ci_level < 1:
-        raise LadderInputError("--bootstrap and --holdout-top must be ≥ 0 and --ci-level in (0, 1)", field="--bootstrap")
+    check_counts_and_level(args)
     if args.cluster and args.cluster not in df.columns:  # the whole table's problem: once, before any group is fitted
         raise LadderInputError(f"no column {args.cluster!r} to bootstrap clusters of; the table has "
                                f"{sorted(map(str, df.columns))}", where=source.get("csv") or args.experiment,
