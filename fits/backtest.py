@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fits.bootstrap import MIN_DISTINCT_FOR_INTERVAL
 from fits.errors import FitError, FitInputError
 from fits.power_law import MIN_DISTINCT_X, PowerLawResult, fit_power_law
 from fits.prediction import HELDOUT_COMMON_NOTE
@@ -138,12 +139,18 @@ def progressive_backtest(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb
                             f"{len(levels)}", column=x)
     steps = []
     for k in range(MIN_DISTINCT_X, len(levels)):
+        # Below MIN_DISTINCT_FOR_INTERVAL rungs a step has no interval (the one rule) and a row bootstrap on 3
+        # rungs cannot run (most resamples lose a rung): fitted without one, so the step keeps its prediction.
+        boot = bootstrap if k >= MIN_DISTINCT_FOR_INTERVAL else 0
         try:
-            fit = fit_power_law(df[xs < levels[k]], x, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed,
+            fit = fit_power_law(df[xs < levels[k]], x, y, bootstrap=boot, ci_level=ci_level, seed=seed,
                                 floor=floor, **fit_kwargs)
         except FitError as err:  # a few low rungs often cannot pin the floor: report the step, go on
             steps.append({"n_rungs_fitted": k, "x": float(levels[k]), "error": str(err)})
             continue
         row = _predict_rows(fit, df[xs == levels[k]], x, y, ci_level)[0]
+        if boot != bootstrap:  # the reason is its rungs, not a bootstrap the caller did not turn off
+            row["interval_reason"] = (f"{k} distinct x: below {MIN_DISTINCT_FOR_INTERVAL} a law has no interval (the "
+                                      "one interval rule), so this step is fitted without a bootstrap")
         steps.append({"n_rungs_fitted": k, **row, "alpha": fit.params["alpha"], "floor_at_zero": fit.extra["floor_at_zero"]})
     return {"kind": "progressive", "ci_level": ci_level, "steps": steps}

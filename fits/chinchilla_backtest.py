@@ -14,9 +14,15 @@ from fits.errors import FitInputError
 from fits.validate import check_bootstrap, check_level, numeric_column, require_columns
 
 
+MIN_HOLDOUT_DRAWS = 50
+
+
 def chinchilla_holdout(df: pd.DataFrame, n: str = "params", d: str = "tokens", y: str = "loss", *, holdout_top: int = 1,
                        bootstrap: int = 200, ci_level: float = 0.95, seed: int = 0, **fit_kwargs) -> dict[str, Any]:
     check_bootstrap(bootstrap)
+    if bootstrap < MIN_HOLDOUT_DRAWS:  # 0 ran 50 unasked (and 10 ran 50): the interval is the draws' percentiles
+        raise FitInputError(f"a held-out backtest's intervals are its bootstrap draws' percentiles: bootstrap must be "
+                            f"≥ {MIN_HOLDOUT_DRAWS}, got {bootstrap}")
     check_level(ci_level)
     require_columns(df, [n, d, y])
     N = numeric_column(df, n, positive=True)
@@ -36,7 +42,7 @@ def chinchilla_holdout(df: pd.DataFrame, n: str = "params", d: str = "tokens", y
     if len(train) < MIN_POINTS:
         raise FitInputError(f"holding out {holdout_top} model size(s) leaves {len(train)} runs; the law needs "
                             f"{MIN_POINTS}", column=n)
-    fit = fit_chinchilla(train, n=n, d=d, y=y, bootstrap=max(bootstrap, 50), ci_level=ci_level, seed=seed,
+    fit = fit_chinchilla(train, n=n, d=d, y=y, bootstrap=bootstrap, ci_level=ci_level, seed=seed,
                          id_column=None, **fit_kwargs)
     Nt, Dt = test[n].to_numpy(float), test[d].to_numpy(float)
     actual = test[y].to_numpy(float)

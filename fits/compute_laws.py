@@ -130,6 +130,22 @@ class PowerLawSet:
         return {g: law.conf_int(level) for g, law in self.laws.items()}
 
 
+def check_distinct_runs(rows: pd.DataFrame, group: str | None, id_column: str | None) -> None:
+    """One row per run (per group): a run listed twice (two exports concatenated, a fixture read twice) would count
+    as a repeated seed of itself, a seed scatter of exactly 0 that narrowed every interval (±2.5% to ±1.5% on the
+    demo); refused naming the run."""
+    if not id_column or id_column not in rows.columns:
+        return
+    keys = [group, id_column] if group is not None else [id_column]
+    repeated = rows[rows.duplicated(keys, keep=False) & rows[id_column].notna()]
+    if len(repeated):
+        first = repeated.iloc[0]
+        where = f" (group {first[group]!r})" if group is not None else ""
+        raise FitInputError(f"run {first[id_column]!r} appears {int((rows[keys] == first[keys]).all(axis=1).sum())} times"
+                            f"{where}; each run is one row (a run read twice would count as its own repeated seed)",
+                            column=id_column)
+
+
 def fit_power_laws(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, group: str | None = "domain",
                    select: str = DEFAULT_SELECT, floor: str = DEFAULT_FLOOR, **fit_options: Any) -> PowerLawSet:
     """Select the rows (`select`, module docstring), then fit y = E + A·x^(−α) per value of `group`
@@ -147,10 +163,14 @@ def fit_power_laws(df: pd.DataFrame, x: str = "train_flops", y: str = "bpb", *, 
         raise FitInputError(f"no such column; the table has {sorted(map(str, df.columns))}", column=group)
     if group is not None:
         check_group_values(df, group)
+    if select == "best":  # its groupby drops a run with no x unseen: refused by line, as the other rules refuse it
+        require_columns(df, [x])
+        numeric_column(df, x, positive=True)
     rows, info = select_runs(df, x, y, group=group, select=select)
     require_columns(rows, [x, y])
     numeric_column(rows, x, positive=True)
     numeric_column(rows, y, positive=True)
+    check_distinct_runs(rows, group, fit_options.get("id_column", "run_id"))
     parts = [(y, rows)] if group is None else [(str(k), p) for k, p in rows.groupby(group, sort=True)]
     laws, errors = {}, {}
     for name, part in parts:

@@ -97,6 +97,10 @@ def fit_data_constrained(df: pd.DataFrame, n: str = "N_params", d: str = "D_toke
     if not np.any(D > U):
         raise FitBoundaryError("data-constrained law: no run repeats its data (D > U nowhere), so R*_D is not "
                                "identified", parameter="R_star_D")
+    if not np.any(N > unique_params(N, U, base)):  # R_N = 0 everywhere: the objective is flat in R*_N
+        raise FitBoundaryError("data-constrained law: no run has more parameters than its unique data supports "
+                               "(N > U_N nowhere), so R*_N is not identified (the fit would return its start)",
+                               parameter="R_star_N")
     log_l = np.log(L)
     args = (N, D, U, log_l, base, delta)
     bounds = [R_STAR_BOUNDS, R_STAR_BOUNDS]

@@ -43,3 +43,26 @@ def test_too_few_rungs_to_hold_one_out():
     df = ladder()
     with pytest.raises(FitInputError, match="leaves 2 distinct"):
         holdout_backtest(df[df.train_flops < 2e19], holdout_top=1)
+
+
+def test_a_progressive_step_below_the_interval_rule_keeps_its_prediction():
+    """On one run a rung (the demo's), a row bootstrap on 3 rungs always loses a rung in most resamples: the
+    3-rung step was refused in every domain, and its reason said to use --bootstrap 0, which the CLI overrode."""
+    from pathlib import Path
+
+    from ladder.run.mlflow_runs import long_by_domain
+
+    runs = pd.read_csv(Path(__file__).parents[2] / "notebooks" / "fixtures" / "demo_runs.csv")
+    long = long_by_domain(runs[runs["block"] == "ladder"])
+    bt = progressive_backtest(long[long["domain"] == "code"], bootstrap=200)
+    first = bt["steps"][0]
+    assert first["n_rungs_fitted"] == 3 and "error" not in first and abs(first["rel_error"]) < 0.02
+    assert first["interval_available"] is False and "the one interval rule" in first["interval_reason"]
+    assert bt["steps"][-1]["interval_available"] is True  # 5 rungs: the bootstrap asked for
+
+
+def test_a_chinchilla_holdout_without_draws_is_refused_not_run_with_fifty():
+    from fits.chinchilla_backtest import chinchilla_holdout
+
+    with pytest.raises(FitInputError, match="bootstrap must be ≥ 50, got 0"):
+        chinchilla_holdout(pd.DataFrame({"params": [1e8], "tokens": [1e9], "loss": [3.0]}), bootstrap=0)

@@ -281,3 +281,16 @@ def test_a_three_rung_ladder_is_told_which_flags_fit_it_and_what_they_cost(tmp_p
     assert "no prediction interval" in err and "no backtest" in err
     code, payload, _ = run_json(capsys, argv + ["--bootstrap", "0", "--holdout-top", "0", "--json"])
     assert code == 0 and len(payload["fits"]) == 6 and all(f["alpha"] > 0 for f in payload["fits"])
+
+
+def test_an_ungrouped_law_the_data_refuse_exits_1_as_a_group_does(capsys):
+    """The data show no floor under --floor fit: exit 1 (no law), as for every group of a grouped fit; it was 2,
+    the exit of a bad table, so a script could not tell them apart."""
+    from pathlib import Path
+
+    from ladder.cli import main
+
+    csv = Path(__file__).parents[2] / "notebooks" / "fixtures" / "demo_runs.csv"
+    assert main(["fit", "power-law", "--csv", str(csv), "--x", "train_flops", "--y", "bpb_code", "--bootstrap", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "E → 0: these points show no loss floor" in err and len(err.strip().splitlines()) == 1

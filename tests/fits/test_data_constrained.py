@@ -43,3 +43,17 @@ def test_no_repetition_means_no_decay_constant():
         fit_data_constrained(df)
     with pytest.raises(FitInputError, match="missing"):
         fit_data_constrained(df.drop(columns="U_unique_tokens"))
+
+
+def test_no_run_with_excess_parameters_means_no_parameter_decay_constant(muennighoff_182):
+    """The 16 published runs with N ≤ U_N: R_N is 0 in every one, the objective flat in R*_N, and the fit reported
+    its start (20/3) as fitted."""
+    from fits.data_constrained import unique_params
+
+    d = muennighoff_182
+    U_N = unique_params(d["N_params"].to_numpy(float), d["U_unique_tokens"].to_numpy(float), MUENNIGHOFF_BASE)
+    within = d[d["N_params"].to_numpy(float) <= U_N]
+    assert len(within) >= 3 and (within["D_tokens"] > within["U_unique_tokens"]).any()
+    with pytest.raises(FitBoundaryError, match="R\\*_N is not identified") as err:
+        fit_data_constrained(within)
+    assert err.value.parameter == "R_star_N"

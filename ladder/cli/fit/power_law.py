@@ -119,9 +119,12 @@ def run_power_law(args: argparse.Namespace) -> int:
                      "backtest": None, "n_points": 0, "not_identified": reason, "reason": reason})
     no_floor = any(f.get("hint") == NO_FLOOR_HINT for f in fits)
     few_rungs = any(f.get("hint") == SMALL_LADDER_HINT for f in fits)
-    if not laws and not group:
+    if not laws and not group:  # the data refused the law (exit 1, as for groups), not a bad table (2)
         message = "; ".join(f["not_identified"] for f in fits) + (f" ({NO_FLOOR_HINT})" if no_floor else "")
-        raise input_error(FitBoundaryError(message), source)
+        if args.json:
+            print_json({"fits": fits, "source": source, **({"hint": NO_FLOOR_HINT} if no_floor else {})})
+        print(f"ladder fit: {input_error(FitBoundaryError(message), source)}", file=sys.stderr)
+        return 1
     if not laws:  # every group refused, each with its own reason
         if args.json:
             print_json({"fits": fits, "source": source, **({"hint": NO_FLOOR_HINT} if no_floor else {}),
