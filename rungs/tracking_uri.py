@@ -11,6 +11,8 @@ import os
 
 DEFAULT_TRACKING_URI = "sqlite:///runs/mlflow.db"  # the one place the embedded store is named
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"  # MLflow's own variable (the cluster pods set it)
+# how --tracking-uri's help names the default that `default_tracking_uri` resolves
+DEFAULT_STORE_HELP = f"default: ${TRACKING_URI_ENV} if set, else {DEFAULT_TRACKING_URI}"
 
 
 def default_tracking_uri(given: str | None = None) -> str:

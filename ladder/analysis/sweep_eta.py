@@ -44,7 +44,8 @@ class SweepEta:
 
     def todo(self, labels: list[str]) -> None:
         """The trials this run trains: the others (finished before) are neither trained nor left here."""
-        self.flops = {label: flops for label, flops in self.flops.items() if label in set(labels)}
+        running = set(labels)
+        self.flops = {label: flops for label, flops in self.flops.items() if label in running}
 
     def start(self) -> None:
         """Begin timing (when the sweep starts, after the corpus is prepared)."""

@@ -18,13 +18,13 @@ from ladder.cli.plan import plan_payload, render_plan
 from ladder.cli.output import print_json, stderr_console
 from ladder.plan.generator import plan_ladder
 from ladder.plan.recipe import load_recipe
+from rungs.tracking_uri import DEFAULT_STORE_HELP
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the whole flow: corpus, ladder sweep, fits, backtest, recipe cards, report")
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="where the report goes")
-    p.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI if set, else "
-                                          "sqlite:///runs/mlflow.db)")
+    p.add_argument("--tracking-uri", help=f"MLflow store ({DEFAULT_STORE_HELP})")
     p.add_argument("--new-store", action="store_true",
                    help="create the --tracking-uri store when it does not exist (without it a missing store is "
                         "refused, as by `ladder sweep run`)")

@@ -31,6 +31,7 @@ from ladder.cli.fit.inputs import NO_FLOOR_HINT, add_floor_arg, is_no_floor, loa
 from ladder.cli.fit.laws_file import load_laws
 from ladder.cli.output import make_table, output_file, print_json, stdout_console
 from ladder.analysis.recipe_card import arms_rows, build_card, card_rows
+from rungs.tracking_uri import DEFAULT_STORE_HELP
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--experiment", help="fit the laws from this MLflow experiment's runs")
     p.add_argument("--csv", help="fit the laws from this runs table instead (bpb_<domain> columns, one row per run, "
                                  "as `ladder fit power-law --group domain` reads it)")
-    p.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI if set, else sqlite:///runs/mlflow.db)")
+    p.add_argument("--tracking-uri", help=f"MLflow store ({DEFAULT_STORE_HELP})")
     p.add_argument("--laws", action="append", default=[], help="laws JSON from `ladder fit ... --save` (repeatable)")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for fits made here")
     p.add_argument("--select", choices=sorted(SELECT_RULES), default=DEFAULT_SELECT,

@@ -21,6 +21,7 @@ from ladder.cli.fit.inputs import (add_ci_level_and_seed, check_counts_and_level
 from ladder.errors import LadderInputError
 from ladder.plan.recipe import HparamLaws
 from ladder.cli.output import make_table, output_file, print_json, stdout_console
+from rungs.tracking_uri import DEFAULT_STORE_HELP
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     def common(q: argparse.ArgumentParser) -> None:
         q.add_argument("--csv", help="input table (one row per run)")
         q.add_argument("--experiment", help="read the runs of this MLflow experiment instead of a CSV")
-        q.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI if set, else sqlite:///runs/mlflow.db)")
+        q.add_argument("--tracking-uri", help=f"MLflow store ({DEFAULT_STORE_HELP})")
         q.add_argument("--no-log", action="store_true", help="do not log the fit back to MLflow (with --experiment)")
         q.add_argument("--save", type=output_file((".json",)),
                        help="write the fitted laws (with bootstrap draws) to this JSON file")
