@@ -15,7 +15,16 @@ the slope's, from the law's bootstrap draws: var(log EG) = var(Δ)/s² + Δ²·v
 there is no noise estimate and no interval; where the baseline's law has no interval (the one interval rule,
 `FitResult.interval_note`: fewer than 5 rungs, no bootstrap), its slope's part cannot be had, and the EG
 has no interval either, the law's note saying why, as against the law. A rung where the baseline has no
-run gives no EG.
+run gives no EG, nor, paired, one where no run of the arm shares a value with the baseline's.
+
+Paired on a column (`pair`, e.g. "seed"): an arm's run and the baseline's run at one rung with the same value
+there start from the same initial weights (`seed` sets them; `data_seed` the order of the data, rungs.config),
+so what the initialisation does to both cancels in their difference. Then Δ is the mean over the n pairs of
+d = log y_base − log y_arm, var(Δ) = σ_d²/n with σ_d² the variance of d between pairs pooled over every
+(arm, rung) with two or more pairs (Σ(n − 1) degrees of freedom), and only the paired runs count. Unpaired,
+the same runs give var(Δ) = σ²·(2/n), σ² holding the initialisation's share too: pairing narrows the
+interval by as much as that share is (docs/science.md measures it), and costs half the degrees of freedom
+where it is small. The seeds a side are then reported from σ_d/√2, the per-run noise the pairs imply.
 
 How many seeds would narrow it: with n seeds on each side, the seed-noise part of the interval is
 ±t·σ·√(2/n)/s in log EG, t with the G·(n − 1) degrees of freedom of the same G (arm, rung) groups at n seeds
@@ -36,10 +45,33 @@ import pandas as pd
 from scipy import stats
 
 from fits.efficiency import baseline_law
+from fits.errors import FitInputError
 from fits.results import jsonable
 
 SEEDS_SEARCHED = 10_000  # `seeds_for_half_width` says None past this many seeds a side
 NO_REPEATS_NOTE = "no (arm, rung) has repeated seeds: the seed noise, and so the interval, cannot be estimated"
+NO_PAIRS_NOTE = ("no (arm, rung) has two or more runs paired with the baseline's: the noise of a pair's "
+                 "difference, and so the interval, cannot be estimated")
+
+
+def pair_differences(base: pd.DataFrame, arm_runs: pd.DataFrame, *, pair: str, y: str) -> pd.Series:
+    """d = log y_base − log y_arm per value of `pair` both sides ran (one rung's runs; a value run twice on
+    a side counts as its mean log y)."""
+    for side in (base, arm_runs):
+        if side[pair].isna().any():
+            raise FitInputError(f"a run has no {pair!r}: runs are paired on it", column=pair)
+    b = np.log(base[y].astype(float)).groupby(base[pair]).mean()
+    a = np.log(arm_runs[y].astype(float)).groupby(arm_runs[pair]).mean()
+    shared = b.index.intersection(a.index)
+    return (b[shared] - a[shared]).sort_index()
+
+
+def paired_variance(cells: list[pd.Series]) -> tuple[float | None, int]:
+    """(pooled variance of the pair differences within each cell, its degrees of freedom Σ(n − 1))."""
+    dof = sum(max(len(d) - 1, 0) for d in cells)
+    if dof == 0:
+        return None, 0
+    return float(sum(((d - d.mean()) ** 2).sum() for d in cells if len(d) > 1) / dof), dof
 
 
 def local_slope(E, A, alpha, train_flops: float):
@@ -89,43 +121,65 @@ def seed_sd_interval(log_sd: float, dof: int, ci_level: float = 0.95) -> tuple[f
 
 def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", y: str = "bpb",
                     flops: str = "train_flops", rung: str = "rung", bootstrap: int = 200, ci_level: float = 0.95,
-                    seed: int = 0, floor: str = "auto", target_half_width: float = 0.10) -> dict[str, Any]:
+                    seed: int = 0, floor: str = "auto", target_half_width: float = 0.10,
+                    pair: str | None = None) -> dict[str, Any]:
     """Per non-baseline arm and rung: {"rung", "bpb", "train_flops", "eg_flops", "eg_flops_interval", ...}, the
     shape of `efficiency_gains`' rows, with "seeds_for_target": the seeds a side that would make the interval
     ±`target_half_width` (`seeds_for_half_width`) and "seeds_for_target_range", that number at either end of
-    the seed noise's own interval; and the pooled seed noise it used."""
+    the seed noise's own interval; and the pooled seed noise it used. `pair`: the column whose equal values
+    pair an arm's run with the baseline's (module docstring); None compares the means of all runs."""
+    if pair is not None and pair not in df.columns:
+        raise FitInputError(f"no column {pair!r} to pair the runs on; the table has {sorted(map(str, df.columns))}",
+                            column=pair)
     base = df[df[arm] == baseline]
     law = baseline_law(base, flops, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor)
     p = law.params
     draws = None
     if law.interval_note is None:
         draws = tuple(law.bootstrap_column(n) for n in ("E", "A", "alpha"))
-    var_log, dof = seed_variance(df, arm=arm, rung=rung, y=y)
-    groups = int(df.groupby([df[arm], df[rung]]).ngroups)
+    base_at = {r: g for r, g in base.groupby(rung, sort=True)}
+    others = df[df[arm] != baseline]
+    pairs: dict[tuple[Any, Any], pd.Series] = {}
+    if pair is None:
+        var_log, dof = seed_variance(df, arm=arm, rung=rung, y=y)
+        groups = int(df.groupby([df[arm], df[rung]]).ngroups)
+    else:
+        for (name, r), g in others.groupby([arm, rung], sort=True):
+            if r in base_at:
+                pairs[name, r] = pair_differences(base_at[r], g, pair=pair, y=y)
+        var_pair, dof = paired_variance(list(pairs.values()))
+        var_log = None if var_pair is None else var_pair / 2  # the per-run noise a pair's difference implies
+        groups = sum(len(d) > 0 for d in pairs.values())
     t = float(stats.t.ppf(0.5 + ci_level / 2, dof)) if dof else None
     if var_log is not None:
         sd_measured, sd_interval = math.sqrt(var_log), seed_sd_interval(math.sqrt(var_log), dof, ci_level)
-    base_at = {r: g for r, g in base.groupby(rung, sort=True)}
     arms: dict[str, list[dict[str, Any]]] = {}
-    for name, group in df[df[arm] != baseline].groupby(arm, sort=True):
+    for name, group in others.groupby(arm, sort=True):
         rows = []
         for r, g in group.groupby(rung, sort=True):
             b = base_at.get(r)
             if b is None:
                 continue
+            d = pairs.get((name, r))
+            if d is not None and len(d) == 0:  # paired, and no run here shares a value with the baseline's
+                continue
+            if d is not None:  # only the paired runs
+                b, g = b[b[pair].isin(d.index)], g[g[pair].isin(d.index)]
             c_base, c_arm = float(b[flops].mean()), float(g[flops].mean())
             y_base, y_arm = float(np.exp(np.log(b[y]).mean())), float(np.exp(np.log(g[y]).mean()))
             s = float(local_slope(p["E"], p["A"], p["alpha"], c_base))
-            delta = math.log(y_base) - math.log(y_arm)
+            delta = math.log(y_base) - math.log(y_arm) if d is None else float(d.mean())
             log_eg = math.log(c_base / c_arm) + delta / s
             row = {"rung": r, "bpb": float(g[y].mean()), "train_flops": c_arm, "eg_flops": math.exp(log_eg),
-                   "baseline_bpb": float(b[y].mean()), "local_slope": s, "runs": [len(b), len(g)]}
+                   "baseline_bpb": float(b[y].mean()), "local_slope": s,
+                   "runs": [len(b), len(g)] if d is None else [len(d), len(d)]}
             if t is None:
-                row["eg_flops_interval"], row["eg_flops_interval_note"] = None, NO_REPEATS_NOTE
+                row["eg_flops_interval"] = None
+                row["eg_flops_interval_note"] = NO_REPEATS_NOTE if pair is None else NO_PAIRS_NOTE
             elif draws is None:  # the one interval rule: the law has no interval, so neither has its slope's part
                 row["eg_flops_interval"], row["eg_flops_interval_note"] = None, law.interval_note
             else:
-                var_delta = var_log * (1 / len(b) + 1 / len(g))
+                var_delta = var_log * (1 / len(b) + 1 / len(g)) if d is None else 2 * var_log / len(d)
                 var_s = float(np.var(local_slope(*draws, c_base), ddof=1))
                 se = math.sqrt(var_delta / s**2 + delta**2 * var_s / s**4)
                 row["eg_flops_interval"] = [math.exp(log_eg - t * se), math.exp(log_eg + t * se)]
@@ -139,6 +193,7 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
             rows.append(row)
         arms[str(name)] = rows
     return jsonable({"baseline": baseline, "ci_level": ci_level, "arms": arms, "baseline_law_flops": law.params,
-                     "seed_noise": {"log_sd": sd_measured, "dof": dof, "log_sd_interval": list(sd_interval)}
-                     if var_log is not None else {"log_sd": None, "dof": dof},
+                     "seed_noise": {"log_sd": sd_measured, "dof": dof, "log_sd_interval": list(sd_interval),
+                                    "paired_on": pair}
+                     if var_log is not None else {"log_sd": None, "dof": dof, "paired_on": pair},
                      "target_half_width": target_half_width})

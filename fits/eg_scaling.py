@@ -139,16 +139,20 @@ def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float
 def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", rung: str = "rung",
                  flops: str = "train_flops", domains: list[str] | None = None, bootstrap: int = 200,
                  ci_level: float = 0.95, seed: int = 0, floor: str = DEFAULT_FLOOR,
-                 against: str = "law", target_half_width: float = 0.10) -> dict[str, Any]:
+                 against: str = "law", target_half_width: float = 0.10, pair: str | None = None) -> dict[str, Any]:
     """EG_FLOPs of every arm at every rung in every domain, each with its interval and verdict, and per
     arm and domain the trend of log EG with log compute. `against`: "law" reads the arm's BPB off the
     baseline's law (the report's EG); "rung" compares it with the baseline's own runs at the same rung, the
     law giving only its slope (`fits.eg_same_rung`: the law's misfit at a rung, shared by every arm, cancels),
-    and each cell says how many seeds a side would make its interval ±`target_half_width`."""
+    and each cell says how many seeds a side would make its interval ±`target_half_width`; `pair` (against the
+    rung only) pairs an arm's runs with the baseline's on that column (`fits.eg_same_rung`)."""
     check_bootstrap(bootstrap)
     check_level(ci_level)
     if against not in AGAINST:
         raise FitInputError(f"must be one of {list(AGAINST)}, got {against!r}", column="against")
+    if pair is not None and against != "rung":
+        raise FitInputError(f"runs are paired against the same rung only (against='rung'), not {against!r}",
+                            column="pair")
     if not target_half_width > 0:
         raise FitInputError(f"must be above 0, got {target_half_width}", column="target_half_width")
     available = domain_columns(df)
@@ -179,7 +183,7 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
             if against == "rung":
                 out = same_rung_gains(rows_df, arm=arm, baseline=baseline, y=column, flops=flops, rung=rung,
                                       bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor,
-                                      target_half_width=target_half_width)
+                                      target_half_width=target_half_width, pair=pair)
                 noise[domain] = out["seed_noise"]
             else:
                 out = efficiency_gains(rows_df, arm=arm, baseline=baseline, y=column, flops=flops, wall=None,

@@ -23,7 +23,7 @@ from rungs.tracking_uri import DEFAULT_TRACKING_URI
 # trial, it had before the field existed.
 LEGACY_VALUES: dict[str, Any] = {"subset": "prefix", "peak_flops_per_device": None, "backend": "torch",
                                  "activation_checkpointing": "none", "jax_mesh_expert": None,
-                                 "capacity_factor": None, "data_key": None}
+                                 "capacity_factor": None, "data_key": None, "data_seed": None}
 # Fields that no longer exist (nothing read them): an old config that sets one still loads, and its key
 # is what it was (neither key ever included them).
 REMOVED_FIELDS = frozenset({"log_interval"})
@@ -166,6 +166,11 @@ class TrainConfig(BaseModel):
     # slower than fp32 (casts dominate tiny matmuls; benchmarks/train_step.py).
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     seed: int = Field(default=0, ge=0, le=2**32 - 1)  # torch and numpy seed with 0..2**32-1
+    # The data order's seed (rungs.data.sampler: each source's shuffle per epoch), apart from the weights' and
+    # dropout's: runs on one `seed` and different `data_seed`s start from the same weights and see the data in
+    # different orders, so the two parts of the seed noise can be measured apart and arms paired on their
+    # initialisation. None, the legacy value: the data order follows `seed` (no key changes).
+    data_seed: int | None = Field(default=None, ge=0, le=2**32 - 1, description="data order seed (None: seed)")
     deterministic: bool = False
     # Which job runs the rung: the PyTorch engine or the JAX one (rungs.jaxjob). The default is
     # a legacy value: "torch" leaves every existing key as it was; "jax" is a different trial.
@@ -316,6 +321,11 @@ class TrainConfig(BaseModel):
             return None
         return AGCSettings(points=self.agc_points, granularity=self.agc_granularity, mode=self.agc_mode,
                            threshold=self.agc_threshold, median_window_steps=self.agc_median_window_steps)
+
+    @property
+    def order_seed(self) -> int:
+        """The seed of the data order: `data_seed`, else `seed`."""
+        return self.seed if self.data_seed is None else self.data_seed
 
     def sources_plan(self) -> dict[str, dict]:
         return {name: s.model_dump() for name, s in self.sources.items()}

@@ -50,6 +50,8 @@ def test_table_names_the_readings(csv, capsys):
     (["--baseline", "baseline", "--rung", "L"], "L"),
     (["--baseline", "baseline", "--ci-level", "1.5"], "--ci-level"),
     (["--baseline", "baseline", "--against", "rung", "--target-width", "0"], "--target-width"),
+    (["--baseline", "baseline", "--pair-on", "seed"], "--pair-on"),
+    (["--baseline", "baseline", "--against", "rung", "--pair-on", "init"], "init"),
 ])
 def test_bad_input_exits_2_with_one_line_naming_the_field(csv, capsys, argv, field):
     code, out, err = run(capsys, "--csv", str(csv), *argv)
@@ -109,6 +111,19 @@ def test_against_the_same_rung_is_a_flag_and_is_said(csv, capsys):
     code, out, _ = run(capsys, "--csv", str(csv), "--baseline", "baseline", "--domains", "code", "--bootstrap", "50",
                        "--against", "rung", "--target-width", "0.05")
     assert code == 0 and "same rung" in out and "seeds a side for ±5%" in out
+
+
+def test_pairing_on_the_seed_is_a_flag_and_is_said(csv, capsys):
+    code, out, _ = run(capsys, "--csv", str(csv), "--baseline", "baseline", "--domains", "code", "--bootstrap", "50",
+                       "--against", "rung", "--pair-on", "seed", "--json")
+    assert code == 0
+    payload = json.loads(out)
+    noise = payload["seed_noise"]["code"]
+    assert noise["paired_on"] == "seed" and noise["dof"] == 5  # one pair difference's dof per rung, not two
+    assert all(r["runs"] == [2, 2] for r in payload["arms"]["dedup"]["code"]["rungs"])
+    code, out, _ = run(capsys, "--csv", str(csv), "--baseline", "baseline", "--domains", "code", "--bootstrap", "50",
+                       "--against", "rung", "--pair-on", "seed")
+    assert code == 0 and "paired on seed" in out
 
 
 def test_an_arm_below_the_baseline_laws_floor_is_an_unbounded_gain_said_in_table_json_and_figure(tmp_path, capsys):

@@ -36,6 +36,10 @@ def register(fit_sub: argparse._SubParsersAction, common) -> None:
     q.add_argument("--target-width", type=float, default=0.10, metavar="FRACTION",
                    help="with --against rung: say how many seeds a side would make each EG interval this wide "
                         "(its half-width, a fraction), from the measured seed noise (default 0.10: ±10%%)")
+    q.add_argument("--pair-on", metavar="COLUMN",
+                   help="with --against rung: pair each arm's run with the baseline's run that has the same value in "
+                        "this column (seed: runs on one seed start from the same weights, whatever their data), so "
+                        "the initialisation's share of the seed noise cancels; only paired runs count")
     q.add_argument("--bootstrap", type=int, default=200,
                    help="bootstrap resamples of each baseline law (default 200)")
     add_ci_level_and_seed(q)
@@ -69,9 +73,11 @@ def run_arms(args: argparse.Namespace) -> int:
         raise LadderInputError(f"must be above 0, got {args.target_width}", field="--target-width")
     if args.bootstrap < 0:
         raise LadderInputError(f"must be 0 or more, got {args.bootstrap}", field="--bootstrap")
+    if args.pair_on and args.against != "rung":
+        raise LadderInputError("pairs runs against the same rung only: add --against rung", field="--pair-on")
     df, source = load_input(args)
     where = source.get("csv") or f"experiment {source.get('experiment')}"
-    for column in (args.arm, args.rung, args.x):
+    for column in (args.arm, args.rung, args.x, *([args.pair_on] if args.pair_on else [])):
         if column not in df.columns:
             raise LadderInputError(f"no such column; the table has {sorted(map(str, df.columns))}", where=where,
                                    field=column)
@@ -85,7 +91,7 @@ def run_arms(args: argparse.Namespace) -> int:
     try:
         out = eg_by_domain(df, arm=args.arm, baseline=args.baseline, rung=args.rung, flops=args.x, domains=domains,
                            bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed, floor=args.floor,
-                           against=args.against, target_half_width=args.target_width)
+                           against=args.against, target_half_width=args.target_width, pair=args.pair_on)
     except FitError as err:
         raise input_error(err, source) from None
     payload = {**out, "source": source}
@@ -126,7 +132,8 @@ def run_arms(args: argparse.Namespace) -> int:
             trends.append([arm, domain, f"{t['slope']:+.3f}" if t.get("slope") is not None else "-",
                            f"[{iv[0]:+.3f}, {iv[1]:+.3f}]" if iv else "n/a", t["verdict"]])
     level = f"{out['ci_level']:.0%}"
-    reading = "its law" if out["against"] == "law" else "its own runs at the same rung"
+    reading = "its law" if out["against"] == "law" else "its own runs at the same rung" + (
+        f", paired on {args.pair_on}" if args.pair_on else "")
     columns = ["arm", "domain", "rung", "EG − 1", "interval", "reading"]
     if seeds_column:
         columns.append(f"seeds a side for ±{out['target_half_width']:.0%} [{level}]")
