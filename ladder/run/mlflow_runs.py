@@ -135,6 +135,18 @@ def latest_per_trial(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs[column].isna() | runs.index.isin(keep)].reset_index(drop=True)
 
 
+def _order_seed(table: pd.DataFrame) -> None:
+    """A `data_seed` column where a run set one (rungs.config: the data order's seed apart from the weights'):
+    the order each run read, its `seed` where it set none. Without a run that set one, no column."""
+    if "data_seed" in table.columns or "params.data_seed" not in table.columns or "seed" not in table.columns:
+        return
+    chosen = pd.to_numeric(table["params.data_seed"], errors="coerce")  # "None": the order followed the seed
+    if chosen.isna().all():
+        return
+    order = chosen.fillna(pd.to_numeric(table["seed"], errors="coerce"))
+    table["data_seed"] = order.astype("int64") if order.notna().all() else order
+
+
 def fit_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Add the canonical columns; diverged runs get NaN BPB (the fits drop and count them)."""
     out = runs.copy()
@@ -153,6 +165,7 @@ def fit_table(runs: pd.DataFrame) -> pd.DataFrame:
             as_number = pd.to_numeric(out[c], errors="coerce")
             if as_number.notna().all() and (as_number % 1 == 0).all():
                 out[c] = as_number.astype("int64")
+    _order_seed(out)
     _steps_actually_run(out)
     domains = sorted(c[len(BPB_PREFIX):] for c in out.columns if c.startswith(BPB_PREFIX))
     for d in domains:

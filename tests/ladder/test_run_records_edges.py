@@ -121,3 +121,13 @@ def test_rung_and_seed_tags_read_back_as_numbers_as_a_csv_of_the_same_runs_gives
     assert sorted(table["rung"]) == [9, 10] and table["seed"].tolist() == [0, 1]
     named = fit_table(runs.assign(**{"tags.rung": ["L10", "9"]}))
     assert named["rung"].tolist() == ["L10", "9"]
+
+
+def test_the_data_order_seed_is_a_column_where_a_run_set_one_and_the_seed_where_it_did_not(store: str) -> None:
+    for seed, data_seed in ((0, "None"), (1, "7"), (2, "None")):
+        _run(store, "orders", tags={"rung": "2", "coord.seed": str(seed)}, metrics=BPB,
+             params={"seed": str(seed), "data_seed": data_seed})
+    table = fit_table(read_runs("orders", store)).sort_values("seed")
+    assert table["data_seed"].tolist() == [0, 7, 2] and table["data_seed"].dtype == "int64"
+    _run(store, "no_orders", tags={"rung": "2", "coord.seed": "0"}, metrics=BPB, params={"seed": "0", "data_seed": "None"})
+    assert "data_seed" not in fit_table(read_runs("no_orders", store)).columns  # no run chose an order
