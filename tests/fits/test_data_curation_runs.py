@@ -8,6 +8,7 @@ a side (notebooks/fixtures/data_curation_calibration_runs.csv, 24 runs of sweeps
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,6 @@ def seed_noise_interval(result: dict, domain: str, cell: dict) -> list[float]:
     from the JSON. Against the same rung on the calibrations' three rungs (L2-L4) the baseline's law has no
     interval (the one interval rule, docs/fits.md), so neither has the EG and the fit prints none; this is the
     part of the interval the seeds measure, the slope's part (zero for an arm whose EG is 1) left out."""
-    import math
 
     from scipy import stats
 
@@ -162,7 +162,6 @@ def test_four_times_the_batch_quiets_the_seeds_but_flattens_the_law_and_the_cali
     and a quarter of the steps. One seed's scatter falls (0.47% → 0.30%), the baseline's slope falls with it
     (0.077 → 0.052, the larger rungs trained worse), so noise over slope is about the same and the replica's
     intervals are no narrower (±15% on 6 dof)."""
-    import math
 
     wide = fit_arms("--against", "rung", csv=BATCH4)
     noise, base_noise = wide["seed_noise"]["all"], same_rung["seed_noise"]["all"]
@@ -178,3 +177,67 @@ def test_four_times_the_batch_quiets_the_seeds_but_flattens_the_law_and_the_cali
     cells = [(d, r["rung"]) for d, cell in wide["arms"]["replica"].items() for r in cell["rungs"]
              if not seed_noise_interval(wide, d, r)[0] <= 1 <= seed_noise_interval(wide, d, r)[1]]
     assert cells == [("qa", 2)]  # one of 21 cells outside its 95% interval: what 95% allows
+
+
+SOURCES = FIXTURE.with_name("seed_noise_sources_runs.csv")  # sweeps/seed_noise_sources.yaml: init and order apart
+
+
+def test_the_seed_noise_is_part_initialisation_and_part_data_order():
+    """The baseline's data at L2-L3 on six initialisations in one data order (`data_seed` 100) and on one
+    initialisation (seed 0) in six orders: one seed's scatter of log BPB (mean over domains) is 0.23% and
+    0.37% from the weights, 0.41% and 0.35% from the order; their sum is what eight seeds varying both measured
+    (0.44%, 0.86%; within an F-test's 95% range at both rungs), and the initialisation's share, pooled, is 39%:
+    pairing arms on their initial weights leaves the order's 0.38% between them."""
+    import numpy as np
+    import pandas as pd
+    from scipy import stats
+
+    domains = ["books", "code", "math", "qa", "stem", "web"]
+    runs, both = pd.read_csv(SOURCES), pd.read_csv(CALIBRATION)
+    for table in (runs, both):
+        table["log_bpb"] = np.mean([np.log(table[f"bpb_{d}"]) for d in domains], axis=0)
+    expected = {2: (0.227, 0.410), 3: (0.369, 0.347)}  # % (init, order), docs/science.md
+    var_init = var_order = 0.0
+    for rung, (sd_init, sd_order) in expected.items():
+        init = runs[(runs.rung == rung) & (runs.data_seed == 100)]
+        order = runs[(runs.rung == rung) & (runs.seed == 0)]
+        assert sorted(init.seed) == list(range(6)) and sorted(order.data_seed) == list(range(100, 106))
+        assert 100 * init.log_bpb.std() == pytest.approx(sd_init, abs=5e-4)
+        assert 100 * order.log_bpb.std() == pytest.approx(sd_order, abs=5e-4)
+        var_init, var_order = var_init + init.log_bpb.var() / 2, var_order + order.log_bpb.var() / 2
+        eight = both[both.rung == rung].log_bpb
+        low, high = stats.f.ppf([0.025, 0.975], len(eight) - 1, 10)
+        assert low < eight.var() / (init.log_bpb.var() + order.log_bpb.var()) < high, rung
+    assert 100 * math.sqrt(var_order) == pytest.approx(0.380, abs=5e-4)
+    assert var_init / (var_init + var_order) == pytest.approx(0.39, abs=0.005)
+
+
+PAIRED = FIXTURE.with_name("data_curation_paired_runs.csv")  # the experiment + sweeps/data_curation_paired_calibration.yaml
+
+
+def test_pairing_on_the_initialisation_narrows_some_domains_and_not_the_mean_and_the_reorder_arm_misses_at_l3():
+    """The experiment's runs and the paired null (`reorder`: the baseline's data from the baseline's weights,
+    seeds 0 and 1, in data orders 2 and 3, L2-L4), against the same rung, unpaired and paired on the seed. Paired,
+    the noise falls where the weights' share is large (books, qa, math) and not in the mean over domains, whose
+    intervals widen; no curation arm's verdict in the mean changes. The reorder arm holds 1 at L2 and L4 and
+    misses it at L3 either way, in code, qa and the mean: the baseline's seed-0 run at L3 sits high."""
+    plain = fit_arms("--against", "rung", csv=PAIRED)
+    paired = fit_arms("--against", "rung", "--pair-on", "seed", csv=PAIRED)
+    sd = {d: (plain["seed_noise"][d], paired["seed_noise"][d]) for d in plain["seed_noise"]}
+    assert sd["all"][0]["dof"] == 21 and sd["all"][1]["dof"] == 15 and sd["all"][1]["paired_on"] == "seed"
+    assert sd["all"][0]["log_sd"] == pytest.approx(0.00452, abs=1e-5)
+    assert sd["all"][1]["log_sd"] == pytest.approx(0.00519, abs=1e-5)
+    for domain, (before, after) in {"books": (0.0097, 0.0057), "qa": (0.0089, 0.0059), "math": (0.0096, 0.0077)}.items():
+        assert sd[domain][0]["log_sd"] == pytest.approx(before, abs=1e-4)
+        assert sd[domain][1]["log_sd"] == pytest.approx(after, abs=1e-4)
+    assert "replica" not in paired["arms"] or not paired["arms"]["replica"]["all"]["rungs"]  # no seed it shares
+    for out in (plain, paired):
+        missed = sorted((d, r["rung"]) for d, cell in out["arms"]["reorder"].items() for r in cell["rungs"]
+                        if not r["interval"][0] <= 1 <= r["interval"][1])
+        assert missed == [("all", 3), ("code", 3), ("qa", 3)]
+        for arm in ("dedup", "quality", "diverse", "quarter"):
+            verdicts = [r["verdict"] for r in out["arms"][arm]["all"]["rungs"]]
+            assert verdicts == [r["verdict"] for r in plain["arms"][arm]["all"]["rungs"]], arm
+    half = [[math.sqrt(r["interval"][1] / r["interval"][0]) - 1 for r in out["arms"]["reorder"]["all"]["rungs"]]
+            for out in (plain, paired)]
+    assert all(0.125 < w < 0.135 for w in half[0]) and all(0.150 < w < 0.160 for w in half[1])
