@@ -113,13 +113,19 @@ def fit_data_constrained(df: pd.DataFrame, n: str = "N_params", d: str = "D_toke
                 best = res
     if best is None:
         raise FitConvergenceError("data-constrained law: every start ended non-finite")
-    polish = minimize(lambda t: objective(t, *args)[0], best.x, method="Nelder-Mead",
+    # Inside the same bounds: unbounded, the simplex walked R* to 1e8 (and could to R* < 0, where exp(−R/R*)
+    # overflows) on data whose optimum lies past the bound, and the refusal then named that value.
+    polish = minimize(lambda t: objective(t, *args)[0], best.x, method="Nelder-Mead", bounds=bounds,
                       options={"xatol": 1e-6, "fatol": 1e-14, "maxiter": 4000})
     x = polish.x if polish.fun <= best.fun else best.x
     fun = min(polish.fun, best.fun)
     for name, value in zip(("R_star_D", "R_star_N"), x):
         if not R_STAR_BOUNDS[0] * 1.001 < value < R_STAR_BOUNDS[1] * 0.999:
-            raise FitBoundaryError(f"data-constrained law: {name} = {value:.4g} ended on its bound {R_STAR_BOUNDS}",
+            side = "upper" if value >= R_STAR_BOUNDS[1] * 0.999 else "lower"
+            hint = (" (the repeated data show no decay within it: the runs cannot tell how many repetitions are "
+                    "worth fresh data)" if side == "upper" else "")
+            raise FitBoundaryError(f"data-constrained law: {name} = {value:.4g} ended on its {side} bound "
+                                   f"{R_STAR_BOUNDS[1 if side == 'upper' else 0]:g}{hint}",
                                    parameter=name, value=float(value))
     pred = predict_loss(N, D, U, x[0], x[1], base)
     ss_res, ss_tot = np.sum((L - pred) ** 2), np.sum((L - L.mean()) ** 2)

@@ -57,3 +57,19 @@ def test_no_run_with_excess_parameters_means_no_parameter_decay_constant(muennig
     with pytest.raises(FitBoundaryError, match="R\\*_N is not identified") as err:
         fit_data_constrained(within)
     assert err.value.parameter == "R_star_N"
+
+
+def test_an_optimum_past_the_bound_is_refused_at_the_bound_it_names_without_overflow(muennighoff_182):
+    """Losses drawn with R*_D = 1e6 (repeated data as good as fresh): the optimum lies past the bound 1000. The
+    polish stays inside the bounds, so the refusal names the bound's value, not one the simplex wandered to
+    (it said R_star_D = 2.78e+08 on the 296 published runs, with overflow warnings from exp(−R/R*))."""
+    import warnings
+
+    d = muennighoff_182.copy()
+    d["val_loss"] = predict_loss(d.N_params.to_numpy(float), d.D_tokens.to_numpy(float),
+                                 d.U_unique_tokens.to_numpy(float), 1e6, 5.3, MUENNIGHOFF_BASE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(FitBoundaryError, match="R_star_D = 1000 ended on its upper bound 1000") as err:
+            fit_data_constrained(d)
+    assert err.value.parameter == "R_star_D" and err.value.value <= 1000
