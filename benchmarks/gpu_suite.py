@@ -36,6 +36,7 @@ import ctypes
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -82,6 +83,8 @@ SHARES = {c.name: c.share for c in CHILDREN}
 
 # The memory the planner lays L18 out for, by the marketed size of the card (the driver reports more:
 # an H200 150.1 GB, for a part sold as 141 GB); `ladder plan --gpu-memory` takes the same words.
+# Matched as whole words of the name: "H200" is inside "GH200" (a Grace Hopper part with 96 GB of HBM3, its
+# "480GB" the CPU's memory), which is not in the table and gets the memory the device reports.
 MARKETED_MEMORY = {"H200": "141GB", "H100": "80GB", "A100-SXM4-80GB": "80GB", "GB200": "186GB", "B200": "180GB"}
 
 
@@ -128,7 +131,7 @@ def device_memory_flag(name: str | None) -> str | None:
     if not name:
         return None
     for key, size in MARKETED_MEMORY.items():
-        if key in name:
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", name):
             return size
     return None
 
@@ -260,6 +263,7 @@ def run_suite(out_dir: Path, *, budget_seconds: float = DEFAULT_BUDGET_SECONDS, 
             row = {"name": name, "status": "skipped", "reason": missing, "checks": []}
         elif limit < 1.0:
             row = {"name": name, "status": "skipped", "reason": "no time left in the budget", "checks": []}
+            used[name] = 0.0  # done, in no time: the next child's limit is its own, not this one's again
         else:
             if progress:
                 progress(f"gpu_suite: {name} (limit {limit:.0f} s)")

@@ -257,6 +257,9 @@ def best_candidate(table: dict[str, Any]) -> str | None:
     return min(ok, key=ok.__getitem__) if ok else None
 
 
+MIN_CHILD_SECONDS = 30.0  # the least a child is started with (a JAX child compiles for ~10-20 s first)
+
+
 def _spawn(args: list[str], timeout_s: float, *, jax_child: bool) -> dict:
     env = dict(os.environ)
     if jax_child:
@@ -305,13 +308,19 @@ def gpu_missing() -> str | None:
 def run(quick: bool, *, layers: int | None = None, batch_sequences: int | None = None, warmup: int = 2,
         steps: int | None = None, timeout_s: float = 240.0, candidates: tuple[str, ...] = CANDIDATES,
         moe_backend: str = "auto", max_seconds: float = 480.0) -> Report:
-    """`timeout_s`: each child's limit; `max_seconds`: all of them together (a child gets what is
-    left, at least 30 s), so the whole run fits a fixed device slot."""
+    """`timeout_s`: each child's limit; `max_seconds`: all of them together, so the whole run fits a fixed
+    device slot (gpu_suite kills it a little past its share): a child gets what is left less
+    MIN_CHILD_SECONDS for each child after it, and is skipped, said in its entry, when that is under
+    MIN_CHILD_SECONDS."""
     report = Report("jax_gpu_rung")
     deadline = time.monotonic() + max_seconds
 
-    def limit() -> float:
-        return min(timeout_s, max(30.0, deadline - time.monotonic()))
+    def spawn(args: list[str], *, jax_child: bool, children_after: int) -> dict:
+        left = deadline - time.monotonic() - MIN_CHILD_SECONDS * children_after
+        if left < MIN_CHILD_SECONDS:
+            return {"failed": f"skipped: {max(left, 0.0):.0f} s of --max-seconds {max_seconds:g} left for it "
+                              f"(under {MIN_CHILD_SECONDS:g} s)"}
+        return _spawn(args, min(timeout_s, left), jax_child=jax_child)
     layers = 2 if layers is None else layers
     batch_sequences = (2 if quick else 8) if batch_sequences is None else batch_sequences
     steps = (3 if quick else 20) if steps is None else steps
@@ -336,12 +345,13 @@ def run(quick: bool, *, layers: int | None = None, batch_sequences: int | None =
         path.write_text(json.dumps(config))
         table: dict[str, Any] = {}
         if candidates:
-            table = _spawn(["gmm", str(path), ",".join(candidates)], limit(), jax_child=True)
+            table = spawn(["gmm", str(path), ",".join(candidates)], jax_child=True, children_after=2)
             results["grouped_matmul"] = table
         chosen = best_candidate(table) if moe_backend == "auto" else moe_backend
         results["jax_moe_backend"] = chosen or "default"
-        got = {"torch": _spawn(["torch", str(path), str(warmup), str(steps)], limit(), jax_child=False)}
-        got["jax"] = _spawn(["jax", str(path), str(warmup), str(steps), chosen or "default"], limit(), jax_child=True)
+        got = {"torch": spawn(["torch", str(path), str(warmup), str(steps)], jax_child=False, children_after=1)}
+        got["jax"] = spawn(["jax", str(path), str(warmup), str(steps), chosen or "default"], jax_child=True,
+                           children_after=0)
     results |= {"torch": got["torch"], "jax": got["jax"]}
     failed = {e: got[e]["failed"] for e in ENGINES if "failed" in got[e]}
     if "failed" in table:

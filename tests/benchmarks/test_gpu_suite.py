@@ -35,6 +35,45 @@ def test_the_planner_lays_l18_out_for_the_cards_marketed_memory():
     assert device_memory_flag("NVIDIA H200") == "141GB"
     assert device_memory_flag("NVIDIA H100 80GB HBM3") == "80GB"
     assert device_memory_flag("Tesla T4") is None and device_memory_flag(None) is None
+    # "H200" inside "GH200" is not an H200: a GH200's GPU has 96 GB (its "480GB" is the CPU's memory)
+    assert device_memory_flag("NVIDIA GH200 480GB") is None
+    assert device_memory_flag("NVIDIA GB200") == "186GB" and device_memory_flag("NVIDIA B200") == "180GB"
+
+
+def test_a_child_skipped_for_no_time_passes_its_share_on_and_the_next_one_runs(tmp_path):
+    """muon's share of 2 s is under a second (skipped); block_kernels then gets its own share and muon's,
+    the whole 2 s, and is run (killed at its limit), not skipped with muon's share computed again."""
+    summary = gpu_suite.run_suite(tmp_path, budget_seconds=2.0, quick=True, only=["muon", "block_kernels"])
+    skipped, ran = summary["results"]["children"]
+    assert skipped["name"] == "muon" and skipped["status"] == "skipped"
+    assert ran["name"] == "block_kernels" and ran["status"] != "skipped"
+    assert ran["limit_seconds"] == pytest.approx(2.0, abs=0.01)
+
+
+def test_jax_gpu_rung_keeps_its_children_inside_its_max_seconds(monkeypatch):
+    """Each child runs to its limit (the clock moves by it; no GPU child can start here): the three children
+    together stay within --max-seconds, the later ones skipped and said so when too little is left, so
+    gpu_suite, which kills the run a little past its --max-seconds, never loses its JSON."""
+    from benchmarks import jax_gpu_rung
+
+    for max_seconds in (128.0, 75.0, 40.0):
+        now = [0.0]
+        calls: list[tuple[str, float]] = []
+
+        def to_its_limit(args, timeout_s, *, jax_child, calls=calls, now=now):
+            calls.append((args[0], timeout_s))
+            now[0] += timeout_s
+            return {"failed": f"timed out after {timeout_s:g} s", "phase": None}
+
+        monkeypatch.setattr(jax_gpu_rung.time, "monotonic", lambda now=now: now[0])
+        monkeypatch.setattr(jax_gpu_rung, "_spawn", to_its_limit)
+        results = jax_gpu_rung.run(True, max_seconds=max_seconds).results
+        assert sum(t for _, t in calls) <= max_seconds, (max_seconds, calls)
+        assert all(t >= jax_gpu_rung.MIN_CHILD_SECONDS for _, t in calls)
+        ran = {name for name, _ in calls}
+        for child, key in (("torch", "torch"), ("jax", "jax")):
+            if child not in ran:
+                assert results[key]["failed"].startswith("skipped:"), results[key]
 
 
 def test_gpu_rung_is_given_the_flag_and_a_limit_inside_its_share():
