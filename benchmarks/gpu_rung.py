@@ -72,10 +72,13 @@ def planned_layout(device_bytes: int) -> dict[str, Any]:
     return choose_layout(spec.arch, batch_sequences=spec.batch_sequences, gpu_memory_bytes=device_bytes).to_dict()
 
 
-def train_config(quick: bool, n_layers: int, micro: int, accumulation: int, cuda: bool) -> TrainConfig:
-    """The job's config of L18 (quick: reduced widths) with `n_layers` layers and this accumulation."""
+def train_config(quick: bool, n_layers: int, micro: int, accumulation: int, cuda: bool,
+                 checkpointing: str = "none") -> TrainConfig:
+    """The job's config of L18 (quick: reduced widths) with `n_layers` layers, this accumulation and the
+    layout's activation checkpointing."""
     overrides: dict[str, Any] = dict(QUICK_WIDTHS) if quick else {}
     overrides |= {"n_layers": n_layers, "micro_batch_sequences": micro, "batch_sequences": micro * accumulation,
+                  "activation_checkpointing": checkpointing,
                   "tracking_uri": None, "device": "cuda" if cuda else "cpu", "precision": "bf16" if cuda else "fp32"}
     return parse_config(resolve_train_config(RECIPE, RUNG, overrides))
 
@@ -83,16 +86,17 @@ def train_config(quick: bool, n_layers: int, micro: int, accumulation: int, cuda
 def planner_estimate(cfg: TrainConfig, cuda: bool, device_bytes: int | None = None) -> dict[str, Any]:
     """`memory_breakdown` of this model on one process (dp = ep = 1) at the config's micro-batch, its
     loss chunked as on a device of `device_bytes` (None: the CPU)."""
-    layout = Layout(dp=1, ep=1, micro_batch_sequences=cfg.micro_batch_sequences, precision="bf16" if cuda else "fp32")
+    layout = Layout(dp=1, ep=1, micro_batch_sequences=cfg.micro_batch_sequences, precision="bf16" if cuda else "fp32",
+                    checkpointing=cfg.activation_checkpointing)
     return memory_breakdown(cfg.architecture(), layout, accumulation_steps=cfg.accumulation_steps,
                             lb_loss=cfg.lb_loss_coef > 0, z_loss=cfg.z_loss_coef > 0,
                             device_memory_bytes=device_bytes).to_dict()
 
 
-def fit_layers(device_bytes: int, micro: int, accumulation: int) -> int:
+def fit_layers(device_bytes: int, micro: int, accumulation: int, checkpointing: str = "none") -> int:
     """The most of L18's layers (at least 1) whose planned peak fits the device less the planner's headroom."""
-    arch = train_config(False, 1, micro, accumulation, True).architecture()
-    layout = Layout(dp=1, ep=1, micro_batch_sequences=micro, precision="bf16")
+    arch = train_config(False, 1, micro, accumulation, True, checkpointing).architecture()
+    layout = Layout(dp=1, ep=1, micro_batch_sequences=micro, precision="bf16", checkpointing=checkpointing)
     fitted = 1
     for n in range(1, RUNG + 1):
         planned = memory_breakdown(dataclasses.replace(arch, n_layers=n), layout, accumulation_steps=accumulation,
@@ -201,16 +205,19 @@ def run(quick: bool, *, layers: int | None = None, micro: int | None = None, acc
                                                                  "accumulation_steps", "checkpointing")}
         micro = micro or layout["micro_batch_sequences"]
         accumulation = accumulation or layout["accumulation_steps"]
-        layers = layers or fit_layers(device_bytes, micro, accumulation)
+        checkpointing = layout["checkpointing"]  # the layout's: on an 80 GB card the planner recomputes attention
+        layers = layers or fit_layers(device_bytes, micro, accumulation, checkpointing)
     else:
         torch.set_num_threads(1)            # tiny CPU ops: idle-spinning workers only add noise
         micro, accumulation = micro or QUICK_MICRO_SEQUENCES, accumulation or QUICK_ACCUMULATION
         layers = layers or QUICK_WIDTHS["n_layers"]
+        checkpointing = "none"
     out_of_memory_at: list[int] = []
     try:
         while True:
             try:
-                report = _run(quick, cuda, layers, micro, accumulation, steps or (3 if cuda else 2), deadline)
+                report = _run(quick, cuda, layers, micro, accumulation, steps or (3 if cuda else 2), deadline,
+                              checkpointing)
             except torch.OutOfMemoryError:
                 # The estimate was short: one layer fewer (a one-shot GPU run should still report).
                 if not cuda or layers <= 1 or len(out_of_memory_at) >= 3:
@@ -227,16 +234,18 @@ def run(quick: bool, *, layers: int | None = None, micro: int | None = None, acc
         torch.set_num_threads(threads)
 
 
-def _run(quick: bool, cuda: bool, layers: int, micro: int, accumulation: int, steps: int, deadline: float) -> Report:
+def _run(quick: bool, cuda: bool, layers: int, micro: int, accumulation: int, steps: int, deadline: float,
+         checkpointing: str = "none") -> Report:
     device = torch.device("cuda" if cuda else "cpu")
     torch.manual_seed(0)
-    cfg = train_config(quick, layers, micro, accumulation, cuda)
+    cfg = train_config(quick, layers, micro, accumulation, cuda, checkpointing)
     tokens_per_micro = micro * cfg.seq_len
     tokens_per_step = tokens_per_micro * accumulation
     r: dict[str, Any] = {"ran": True, "quick": quick, "device": torch.cuda.get_device_name() if cuda else "cpu",
                          "recipe": RECIPE, "rung": RUNG, "precision": "bf16 autocast, fp32 master weights" if cuda
                          else "fp32", "n_layers": layers, "of_layers": RUNG, "micro_batch_sequences": micro,
-                         "accumulation_steps": accumulation, "seq_len": cfg.seq_len, "tokens_per_step": tokens_per_step,
+                         "accumulation_steps": accumulation, "activation_checkpointing": cfg.activation_checkpointing,
+                         "seq_len": cfg.seq_len, "tokens_per_step": tokens_per_step,
                          "d_model": cfg.d_model, "n_experts": cfg.n_experts, "top_k": cfg.top_k,
                          "vocab_size": cfg.vocab_size, "agc": cfg.agc, "grad_clip": cfg.grad_clip,
                          "loss_chunk_tokens": loss_chunk_tokens(tokens_per_micro, cfg.vocab_size, device),

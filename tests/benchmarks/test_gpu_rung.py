@@ -80,3 +80,37 @@ def test_an_out_of_memory_run_retries_with_one_layer_fewer(monkeypatch):
     assert tried == list(range(fitted, 4, -1)) and report.results["n_layers"] == 5
     assert report.results["out_of_memory_at_layers"] == tried[:-1]
     assert report.results["planned_layout"]["accumulation_steps"] == 16
+
+
+def test_on_an_80_gb_card_the_timed_job_recomputes_attention_as_the_planned_layout_does(monkeypatch):
+    """The planner lays L18 out on 80 GB with selective activation checkpointing: the job gpu_rung times, its
+    fitted layers and its memory estimate take it too (they were built without it, under the layout's name)."""
+    from types import SimpleNamespace
+
+    from benchmarks.common import Report
+    from ladder.plan.rank_memory import Layout, memory_breakdown
+
+    device_bytes = 80 * 10**9
+    layout = gpu_rung.planned_layout(device_bytes)
+    assert layout["checkpointing"] == "selective"
+    monkeypatch.setattr(gpu_rung.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_rung.torch.cuda, "get_device_properties", lambda _: SimpleNamespace(total_memory=device_bytes))
+    seen = {}
+
+    def record(quick, cuda, layers, micro, accumulation, steps, deadline, checkpointing="none"):
+        seen.update(layers=layers, micro=micro, accumulation=accumulation, checkpointing=checkpointing)
+        return Report("gpu_rung", {"n_layers": layers})
+
+    monkeypatch.setattr(gpu_rung, "_run", record)
+    gpu_rung.run(False)
+    assert seen["checkpointing"] == "selective"
+    assert (seen["micro"], seen["accumulation"]) == (layout["micro_batch_sequences"], layout["accumulation_steps"])
+    assert seen["layers"] == gpu_rung.fit_layers(device_bytes, seen["micro"], seen["accumulation"], "selective")
+    assert seen["layers"] >= gpu_rung.fit_layers(device_bytes, seen["micro"], seen["accumulation"], "none")
+    cfg = gpu_rung.train_config(False, 2, seen["micro"], seen["accumulation"], True, "selective")
+    assert cfg.activation_checkpointing == "selective"
+    estimate = gpu_rung.planner_estimate(cfg, True)
+    assert estimate == memory_breakdown(cfg.architecture(), Layout(dp=1, ep=1, micro_batch_sequences=seen["micro"],
+                                                                   checkpointing="selective"),
+                                        accumulation_steps=seen["accumulation"], lb_loss=cfg.lb_loss_coef > 0,
+                                        z_loss=cfg.z_loss_coef > 0).to_dict()
