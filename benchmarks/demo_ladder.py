@@ -46,8 +46,10 @@ class Stepper:
         self.batch = random_token_batch(tokens)
         self.model = Transformer(self.cfg.architecture())
         self.optimizer = build_optimizer(self.model, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
-        self.clipper = ActivationGradClipper(self.cfg.agc_settings())
-        self.model.activation_clip = self.clipper
+        settings = self.cfg.agc_settings()  # None with agc off: the job installs no clipper either
+        self.clipper = ActivationGradClipper(settings) if settings else None
+        if self.clipper is not None:
+            self.model.activation_clip = self.clipper
         self.flops_per_step = config["flops_per_token"] * self.cfg.batch_sequences * self.cfg.seq_len
         self.steps = config["steps"]
         self.seconds: list[float] = []
@@ -66,7 +68,11 @@ def run(quick: bool, spec_name: str = DEMO_SPEC) -> Report:
     report = Report("demo_ladder")
     torch.set_num_threads(1)
     planned = plan_sweep(load_spec(spec_name))
-    ladder = {p.config["L"]: p.config for p in planned if "ladder" in p.blocks}
+    # One stepper per rung any trial trains (a grid point steps as its rung does): the `ladder` block's
+    # config where it has the rung, else the first trial's on it (a spec need not name a block `ladder`).
+    ladder: dict[int, dict] = {}
+    for p in sorted(planned, key=lambda p: "ladder" not in p.blocks):
+        ladder.setdefault(p.config["L"], p.config)
     recipe, rung, tpp = REFERENCE
     steppers = {"reference": Stepper(resolve_train_config(recipe, rung, {"tpp": tpp}))}
     steppers.update({f"L{L}": Stepper(config) for L, config in sorted(ladder.items())})
