@@ -202,3 +202,19 @@ def test_mlflow_server_uses_postgres_and_serves_artifacts():
     args = " ".join(deploy["spec"]["template"]["spec"]["containers"][0]["args"])
     assert "postgresql://" in args and "--serve-artifacts" in args
     assert any(d["kind"] == "StatefulSet" for d in _docs("mlflow/postgres.yaml"))
+
+
+def test_the_mlflow_server_admits_the_host_headers_its_clients_send():
+    """MLflow matches the whole Host header, port included, against --allowed-hosts: a pod naming the Service
+    `http://mlflow:5000` (or `mlflow.ladder`, or the FQDN) and a workstation port-forwarding to 127.0.0.1 or
+    localhost on any port must be admitted (names without the port never matched: 403 behind green probes)."""
+    from mlflow.server.security_utils import is_allowed_host_header
+
+    deploy = next(d for d in _docs("mlflow/mlflow-server.yaml") if d["kind"] == "Deployment")
+    service = next(d for d in _docs("mlflow/mlflow-server.yaml") if d["kind"] == "Service")
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    allowed = next(a.split("=", 1)[1] for a in args if a.startswith("--allowed-hosts=")).split(",")
+    port = service["spec"]["ports"][0]["port"]
+    for name in ("mlflow", "mlflow.ladder", "mlflow.ladder.svc.cluster.local", "localhost", "127.0.0.1"):
+        assert is_allowed_host_header(allowed, f"{name}:{port}"), name
+    assert is_allowed_host_header(allowed, "127.0.0.1:5001") and not is_allowed_host_header(allowed, "evil.example:5000")
