@@ -8,7 +8,7 @@ is a sorted set of uint64. Signatures are rensa's `RMinHash` over those hashes (
 
 Two documents share a band's bucket with probability s^rows per band, so they become candidates with
 probability 1 - (1 - s^rows)^bands; 14 bands x 8 rows (datatrove's default) catch 92% of pairs at
-Jaccard 0.8, 99% at 0.85 and 0.1% at 0.5, with the S-curve's midpoint (1/bands)^(1/rows) = 0.72. Each
+Jaccard 0.8, 99% at 0.85, 5.3% at 0.5 and 0.1% at 0.3, with the S-curve's midpoint (1/bands)^(1/rows) = 0.72. Each
 candidate pair is then kept only if the exact Jaccard of its shingle sets is at least `threshold`
 (NeMo Curator's false-positive check), so LSH's false positives never remove a document.
 """

@@ -7,8 +7,9 @@ score (a classifier), wired into the pipeline as stages of per-file and per-part
   driver), then `assign_topics` per file → attributes/topics (`topic`, int32).
 - semantic: embeddings shuffled into partitions by topic (a topic never spans partitions), then per partition
   `curation.semantic.semantic_duplicates` (SemDeDup within each topic) and `diversity_weights` → attributes/
-  semantic (`cluster`, `keep`) and attributes/diversity (`weight`). The weights are normalised within each
-  partition (mean 1 over its documents), not over the whole corpus: no step sees every document.
+  semantic (`cluster`, `keep`) and attributes/diversity (`weight`). The weights take one corpus-wide scale
+  (`diversity_scale`: the median positive spread and the mean clipped ratio, from every document's spread in
+  one task after the partitions), so a weight does not depend on how the topics were partitioned.
 - quality: `curation.quality.train_quality_classifier` on documents of the sources named as positives and
   negatives (the first `quality_docs` of each source, in file order), or a saved model; `score` per file
   → attributes/quality (`score`, probability of looking like the positives). The classifier is trained (or

@@ -108,7 +108,14 @@ def removed_samples(directory: str | Path, step: str, n: int, chars: int = 300) 
         picks = read_npz(path)
         meta = store.meta()
         pairs = list(zip(picks["unit"].tolist(), picks["row"].tolist()))
+        # What the arm had removed once this step was done: its kept copy of a cluster is the member left, which
+        # is not always the tagger's choice (mix keeps another where an earlier rule removed that one).
+        gone: set[tuple[int, int]] | None = set()
+        for rule in rules[:rules.index(step) + 1]:
+            removed = read_npz(directory / "removed" / f"{rule}.npz")
+            gone |= set(zip(removed["unit"].tolist(), removed["row"].tolist()))
     else:
+        gone = None
         store = Store(directory)
         meta = store.meta()
         done = {s for t in meta["taggers"].values() if t.get("done") for s in t.get("attributes", {})}
@@ -131,7 +138,7 @@ def removed_samples(directory: str | Path, step: str, n: int, chars: int = 300) 
         sample = {"source": unit.source, **_document(store, unit, row, chars)}
         if cluster_set is not None:
             rep = int(read_npz(store.attributes(cluster_set, unit.name))["cluster"][row])
-            sample["kept"] = _find_kept(store, units, cluster_set, rep, chars)
+            sample["kept"] = _find_kept(store, units, cluster_set, rep, chars, gone)
         samples.append(sample)
     return {"dir": str(directory), "step": step, "removed": len(pairs), "samples": samples}
 
@@ -148,13 +155,19 @@ def _document(store: Store, unit, row: int, chars: int) -> dict:
     return {"id": str(index["id"][row]), "bytes": int(index["bytes"][row]), "text": doc.text[:chars]}
 
 
-def _find_kept(store: Store, units, cluster_set: str, cluster: int, chars: int) -> dict | None:
+def _find_kept(store: Store, units, cluster_set: str, cluster: int, chars: int,
+               gone: set[tuple[int, int]] | None = None) -> dict | None:
     """The document `keep_one` keeps of this cluster of `cluster_set`, looked up file by file (an inspection, not
-    a join) by its cluster id and keep flag: an exact or near cluster's id is its kept document's uid, a
-    semantic one's is a hash of its smallest id, and its kept document is SemDeDup's choice."""
-    for unit in units:
+    a join) by its cluster id: in a curation, by the tagger's keep flag (an exact or near cluster's id is its kept
+    document's uid, a semantic one's is a hash of its smallest id, and its kept document is SemDeDup's choice);
+    in an arm, the member no rule up to this step removed (`gone`: (unit, row) pairs)."""
+    for unit_no, unit in enumerate(units):
         attrs = read_npz(store.attributes(cluster_set, unit.name))
-        rows = np.flatnonzero((attrs["cluster"] == cluster) & attrs["keep"])
+        member = attrs["cluster"] == cluster
+        if gone is None:
+            rows = np.flatnonzero(member & attrs["keep"])
+        else:
+            rows = [int(r) for r in np.flatnonzero(member) if (unit_no, int(r)) not in gone]
         if len(rows):
             return {"source": unit.source, **_document(store, unit, int(rows[0]), chars)}
     return None

@@ -141,6 +141,41 @@ def test_rules_that_choose_different_copies_still_keep_one_of_every_cluster(cura
     assert len(kept) == 117  # as with the taggers' own choices (the test above)
 
 
+def test_inspect_of_an_arm_shows_the_copy_the_arm_kept_not_the_taggers_choice(curated, tmp_path, capsys):
+    """A near cluster {R, A, B} whose tagger's choice R an earlier rule (exact) removed: the arm keeps A (the
+    smallest surviving uid) and removes B, and `inspect ARM --removed near_duplicates` shows B next to A, a
+    document of the arm (it showed R, which the arm does not hold)."""
+    cur = tmp_path / "cur"
+    shutil.copytree(curated / "cur", cur)
+    store = Store(cur)
+    units = units_of(load_manifest(curated / "corpus" / "manifest.yaml"))
+    exact = {u.name: read_npz(store.attributes("exact", u.name)) for u in units}
+    index = {u.name: read_npz(store.unit_index(u.name)) for u in units}
+    r_unit, r_row = next((u.name, int(r)) for u in units for r in np.flatnonzero(~exact[u.name]["keep"]))
+    survivors = sorted(((int(index[u.name]["uid"][r]), u.name, int(r)) for u in units
+                        for r in np.flatnonzero(exact[u.name]["keep"])))[:2]
+    (_, a_unit, a_row), (_, b_unit, b_row) = survivors
+    for u in units:
+        n = len(index[u.name]["uid"])
+        cluster, keep = index[u.name]["uid"].copy(), np.ones(n, bool)
+        for name, row in ((r_unit, r_row), (a_unit, a_row), (b_unit, b_row)):
+            if name == u.name:
+                cluster[row], keep[row] = 12345, (name, row) == (r_unit, r_row)
+        write_npz(store.attributes("near", u.name), cluster=cluster, keep=keep)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("exact_duplicates: keep_one\nnear_duplicates: keep_one\n")
+    arm = tmp_path / "arm"
+    assert main(["data", "mix", str(cur), "--rules", str(rules), "--out", str(arm), "--json"]) == 0
+    capsys.readouterr()
+    kept = {d.doc_id for s in load_manifest(arm / "manifest.yaml").sources for d in s.documents()}
+    doc_id = {(u.name, int(r)): str(i) for u in units for r, i in enumerate(index[u.name]["id"].tolist())}
+    assert doc_id[a_unit, a_row] in kept and doc_id[b_unit, b_row] not in kept and doc_id[r_unit, r_row] not in kept
+    assert main(["data", "inspect", str(arm), "--removed", "near_duplicates", "-n", "50", "--json"]) == 0
+    samples = {s["id"]: s for s in json.loads(capsys.readouterr().out)["samples"]}
+    assert samples[doc_id[b_unit, b_row]]["kept"]["id"] == doc_id[a_unit, a_row]
+    assert all(s["kept"] is None or s["kept"]["id"] in kept for s in samples.values())
+
+
 def test_inspect_shows_removed_documents_with_the_one_kept(curated, capsys):
     assert main(["data", "inspect", str(curated / "cur"), "--removed", "near", "-n", "5", "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
