@@ -19,12 +19,16 @@ run gives no EG, nor, paired, one where no run of the arm shares a value with th
 
 Paired on a column (`pair`, e.g. "seed"): an arm's run and the baseline's run at one rung with the same value
 there start from the same initial weights (`seed` sets them; `data_seed` the order of the data, rungs.config),
-so what the initialisation does to both cancels in their difference. Then Δ is the mean over the n pairs of
-d = log y_base − log y_arm, var(Δ) = σ_d²/n with σ_d² the variance of d between pairs pooled over every
-(arm, rung) with two or more pairs (Σ(n − 1) degrees of freedom), and only the paired runs count. Unpaired,
-the same runs give var(Δ) = σ²·(2/n), σ² holding the initialisation's share too: pairing narrows the
-interval by as much as that share is (docs/science.md measures it), and costs half the degrees of freedom
-where it is small. The seeds a side are then reported from σ_d/√2, the per-run noise the pairs imply.
+so what the initialisation does to both cancels in their difference. The runs at a rung are then a randomized
+block design, the values of `pair` the blocks: log y = arm effect + block effect + noise. Δ is the mean over the
+n values both sides ran of d = log y_base − log y_arm, var(Δ) = 2σ²/n, and σ² the residual variance of that
+additive fit, by least squares over the baseline and every arm at the rung that shares a value with it, pooled
+over the rungs (Σ(cells − parameters) degrees of freedom: (A − 1)(S − 1) at a rung of A arms, baseline
+included, on S shared values). (Pooling each arm's own differences instead counts the baseline's runs once per
+arm: the arms' differences share them, so that pool has about half the degrees of freedom it claims.) Only the
+paired runs count; a value run twice on one side is refused. Unpaired, the same runs give var(Δ) = σ²·(2/n) with
+σ² holding the initialisation's share too: pairing narrows the interval by as much as that share is
+(docs/science.md measures it), and costs degrees of freedom where it is small.
 
 How many seeds would narrow it: with n seeds on each side, the seed-noise part of the interval is
 ±t·σ·√(2/n)/s in log EG, t with the G·(n − 1) degrees of freedom of the same G (arm, rung) groups at n seeds
@@ -55,23 +59,60 @@ NO_PAIRS_NOTE = ("no (arm, rung) has two or more runs paired with the baseline's
 
 
 def pair_differences(base: pd.DataFrame, arm_runs: pd.DataFrame, *, pair: str, y: str) -> pd.Series:
-    """d = log y_base − log y_arm per value of `pair` both sides ran (one rung's runs; a value run twice on
-    a side counts as its mean log y)."""
-    for side in (base, arm_runs):
-        if side[pair].isna().any():
-            raise FitInputError(f"a run has no {pair!r}: runs are paired on it", column=pair)
+    """d = log y_base − log y_arm per value of `pair` both sides ran (one rung's runs)."""
     b = np.log(base[y].astype(float)).groupby(base[pair]).mean()
     a = np.log(arm_runs[y].astype(float)).groupby(arm_runs[pair]).mean()
     shared = b.index.intersection(a.index)
     return (b[shared] - a[shared]).sort_index()
 
 
-def paired_variance(cells: list[pd.Series]) -> tuple[float | None, int]:
-    """(pooled variance of the pair differences within each cell, its degrees of freedom Σ(n − 1))."""
-    dof = sum(max(len(d) - 1, 0) for d in cells)
+def paired_variance(cells: list[pd.DataFrame], *, arm: str, pair: str, y: str) -> tuple[float | None, int]:
+    """(the per-run noise variance of the additive fit log y = arm + block at each rung, pooled, its degrees of
+    freedom). `cells`: per rung, the baseline's and the arms' runs whose `pair` value the baseline ran too."""
+    ss, dof = 0.0, 0
+    for runs in cells:
+        arms, blocks = pd.factorize(runs[arm])[0], pd.factorize(runs[pair])[0]
+        n_arms, n_blocks = arms.max() + 1, blocks.max() + 1
+        if n_arms < 2 or n_blocks < 2:
+            continue
+        design = np.zeros((len(runs), n_arms + n_blocks - 1))
+        design[np.arange(len(runs)), arms] = 1.0
+        rest = blocks > 0
+        design[np.flatnonzero(rest), n_arms + blocks[rest] - 1] = 1.0
+        logs = np.log(runs[y].to_numpy(np.float64))
+        coef, *_ = np.linalg.lstsq(design, logs, rcond=None)
+        resid = logs - design @ coef
+        ss += float(resid @ resid)
+        dof += len(runs) - int(np.linalg.matrix_rank(design))
     if dof == 0:
         return None, 0
-    return float(sum(((d - d.mean()) ** 2).sum() for d in cells if len(d) > 1) / dof), dof
+    return ss / dof, dof
+
+
+def check_pairing(df: pd.DataFrame, *, arm: str, baseline: str, rung: str, pair: str) -> None:
+    """Refuses a pairing column that cannot pair: missing, empty in a run, a value run twice by one arm at one
+    rung, or one that pairs no run of any arm with the baseline's."""
+    if pair not in df.columns:
+        raise FitInputError(f"no column {pair!r} to pair the runs on; the table has {sorted(map(str, df.columns))}",
+                            column=pair)
+    missing = df[df[pair].isna()]
+    if len(missing):
+        named = missing["run_id"].astype(str).tolist() if "run_id" in missing.columns else missing.index.tolist()
+        raise FitInputError(f"{len(missing)} run(s) have no {pair!r} to pair on: {named[:5]}", column=pair)
+    twice = df[df.duplicated([arm, rung, pair], keep=False)]
+    if len(twice):
+        first = twice.iloc[0]
+        same = twice[(twice[arm] == first[arm]) & (twice[rung] == first[rung]) & (twice[pair] == first[pair])]
+        value = first[pair].item() if hasattr(first[pair], "item") else first[pair]
+        raise FitInputError(f"arm {str(first[arm])!r} has {len(same)} runs at rung {first[rung]} with {pair} "
+                            f"{value!r}: pairing needs one run per value a side", column=pair)
+    base = df[df[arm] == baseline]
+    others = df[df[arm] != baseline]
+    shared = others.merge(base[[rung, pair]].drop_duplicates(), on=[rung, pair])
+    if shared.empty:
+        raise FitInputError(f"no run of any arm shares a {pair!r} with a baseline run at its rung (the baseline's: "
+                            f"{sorted(map(str, set(base[pair])))}; the arms': {sorted(map(str, set(others[pair])))})",
+                            column=pair)
 
 
 def local_slope(E, A, alpha, train_flops: float):
@@ -128,9 +169,8 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
     ±`target_half_width` (`seeds_for_half_width`) and "seeds_for_target_range", that number at either end of
     the seed noise's own interval; and the pooled seed noise it used. `pair`: the column whose equal values
     pair an arm's run with the baseline's (module docstring); None compares the means of all runs."""
-    if pair is not None and pair not in df.columns:
-        raise FitInputError(f"no column {pair!r} to pair the runs on; the table has {sorted(map(str, df.columns))}",
-                            column=pair)
+    if pair is not None:
+        check_pairing(df, arm=arm, baseline=baseline, rung=rung, pair=pair)
     base = df[df[arm] == baseline]
     law = baseline_law(base, flops, y, bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor)
     p = law.params
@@ -147,8 +187,8 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
         for (name, r), g in others.groupby([arm, rung], sort=True):
             if r in base_at:
                 pairs[name, r] = pair_differences(base_at[r], g, pair=pair, y=y)
-        var_pair, dof = paired_variance(list(pairs.values()))
-        var_log = None if var_pair is None else var_pair / 2  # the per-run noise a pair's difference implies
+        blocks = [pd.concat([b, others[(others[rung] == r) & others[pair].isin(b[pair])]]) for r, b in base_at.items()]
+        var_log, dof = paired_variance(blocks, arm=arm, pair=pair, y=y)
         groups = sum(len(d) > 0 for d in pairs.values())
     t = float(stats.t.ppf(0.5 + ci_level / 2, dof)) if dof else None
     if var_log is not None:
@@ -172,7 +212,7 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
             log_eg = math.log(c_base / c_arm) + delta / s
             row = {"rung": r, "bpb": float(g[y].mean()), "train_flops": c_arm, "eg_flops": math.exp(log_eg),
                    "baseline_bpb": float(b[y].mean()), "local_slope": s,
-                   "runs": [len(b), len(g)] if d is None else [len(d), len(d)]}
+                   "runs": [len(b), len(g)]}
             if t is None:
                 row["eg_flops_interval"] = None
                 row["eg_flops_interval_note"] = NO_REPEATS_NOTE if pair is None else NO_PAIRS_NOTE

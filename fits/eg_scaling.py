@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from fits.eg_same_rung import same_rung_gains
+from fits.eg_same_rung import check_pairing, same_rung_gains
 from fits.efficiency import efficiency_gains
 from fits.errors import FitError, FitInputError
 from fits.floors import DEFAULT_FLOOR
@@ -166,6 +166,8 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
     # What every domain shares is refused for the whole table; what one domain's values lack is that domain's
     # error (below), and the others go on.
     require_columns(df, [arm, rung, flops])
+    if pair is not None:  # once for the table: a run the pairing cannot use is not a domain's law failing
+        check_pairing(df, arm=arm, baseline=baseline, rung=rung, pair=pair)
     if baseline not in set(df[arm]):
         raise FitInputError(f"no rows with {arm} == {baseline!r}; arms present: {sorted(map(str, set(df[arm])))}",
                             column=arm)
@@ -209,6 +211,9 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
                 if all(c["eg"] is not None and c["eg"] > 0 for c in cells) else {
                     "slope": None, "interval": None, "verdict": "no trend",
                     "note": "a rung's EG is unbounded (the arm's BPB is below the baseline law's floor) or 0"}
+            if pair is not None and not cells:
+                trend = {"slope": None, "interval": None, "verdict": "no trend",
+                         "note": f"no run of this arm shares a {pair!r} with the baseline's runs at its rung"}
             measured = [c["train_flops"] for c in cells]
             per_arm.setdefault(str(name), {})[domain] = {
                 "rungs": cells, "trend": trend,

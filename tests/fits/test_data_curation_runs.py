@@ -215,29 +215,36 @@ def test_the_seed_noise_is_part_initialisation_and_part_data_order():
 PAIRED = FIXTURE.with_name("data_curation_paired_runs.csv")  # the experiment + sweeps/data_curation_paired_calibration.yaml
 
 
-def test_pairing_on_the_initialisation_narrows_some_domains_and_not_the_mean_and_the_reorder_arm_misses_at_l3():
+def test_pairing_on_the_initialisation_leaves_the_orders_noise_and_the_reorder_arm_misses_at_l3():
     """The experiment's runs and the paired null (`reorder`: the baseline's data from the baseline's weights,
-    seeds 0 and 1, in data orders 2 and 3, L2-L4), against the same rung, unpaired and paired on the seed. Paired,
-    the noise falls where the weights' share is large (books, qa, math) and not in the mean over domains, whose
-    intervals widen; no curation arm's verdict in the mean changes. The reorder arm holds 1 at L2 and L4 and
-    misses it at L3 either way, in code, qa and the mean: the baseline's seed-0 run at L3 sits high."""
+    seeds 0 and 1, in data orders 2 and 3, L2-L4), against the same rung, unpaired and paired on the seed (a block
+    design: the residual of log BPB on arm and seed). Paired, the noise per run in the mean over domains is the
+    data order's (0.41%, against 0.45% unpaired), it falls most in books, qa and web, and the reorder arm's
+    intervals narrow from ±13% to ±12%. The reorder arm holds 1 at L2 and L4 and misses it at L3 either way:
+    the baseline's seed-0 run at L3 sits high. Of the curation arms' verdicts in the mean only quality at L4
+    changes (a gain at its interval's edge)."""
     plain = fit_arms("--against", "rung", csv=PAIRED)
     paired = fit_arms("--against", "rung", "--pair-on", "seed", csv=PAIRED)
     sd = {d: (plain["seed_noise"][d], paired["seed_noise"][d]) for d in plain["seed_noise"]}
     assert sd["all"][0]["dof"] == 21 and sd["all"][1]["dof"] == 15 and sd["all"][1]["paired_on"] == "seed"
     assert sd["all"][0]["log_sd"] == pytest.approx(0.00452, abs=1e-5)
-    assert sd["all"][1]["log_sd"] == pytest.approx(0.00519, abs=1e-5)
-    for domain, (before, after) in {"books": (0.0097, 0.0057), "qa": (0.0089, 0.0059), "math": (0.0096, 0.0077)}.items():
+    assert sd["all"][1]["log_sd"] == pytest.approx(0.00413, abs=1e-5)
+    for domain, (before, after) in {"books": (0.0097, 0.0056), "qa": (0.0089, 0.0063), "web": (0.0048, 0.0035),
+                                    "math": (0.0096, 0.0102)}.items():
         assert sd[domain][0]["log_sd"] == pytest.approx(before, abs=1e-4)
         assert sd[domain][1]["log_sd"] == pytest.approx(after, abs=1e-4)
-    assert "replica" not in paired["arms"] or not paired["arms"]["replica"]["all"]["rungs"]  # no seed it shares
-    for out in (plain, paired):
-        missed = sorted((d, r["rung"]) for d, cell in out["arms"]["reorder"].items() for r in cell["rungs"]
-                        if not r["interval"][0] <= 1 <= r["interval"][1])
-        assert missed == [("all", 3), ("code", 3), ("qa", 3)]
-        for arm in ("dedup", "quality", "diverse", "quarter"):
-            verdicts = [r["verdict"] for r in out["arms"][arm]["all"]["rungs"]]
-            assert verdicts == [r["verdict"] for r in plain["arms"][arm]["all"]["rungs"]], arm
+    replica = paired["arms"]["replica"]["all"]
+    assert not replica["rungs"] and "shares" in replica["trend"]["note"]  # on seeds 2, 3: nothing to pair
+    missed = {}
+    for label, out in (("plain", plain), ("paired", paired)):
+        missed[label] = sorted((d, r["rung"]) for d, cell in out["arms"]["reorder"].items() for r in cell["rungs"]
+                               if not r["interval"][0] <= 1 <= r["interval"][1])
+    assert missed["plain"] == [("all", 3), ("code", 3), ("qa", 3)]
+    assert missed["paired"] == [("all", 3), ("code", 3), ("qa", 3), ("web", 3)]
+    changed = [(arm, p["rung"]) for arm in ("dedup", "quality", "diverse", "quarter")
+               for u, p in zip(plain["arms"][arm]["all"]["rungs"], paired["arms"][arm]["all"]["rungs"])
+               if u["verdict"] != p["verdict"]]
+    assert changed == [("quality", 4)]
     half = [[math.sqrt(r["interval"][1] / r["interval"][0]) - 1 for r in out["arms"]["reorder"]["all"]["rungs"]]
             for out in (plain, paired)]
-    assert all(0.125 < w < 0.135 for w in half[0]) and all(0.150 < w < 0.160 for w in half[1])
+    assert all(0.125 < w < 0.135 for w in half[0]) and all(0.115 < w < 0.126 for w in half[1])
