@@ -151,12 +151,13 @@ def fit_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Add the canonical columns; diverged runs get NaN BPB (the fits drop and count them)."""
     out = runs.copy()
     for name, candidates in CANONICAL.items():
-        if name in out.columns:
+        present = [c for c in candidates if c in out.columns]
+        if name in out.columns or not present:
             continue
-        for c in candidates:
-            if c in out.columns:
-                out[name] = out[c]
-                break
+        column = out[present[0]]
+        for c in present[1:]:  # run by run: a run without the first (a run no sweep started has no coord tags)
+            column = column.where(column.notna(), out[c])
+        out[name] = column
     for c in ("lr", "wd", "dropout", "steps", "tpp", "params_active", "train_flops", "wall_seconds", "final_loss", "tokens"):
         if c in out.columns:
             out[c] = pd.to_numeric(out[c], errors="coerce")

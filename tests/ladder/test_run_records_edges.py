@@ -131,3 +131,12 @@ def test_the_data_order_seed_is_a_column_where_a_run_set_one_and_the_seed_where_
     assert table["data_seed"].tolist() == [0, 7, 2] and table["data_seed"].dtype == "int64"
     _run(store, "no_orders", tags={"rung": "2", "coord.seed": "0"}, metrics=BPB, params={"seed": "0", "data_seed": "None"})
     assert "data_seed" not in fit_table(read_runs("no_orders", store)).columns  # no run chose an order
+
+
+def test_a_canonical_column_falls_back_run_by_run(store: str) -> None:
+    """`seed` is the sweep's coord tag where a run has one, else its param: a run `ladder train` made beside a
+    sweep's (no coord tags) keeps its seed instead of an empty cell that pairing and grouping refuse."""
+    _run(store, "mixed", tags={"rung": "2", "coord.seed": "1"}, metrics=BPB, params={"seed": "1"})
+    _run(store, "mixed", tags={"rung": "2"}, metrics=BPB, params={"seed": "5"})
+    table = fit_table(read_runs("mixed", store))
+    assert sorted(table["seed"].tolist()) == [1, 5]
