@@ -39,6 +39,7 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -281,16 +282,31 @@ def lbl_reduce(par: Parallel):
     return reduce
 
 
+def rank_rows(batch_sequences: int, micro_batches: int, rank: int, world: int) -> list[int]:
+    """The global batch's rows rank `rank` of `world` trains, micro-batch by micro-batch: its 1/world of each
+    of the one-process step's micro-batches (rows [m·M, (m+1)·M), M = batch_sequences / micro_batches). The
+    ranks' m-th micro-batches together are then the one-process m-th micro-batch, so a statistic the ranks
+    all-reduce per micro-batch (the load-balancing loss's f) is taken over the same tokens as in one process.
+    (A contiguous 1/world of the batch cut into micro-batches mixed rows of different micro-batches.)"""
+    if batch_sequences % (micro_batches * world):
+        raise DistributedError(f"batch_sequences={batch_sequences} does not split into {micro_batches} micro-batches "
+                               f"of {world} equal shares")
+    micro, share = batch_sequences // micro_batches, batch_sequences // micro_batches // world
+    return [m * micro + rank * share + i for m in range(micro_batches) for i in range(share)]
+
+
 def train_step(model: nn.Module, optimizer: MuonAdamW, par: Parallel, inputs: Tensor, targets: Tensor, *,
                n_experts: int, top_k: int, lb_loss_coef: float = 0.0, z_loss_coef: float = 0.0,
                grad_clip: float | None = None, autocast_dtype: torch.dtype | None = None,
                micro_batches: int = 1, clipper: Any = None, locate: Any = None, row_offset: int = 0,
-               decode: Any = None, defer_grad_sync: bool = True, host_inputs: Tensor | None = None) -> dict[str, float]:
+               rows: Sequence[int] | None = None, decode: Any = None, defer_grad_sync: bool = True,
+               host_inputs: Tensor | None = None) -> dict[str, float]:
     """One optimizer step on this rank's share (inputs, targets: (b, T)) of the global batch,
     accumulated over `micro_batches` equal slices of it (each scaled by 1 / micro_batches); with
     `defer_grad_sync` FSDP reduces the gradients once, in the last micro-batch's backward.
     With an activation-gradient `clipper` installed on the model, each micro-batch is announced to
-    it (rows located in the global batch through `locate`, this rank's rows starting at `row_offset`;
+    it (rows located in the global batch through `locate`: `rows`, the global row of each of this rank's
+    rows (`rank_rows`), else this rank's rows contiguous from `row_offset`;
     `host_inputs`, the CPU copy of `inputs`, lets it decode an event's context without a device read).
 
     The host reads the device once, after `optimizer.step()`: losses, MoE rounds and overload
@@ -303,6 +319,7 @@ def train_step(model: nn.Module, optimizer: MuonAdamW, par: Parallel, inputs: Te
     aux_sum = torch.zeros((), dtype=torch.float64, device=device)
     micro = inputs.shape[0] // micro_batches
     host_chunks = (host_inputs if host_inputs is not None else inputs).chunk(micro_batches)
+    global_rows = rows if rows is not None else range(row_offset, row_offset + inputs.shape[0])
     rounds: list[Tensor] = []    # per layer and micro-batch, 0-d on the device
     overload: list[Tensor] = []  # per layer and micro-batch: busiest expert's assignments / the mean, this rank
     # Accumulating in a compute dtype under expert parallelism: the local expert stacks are cast once a
@@ -313,7 +330,7 @@ def train_step(model: nn.Module, optimizer: MuonAdamW, par: Parallel, inputs: Te
     with hold:
         for m, (inp, tgt) in enumerate(zip(inputs.chunk(micro_batches), targets.chunk(micro_batches))):
             if clipper is not None:
-                where = None if locate is None else (lambda r, p, o=row_offset + m * micro: locate(r + o, p))
+                where = None if locate is None else (lambda r, p, o=m * micro: locate(global_rows[r + o], p))
                 clipper.begin_micro_batch(host_chunks[m], locate=where, decode=decode)
             if defer_grad_sync and micro_batches > 1:
                 model.set_requires_gradient_sync(m == micro_batches - 1)  # True again after the last

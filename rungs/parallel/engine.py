@@ -18,11 +18,13 @@ threshold is scale-free).
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -35,12 +37,47 @@ from rungs.data.sampler import SourceScaledSampler
 from rungs.evaluation import DomainScore, evaluate_model, unigram_bpb
 from rungs.metrics import DevicePeak, device_peak
 from rungs.parallel import dist_checkpoint
-from rungs.parallel.distributed import DistributedError, Parallel, build_model, build_optimizer, train_step
+from rungs.parallel.distributed import DistributedError, Parallel, build_model, build_optimizer, rank_rows, train_step
 from rungs.torch_engine import muon_update_scale, seed_everything
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "dist_checkpoint"
+
+
+def seed_rank_stream(seed: int, rank: int, step: int = 0) -> None:
+    """Seed this process's torch generators (CPU and every GPU) from (seed, rank, step): dropout's stream."""
+    torch.manual_seed(int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0]))
+
+
+def gather_rng(par: Parallel) -> list[dict[str, str]]:
+    """Every rank's torch generator states, in rank order (collective), as base64 text for the checkpoint's
+    JSON record: a resume draws the dropout masks the uninterrupted job would have."""
+    mine = {"cpu": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+    if par.device_type == "cuda":
+        mine["cuda"] = base64.b64encode(torch.cuda.get_rng_state().numpy().tobytes()).decode()
+    every: list[Any] = [None] * par.world
+    dist.all_gather_object(every, mine)
+    return every
+
+
+def restore_rng(states: list[dict[str, str]] | None, par: Parallel, *, seed: int, step: int) -> None:
+    """This rank's generator state from the checkpoint, where it was written by as many ranks; else (a resume
+    onto another world size, or a checkpoint written before the states were kept) a stream of (seed, rank, step),
+    reproducible but not the uninterrupted job's."""
+    def tensor(text: str) -> torch.Tensor:
+        return torch.from_numpy(np.frombuffer(base64.b64decode(text), dtype=np.uint8).copy())
+
+    if states is not None and len(states) == par.world:
+        own = states[par.rank]
+        torch.set_rng_state(tensor(own["cpu"]))
+        if "cuda" in own and par.device_type == "cuda":
+            torch.cuda.set_rng_state(tensor(own["cuda"]))
+        return
+    if par.is_main:
+        log.warning("checkpoint holds %s: dropout's streams restart from (seed, rank, step)", "no generator states"
+                    if states is None else f"{len(states)} ranks' generator states, not {par.world}")
+    seed_rank_stream(seed, par.rank, step)
 
 
 class ShardedTorchEngine:
@@ -91,6 +128,10 @@ class ShardedTorchEngine:
         self._weights_drawn = not (self.restore_from is not None and _has_checkpoint(self.restore_from))
         self.model = build_model(cfg.architecture(), par, capacity_per_expert=cfg.capacity_per_expert,
                                  param_dtype=torch.bfloat16 if self.bf16 else None, draw_weights=self._weights_drawn)
+        # Every rank walked the one weight stream; dropout then draws from a stream of each rank's own (rank 0
+        # goes on with the single-process one), or every rank would mask its sequences as rank 0 does.
+        if par.rank > 0:
+            seed_rank_stream(cfg.seed, par.rank)
         self.optimizer = build_optimizer(self.model, par, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,
                                          muon_momentum=cfg.muon_momentum, adam_betas=(cfg.adam_beta1, cfg.adam_beta2),
                                          adjust_lr=cfg.adjust_lr, comm_dtype=self.comm_dtype)
@@ -100,8 +141,9 @@ class ShardedTorchEngine:
                 settings = dataclasses.replace(settings, threshold=settings.threshold * par.world)
             self.clipper = ActivationGradClipper(settings)
             self.model.activation_clip = self.clipper
-        share = cfg.batch_sequences // par.world
-        self.rows = slice(par.rank * share, (par.rank + 1) * share)
+        # Its share of each of the one-process step's micro-batches (rank_rows), not a contiguous slice.
+        self.rows = rank_rows(cfg.batch_sequences, cfg.accumulation_steps, par.rank, par.world)
+        self._row_index = torch.tensor(self.rows, dtype=torch.long)
         self.model.train()
 
     def _open_corpus(self) -> PreparedCorpus:
@@ -128,6 +170,7 @@ class ShardedTorchEngine:
                                    f"now {self.cfg.key()})")
         self.sampler.load_state_dict(extra["sampler"])
         state = dict(extra["state"])
+        restore_rng(extra.get("rng"), self.par, seed=self.cfg.seed, step=int(state.get("step", 0)))
         agc = state.pop("agc", None)
         if self.clipper is not None and agc:
             self.clipper.load_state_dict(agc)
@@ -136,7 +179,8 @@ class ShardedTorchEngine:
     def save(self, run_dir: Path, loop_state: dict[str, Any]) -> None:
         state = loop_state | {"agc": self.clipper.state_dict() if self.clipper is not None else None}
         dist_checkpoint.save(run_dir / CHECKPOINT_DIR, self.model, self.optimizer, self.par,
-                             extra={"config_key": self.cfg.key(), "sampler": self.sampler.state_dict(), "state": state})
+                             extra={"config_key": self.cfg.key(), "sampler": self.sampler.state_dict(), "state": state,
+                                    "rng": gather_rng(self.par)})
 
     def train_step(self, step: int, lr_multiplier: float) -> dict[str, float]:
         cfg, rows = self.cfg, self.rows
@@ -144,13 +188,14 @@ class ShardedTorchEngine:
         batch = self.sampler.next_batch()  # the same global batch on every rank; this rank trains on its rows
         if self.clipper is not None:
             self.clipper.begin_step(step)
-        inputs = batch.inputs[rows]  # the host copy: AGC decodes an event's context from it, no device read
+        index = self._row_index
+        inputs = batch.inputs[index]  # the host copy: AGC decodes an event's context from it, no device read
         stats = train_step(self.model, self.optimizer, self.par, inputs.to(self.device, non_blocking=True),
-                           batch.targets[rows].to(self.device, non_blocking=True), n_experts=cfg.n_experts, top_k=cfg.top_k,
+                           batch.targets[index].to(self.device, non_blocking=True), n_experts=cfg.n_experts, top_k=cfg.top_k,
                            lb_loss_coef=cfg.lb_loss_coef, z_loss_coef=cfg.z_loss_coef, grad_clip=cfg.grad_clip,
                            autocast_dtype=torch.bfloat16 if self.bf16 else None,
                            micro_batches=cfg.accumulation_steps, clipper=self.clipper, locate=batch.locate,
-                           row_offset=rows.start, decode=self.corpus.tokenizer.decode, host_inputs=inputs)
+                           rows=rows, decode=self.corpus.tokenizer.decode, host_inputs=inputs)
         rate = self._end_agc_step() if self.clipper is not None else 0.0
         return stats | {"agc_clip_rate": rate, "workers": float(self.par.world)}
 
