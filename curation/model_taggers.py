@@ -12,7 +12,9 @@ score (a classifier), wired into the pipeline as stages of per-file and per-part
   one task after the partitions), so a weight does not depend on how the topics were partitioned.
 - quality: `curation.quality.train_quality_classifier` on documents of the sources named as positives and
   negatives (the first `quality_docs` of each source, in file order), or a saved model; `score` per file
-  → attributes/quality (`score`, probability of looking like the positives). The classifier is trained (or
+  → attributes/quality (`score`, probability of looking like the positives; a document the classifier was
+  trained on is scored by the fold model that did not see it, so a `keep_top` over a training source does not
+  rank by training membership). The classifier is trained (or
   copied) once, into work/quality/model, and a resumed run scores with that one; `check_quality_sources`
   refuses sources it could not be trained on before any tagger runs.
 

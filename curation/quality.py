@@ -10,7 +10,13 @@ SGD gives different models run to run unless trained on one thread, and its `.bi
 scikit-learn is installed already and gives the same model from the same inputs.
 
 `heldout_auc` is measured on a stratified held-out split (`heldout_fraction`, seeded), and the model returned
-is the one fitted on the rest, so the AUC describes exactly the model that scores. `save` writes a directory
+is the one fitted on the rest, so the AUC describes exactly the model that scores. Its own training documents it
+does not score in-sample: a model scores what it was fitted on higher (positives) or lower (negatives) than
+their unseen siblings, so a `keep_top` over a source it trained on would rank partly by training membership
+(DCLM's own setup: web as the negatives, then the web filtered). Each training document is scored instead by
+one of `OUT_OF_FOLD` models fitted on the training split less its stratified fold (cross-fitting): the model
+keeps each training text's fingerprint (`fingerprint`: BLAKE2b of the text it scores) and its fold, and
+`score` routes a text it trained on to the fold model that did not see it. `save` writes a directory
 holding `weights.npz` (the non-zero coefficients and their feature indices, the intercept) and `model.json`
 (the vectorizer's settings, the AUC, the counts): no pickle, loadable with `allow_pickle=False`.
 Documents are scored on their first `max_chars` characters (default 20,000). A path that holds no saved model
@@ -39,7 +45,18 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "weights.npz"
 META_FILE = "model.json"
+TRAINED_FILE = "trained.npz"  # the training texts' fingerprints and folds (absent: no out-of-fold models)
+FOLDS_DIR = "folds"
 HELDOUT_FRACTION = 0.2
+OUT_OF_FOLD = 5  # folds of the training split that score its own documents (fewer where a class is smaller)
+
+
+def fingerprint(text: str, max_chars: int) -> int:
+    """A text's identity as a model scores it (its first `max_chars` characters): 64 bits of BLAKE2b."""
+    import hashlib
+
+    digest = hashlib.blake2b(text[:max_chars].encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 def split_sizes(n_documents: int, heldout_fraction: float) -> tuple[int, int]:
@@ -95,6 +112,11 @@ class QualityModel:
     intercept: float
     heldout_auc: float
     counts: dict[str, int] = field(default_factory=dict)  # documents: train/held-out x positive/negative
+    # Out-of-fold scoring of the training texts (module docstring): fold k's model, and each training text's
+    # fingerprint with its fold. Empty: every text is scored by this model (a model saved before they existed).
+    folds: list[QualityModel] = field(default_factory=list)
+    trained_fingerprint: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    trained_fold: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __post_init__(self) -> None:
         self.coef_index = np.asarray(self.coef_index, dtype=np.int64)
@@ -106,6 +128,12 @@ class QualityModel:
         self._coef = np.zeros(self.settings.n_features)
         self._coef[self.coef_index] = self.coef_value
         self._vectorizer = self.settings.vectorizer()
+        self.trained_fingerprint = np.asarray(self.trained_fingerprint, dtype=np.int64)
+        self.trained_fold = np.asarray(self.trained_fold, dtype=np.int64)
+        if self.trained_fingerprint.shape != self.trained_fold.shape or (
+                self.trained_fold.size and not (0 <= self.trained_fold.min() and self.trained_fold.max() < len(self.folds))):
+            raise ValueError("trained_fingerprint and trained_fold must be 1-D arrays of one length, folds in range")
+        self._fold_of = dict(zip(self.trained_fingerprint.tolist(), self.trained_fold.tolist()))
 
     def logits(self, texts: Sequence[str]) -> np.ndarray:
         texts = _check_texts(texts, "texts")
@@ -116,10 +144,19 @@ class QualityModel:
         return np.asarray(features @ self._coef, dtype=np.float64) + self.intercept
 
     def score(self, texts: Sequence[str]) -> np.ndarray:
-        """Probability (float64, in [0, 1]) that each text is like the positives."""
+        """Probability (float64, in [0, 1]) that each text is like the positives: by this model, or, for a text
+        it was trained on, by the fold model that did not see it (module docstring)."""
         from scipy.special import expit
 
-        return expit(self.logits(texts))
+        texts = _check_texts(texts, "texts")
+        logits = self.logits(texts)
+        if self._fold_of:
+            cap = self.settings.max_chars
+            fold = np.array([self._fold_of.get(fingerprint(t, cap), -1) for t in texts], dtype=np.int64)
+            for k in np.unique(fold[fold >= 0]).tolist():
+                rows = np.flatnonzero(fold == k)
+                logits[rows] = self.folds[k].logits([texts[i] for i in rows])
+        return expit(logits)
 
     def save(self, path: str | Path) -> Path:
         """Write `path/weights.npz` and `path/model.json` (the directory is created); returns `path`.
@@ -133,6 +170,11 @@ class QualityModel:
         (out / META_FILE).unlink(missing_ok=True)
         write_npz(out / WEIGHTS_FILE, coef_index=self.coef_index, coef_value=self.coef_value,
                   intercept=np.array([self.intercept]))
+        (out / TRAINED_FILE).unlink(missing_ok=True)
+        for k, fold in enumerate(self.folds):
+            fold.save(out / FOLDS_DIR / str(k))
+        if self.folds:
+            write_npz(out / TRAINED_FILE, fingerprint=self.trained_fingerprint, fold=self.trained_fold)
         meta = {"format": "curation.quality", "version": FORMAT_VERSION, "settings": asdict(self.settings),
                 "heldout_auc": self.heldout_auc, "counts": self.counts}
         atomic_write_bytes(out / META_FILE, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
@@ -158,9 +200,15 @@ class QualityModel:
             raise DataInputError(f"format {found[0]!r} version {found[1]!r}, expected 'curation.quality' version "
                                  f"{FORMAT_VERSION}: not a saved quality model", where=str(meta_path))
         try:
+            folds, trained = [], {"fingerprint": np.zeros(0, np.int64), "fold": np.zeros(0, np.int64)}
+            if (src / TRAINED_FILE).is_file():
+                with np.load(src / TRAINED_FILE, allow_pickle=False) as t:
+                    trained = {"fingerprint": t["fingerprint"], "fold": t["fold"]}
+                folds = [cls.load(src / FOLDS_DIR / str(k)) for k in range(int(trained["fold"].max()) + 1)]
             with np.load(weights_path, allow_pickle=False) as w:
                 return cls(HashingSettings(**meta["settings"]), w["coef_index"], w["coef_value"],
-                           float(w["intercept"][0]), float(meta["heldout_auc"]), dict(meta.get("counts", {})))
+                           float(w["intercept"][0]), float(meta["heldout_auc"]), dict(meta.get("counts", {})),
+                           folds, trained["fingerprint"], trained["fold"])
         except (OSError, EOFError, zipfile.BadZipFile, KeyError, IndexError, TypeError, ValueError) as err:
             raise DataInputError(f"a damaged quality model ({type(err).__name__}: {err})", where=str(src)) from None
 
@@ -192,14 +240,34 @@ def train_quality_classifier(positive_texts: Sequence[str], negative_texts: Sequ
                                            random_state=seed % 2**32)
     train_idx, held_idx = np.sort(train_idx), np.sort(held_idx)
     features = settings.vectorizer().transform([texts[i][:settings.max_chars] for i in train_idx])
-    clf = LogisticRegression(C=C, max_iter=max_iter, solver="lbfgs")
-    clf.fit(features, y[train_idx])
-    coef = clf.coef_[0]
-    nonzero = np.flatnonzero(coef)
-    counts = {"train_positive": int(y[train_idx].sum()), "train_negative": int((1 - y[train_idx]).sum()),
-              "heldout_positive": int(y[held_idx].sum()), "heldout_negative": int((1 - y[held_idx]).sum())}
-    model = QualityModel(settings, nonzero, coef[nonzero], float(clf.intercept_[0]), float("nan"), counts)
+
+    def fitted(rows: np.ndarray) -> QualityModel:
+        clf = LogisticRegression(C=C, max_iter=max_iter, solver="lbfgs")
+        clf.fit(features[rows], y[train_idx][rows])
+        coef = clf.coef_[0]
+        nonzero = np.flatnonzero(coef)
+        return QualityModel(settings, nonzero, coef[nonzero], float(clf.intercept_[0]), float("nan"))
+
+    model = fitted(np.arange(len(train_idx)))
+    model.counts = {"train_positive": int(y[train_idx].sum()), "train_negative": int((1 - y[train_idx]).sum()),
+                    "heldout_positive": int(y[held_idx].sum()), "heldout_negative": int((1 - y[held_idx]).sum())}
     model.heldout_auc = float(roc_auc_score(y[held_idx], model.score([texts[i] for i in held_idx])))
-    logger.info("quality classifier: %d features, held-out AUC %.4f on %d documents", nonzero.size,
+    n_folds = min(OUT_OF_FOLD, model.counts["train_positive"], model.counts["train_negative"])
+    if n_folds >= 2:  # a class of one training document cannot be split: its texts keep in-sample scores
+        from sklearn.model_selection import StratifiedKFold
+
+        fold = np.zeros(len(train_idx), dtype=np.int64)
+        folds = []
+        for k, (rest, own) in enumerate(StratifiedKFold(n_folds, shuffle=True, random_state=seed % 2**32).split(
+                train_idx, y[train_idx])):
+            fold[own] = k
+            folds.append(fitted(rest))
+        prints = np.array([fingerprint(texts[i], settings.max_chars) for i in train_idx], dtype=np.int64)
+        model = QualityModel(model.settings, model.coef_index, model.coef_value, model.intercept, model.heldout_auc,
+                             model.counts, folds, prints, fold)
+    else:
+        logger.warning("quality classifier: a class has %d training document(s): its training texts are scored "
+                       "in-sample", min(model.counts["train_positive"], model.counts["train_negative"]))
+    logger.info("quality classifier: %d features, held-out AUC %.4f on %d documents", model.coef_index.size,
                 model.heldout_auc, held_idx.size)
     return model

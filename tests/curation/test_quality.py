@@ -66,13 +66,38 @@ def test_deterministic(demo_model, demo_split):
 
 def test_save_and_load_round_trip_without_pickle(demo_model, demo_split, tmp_path):
     path = demo_model.save(tmp_path / "model")
-    assert sorted(p.name for p in path.iterdir()) == ["model.json", "weights.npz"]
+    assert sorted(p.name for p in path.iterdir()) == ["folds", "model.json", "trained.npz", "weights.npz"]
+    assert sorted(p.name for p in (path / "folds").iterdir()) == ["0", "1", "2", "3", "4"]
     with np.load(path / "weights.npz", allow_pickle=False) as w:
         assert {k: w[k].dtype.kind for k in w.files} == {"coef_index": "i", "coef_value": "f", "intercept": "f"}
     loaded = QualityModel.load(path)
-    texts = demo_split[0][:4] + demo_split[1][:4]
+    texts = demo_split[0][:4] + demo_split[1][:4] + demo_split[0][-4:]  # training texts and held-out ones
     np.testing.assert_array_equal(loaded.score(texts), demo_model.score(texts))
+    assert len(loaded.folds) == 5
     assert loaded.heldout_auc == demo_model.heldout_auc and loaded.settings == SMALL
+
+
+def test_training_texts_are_scored_out_of_fold_as_sklearn_cross_fits_them(demo_model, demo_split):
+    """Each training text gets the score of a model fitted without its fold (StratifiedKFold, 5 folds, seeded),
+    not the in-sample score of the model that saw it; texts it was not trained on keep the main model's."""
+    from sklearn.model_selection import StratifiedKFold
+
+    pos, neg = demo_split
+    texts = pos + neg
+    y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
+    train, held = train_test_split(np.arange(len(texts)), test_size=0.2, stratify=y, random_state=0)
+    train, held = np.sort(train), np.sort(held)
+    vec = SMALL.vectorizer()
+    features = vec.transform([texts[i][:4000] for i in train])
+    expected = np.empty(len(train))
+    for rest, own in StratifiedKFold(5, shuffle=True, random_state=0).split(train, y[train]):
+        clf = LogisticRegression(C=10.0, max_iter=1000).fit(features[rest], y[train][rest])
+        expected[own] = clf.predict_proba(features[own])[:, 1]
+    got = demo_model.score([texts[i] for i in train])
+    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
+    in_sample = LogisticRegression(C=10.0, max_iter=1000).fit(features, y[train]).predict_proba(features)[:, 1]
+    # the in-sample scores sit further from the middle: positives higher, negatives lower
+    assert np.mean(np.abs(in_sample - 0.5)) > np.mean(np.abs(got - 0.5))
 
 
 def test_word_bigrams_carry_signal_unigrams_cannot():
