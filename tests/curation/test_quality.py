@@ -44,12 +44,17 @@ def test_separates_the_demo_split_on_held_out_documents(demo_model, demo_split):
     assert s.dtype == np.float64 and ((0 <= s) & (s <= 1)).all()
 
 
-def test_score_is_sklearn_predict_proba_of_the_same_fit(demo_model, demo_split):
+def sklearn_split(demo_split):
+    """(texts, labels, training rows, held-out rows): scikit-learn's own stratified split at seed 0."""
     pos, neg = demo_split
     texts = pos + neg
     y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
     train, held = train_test_split(np.arange(len(texts)), test_size=0.2, stratify=y, random_state=0)
-    train, held = np.sort(train), np.sort(held)
+    return texts, y, np.sort(train), np.sort(held)
+
+
+def test_score_is_sklearn_predict_proba_of_the_same_fit(demo_model, demo_split):
+    texts, y, train, held = sklearn_split(demo_split)
     vec = SMALL.vectorizer()
     clf = LogisticRegression(C=10.0, max_iter=1000).fit(vec.transform([texts[i][:4000] for i in train]), y[train])
     expected = clf.predict_proba(vec.transform([texts[i][:4000] for i in held]))[:, 1]
@@ -82,11 +87,7 @@ def test_training_texts_are_scored_out_of_fold_as_sklearn_cross_fits_them(demo_m
     not the in-sample score of the model that saw it; texts it was not trained on keep the main model's."""
     from sklearn.model_selection import StratifiedKFold
 
-    pos, neg = demo_split
-    texts = pos + neg
-    y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
-    train, held = train_test_split(np.arange(len(texts)), test_size=0.2, stratify=y, random_state=0)
-    train, held = np.sort(train), np.sort(held)
+    texts, y, train, held = sklearn_split(demo_split)
     vec = SMALL.vectorizer()
     features = vec.transform([texts[i][:4000] for i in train])
     expected = np.empty(len(train))
