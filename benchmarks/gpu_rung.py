@@ -63,6 +63,7 @@ QUICK_WIDTHS = dict(n_layers=6, d_model=64, n_heads=4, head_dim=16, n_kv_heads_g
                     window_tokens=32, seq_len=128, n_experts=16, top_k=7, latent_dim=32, expert_hidden=32,
                     shared_hidden=64, vocab_size=512)
 QUICK_MICRO_SEQUENCES, QUICK_ACCUMULATION = 1, 2
+LOSS_BUDGET_SECONDS = 150.0  # the most the loss candidates' comparison takes of a GPU run
 
 
 def planned_layout(device_bytes: int) -> dict[str, Any]:
@@ -255,9 +256,11 @@ def _run(quick: bool, cuda: bool, layers: int, micro: int, accumulation: int, st
         torch.set_float32_matmul_precision("high")              # TF32 for the fp32 GEMMs (the router's)
         r["device_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
         r["measured_bf16_flops"] = measured_peak_bf16_flops(GPU_PEAK_MATMUL_SIZE, device="cuda")
-        # the loss's candidates first, while the device's memory is free
+        # the loss's candidates first, while the device's memory is free; at most 150 s and 40% of the time
+        # left, so the step's own timing still fits `max_seconds` (gpu_suite kills the run a little past it)
+        loss_budget = min(LOSS_BUDGET_SECONDS, max(5.0, 0.4 * (deadline - time.perf_counter())))
         r["loss"] = loss_bench.measure(device, tokens_per_micro, cfg.d_model, cfg.vocab_size, repeats=5,
-                                       budget_seconds=150.0)
+                                       budget_seconds=loss_budget)
         torch.cuda.empty_cache()
     model, optimizer, clipper = build(cfg, device)
     r["params"] = sum(p.numel() for p in model.parameters())
