@@ -29,7 +29,7 @@ from rungs.config import TrainConfig
 from rungs.engine import Engine
 from rungs.metrics import DevicePeak, DivergenceRule, MovingMedian, utilisation
 from rungs.progress import StepProgress
-from rungs.signals import sigterm_raises
+from rungs.signals import deferred, sigterm_raises
 from rungs.run_files import (CheckpointError, DiskFullError, append_jsonl, drop_jsonl_after, is_disk_full,
                              write_json_atomic)
 from rungs.tracking import RUN_ID_FILE, Tracker, run_status
@@ -219,7 +219,8 @@ def _steps(cfg: TrainConfig, engine: Engine, state: LoopState, run_dir: Path, tr
             job_start = time.perf_counter()
             if tracker is not None:  # a kill after this flush reruns steps the store skips (tracking.py)
                 tracker.flush()
-            engine.save(run_dir, asdict(state))
+            with deferred():  # a SIGTERM mid-write ends the job after the checkpoint, not inside it
+                engine.save(run_dir, asdict(state))
     return None, job_start
 
 

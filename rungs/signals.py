@@ -24,8 +24,33 @@ class Terminated(SystemExit):
     """The process received SIGTERM."""
 
 
+# `deferred()` blocks: a SIGTERM inside one waits for its end (a checkpoint half written by torch.save, its zip
+# writer then raising over the Terminated, ended the job with exit 1 and a traceback instead of 143).
+_deferring = 0
+_pending = False
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
+    global _pending
+    if _deferring:
+        _pending = True
+        return
     raise Terminated(SIGTERM_EXIT_CODE)
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """A write that must not be cut halfway: a SIGTERM within the block (under `sigterm_raises`) raises
+    `Terminated` when the block ends, not inside it. Nested blocks raise at the outermost end."""
+    global _deferring, _pending
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+    if not _deferring and _pending:
+        _pending = False
+        raise Terminated(SIGTERM_EXIT_CODE)
 
 
 @contextmanager
