@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "weights.npz"
 META_FILE = "model.json"
-TRAINED_FILE = "trained.npz"  # the training texts' fingerprints and folds (absent: no out-of-fold models)
+TRAINED_FILE = "trained.npz"  # the training texts' fingerprints and folds (empty or absent: no out-of-fold models)
 FOLDS_DIR = "folds"
 HELDOUT_FRACTION = 0.2
 OUT_OF_FOLD = 5  # folds of the training split that score its own documents (fewer where a class is smaller)
@@ -170,11 +170,10 @@ class QualityModel:
         (out / META_FILE).unlink(missing_ok=True)
         write_npz(out / WEIGHTS_FILE, coef_index=self.coef_index, coef_value=self.coef_value,
                   intercept=np.array([self.intercept]))
-        (out / TRAINED_FILE).unlink(missing_ok=True)
         for k, fold in enumerate(self.folds):
             fold.save(out / FOLDS_DIR / str(k))
-        if self.folds:
-            write_npz(out / TRAINED_FILE, fingerprint=self.trained_fingerprint, fold=self.trained_fold)
+        # always written (empty without folds), so a save over another model's directory leaves no stale one
+        write_npz(out / TRAINED_FILE, fingerprint=self.trained_fingerprint, fold=self.trained_fold)
         meta = {"format": "curation.quality", "version": FORMAT_VERSION, "settings": asdict(self.settings),
                 "heldout_auc": self.heldout_auc, "counts": self.counts}
         atomic_write_bytes(out / META_FILE, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
@@ -204,7 +203,7 @@ class QualityModel:
             if (src / TRAINED_FILE).is_file():
                 with np.load(src / TRAINED_FILE, allow_pickle=False) as t:
                     trained = {"fingerprint": t["fingerprint"], "fold": t["fold"]}
-                folds = [cls.load(src / FOLDS_DIR / str(k)) for k in range(int(trained["fold"].max()) + 1)]
+                folds = [cls.load(src / FOLDS_DIR / str(k)) for k in range(int(trained["fold"].max(initial=-1)) + 1)]
             with np.load(weights_path, allow_pickle=False) as w:
                 return cls(HashingSettings(**meta["settings"]), w["coef_index"], w["coef_value"],
                            float(w["intercept"][0]), float(meta["heldout_auc"]), dict(meta.get("counts", {})),

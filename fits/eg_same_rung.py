@@ -66,11 +66,11 @@ def pair_differences(base: pd.DataFrame, arm_runs: pd.DataFrame, *, pair: str, y
     return (b[shared] - a[shared]).sort_index()
 
 
-def paired_variance(cells: list[pd.DataFrame], *, arm: str, pair: str, y: str) -> tuple[float | None, int]:
+def paired_variance(per_rung: list[pd.DataFrame], *, arm: str, pair: str, y: str) -> tuple[float | None, int]:
     """(the per-run noise variance of the additive fit log y = arm + block at each rung, pooled, its degrees of
-    freedom). `cells`: per rung, the baseline's and the arms' runs whose `pair` value the baseline ran too."""
+    freedom). `per_rung`: each rung's runs of the baseline and of the arms whose `pair` value the baseline ran too."""
     ss, dof = 0.0, 0
-    for runs in cells:
+    for runs in per_rung:
         arms, blocks = pd.factorize(runs[arm])[0], pd.factorize(runs[pair])[0]
         n_arms, n_blocks = arms.max() + 1, blocks.max() + 1
         if n_arms < 2 or n_blocks < 2:

@@ -178,3 +178,11 @@ def test_a_save_that_fails_midway_leaves_a_whole_model_or_none(demo_model, tmp_p
     np.testing.assert_array_equal(loaded.coef_value, demo_model.coef_value)
     assert loaded.heldout_auc == demo_model.heldout_auc
     assert (path / "notes.txt").read_text() == "mine"
+
+
+def test_a_model_saved_over_another_keeps_none_of_its_out_of_fold_models(demo_model, tmp_path):
+    path = demo_model.save(tmp_path / "model")
+    plain = QualityModel(demo_model.settings, demo_model.coef_index, demo_model.coef_value, demo_model.intercept,
+                         demo_model.heldout_auc, demo_model.counts)
+    plain.save(path)  # no folds: its trained.npz is written empty, not left as the first model's
+    assert QualityModel.load(path).folds == []
