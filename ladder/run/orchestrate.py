@@ -11,78 +11,46 @@ Tracking: a local store (the embedded `sqlite:///runs/mlflow.db`) is fronted by 
 on loopback for the length of the sweep, because SQLite takes one writer at a time
 (`ladder.run.tracking_server`); a server URI is used as given. MLflow, not Ray, is the record of what
 is done, so a killed driver loses nothing: the rerun skips finished keys and resumes the rest.
+
+Where each part lives: the Ray connection and the checks that trials fit (`ladder.run.ray_cluster`), the
+Tune experiment (`ladder.run.tune_experiment`), the trials' rows, the outcome and a sweep's status
+(`ladder.run.sweep_status`); their public names are importable from here too.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import os
 import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from ladder.errors import LadderInputError, StoreError
+from ladder.errors import StoreError
 from sweeps.cost import check_fits_memory, cost_sweep
 from sweeps.plan import PlannedTrial, check_fits_cluster, plan_sweep, runs_root_for, spec_recipe
+from ladder.run.ray_cluster import (RAY_CLIENT_PORT, RAY_PROBE_SECONDS, check_fits_this_machine, check_ray_address,
+                                   cluster_nodes, connect_ray, ray_endpoint)
 from ladder.run.stores import check_store
-from ladder.run.sweep_runs import (TAG_ATTEMPT, TAG_ERROR, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, find_runs,
-                                   stored_result_run_id, trial_state)
+from ladder.run.sweep_runs import (TAG_ATTEMPT, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, find_runs,
+                                   stored_result_run_id)
 from ladder.run.sweep_runs import reregister as register_result
+from ladder.run.sweep_status import (ERROR_CHARS, STALE_AFTER_SECONDS, SweepOutcome, TrialRow, default_store, one_line,
+                                     sweep_status, trial_row)
 from ladder.run.tracking_server import TrackingServer, is_local_store
-from rungs.host_memory import ALLOCATOR_ENV
+from ladder.run.tune_experiment import run_on_tune
 from rungs.tracking import sqlite_path, store_lock
-from rungs.tracking_uri import default_tracking_uri
 from sweeps.spec import SweepSpec
+
+__all__ = ["ERROR_CHARS", "RAY_CLIENT_PORT", "RAY_PROBE_SECONDS", "STALE_AFTER_SECONDS", "SweepOutcome", "TrialRow",
+           "check_fits_this_machine", "check_ray_address", "cluster_nodes", "connect_ray", "default_store",
+           "ensure_experiment", "launch_config", "one_line", "ray_endpoint", "run_on_tune", "run_sweep",
+           "sweep_status", "trial_row"]
 
 log = logging.getLogger(__name__)
 
 # Paths in a resolved config that must not depend on the worker's working directory.
 _PATH_KEYS = ("data_cache_root", "data_manifest")
-
-
-@dataclass
-class TrialRow:
-    key: str
-    label: str
-    state: str  # pending, running, finished, failed, diverged
-    run_id: str | None = None
-    attempts: int = 0
-    ran_now: bool = False
-    bpb_mean: float | None = None
-    wall_seconds: float | None = None  # driver-observed, start to end of the Tune trial
-    train_wall_seconds: float | None = None
-    train_loop_seconds: float | None = None
-    train_call_seconds: float | None = None  # the train() call inside the worker, set-up and evals included
-    error: str | None = None
-    progress: str | None = None  # running trials in `status`: last logged step of the planned steps, and when
-
-
-@dataclass
-class SweepOutcome:
-    sweep: str
-    experiment: str
-    tracking_uri: str
-    rows: list[TrialRow] = field(default_factory=list)
-    tune_seconds: float | None = None  # wall time of the Tune experiment (Tuner.fit), when one ran
-
-    def counts(self) -> dict:
-        now = [r for r in self.rows if r.ran_now]
-        return {"trials": len(self.rows),
-                "completed": sum(r.state == "finished" for r in now),
-                "skipped": sum(not r.ran_now for r in self.rows),
-                "failed": sum(r.state not in ("finished", "diverged") for r in now),
-                "diverged": sum(r.state == "diverged" for r in now)}
-
-
-def default_store(tracking_uri: str | None) -> str:
-    """--tracking-uri, else $MLFLOW_TRACKING_URI (set on cluster pods), else the embedded SQLite store
-    (`rungs.tracking_uri.default_tracking_uri`, as every command resolves it). An empty --tracking-uri stays
-    empty (check_store refuses it) rather than meaning the default."""
-    return default_tracking_uri(tracking_uri)
 
 
 def launch_config(planned: PlannedTrial, *, tracking_uri: str, experiment: str) -> dict:
@@ -119,168 +87,10 @@ def ensure_experiment(tracking_uri: str, name: str) -> str:
     return exp.experiment_id if exp is not None else client.create_experiment(name)
 
 
-RAY_PROBE_SECONDS = 3.0
-RAY_CLIENT_PORT = 10001  # the port `ray://host` means (Ray Client's default)
-
-
-def ray_endpoint(address: str | None) -> tuple[str, int] | None:
-    """The (host, port) an --address names, as ray.init reads it: `host:port` (the GCS) or
-    `ray://host[:port]` (Ray Client). None for a private local Ray (None, "local") and for "auto"
-    (ray.init finds the cluster itself) and for forms it does not name a port by."""
-    if not address or address in ("local", "auto"):
-        return None
-    rest = address
-    default_port = None
-    if "://" in address:
-        scheme, _, rest = address.partition("://")
-        if scheme != "ray":
-            return None
-        default_port = RAY_CLIENT_PORT
-    rest = rest.split("/", 1)[0]
-    host, sep, port = rest.rpartition(":")
-    if not sep or "]" in port:  # no port (or a bare IPv6 address)
-        host, port = rest, ""
-    host = host.strip("[]")
-    if not port:
-        return (host, default_port) if host and default_port else None
-    if not port.isdigit() or not host:
-        return None
-    return host, int(port)
-
-
-def check_ray_address(address: str | None, *, timeout: float = RAY_PROBE_SECONDS) -> None:
-    """Refuse, in one line and before anything is written, an --address at which nothing answers (ray.init
-    would retry the connection for a minute or more). A TCP connect with a short timeout; no-op for a
-    private local Ray and for "auto"."""
-    import socket
-
-    endpoint = ray_endpoint(address)
-    if endpoint is None:
-        return
-    try:
-        with socket.create_connection(endpoint, timeout=timeout):
-            pass
-    except OSError:
-        raise LadderInputError(f"no Ray cluster answers at {address}: start one with `ray start --head` or "
-                               "leave --address out", field="--address") from None
-
-
-def check_fits_this_machine(trials: list[PlannedTrial], *, where: str) -> None:
-    """Trials that a private local Ray (no --address) could never place, refused before Ray starts or data
-    is prepared: that Ray gets this machine's CPUs (`connect_ray`). GPUs are left to the cluster check
-    after Ray starts: Ray, not this process, decides which GPUs it sees."""
-    check_fits_cluster(trials, [{"CPU": float(os.cpu_count() or 1), "GPU": math.inf}], where=where)
-
-
 def _new_local_store(store: str) -> bool:
     """A local SQLite store whose file does not exist yet: reading it would create it."""
     db = sqlite_path(store)
     return db is not None and not db.exists()
-
-
-def connect_ray(address: str | None) -> bool:
-    """Connect to `address` or start a private local Ray; True when this call started Ray. An address
-    at which nothing answers is refused first (`check_ray_address`)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    check_ray_address(address)
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    # The trial workers keep freed host memory for reuse (rungs.host_memory): glibc reads
-    # ALLOCATOR_ENV when a worker process starts.
-    kwargs = dict(log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING,
-                  runtime_env={"env_vars": {"RAY_CHDIR_TO_TRIAL_DIR": "0", **ALLOCATOR_ENV}})
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        # "local", not None: never attach silently to some other cluster running on this machine.
-        ray.init(address="local", num_cpus=os.cpu_count(), **kwargs)
-    return True
-
-
-def cluster_nodes() -> list[dict[str, float]]:
-    import ray
-
-    return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
-
-
-def _tune_trainable(config: dict, payloads: list[dict]) -> None:
-    from ray import tune
-
-    from ladder.run.trial import run_trial
-
-    tune.report(run_trial(payloads[config["index"]]))
-
-
-def _resources_for(payload: dict):
-    from ray.tune import PlacementGroupFactory
-
-    res = payload["resources"]
-    if res["workers"] > 1:
-        # The coordinator only waits on the TorchTrainer, whose workers declare their CPUs/GPUs; it
-        # holds a token of memory (Ray refuses an empty bundle) so it takes no CPU from them.
-        return PlacementGroupFactory([{"memory": 64 * 2**20}])
-    bundle = {"CPU": res["cpus"]}
-    if res["gpus"]:
-        bundle["GPU"] = res["gpus"]
-    return PlacementGroupFactory([bundle])
-
-
-def run_on_tune(payloads: list[dict], *, name: str, storage_path: Path, max_concurrent: int | None,
-                max_failures: int, progress) -> dict[int, dict]:
-    """One Tune experiment over the payloads; returns {index: {metrics, error, wall_seconds}}."""
-    from ray import tune
-    from ray.tune import FailureConfig, RunConfig, TuneConfig
-
-    class _Progress(tune.Callback):
-        def __init__(self) -> None:
-            self.started: dict[str, float] = {}
-            self.ended: dict[int, float] = {}
-            self.done = 0
-
-        def on_trial_start(self, iteration, trials, trial, **info):
-            self.started.setdefault(trial.trial_id, time.monotonic())
-            progress(f"start  {payloads[trial.config['index']]['label']}")
-
-        def on_trial_recover(self, iteration, trials, trial, **info):
-            progress(f"retry  {payloads[trial.config['index']]['label']} (attempt failed; Ray Tune restarts it)")
-
-        def _end(self, trial, word: str, detail: str) -> None:
-            self.done += 1
-            index = trial.config["index"]
-            self.ended[index] = time.monotonic() - self.started.get(trial.trial_id, time.monotonic())
-            progress(f"[{self.done}/{len(payloads)}] {word:8s} {payloads[index]['label']} {detail} "
-                     f"({self.ended[index]:.0f} s)")
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            r = trial.last_result or {}
-            bpb = r.get("bpb_mean")
-            self._end(trial, r.get("outcome", "done"), f"bpb {bpb:.4f}" if isinstance(bpb, float) else "")
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            self._end(trial, "failed", "")
-
-    callback = _Progress()
-    trainable = tune.with_resources(tune.with_parameters(_tune_trainable, payloads=payloads),
-                                    resources=lambda config: _resources_for(payloads[config["index"]]))
-    tuner = tune.Tuner(
-        trainable,
-        param_space={"index": tune.grid_search(list(range(len(payloads))))},
-        # Reused actors skip a process start and the torch/rungs imports per trial (the bulk of the
-        # fixed overhead); a trial that kills its process gets a fresh actor anyway.
-        tune_config=TuneConfig(max_concurrent_trials=max_concurrent, num_samples=1, reuse_actors=True),
-        run_config=RunConfig(name=name, storage_path=str(storage_path), verbose=0, callbacks=[callback],
-                             failure_config=FailureConfig(max_failures=max_failures)),
-    )
-    t0 = time.perf_counter()
-    grid = tuner.fit()
-    out: dict[int, dict] = {-1: {"tune_seconds": time.perf_counter() - t0}}
-    for result in grid:
-        index = result.config["index"]
-        out[index] = {"metrics": dict(result.metrics or {}), "error": repr(result.error) if result.error else None,
-                      "wall_seconds": callback.ended.get(index)}
-    return out
 
 
 def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None = None,
@@ -312,7 +122,7 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
     runs_root = runs_root_for(store)
     # A read needs no server: decide what to run first, so a finished sweep reruns in seconds.
     records = find_runs(store, spec.experiment_name)
-    rows = {p.key: _row(p, records.get(p.key, [])) for p in planned}
+    rows = {p.key: trial_row(p, records.get(p.key, [])) for p in planned}
     orphans = _orphaned_results(planned, rows, records, spec, runs_root)
     if orphans and not reregister:
         raise StoreError(
@@ -326,7 +136,7 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
             run_id = register_result(store, spec.experiment_name, run_dir, _trial_tags(p, spec, run_dir))
             progress(f"re-registered {p.label}: run {old_id} (not in the store) → {run_id}")
         records = find_runs(store, spec.experiment_name)
-        rows = {p.key: _row(p, records.get(p.key, [])) for p in planned}
+        rows = {p.key: trial_row(p, records.get(p.key, [])) for p in planned}
     todo = [p for p in planned if rows[p.key].state not in ("finished", "diverged")]
     progress(f"sweep {spec.name}: {len(planned)} trials, {len(planned) - len(todo)} already finished, "
              f"{len(todo)} to run; tracking {store}")
@@ -356,7 +166,7 @@ def run_sweep(spec: SweepSpec, *, where: str = "sweep spec", address: str | None
 
             ray.shutdown()
     for i, p in enumerate(todo):
-        row = _row(p, records.get(p.key, []))
+        row = trial_row(p, records.get(p.key, []))
         row.ran_now = True
         got = results.get(i, {})
         m = got.get("metrics", {})
@@ -404,63 +214,3 @@ def _trial_tags(planned: PlannedTrial, spec: SweepSpec, run_dir: Path) -> dict:
     if bpb:
         tags["bpb_mean"] = f"{sum(bpb) / len(bpb):.6f}"
     return tags
-
-
-def _row(planned: PlannedTrial, records) -> TrialRow:
-    st = trial_state(records)
-    bpb = None
-    if st.run_id and st.state in ("finished", "diverged"):
-        bpb = next((r.tags.get("bpb_mean") for r in records if r.run_id == st.run_id), None)
-    error = None
-    if st.state == "failed":  # the trial wrapper tags a failed attempt's run with its error (ladder.run.trial)
-        error = one_line(next((r.tags.get(TAG_ERROR) for r in reversed(records) if r.tags.get(TAG_ERROR)), None))
-    return TrialRow(key=planned.key, label=planned.label, state=st.state, run_id=st.run_id, attempts=st.attempts,
-                    bpb_mean=float(bpb) if bpb else None, error=error)
-
-
-ERROR_CHARS = 300
-
-
-def one_line(text: str | None) -> str | None:
-    """The first non-empty line of an error, at most ERROR_CHARS long: what a status table can show."""
-    if not text:
-        return None
-    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
-    return line if len(line) <= ERROR_CHARS else line[:ERROR_CHARS - 1] + "…"
-
-
-def sweep_status(spec: SweepSpec, *, where: str = "sweep spec", tracking_uri: str | None = None) -> SweepOutcome:
-    """Each trial's state from MLflow alone (no Ray, no server: a read)."""
-    planned = plan_sweep(spec, where=where)
-    store = default_store(tracking_uri)
-    check_store(store, create=False)  # a missing store is refused: "pending" would claim what nobody knows
-    records = find_runs(store, spec.experiment_name)
-    rows = [_row(p, records.get(p.key, [])) for p in planned]
-    for p, row in zip(planned, rows):
-        if row.state == "running" and row.run_id:
-            row.progress = _progress(store, row.run_id, _run_steps(p.config))
-    return SweepOutcome(sweep=spec.name, experiment=spec.experiment_name, tracking_uri=store, rows=rows)
-
-
-def _run_steps(config: dict) -> int | None:
-    """The steps a trial's job runs: its planned steps, cut short by max_steps (a cap above them cuts nothing)."""
-    steps, cap = config.get("steps"), config.get("max_steps")
-    return min(steps, cap) if steps and cap else (steps or cap)
-
-
-# A RUNNING run whose job logged nothing for this long was probably killed (a rerun resumes it).
-STALE_AFTER_SECONDS = 900.0
-
-
-def _progress(store: str, run_id: str, total_steps: int | None) -> str:
-    """"step 400/1192, 35 s ago" from the run's loss history; a run silent for STALE_AFTER_SECONDS is
-    marked as such, since a killed job leaves its MLflow run RUNNING."""
-    from mlflow.tracking import MlflowClient
-
-    history = MlflowClient(store).get_metric_history(run_id, "loss")
-    if not history:
-        return "starting"
-    last = max(history, key=lambda m: m.step)
-    ago = max(0.0, time.time() - last.timestamp / 1000.0)
-    text = f"step {last.step}/{total_steps or '?'}, {ago:.0f} s ago"
-    return text + " (stale: killed? a rerun resumes it)" if ago > STALE_AFTER_SECONDS else text

@@ -13,7 +13,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from ladder.cli import main
-from ladder.run.orchestrate import STALE_AFTER_SECONDS, _progress, _run_steps
+from ladder.run.sweep_status import STALE_AFTER_SECONDS, _progress, _run_steps
 from sweeps.spec import SWEEPS_DIR
 
 
