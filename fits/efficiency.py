@@ -12,7 +12,8 @@ An EG's interval carries the baseline law's parameter uncertainty and the candid
 own noise (one run's seed noise: EG is read off a single noisy point; the arms share the held-out sets,
 so their sampling error is common to both and cancels) through the law's slope
 (`fits.prediction.PredictionModel.inverse_interval`, Student-t; coverage measured in docs/fits.md);
-the iso-BPB multipliers' intervals come from the bootstrap draws of the laws (the reference's BPB is
+every rung's EG reads the same law, so their errors are correlated (`eg_log_covariance`, what a trend over the
+rungs needs: `fits.eg_scaling`); the iso-BPB multipliers' intervals come from the bootstrap draws of the laws (the reference's BPB is
 a published number). Both only where the one interval rule allows the law one (`FitResult.interval_note`); elsewhere the interval is null and
 `interval_note` says why.
 """
@@ -32,6 +33,7 @@ from fits.errors import FitInputError
 from fits.compute_laws import fit_power_laws
 from fits.floors import DEFAULT_FLOOR
 from fits.power_law import PowerLawResult
+from fits.prediction import log_law_jacobian
 from fits.results import jsonable
 from fits.bootstrap import MIN_DISTINCT_FOR_INTERVAL
 from fits.validate import numeric_column, require_columns
@@ -145,12 +147,46 @@ def _eg_interval(law: PowerLawResult, y_cand: float, n_runs: int, used: float,
             {k: float(v[0]) for k, v in iv["shares"].items()}, float(iv["dof"]))
 
 
+def eg_log_covariance(law: PowerLawResult, y_cand: np.ndarray, n_runs: np.ndarray) -> np.ndarray | None:
+    """The covariance of log EG_FLOPs across one arm's rungs (candidate BPBs `y_cand`, each the mean of
+    `n_runs` runs), from the source of `_eg_interval`, so its diagonal is each rung's own interval's variance.
+    Every rung reads the same law, so its parameter error moves them together: g_i'·Σ_θ·g_j, g_i = ∂ log x(y_i)
+    / ∂θ = −(∂ log ŷ/∂θ) / (∂ log ŷ/∂ log x) at the rung (implicit differentiation of log ŷ(x; θ) = log y_i),
+    plus the candidate's seed noise, its own at each rung (δ_ij). A law without a prediction model gives the
+    sample covariance of its bootstrap draws' log x(y_i) (parameter uncertainty only, as its intervals). The
+    compute the arm used is a constant of each rung and drops out. None where a BPB is below the law's floor."""
+    y_cand = np.asarray(y_cand, dtype=float)
+    model = law.prediction_model
+    if model is None:
+        log_x = np.log(law.inverse_draws(y_cand))
+        log_x = log_x[np.all(np.isfinite(log_x), axis=1)]
+        return np.atleast_2d(np.cov(log_x, rowvar=False)) if len(log_x) > len(y_cand) else None
+    theta = np.asarray(model.theta)
+    z = np.log(model.inverse_interval(y_cand)["x"]) - model.log_x0
+    if not np.all(np.isfinite(z)):
+        return None
+    jac = log_law_jacobian(theta, z, model.nested)  # (rungs, params): ∂ log ŷ/∂θ
+    log_slope = -theta[1] * jac[:, 0]  # ∂ log ŷ/∂ log x: −α·s₁ with a floor, −α without (column 0 is then 1)
+    grad = jac / log_slope[:, None]  # ∂ log x/∂θ, up to a sign that cancels in the product
+    law_part = model.scale * grad @ np.asarray(model.cov_unit) @ grad.T
+    seed_part = model.scale * model.seed_variance / np.asarray(n_runs, dtype=float) / log_slope**2
+    return law_part + np.diag(seed_part)
+
+
+def correlation(cov: np.ndarray) -> np.ndarray:
+    """The correlation matrix of a covariance matrix."""
+    sd = np.sqrt(np.diag(cov))
+    return cov / np.outer(sd, sd)
+
+
 def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", y: str = "bpb",
                      flops: str = "train_flops", wall: str | None = "wall_seconds", rung: str = "rung",
                      bootstrap: int = 1000, ci_level: float = 0.95, seed: int = 0,
                      floor: str = DEFAULT_FLOOR) -> dict[str, Any]:
     """EG_FLOPs (and EG_time when `wall` is given) of every non-baseline arm at every rung; `floor` is the
-    baseline laws' floor rule (`fits.floors`: "auto" where the rungs show no loss floor)."""
+    baseline laws' floor rule (`fits.floors`: "auto" where the rungs show no loss floor). "eg_flops_correlation"
+    holds, per arm whose every rung has an interval, the correlation of its rungs' log EG_FLOPs (in the rows'
+    order): they read one law (`eg_log_covariance`), what a trend across the rungs needs (`fits.eg_scaling`)."""
     cols = [arm, y, flops, rung] + ([wall] if wall else [])
     require_columns(df, cols)
     df = df.assign(**{c: numeric_column(df, c, positive=True) for c in (y, flops) + ((wall,) if wall else ())})
@@ -169,7 +205,7 @@ def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "bas
                      "rungs and its intervals under-cover (the time law's wall seconds differ by seed, so its distinct "
                      "x overstate the rungs)")
     notes = {"eg_flops": law_flops.interval_note, "eg_time": time_note}
-    arms = {}
+    arms, correlations = {}, {}
     for name, group in df[df[arm] != baseline].groupby(arm, sort=True):
         rows = []
         for r, g in group.groupby(rung, sort=True):
@@ -196,6 +232,12 @@ def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "bas
                     row["wall_seconds"] = used
             rows.append(row)
         arms[str(name)] = rows
-    return jsonable({"baseline": baseline, "ci_level": ci_level, "arms": arms,
+        if rows and all(r.get("eg_flops_interval") is not None for r in rows):
+            by_rung = [g for _, g in group.groupby(rung, sort=True)]
+            cov = eg_log_covariance(law_flops, np.array([float(g[y].mean()) for g in by_rung]),
+                                    np.array([len(g) for g in by_rung]))
+            if cov is not None and np.all(np.diag(cov) > 0) and np.all(np.isfinite(cov)):
+                correlations[str(name)] = correlation(cov).tolist()
+    return jsonable({"baseline": baseline, "ci_level": ci_level, "arms": arms, "eg_flops_correlation": correlations,
                      "baseline_law_flops": law_flops.params,
                      "baseline_law_time": law_time.params if law_time else None, "code_version": code_version()})

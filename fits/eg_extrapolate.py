@@ -1,7 +1,8 @@
 """Each data arm's efficiency gain carried to a target's compute: the card's "data arms".
 
-`fits.eg_scaling` fits, per arm and domain, the trend log EG = a + b·log C across the rungs (weighted
-least squares, the Birge-scaled covariance of (a, b), n − 2 degrees of freedom). At a target compute
+`fits.eg_scaling` fits, per arm and domain, the trend log EG = a + b·log C across the rungs (generalised
+least squares on the rungs' covariance, or weighted where a trend was fitted without it; the Birge-scaled
+covariance of (a, b), n − 2 degrees of freedom). At a target compute
 C* the EG is exp(a + b·log C*), and its interval is the interval of the trend's mean there: log EG ±
 t(dof)·√(g·Σ·g), g = (1, log C*), Σ the covariance of (a, b), exponentiated. It is the interval of
 the mean EG, not of one new measurement of it: what a recipe decision rests on. Two rungs give a

@@ -11,7 +11,8 @@ same rung, that shared misfit cancels:
 slope: the compute the baseline needs to move from its BPB to the arm's). Its uncertainty, by the delta
 method: the seed noise of both means, σ²·(1/n_base + 1/n_arm) with σ² the variance of log BPB between seeds
 pooled over every (arm, rung) with repeated seeds (its degrees of freedom Σ(n − 1) give the Student-t), and
-the slope's, from the law's bootstrap draws: var(log EG) = var(Δ)/s² + Δ²·var(s)/s⁴. Without repeated seeds
+the slope's, from the law's bootstrap draws: var(log EG) = var(Δ)/s² + Δ²·var(s)/s⁴ (every rung's s is the
+same law's, so an arm's rungs share that part: `log_eg_covariance`, for a trend over them). Without repeated seeds
 there is no noise estimate and no interval; where the baseline's law has no interval (the one interval rule,
 `FitResult.interval_note`: fewer than 5 rungs, no bootstrap), its slope's part cannot be had, and the EG
 has no interval either, the law's note saying why, as against the law. A rung where the baseline has no
@@ -160,6 +161,19 @@ def seed_sd_interval(log_sd: float, dof: int, ci_level: float = 0.95) -> tuple[f
             log_sd * math.sqrt(dof / float(stats.chi2.ppf(tail, dof))))
 
 
+def log_eg_covariance(parts: list[tuple[float, float, float, float]], draws: tuple[np.ndarray, ...]) -> np.ndarray:
+    """The covariance of log EG across one arm's rungs, each rung's (Δ, s, var(Δ), C_base) as its interval
+    has them (module docstring): each rung's own runs give var(Δ)/s² on the diagonal, and the law's slope,
+    read off the same bootstrap draws at every rung, adds Δ_i·Δ_j·Cov(s_i, s_j)/(s_i²·s_j²), which its
+    diagonal is the interval's slope part of. An arm that buys nothing (every Δ near 0) has rungs all but
+    independent; one with a gain or a loss has them move together with the law's slope."""
+    delta, s, var_delta, c_base = (np.array(v, dtype=float) for v in zip(*parts))
+    slopes = np.stack([local_slope(*draws, c) for c in c_base])  # (rungs, draws)
+    cov_s = np.atleast_2d(np.cov(slopes))  # ddof 1, as the interval's var(s)
+    scale = delta / s**2
+    return np.diag(var_delta / s**2) + np.outer(scale, scale) * cov_s
+
+
 def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", y: str = "bpb",
                     flops: str = "train_flops", rung: str = "rung", bootstrap: int = 200, ci_level: float = 0.95,
                     seed: int = 0, floor: str = "auto", target_half_width: float = 0.10,
@@ -168,7 +182,9 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
     shape of `efficiency_gains`' rows, with "seeds_for_target": the seeds a side that would make the interval
     ±`target_half_width` (`seeds_for_half_width`) and "seeds_for_target_range", that number at either end of
     the seed noise's own interval; and the pooled seed noise it used. `pair`: the column whose equal values
-    pair an arm's run with the baseline's (module docstring); None compares the means of all runs."""
+    pair an arm's run with the baseline's (module docstring); None compares the means of all runs.
+    "eg_flops_correlation": per arm whose every rung has an interval, the correlation of its rungs' log EG
+    (`log_eg_covariance`), what a trend across the rungs needs (`fits.eg_scaling`)."""
     if pair is not None:
         check_pairing(df, arm=arm, baseline=baseline, rung=rung, pair=pair)
     base = df[df[arm] == baseline]
@@ -194,8 +210,10 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
     if var_log is not None:
         sd_measured, sd_interval = math.sqrt(var_log), seed_sd_interval(math.sqrt(var_log), dof, ci_level)
     arms: dict[str, list[dict[str, Any]]] = {}
+    correlations: dict[str, list[list[float]]] = {}
     for name, group in others.groupby(arm, sort=True):
         rows = []
+        parts: list[tuple[float, float, float, float]] = []  # (Δ, s, var(Δ), C_base) of each rung with an interval
         for r, g in group.groupby(rung, sort=True):
             b = base_at.get(r)
             if b is None:
@@ -224,6 +242,7 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
                 se = math.sqrt(var_delta / s**2 + delta**2 * var_s / s**4)
                 row["eg_flops_interval"] = [math.exp(log_eg - t * se), math.exp(log_eg + t * se)]
                 row["eg_flops_interval_dof"] = dof  # its Student-t's, the seed noise's
+                parts.append((delta, s, var_delta, c_base))
                 row["eg_flops_interval_shares"] = {"seed_noise": var_delta / s**2 / se**2 if se else 1.0,
                                                    "slope": delta**2 * var_s / s**4 / se**2 if se else 0.0}
             if t is not None and s > 0:  # the seeds a side from the seed noise alone: measured either way
@@ -232,7 +251,13 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
                 row["seeds_for_target"], row["seeds_for_target_range"] = counts[0], counts[1:]
             rows.append(row)
         arms[str(name)] = rows
-    return jsonable({"baseline": baseline, "ci_level": ci_level, "arms": arms, "baseline_law_flops": law.params,
+        if rows and len(parts) == len(rows) and draws is not None:
+            cov = log_eg_covariance(parts, draws)
+            if np.all(np.diag(cov) > 0):
+                sd = np.sqrt(np.diag(cov))
+                correlations[str(name)] = (cov / np.outer(sd, sd)).tolist()
+    return jsonable({"baseline": baseline, "ci_level": ci_level, "arms": arms, "eg_flops_correlation": correlations,
+                     "baseline_law_flops": law.params,
                      "seed_noise": {"log_sd": sd_measured, "dof": dof, "log_sd_interval": list(sd_interval),
                                     "paired_on": pair}
                      if var_log is not None else {"log_sd": None, "dof": dof, "paired_on": pair},

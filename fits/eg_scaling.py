@@ -10,14 +10,18 @@ The trend is the slope b of log EG against log compute across rungs, log EG_i = 
 means the gain grows with scale. Each rung's EG carries its own uncertainty, σ_i = (log hi − log lo) /
 (2·t) from its interval, t the quantile that interval was made with (Student-t at its degrees of freedom:
 the baseline law's prediction model's against the law, the pooled seed noise's against the same rung; the
-normal quantile for an interval of bootstrap percentiles); the fit is weighted least squares with weights
-1/σ_i², its standard error that of the weights scaled up by the Birge ratio √(χ²/dof) when the rungs
-scatter more than their intervals say (never down), and the interval Student-t with n − 2 degrees of
-freedom. Without rung intervals it is ordinary least squares with the residuals' standard error. Two
-rungs give a slope and no interval. A slope whose interval holds 0 is "no measured trend". The trend
-keeps its design (log compute, weights), dof and the covariance of (a, b), and each cell the compute
-range its rungs span: what `fits.eg_extrapolate` needs to carry the EG to a target's compute (`ladder
-extrapolate`'s card).
+normal quantile for an interval of bootstrap percentiles). The rungs are not independent: against the law
+every rung's EG is read off the same fitted law, whose parameter error moves them all
+(`fits.efficiency.eg_log_covariance`), and against the same rung every rung's carries the law's local slope
+(`fits.eg_same_rung.log_eg_covariance`). Their correlation R, with each rung's σ_i, makes the covariance
+V = diag(σ)·R·diag(σ) of the rungs' log EG, and the fit is generalised least squares on it (method "gls":
+weighted least squares, weights 1/σ_i², where no correlation is given), its standard error scaled up by the
+Birge ratio √(χ²/dof), χ² = r'·V⁻¹·r, when the rungs scatter more than V says (never down), and the interval
+Student-t with n − 2 degrees of freedom. Without rung intervals it is ordinary least squares with the
+residuals' standard error. Two rungs give a slope and no interval. A slope whose interval holds 0 is "no
+measured trend". The trend keeps its design (log compute, weights 1/σ_i², the correlation it used), dof and
+the covariance of (a, b), and each cell the compute range its rungs span: what `fits.eg_extrapolate` needs to
+carry the EG to a target's compute (`ladder extrapolate`'s card).
 """
 
 from __future__ import annotations
@@ -78,11 +82,14 @@ def eg_verdict(interval: list[float] | None) -> str:
 
 def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float] | None], *,
              ci_level: float = 0.95, min_dof_for_interval: int = 1,
-             interval_dofs: list[float | None] | None = None) -> dict[str, Any]:
+             interval_dofs: list[float | None] | None = None,
+             correlation: np.ndarray | list[list[float]] | None = None) -> dict[str, Any]:
     """The slope of log EG against log compute with its Student-t interval (module docstring). `intervals`
     are the rungs' EG intervals at `ci_level`; `interval_dofs` the degrees of freedom of each one's Student-t
     quantile (`eg_flops_interval_dof` of `efficiency_gains` and `same_rung_gains`), None (or a None entry)
-    for an interval made with the normal quantile, as a bootstrap's percentiles are."""
+    for an interval made with the normal quantile, as a bootstrap's percentiles are. `correlation`: the
+    correlation of the rungs' log EG (`eg_flops_correlation` of the same), which with each rung's σ from its
+    interval makes the rungs' covariance for generalised least squares; None treats the rungs as independent."""
     x = np.asarray(log_compute, dtype=float)
     y = np.log(np.asarray(eg, dtype=float))
     n = len(x)
@@ -102,34 +109,50 @@ def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float
         quantiles = [float(stats.norm.ppf(q)) if d is None or not math.isfinite(d) else float(stats.t.ppf(q, d))
                      for d in dofs]
         sigma = np.array([(math.log(hi) - math.log(lo)) / (2 * k) for (lo, hi), k in zip(intervals, quantiles)])
-        w = 1.0 / sigma**2
     else:
-        w = np.ones(n)
-    xm = float(np.sum(w * x) / np.sum(w))
-    ym = float(np.sum(w * y) / np.sum(w))
-    sxx = float(np.sum(w * (x - xm) ** 2))
-    slope = float(np.sum(w * (x - xm) * (y - ym)) / sxx)
-    intercept = ym - slope * xm
-    resid = y - (intercept + slope * x)
+        sigma = np.ones(n)
+    gls = weighted and correlation is not None
+    cov_y = np.diag(sigma**2)
+    if gls:
+        corr = np.asarray(correlation, dtype=float)
+        if corr.shape != (n, n) or not np.all(np.isfinite(corr)):
+            raise FitInputError(f"correlation must be a finite {n}×{n} matrix, one row per rung; got shape "
+                                f"{corr.shape}", column="correlation")
+        cov_y = corr * np.outer(sigma, sigma)
+    # Generalised least squares by whitening: with cov_y = L·L', L⁻¹y = L⁻¹X·β + e has independent unit errors
+    # (weighted least squares when cov_y is diagonal, ordinary when it is the identity).
+    try:
+        chol = np.linalg.cholesky(cov_y)
+    except np.linalg.LinAlgError:
+        raise FitInputError("the rungs' covariance (their correlation with each rung's σ) is not positive "
+                            "definite", column="correlation") from None
+    design = np.column_stack([np.ones(n), x])
+    white_x, white_y = np.linalg.solve(chol, design), np.linalg.solve(chol, y)
+    unit_cov = np.linalg.inv(white_x.T @ white_x)  # Cov(a, b) when the rungs' covariance is right
+    intercept, slope = (float(v) for v in unit_cov @ white_x.T @ white_y)
+    white_resid = white_y - white_x @ np.array([intercept, slope])
     out: dict[str, Any] = {"slope": slope, "intercept": intercept, "rungs": n, "dof": dof,
-                           "method": "wls" if weighted else "ols", "ci_level": ci_level,
-                           "log_compute": x.tolist(), "weights": w.tolist()}
+                           "method": "gls" if gls else "wls" if weighted else "ols", "ci_level": ci_level,
+                           "log_compute": x.tolist(), "weights": (1.0 / sigma**2).tolist()}
+    if gls:
+        out["correlation"] = corr.tolist()
     if dof < min_dof_for_interval:
         out.update(interval=None, verdict="no interval", note=f"{n} rungs leave no degree of freedom for the "
                    "slope's interval; a trend with an interval needs three rungs")
         return out
-    chi2 = float(np.sum(w * resid**2))
+    chi2 = float(white_resid @ white_resid)
     if weighted:
         birge = max(1.0, math.sqrt(chi2 / dof))
-        se = birge / math.sqrt(sxx)
+        scale2 = birge**2
         out["birge_ratio"] = birge
     else:
-        se = math.sqrt(chi2 / dof / sxx)
-    out["se"] = se
+        scale2 = chi2 / dof
     # The covariance of (intercept, slope): what a prediction of log EG at a new log compute needs
     # (fits.eg_extrapolate), with the same scale as the slope's standard error.
-    s2 = se**2 * sxx
-    out["cov"] = [[s2 * (1 / float(np.sum(w)) + xm**2 / sxx), -s2 * xm / sxx], [-s2 * xm / sxx, s2 / sxx]]
+    cov = scale2 * unit_cov
+    se = math.sqrt(float(cov[1, 1]))
+    out["se"] = se
+    out["cov"] = cov.tolist()
     out["interval"] = [slope - t * se, slope + t * se]
     out["verdict"] = verdict(out["interval"], 0.0, above="grows with scale", below="shrinks with scale",
                              inside="no measured trend")
@@ -207,7 +230,8 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
                                  if r.get("eg_flops_interval_note") else {})})
             trend = eg_trend(np.log([c["train_flops"] for c in cells]), np.array([c["eg"] for c in cells]),
                              [c["interval"] for c in cells], ci_level=ci_level,
-                             interval_dofs=[r.get("eg_flops_interval_dof") for r in rows]) \
+                             interval_dofs=[r.get("eg_flops_interval_dof") for r in rows],
+                             correlation=out["eg_flops_correlation"].get(str(name))) \
                 if all(c["eg"] is not None and c["eg"] > 0 for c in cells) else {
                     "slope": None, "interval": None, "verdict": "no trend",
                     "note": "a rung's EG is unbounded (the arm's BPB is below the baseline law's floor) or 0"}

@@ -78,7 +78,7 @@ def test_a_gain_growing_with_compute_has_its_slope_recovered():
     assert lo < b < hi and lo > 0
     assert trend["verdict"] == "grows with scale"
     assert trend["slope"] == pytest.approx(b, abs=0.05)
-    assert trend["method"] == "wls" and trend["dof"] == 3
+    assert trend["method"] == "gls" and trend["dof"] == 3
 
 
 def test_the_trend_of_exact_points_is_their_slope_and_two_rungs_give_no_interval():

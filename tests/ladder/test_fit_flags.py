@@ -76,6 +76,21 @@ def test_efficiency_refuses_a_bad_level_or_bootstrap_with_exit_2(capsys, argv, f
     one_line_error(code, out, err, field)
 
 
+def test_efficiency_save_fits_the_trend_on_the_rungs_shared_law_as_fit_arms_does(tmp_path, capsys):
+    # every rung's EG is read off the one baseline law, so their errors move together: the saved trend is the
+    # generalised least squares of `fit arms` (fits.eg_scaling.eg_trend), with the same slope and interval
+    curation, saved = FIXTURES / "data_curation_runs.csv", tmp_path / "eff.json"
+    code, _, _ = run(capsys, "fit", "efficiency", "--csv", str(curation), "--baseline", "baseline", "--floor", "auto",
+                     "--wall", "none", "--save", str(saved), "--json")
+    assert code == 0
+    trend = json.loads(saved.read_text())["arms"]["arms"]["quarter"]["all"]["trend"]
+    code, out, _ = run(capsys, "fit", "arms", "--csv", str(curation), "--baseline", "baseline", "--floor", "auto",
+                       "--domains", "all", "--bootstrap", "1000", "--json")
+    arms = json.loads(out)["arms"]["quarter"]["all"]["trend"]
+    assert trend["method"] == arms["method"] == "gls"
+    assert trend["slope"] == pytest.approx(arms["slope"]) and trend["interval"] == pytest.approx(arms["interval"])
+
+
 def test_efficiency_save_writes_an_arms_laws_file_that_extrapolate_reads(tmp_path, capsys):
     from ladder.cli.fit.laws_file import load_laws
 

@@ -141,7 +141,8 @@ def arms_section(out: dict, y: str, source: dict) -> dict:
         if all(c["eg"] is not None and c["eg"] > 0 for c in cells):
             trend = eg_trend(np.log([c["train_flops"] for c in cells]), np.array([c["eg"] for c in cells]),
                              [c["interval"] for c in cells], ci_level=out["ci_level"],
-                             interval_dofs=[r.get("eg_flops_interval_dof") for r in rows])
+                             interval_dofs=[r.get("eg_flops_interval_dof") for r in rows],
+                             correlation=(out.get("eg_flops_correlation") or {}).get(name))
         else:  # the words of fits.eg_scaling.eg_by_domain
             trend = {"slope": None, "interval": None, "verdict": "no trend",
                      "note": "an EG the baseline's law cannot give (the arm's BPB is below the law's floor)"}
