@@ -10,7 +10,9 @@ same rung, that shared misfit cancels:
 ȳ the mean BPB of each side's runs at the rung (the law through the baseline's point, with the law's local
 slope: the compute the baseline needs to move from its BPB to the arm's). Its uncertainty, by the delta
 method: the seed noise of both means, σ²·(1/n_base + 1/n_arm) with σ² the variance of log BPB between seeds
-pooled over every (arm, rung) with repeated seeds (its degrees of freedom Σ(n − 1) give the Student-t), and
+pooled over every arm with repeated seeds at that rung (its degrees of freedom Σ(n − 1) give the Student-t;
+a rung without repeats borrows the pool of the others, and `seed_noise="pooled"` pools over every (arm, rung):
+`fits.rung_noise` says why each rung's own is the default), and
 the slope's, from the law's bootstrap draws: var(log EG) = var(Δ)/s² + Δ²·var(s)/s⁴ (every rung's s is the
 same law's, so an arm's rungs share that part: `log_eg_covariance`, for a trend over them). Without repeated seeds
 there is no noise estimate and no interval; where the baseline's law has no interval (the one interval rule,
@@ -24,7 +26,7 @@ so what the initialisation does to both cancels in their difference. The runs at
 block design, the values of `pair` the blocks: log y = arm effect + block effect + noise. Δ is the mean over the
 n values both sides ran of d = log y_base − log y_arm, var(Δ) = 2σ²/n, and σ² the residual variance of that
 additive fit, by least squares over the baseline and every arm at the rung that shares a value with it, pooled
-over the rungs (Σ(cells − parameters) degrees of freedom: (A − 1)(S − 1) at a rung of A arms, baseline
+for each rung, or pooled over the rungs as above (Σ(cells − parameters) degrees of freedom: (A − 1)(S − 1) at a rung of A arms, baseline
 included, on S shared values). (Pooling each arm's own differences instead counts the baseline's runs once per
 arm: the arms' differences share them, so that pool has about half the degrees of freedom it claims.) Only the
 paired runs count; a value run twice on one side is refused. Unpaired, the same runs give var(Δ) = σ²·(2/n) with
@@ -52,6 +54,7 @@ from scipy import stats
 from fits.efficiency import baseline_law
 from fits.errors import FitInputError
 from fits.results import jsonable
+from fits.rung_noise import BORROWED_NOTE, Noise, bartlett, check_rule, noise_at, pooled
 
 SEEDS_SEARCHED = 10_000  # `seeds_for_half_width` says None past this many seeds a side
 NO_REPEATS_NOTE = "no (arm, rung) has repeated seeds: the seed noise, and so the interval, cannot be estimated"
@@ -177,14 +180,17 @@ def log_eg_covariance(parts: list[tuple[float, float, float, float]], draws: tup
 def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", y: str = "bpb",
                     flops: str = "train_flops", rung: str = "rung", bootstrap: int = 200, ci_level: float = 0.95,
                     seed: int = 0, floor: str = "auto", target_half_width: float = 0.10,
-                    pair: str | None = None) -> dict[str, Any]:
+                    pair: str | None = None, seed_noise: str = "rung") -> dict[str, Any]:
     """Per non-baseline arm and rung: {"rung", "bpb", "train_flops", "eg_flops", "eg_flops_interval", ...}, the
     shape of `efficiency_gains`' rows, with "seeds_for_target": the seeds a side that would make the interval
     ±`target_half_width` (`seeds_for_half_width`) and "seeds_for_target_range", that number at either end of
-    the seed noise's own interval; and the pooled seed noise it used. `pair`: the column whose equal values
-    pair an arm's run with the baseline's (module docstring); None compares the means of all runs.
+    the seed noise's own interval; and the seed noise it used. `pair`: the column whose equal values
+    pair an arm's run with the baseline's (module docstring); None compares the means of all runs. `seed_noise`:
+    "rung" gives each rung's interval the noise measured at that rung (a rung without repeated seeds borrows
+    the others' pool), "pooled" one noise pooled over every rung (`fits.rung_noise`).
     "eg_flops_correlation": per arm whose every rung has an interval, the correlation of its rungs' log EG
     (`log_eg_covariance`), what a trend across the rungs needs (`fits.eg_scaling`)."""
+    check_rule(seed_noise)
     if pair is not None:
         check_pairing(df, arm=arm, baseline=baseline, rung=rung, pair=pair)
     base = df[df[arm] == baseline]
@@ -196,19 +202,21 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
     base_at = {r: g for r, g in base.groupby(rung, sort=True)}
     others = df[df[arm] != baseline]
     pairs: dict[tuple[Any, Any], pd.Series] = {}
+    per_rung: dict[Any, Noise] = {}  # each rung's seed noise, from every arm's runs there
     if pair is None:
-        var_log, dof = seed_variance(df, arm=arm, rung=rung, y=y)
-        groups = int(df.groupby([df[arm], df[rung]]).ngroups)
+        for r, runs in df.groupby(rung, sort=True):
+            var_r, dof_r = seed_variance(runs, arm=arm, rung=rung, y=y)
+            per_rung[r] = Noise(var_r or 0.0, dof_r, int(runs[arm].nunique()), "rung")
     else:
         for (name, r), g in others.groupby([arm, rung], sort=True):
             if r in base_at:
                 pairs[name, r] = pair_differences(base_at[r], g, pair=pair, y=y)
-        blocks = [pd.concat([b, others[(others[rung] == r) & others[pair].isin(b[pair])]]) for r, b in base_at.items()]
-        var_log, dof = paired_variance(blocks, arm=arm, pair=pair, y=y)
-        groups = sum(len(d) > 0 for d in pairs.values())
-    t = float(stats.t.ppf(0.5 + ci_level / 2, dof)) if dof else None
-    if var_log is not None:
-        sd_measured, sd_interval = math.sqrt(var_log), seed_sd_interval(math.sqrt(var_log), dof, ci_level)
+        for r, b in base_at.items():
+            block = pd.concat([b, others[(others[rung] == r) & others[pair].isin(b[pair])]])
+            var_r, dof_r = paired_variance([block], arm=arm, pair=pair, y=y)
+            per_rung[r] = Noise(var_r or 0.0, dof_r, sum(len(d) > 0 for (_, rr), d in pairs.items() if rr == r), "rung")
+    pool = pooled(per_rung)
+    q = 0.5 + ci_level / 2
     arms: dict[str, list[dict[str, Any]]] = {}
     correlations: dict[str, list[list[float]]] = {}
     for name, group in others.groupby(arm, sort=True):
@@ -231,23 +239,32 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
             row = {"rung": r, "bpb": float(g[y].mean()), "train_flops": c_arm, "eg_flops": math.exp(log_eg),
                    "baseline_bpb": float(b[y].mean()), "local_slope": s,
                    "runs": [len(b), len(g)]}
-            if t is None:
+            cell_noise = noise_at(r, per_rung, seed_noise)
+            if cell_noise is not None:
+                row.update(seed_noise_log_sd=math.sqrt(cell_noise.var), seed_noise_dof=cell_noise.dof,
+                           seed_noise_from=cell_noise.source)
+                if cell_noise.source == "pooled" and seed_noise == "rung":
+                    row["seed_noise_note"] = BORROWED_NOTE
+            if cell_noise is None:
                 row["eg_flops_interval"] = None
                 row["eg_flops_interval_note"] = NO_REPEATS_NOTE if pair is None else NO_PAIRS_NOTE
             elif draws is None:  # the one interval rule: the law has no interval, so neither has its slope's part
                 row["eg_flops_interval"], row["eg_flops_interval_note"] = None, law.interval_note
             else:
+                var_log = cell_noise.var
                 var_delta = var_log * (1 / len(b) + 1 / len(g)) if d is None else 2 * var_log / len(d)
                 var_s = float(np.var(local_slope(*draws, c_base), ddof=1))
                 se = math.sqrt(var_delta / s**2 + delta**2 * var_s / s**4)
+                t = float(stats.t.ppf(q, cell_noise.dof))
                 row["eg_flops_interval"] = [math.exp(log_eg - t * se), math.exp(log_eg + t * se)]
-                row["eg_flops_interval_dof"] = dof  # its Student-t's, the seed noise's
+                row["eg_flops_interval_dof"] = cell_noise.dof  # its Student-t's, the seed noise's
                 parts.append((delta, s, var_delta, c_base))
                 row["eg_flops_interval_shares"] = {"seed_noise": var_delta / s**2 / se**2 if se else 1.0,
                                                    "slope": delta**2 * var_s / s**4 / se**2 if se else 0.0}
-            if t is not None and s > 0:  # the seeds a side from the seed noise alone: measured either way
-                counts = [seeds_for_half_width(sd, s, target_half_width, groups=groups, ci_level=ci_level)
-                          for sd in (sd_measured, *sd_interval)]
+            if cell_noise is not None and s > 0:  # the seeds a side from the seed noise alone: measured either way
+                sd = math.sqrt(cell_noise.var)
+                counts = [seeds_for_half_width(v, s, target_half_width, groups=cell_noise.groups, ci_level=ci_level)
+                          for v in (sd, *seed_sd_interval(sd, cell_noise.dof, ci_level))]
                 row["seeds_for_target"], row["seeds_for_target_range"] = counts[0], counts[1:]
             rows.append(row)
         arms[str(name)] = rows
@@ -258,7 +275,16 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
                 correlations[str(name)] = (cov / np.outer(sd, sd)).tolist()
     return jsonable({"baseline": baseline, "ci_level": ci_level, "arms": arms, "eg_flops_correlation": correlations,
                      "baseline_law_flops": law.params,
-                     "seed_noise": {"log_sd": sd_measured, "dof": dof, "log_sd_interval": list(sd_interval),
-                                    "paired_on": pair}
-                     if var_log is not None else {"log_sd": None, "dof": dof, "paired_on": pair},
+                     "seed_noise": {**noise_summary(pool, ci_level), "paired_on": pair, "rule": seed_noise,
+                                    "by_rung": {str(r): noise_summary(n if n.dof else None, ci_level)
+                                                for r, n in per_rung.items()},
+                                    "equal_across_rungs": bartlett(per_rung)},
                      "target_half_width": target_half_width})
+
+
+def noise_summary(estimate: Noise | None, ci_level: float) -> dict[str, Any]:
+    """{"log_sd", "dof", "log_sd_interval"} of a noise estimate (None: no repeated seeds, log_sd None)."""
+    if estimate is None:
+        return {"log_sd": None, "dof": 0}
+    sd = math.sqrt(estimate.var)
+    return {"log_sd": sd, "dof": estimate.dof, "log_sd_interval": list(seed_sd_interval(sd, estimate.dof, ci_level))}

@@ -9,7 +9,7 @@ interval holds 1 is "no measured gain"; one above 1 a gain, below 1 a loss.
 The trend is the slope b of log EG against log compute across rungs, log EG_i = a + b·log C_i: b > 0
 means the gain grows with scale. Each rung's EG carries its own uncertainty, σ_i = (log hi − log lo) /
 (2·t) from its interval, t the quantile that interval was made with (Student-t at its degrees of freedom:
-the baseline law's prediction model's against the law, the pooled seed noise's against the same rung; the
+the baseline law's prediction model's against the law, the seed noise's against the same rung; the
 normal quantile for an interval of bootstrap percentiles). The rungs are not independent: against the law
 every rung's EG is read off the same fitted law, whose parameter error moves them all
 (`fits.efficiency.eg_log_covariance`), and against the same rung every rung's carries the law's local slope
@@ -38,6 +38,7 @@ from fits.efficiency import efficiency_gains
 from fits.errors import FitError, FitInputError
 from fits.floors import DEFAULT_FLOOR
 from fits.results import jsonable
+from fits.rung_noise import check_rule
 from fits.validate import check_bootstrap, check_level, numeric_column, require_columns
 from provenance import code_version
 
@@ -67,8 +68,10 @@ def verdict(interval: list[float | None] | None, null: float, *, above: str, bel
 
 
 # What a cell against the same rung carries besides its EG (`fits.eg_same_rung`): the law's local slope and the
-# runs a side (with the domain's `seed_noise`, its interval's seed-noise part), and the seeds a side for the target.
-SAME_RUNG_KEYS = ("local_slope", "runs", "seeds_for_target", "seeds_for_target_range")
+# runs a side, the seed noise its interval used (its rung's, or the pool where the rung has no repeats: fits.rung_noise),
+# and the seeds a side for the target.
+SAME_RUNG_KEYS = ("local_slope", "runs", "seeds_for_target", "seeds_for_target_range", "seed_noise_log_sd",
+                  "seed_noise_dof", "seed_noise_from", "seed_noise_note")
 
 # An arm whose BPB lies below the baseline law's floor: no compute brings the baseline there, so its EG_FLOPs
 # is unbounded (`efficiency_gains` gives None, `jsonable`'s infinity).
@@ -162,13 +165,15 @@ def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float
 def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", rung: str = "rung",
                  flops: str = "train_flops", domains: list[str] | None = None, bootstrap: int = 200,
                  ci_level: float = 0.95, seed: int = 0, floor: str = DEFAULT_FLOOR,
-                 against: str = "law", target_half_width: float = 0.10, pair: str | None = None) -> dict[str, Any]:
+                 against: str = "law", target_half_width: float = 0.10, pair: str | None = None,
+                 seed_noise: str = "rung") -> dict[str, Any]:
     """EG_FLOPs of every arm at every rung in every domain, each with its interval and verdict, and per
     arm and domain the trend of log EG with log compute. `against`: "law" reads the arm's BPB off the
     baseline's law (the report's EG); "rung" compares it with the baseline's own runs at the same rung, the
     law giving only its slope (`fits.eg_same_rung`: the law's misfit at a rung, shared by every arm, cancels),
     and each cell says how many seeds a side would make its interval ±`target_half_width`; `pair` (against the
-    rung only) pairs an arm's runs with the baseline's on that column (`fits.eg_same_rung`)."""
+    rung only) pairs an arm's runs with the baseline's on that column (`fits.eg_same_rung`); `seed_noise` (against
+    the rung only): each rung's own seed noise ("rung") or one pooled over the rungs ("pooled", `fits.rung_noise`)."""
     check_bootstrap(bootstrap)
     check_level(ci_level)
     if against not in AGAINST:
@@ -176,6 +181,7 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
     if pair is not None and against != "rung":
         raise FitInputError(f"runs are paired against the same rung only (against='rung'), not {against!r}",
                             column="pair")
+    check_rule(seed_noise)
     if not target_half_width > 0:
         raise FitInputError(f"must be above 0, got {target_half_width}", column="target_half_width")
     available = domain_columns(df)
@@ -208,7 +214,7 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
             if against == "rung":
                 out = same_rung_gains(rows_df, arm=arm, baseline=baseline, y=column, flops=flops, rung=rung,
                                       bootstrap=bootstrap, ci_level=ci_level, seed=seed, floor=floor,
-                                      target_half_width=target_half_width, pair=pair)
+                                      target_half_width=target_half_width, pair=pair, seed_noise=seed_noise)
                 noise[domain] = out["seed_noise"]
             else:
                 out = efficiency_gains(rows_df, arm=arm, baseline=baseline, y=column, flops=flops, wall=None,

@@ -168,7 +168,7 @@ def test_the_seeds_it_names_give_intervals_that_wide_on_ladders_drawn_with_that_
         widths = []
         for _ in range(12):
             out = same_rung_gains(ladder({"baseline": 1.0, "replica": 1.0}, seeds=range(k), noise=noise, rng=rng),
-                                  baseline="baseline", bootstrap=0)
+                                  baseline="baseline", bootstrap=0, seed_noise="pooled")
             sd, dof = out["seed_noise"]["log_sd"], out["seed_noise"]["dof"]
             t = stats.t.ppf(0.975, dof)
             assert all(r["eg_flops_interval"] is None for r in out["arms"]["replica"])
@@ -177,9 +177,10 @@ def test_the_seeds_it_names_give_intervals_that_wide_on_ladders_drawn_with_that_
         return float(np.median(widths))
 
     assert n == 4 and median_half_width(n) <= target < median_half_width(n - 1)
-    # each cell names it from the measured noise, its rung's slope and the ladder's (arm, rung) groups
+    # each cell names it from the measured noise, its rung's slope and the ladder's (arm, rung) groups (the
+    # noise pooled over the rungs; each rung's own: tests/fits/test_rung_noise.py)
     out = same_rung_gains(ladder({"baseline": 1.0, "replica": 1.0, "b": 1.2}, noise=noise, rng=rng),
-                          baseline="baseline", bootstrap=0, target_half_width=0.15)
+                          baseline="baseline", bootstrap=0, target_half_width=0.15, seed_noise="pooled")
     assert out["target_half_width"] == 0.15
     for r in out["arms"]["replica"] + out["arms"]["b"]:
         assert r["seeds_for_target"] == seeds_for_half_width(out["seed_noise"]["log_sd"], r["local_slope"], 0.15,

@@ -40,7 +40,7 @@ def test_the_paired_estimate_and_its_noise_are_the_formula_computed_by_hand():
 
     df = ladder({"baseline": 1.0, "b": 1.3, "c": 0.8}, seeds=(0, 1, 2), init_sd=0.01, rng=np.random.default_rng(2))
     df = df[~((df.arm == "c") & (df.rung == 4) & (df.seed == 2))].reset_index(drop=True)
-    out = same_rung_gains(df, baseline="baseline", bootstrap=50, pair="seed")
+    out = same_rung_gains(df, baseline="baseline", bootstrap=50, pair="seed", seed_noise="pooled")
     ssr, dof = 0.0, 0
     for _, runs in df.assign(log_bpb=np.log(df["bpb"])).groupby("rung"):
         fit = smf.ols("log_bpb ~ C(arm) + C(seed)", data=runs).fit()
@@ -71,8 +71,8 @@ def test_paired_intervals_cover_at_their_level_and_are_narrower_where_the_seed_s
     for _ in range(100):
         df = ladder({"baseline": 1.0, "same": 1.0, "b": 1.2}, init_sd=0.006, stream_sd=0.003, rng=rng)
         boot_seed = int(rng.integers(1 << 30))
-        paired = same_rung_gains(df, baseline="baseline", bootstrap=30, seed=boot_seed, pair="seed")
-        plain = same_rung_gains(df, baseline="baseline", bootstrap=30, seed=boot_seed)
+        paired = same_rung_gains(df, baseline="baseline", bootstrap=30, seed=boot_seed, pair="seed", seed_noise="pooled")
+        plain = same_rung_gains(df, baseline="baseline", bootstrap=30, seed=boot_seed, seed_noise="pooled")
         for name, truth in (("same", 1.0), ("b", 1.2)):
             for p, u in zip(paired["arms"][name], plain["arms"][name]):
                 lo, hi = p["eg_flops_interval"]
@@ -115,8 +115,8 @@ def test_without_an_initialisation_effect_pairing_changes_the_width_by_its_degre
     ratios = []
     for _ in range(30):
         df = ladder({"baseline": 1.0, "same": 1.0, "b": 1.2}, init_sd=0.0, stream_sd=0.005, rng=rng)
-        paired = same_rung_gains(df, baseline="baseline", bootstrap=30, pair="seed")
-        plain = same_rung_gains(df, baseline="baseline", bootstrap=30)
+        paired = same_rung_gains(df, baseline="baseline", bootstrap=30, pair="seed", seed_noise="pooled")
+        plain = same_rung_gains(df, baseline="baseline", bootstrap=30, seed_noise="pooled")
         for p, u in zip(paired["arms"]["same"], plain["arms"]["same"]):
             ratios.append(math.log(p["eg_flops_interval"][1] / p["eg_flops_interval"][0])
                           / math.log(u["eg_flops_interval"][1] / u["eg_flops_interval"][0]))

@@ -164,17 +164,17 @@ def test_the_trend_weights_each_rung_by_its_own_student_t_interval():
 
 def test_eg_by_domain_gives_the_trend_each_rungs_interval_dof():
     """Against the law each rung's EG interval is Student-t at the baseline law's prediction model's dof
-    (`efficiency_gains`), against the same rung at the pooled seed noise's: the trend reads each rung's σ with
-    that t, not with z."""
+    (`efficiency_gains`), against the same rung at its rung's seed noise's (or the pooled noise's, with
+    seed_noise="pooled"): the trend reads each rung's σ with that t, not with z."""
     from scipy import stats
 
     from fits.efficiency import baseline_law, efficiency_gains
 
     df = runs_table({"baseline": lambda C: C, "dedup": lambda C: 1.3 * C})
     law_dof = baseline_law(df[df["arm"] == "baseline"], "train_flops", "bpb_code", bootstrap=50).prediction_model.dof
-    seed_dof = 10  # (arm, rung) pairs of two seeds: 2 arms × 5 rungs, one dof each
-    for against, dof in (("law", law_dof), ("rung", seed_dof)):
-        cell = eg_by_domain(df, domains=["code"], bootstrap=50, against=against)["arms"]["dedup"]["code"]
+    # (arm, rung) pairs of two seeds, one dof each: 2 arms at a rung, 2 arms × 5 rungs pooled
+    for against, dof, extra in (("law", law_dof, {}), ("rung", 2, {}), ("rung", 10, {"seed_noise": "pooled"})):
+        cell = eg_by_domain(df, domains=["code"], bootstrap=50, against=against, **extra)["arms"]["dedup"]["code"]
         t = stats.t.ppf(0.975, dof)
         sigma = [(math.log(r["interval"][1]) - math.log(r["interval"][0])) / (2 * t) for r in cell["rungs"]]
         assert cell["trend"]["weights"] == pytest.approx([1 / s**2 for s in sigma], rel=1e-9), against

@@ -40,6 +40,11 @@ def register(fit_sub: argparse._SubParsersAction, common) -> None:
                    help="with --against rung: pair each arm's run with the baseline's run that has the same value in "
                         "this column (seed: runs on one seed start from the same weights, whatever their data), so "
                         "the initialisation's share of the seed noise cancels; only paired runs count")
+    q.add_argument("--seed-noise", choices=["rung", "pooled"],
+                   help="with --against rung: the seed noise each rung's interval uses: that rung's own, from every "
+                        "arm's repeated seeds there (rung; a rung without repeats borrows the others' pool; default), "
+                        "or one pooled over the rungs (pooled: more degrees of freedom, right only if the rungs' noise "
+                        "is the same; the JSON's seed_noise.equal_across_rungs tests it)")
     q.add_argument("--bootstrap", type=int, default=200,
                    help="bootstrap resamples of each baseline law (default 200)")
     add_ci_level_and_seed(q)
@@ -75,6 +80,9 @@ def run_arms(args: argparse.Namespace) -> int:
         raise LadderInputError(f"must be 0 or more, got {args.bootstrap}", field="--bootstrap")
     if args.pair_on and args.against != "rung":
         raise LadderInputError("pairs runs against the same rung only: add --against rung", field="--pair-on")
+    if args.seed_noise and args.against != "rung":
+        raise LadderInputError("sets the seed noise of the intervals against the same rung only: add --against rung",
+                               field="--seed-noise")
     df, source = load_input(args)
     where = source.get("csv") or f"experiment {source.get('experiment')}"
     for column in (args.arm, args.rung, args.x, *([args.pair_on] if args.pair_on else [])):
@@ -91,7 +99,8 @@ def run_arms(args: argparse.Namespace) -> int:
     try:
         out = eg_by_domain(df, arm=args.arm, baseline=args.baseline, rung=args.rung, flops=args.x, domains=domains,
                            bootstrap=args.bootstrap, ci_level=args.ci_level, seed=args.seed, floor=args.floor,
-                           against=args.against, target_half_width=args.target_width, pair=args.pair_on)
+                           against=args.against, target_half_width=args.target_width, pair=args.pair_on,
+                           seed_noise=args.seed_noise or "rung")
     except FitError as err:
         raise input_error(err, source) from None
     payload = {**out, "source": source}
