@@ -43,6 +43,7 @@ from rungs.data.storage import DataFile, RemoteFile, check_unchanged, open_binar
 MAX_DOCUMENT_BYTES = 1 << 20  # longer documents are split into pieces of at most this many bytes
 PART_SUFFIX = "#part"
 _CHUNK = 1 << 20
+UTF8_BOM = codecs.BOM_UTF8  # what a file saved "UTF-8 with BOM" starts with
 
 
 # A JSONL record's optional sampling weight (`ladder data mix` with `diversity: weight` writes it): the
@@ -217,6 +218,8 @@ def _jsonl(file: DataFile, codec: str, segment: Segment, spec: FileSpec, first_l
             stats.lines += 1
             if not raw.strip():
                 continue
+            if local == 1 and segment.start == 0 and raw.startswith(UTF8_BOM):  # a file saved "UTF-8 with BOM"
+                raw = raw[len(UTF8_BOM):]
             line = raw.decode("utf-8")
             try:
                 row = json.loads(line)
@@ -341,7 +344,8 @@ def _parquet(file: DataFile, segment: Segment, spec: FileSpec) -> Iterator[Docum
 def _text(file: DataFile, codec: str, spec: FileSpec) -> Iterator[Document]:
     """The whole file as one document, cut into pieces as it streams (universal newlines, as text mode reads)."""
     with open_binary(file) as f:
-        stream = io.TextIOWrapper(decoded(f, codec, 0, size_of(file)), encoding="utf-8")
+        # utf-8-sig: a byte-order mark at the start (a file saved "UTF-8 with BOM") is not the document's text
+        stream = io.TextIOWrapper(decoded(f, codec, 0, size_of(file)), encoding="utf-8-sig")
         seen = [0]
 
         def chunks() -> Iterator[str]:

@@ -80,3 +80,33 @@ def test_a_null_id_is_no_id_and_an_id_that_is_not_a_string_or_number_is_refused(
     with pytest.raises(DataInputError, match=r"line 3: field 'id' is list \['a'\]; a document's id must be a string"):
         prepare(manifest, tmp_path / "out", vocab_size=257, tokenizer="byte")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_file_saved_utf8_with_a_byte_order_mark_reads_as_the_same_documents(tmp_path):
+    # Editors on Windows save "UTF-8 with BOM": the mark (EF BB BF) starts the file and is no part of its text.
+    # A JSONL file's first line read as '\ufeff{...' and was refused ("not a JSON object"); a text file's
+    # document began with U+FEFF.
+    import codecs
+
+    from rungs.data.corpus import PreparedCorpus
+
+    plain, marked = tmp_path / "plain", tmp_path / "marked"
+    for root in (plain, marked):
+        root.mkdir()
+        write_manifest(root)
+        (root / "docs").mkdir()
+        (root / "docs" / "one.txt").write_text("a whole file is a document\n")
+    for name in ("b.jsonl", "docs/one.txt"):
+        (marked / name).write_bytes(codecs.BOM_UTF8 + (marked / name).read_bytes())
+    sources = ("sources:\n  - {name: b, share: 0.5, files: [b.jsonl]}\n"
+               "  - {name: t, share: 0.5, files: ['docs/*.txt']}\n")
+    texts = {}
+    for root in (plain, marked):
+        (root / "m.yaml").write_text(sources)
+        manifest = load_manifest(root / "m.yaml")
+        texts[root.name] = [[(d.doc_id, d.text) for d in s.documents()] for s in manifest.sources]
+        out = prepare(root / "m.yaml", root / "out", vocab_size=257, tokenizer="byte")
+        texts[root.name + "_sha"] = [PreparedCorpus.open(out).source_info(s)["sha256"] for s in ("b", "t")]
+    assert texts["marked"] == texts["plain"] and texts["marked"][1] == [("docs/one.txt",
+                                                                           "a whole file is a document\n")]
+    assert texts["marked_sha"] == texts["plain_sha"]
