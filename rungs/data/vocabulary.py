@@ -91,6 +91,11 @@ def tokenizer_step(out: Path, progress: Progress, kind: str, vocab_size: int, ma
     else:
         log.info("prepare: training a byte-level BPE with %d entries", vocab_size)
         tok = train_bpe(bpe_sample(manifest, removed), vocab_size)
+        if tok.vocab_size < vocab_size:  # the sample has fewer pairs seen twice than the merges asked for
+            log.warning("prepare: the BPE has %d entries, not the %d asked for: its training text (up to %d MiB, "
+                        "each source's first documents) has no more pairs that occur twice; token ids stay below "
+                        "%d, and a model's %d embedding rows above them are never trained", tok.vocab_size,
+                        vocab_size, BPE_SAMPLE_BYTES >> 20, tok.vocab_size, vocab_size - tok.vocab_size)
         blob = tok.hf.to_str(pretty=False).encode()
     atomic_write_bytes(out / "tokenizer.json", blob)
     progress.mark("tokenizer", {"sha256": hashlib.sha256(blob).hexdigest(), "vocab_size": tok.vocab_size})

@@ -110,3 +110,19 @@ def test_a_file_saved_utf8_with_a_byte_order_mark_reads_as_the_same_documents(tm
     assert texts["marked"] == texts["plain"] and texts["marked"][1] == [("docs/one.txt",
                                                                            "a whole file is a document\n")]
     assert texts["marked_sha"] == texts["plain_sha"]
+
+
+def test_a_bpe_with_fewer_entries_than_asked_says_so(tmp_path, caplog):
+    # The tiny corpus has too few distinct pairs for 4,096 entries: the tokenizer is smaller, and prepare says
+    # by how much instead of leaving a model's embedding rows above its ids untrained without a word.
+    import logging
+
+    from rungs.data.corpus import PreparedCorpus
+
+    manifest = write_manifest(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="rungs.data.vocabulary"):
+        out = prepare(manifest, tmp_path / "out", vocab_size=4096, tokenizer="bpe")
+    size = PreparedCorpus.open(out).meta["tokenizer"]["vocab_size"]
+    assert 258 <= size < 4096
+    (said,) = [r.getMessage() for r in caplog.records if "not the 4096 asked for" in r.getMessage()]
+    assert said.startswith(f"prepare: the BPE has {size} entries") and f"{4096 - size} embedding rows" in said
