@@ -79,11 +79,15 @@ def _pick_threads(cfg: TrainConfig) -> int:
     shared cores with other jobs running, a step took 2-9 s with 2 threads and 0.5 s with 1.
     Deterministic runs use 1 unless told otherwise, so a rerun does not depend on the load.
     """
+    cores = os.cpu_count() or 1
     if cfg.threads:
+        if cfg.threads > cores:  # a config from a larger machine: it runs, each parallel region waiting
+            log.warning("threads %d is more than this machine's %d cores: the threads take turns on them, and a "
+                        "step can take several times as long as with %d (leave threads unset for the idle cores)",
+                        cfg.threads, cores, cores)
         return cfg.threads
     if cfg.deterministic:
         return 1
-    cores = os.cpu_count() or 1
     try:
         busy = os.getloadavg()[0]
     except OSError:
