@@ -54,7 +54,7 @@ from scipy import stats
 from fits.efficiency import baseline_law
 from fits.errors import FitInputError
 from fits.results import jsonable
-from fits.rung_noise import BORROWED_NOTE, Noise, bartlett, check_rule, noise_at, pooled
+from fits.rung_noise import BORROWED_NOTE, Noise, at_rung, bartlett, check_rule, noise_at, pooled
 
 SEEDS_SEARCHED = 10_000  # `seeds_for_half_width` says None past this many seeds a side
 NO_REPEATS_NOTE = "no (arm, rung) has repeated seeds: the seed noise, and so the interval, cannot be estimated"
@@ -206,7 +206,7 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
     if pair is None:
         for r, runs in df.groupby(rung, sort=True):
             var_r, dof_r = seed_variance(runs, arm=arm, rung=rung, y=y)
-            per_rung[r] = Noise(var_r or 0.0, dof_r, int(runs[arm].nunique()), "rung")
+            per_rung[r] = at_rung(var_r, dof_r, int(runs[arm].nunique()))
     else:
         for (name, r), g in others.groupby([arm, rung], sort=True):
             if r in base_at:
@@ -214,7 +214,7 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
         for r, b in base_at.items():
             block = pd.concat([b, others[(others[rung] == r) & others[pair].isin(b[pair])]])
             var_r, dof_r = paired_variance([block], arm=arm, pair=pair, y=y)
-            per_rung[r] = Noise(var_r or 0.0, dof_r, sum(len(d) > 0 for (_, rr), d in pairs.items() if rr == r), "rung")
+            per_rung[r] = at_rung(var_r, dof_r, sum(len(d) > 0 for (_, rr), d in pairs.items() if rr == r))
     pool = pooled(per_rung)
     q = 0.5 + ci_level / 2
     arms: dict[str, list[dict[str, Any]]] = {}

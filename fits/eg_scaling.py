@@ -153,6 +153,10 @@ def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float
     # The covariance of (intercept, slope): what a prediction of log EG at a new log compute needs
     # (fits.eg_extrapolate), with the same scale as the slope's standard error.
     cov = scale2 * unit_cov
+    if not float(cov[1, 1]) > 0:  # rungs whose intervals are all but zero wide: the whitening is ill-conditioned
+        out.update(interval=None, verdict="no interval", note="the rungs' covariance leaves the slope no "
+                   f"positive variance ({float(cov[1, 1]):.3g}): their intervals are too narrow to weigh")
+        return out
     se = math.sqrt(float(cov[1, 1]))
     out["se"] = se
     out["cov"] = cov.tolist()

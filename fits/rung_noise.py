@@ -2,12 +2,12 @@
 
 Seed noise need not be the same at every rung of a ladder. On cpu-demo-d2 the sd of log BPB between twelve
 seeds of the same data is 0.53%, 0.81% and 0.31% at L2, L3 and L4 (Bartlett's test p = 0.012;
-docs/science.md, "Calibration"), and one pooled σ over those rungs made the replica's 95% intervals cover 1
+docs/science.md, "The seed noise, rung by rung"), and one pooled σ over those rungs made the replica's 95% intervals cover 1
 in 85% of resampled calibrations at L3 and in 100% at L4. Each rung's own noise, from the runs at that rung
 (every arm's repeated seeds there), covered 95% at each. So the rule "rung" (the default of
 `fits.eg_same_rung.same_rung_gains`) takes each rung's noise where that rung has repeated seeds, on its own
-degrees of freedom, and only a rung without them borrows the pool of the others (said per cell:
-`seed_noise_from`); the rule "pooled" is one σ for every rung, the more degrees of freedom when the rungs'
+degrees of freedom, and only a rung without them (or whose repeats agree exactly) borrows the pool of the
+others (said per cell: `seed_noise_from`); the rule "pooled" is one σ for every rung, the more degrees of freedom when the rungs'
 noise is the same. Bartlett's test of equal noise across the rungs is reported either way.
 """
 
@@ -22,7 +22,9 @@ from scipy import stats
 from fits.errors import FitInputError
 
 NOISE_RULES = ("rung", "pooled")
-BORROWED_NOTE = "no repeated seeds at this rung: its seed noise is the other rungs' pooled"
+BORROWED_NOTE = ("no repeated seeds at this rung (or its repeats agree exactly): its seed noise is the other "
+                 "rungs' pooled")
+EXACT_AGREEMENT_VAR = 1e-20  # a variance of log BPB below this (sd 1e-10) is runs that agree to rounding
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,15 @@ class Noise:
     dof: int
     groups: int
     source: str
+
+
+def at_rung(var: float | None, dof: int, groups: int) -> Noise:
+    """A rung's own noise estimate; one whose repeated runs agree exactly (a variance at rounding level: the
+    same config run twice) measures nothing, and is kept with no degrees of freedom, so that the rung borrows
+    the others' pool instead of an interval of zero width."""
+    if var is None or var <= EXACT_AGREEMENT_VAR:
+        return Noise(0.0, 0, groups, "rung")
+    return Noise(var, dof, groups, "rung")
 
 
 def check_rule(rule: str) -> None:

@@ -288,6 +288,9 @@ def test_six_seeds_a_side_reach_ten_percent_where_the_rungs_noise_allows_and_not
     own = fit_arms("--against", "rung", csv=CALIBRATION6)
     pooled = fit_arms("--against", "rung", "--seed-noise", "pooled", csv=CALIBRATION6)
     assert own["seed_noise"]["all"]["equal_across_rungs"]["p_value"] == pytest.approx(0.0184, abs=2e-4)
+    # the scatter within each arm's six seeds (10 dof a rung), what the intervals use
+    assert {r: (round(100 * n["log_sd"], 2), n["dof"]) for r, n in own["seed_noise"]["all"]["by_rung"].items()} == \
+        {"2": (0.41, 10), "3": (0.77, 10), "4": (0.32, 10)}
     missed, half = {}, {}
     for label, out in (("own", own), ("pooled", pooled)):
         no_interval_on_three_rungs(out)

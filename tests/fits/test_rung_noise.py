@@ -151,3 +151,28 @@ def test_at_half_the_lr_the_l3_seeds_scatter_half_as_much_and_train_a_little_wor
     assert math.exp(half.log_bpb.mean() - recipe.log_bpb.mean()) - 1 == pytest.approx(0.015, abs=0.001)
     paired = half.merge(recipe, on="seed")
     assert len(paired) == 8 and abs(paired.log_bpb_x.corr(paired.log_bpb_y)) < 0.2
+
+
+def test_a_rung_whose_repeats_agree_exactly_borrows_the_pool_and_the_trend_still_has_an_interval():
+    # The same config run twice gives the same BPB: such a rung measures no noise. Taken as its own (variance
+    # 0) it gave its EG an interval of zero width, and the trend over the rungs, weighing it infinitely, crashed
+    # on the square root of a negative variance.
+    from fits.eg_scaling import eg_by_domain
+
+    rng = np.random.default_rng(5)
+    rows = []
+    for name, factor in (("baseline", 1.0), ("b", 1.2)):
+        for i, C in enumerate(COMPUTE):
+            for seed in range(3):
+                exact = i == 2  # L4: the arm is the baseline there, and every run the same
+                noise = 0.0 if exact else 0.005 * rng.standard_normal()
+                rows.append({"arm": name, "rung": i + 2, "seed": seed, "train_flops": C,
+                             "bpb": A * ((1.0 if exact else factor) * C) ** -ALPHA * math.exp(noise)})
+    df = pd.DataFrame(rows)
+    out = same_rung_gains(df, baseline="baseline", bootstrap=50)
+    l4 = next(r for r in out["arms"]["b"] if r["rung"] == 4)
+    assert l4["seed_noise_from"] == "pooled" and l4["seed_noise_dof"] == 16 and "agree exactly" in l4["seed_noise_note"]
+    assert l4["eg_flops_interval"][1] / l4["eg_flops_interval"][0] > 1.05
+    assert out["seed_noise"]["by_rung"]["4"] == {"log_sd": None, "dof": 0}
+    trend = eg_by_domain(df, baseline="baseline", bootstrap=50, against="rung", floor="auto")["arms"]["b"]["all"]["trend"]
+    assert trend["method"] == "gls" and trend["interval"][0] < trend["slope"] < trend["interval"][1]
