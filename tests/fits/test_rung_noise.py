@@ -98,6 +98,13 @@ def test_an_unknown_rule_is_refused_and_the_cli_flag_needs_the_same_rung(tmp_pat
     assert main(["fit", "arms", "--csv", str(tmp_path / "runs.csv"), "--baseline", "baseline", "--against", "rung",
                  "--seed-noise", "pooled", "--bootstrap", "50", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["seed_noise"]["all"]["rule"] == "pooled"
+    # the table says each rung's noise, the pool and Bartlett's p, and which the intervals used
+    assert main(["fit", "arms", "--csv", str(tmp_path / "runs.csv"), "--baseline", "baseline", "--against", "rung",
+                 "--bootstrap", "50"]) == 0
+    shown = capsys.readouterr().out
+    assert "the intervals use each rung's own" in shown and "equal across rungs (Bartlett p)" in shown
+    row = next(line for line in shown.splitlines() if line.startswith("│ all "))
+    assert row.count("(3)") == 5 and "(15)" in row  # 3 dof at each of five rungs (three arms of two seeds), 15 pooled
 
 
 def resampled_coverage(logs_by_rung: dict[int, np.ndarray], slope: float, draws: int, rng) -> dict[str, dict]:

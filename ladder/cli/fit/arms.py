@@ -150,6 +150,8 @@ def run_arms(args: argparse.Namespace) -> int:
                                     columns, rows))
     stdout_console.print(make_table(f"trend: slope of log EG against log compute ({level} intervals)",
                                     ["arm", "domain", "slope", "interval", "reading"], trends))
+    if out.get("seed_noise"):
+        stdout_console.print(noise_table(out["seed_noise"]))
     notes = sorted({r["interval_note"] for per in out["arms"].values() for cell in per.values()
                     for r in cell["rungs"] if r.get("interval_note")})
     for note in notes:  # the table's n/a, said once each (as `fit efficiency` does)
@@ -157,6 +159,25 @@ def run_arms(args: argparse.Namespace) -> int:
     for domain, error in out["errors"].items():
         print(f"{domain}: no baseline law ({error})", file=sys.stderr)
     return 0
+
+
+def noise_table(seed_noise: dict):
+    """Against the same rung: each domain's seed noise of log BPB at each rung (sd, degrees of freedom), the
+    pool over the rungs, Bartlett's p for equal noise, and which the intervals used (`fits.rung_noise`)."""
+    rungs = sorted({r for n in seed_noise.values() for r in n.get("by_rung", {})}, key=float)
+
+    def sd(n: dict) -> str:
+        return f"{n['log_sd']:.2%} ({n['dof']})" if n.get("log_sd") is not None and n.get("dof") else "-"
+
+    rows = []
+    for domain, n in seed_noise.items():
+        test = n.get("equal_across_rungs")
+        rows.append([domain, *[sd(n.get("by_rung", {}).get(r, {})) for r in rungs], sd(n),
+                     f"{test['p_value']:.3f}" if test else "-"])
+    rule = next(iter(seed_noise.values())).get("rule", "pooled")
+    used = ("each rung's own; a rung without repeats ('-') the pool" if rule == "rung" else "the pool, at every rung")
+    return make_table(f"seed noise of log BPB between seeds (sd, dof); the intervals use {used}",
+                      ["domain", *[f"L{r}" for r in rungs], "pooled", "equal across rungs (Bartlett p)"], rows)
 
 
 def _eg_text(value: float | None) -> str:
