@@ -28,6 +28,24 @@ BIG_SPEC = {"name": "plan1000", "recipe": "cpu-demo", "blocks": [{
     "lr_wd": {"log_lr": {"spacing": 0.25, "points": 10}, "log_lr_wd": {"spacing": 0.3, "points": 10}}}]}
 
 
+def finished_rows(rows: list) -> list:
+    """Every trial's row, each finished with its timings; refused otherwise. The overhead is the Tune
+    experiment's wall time less the trials' train() calls: a trial that failed or was skipped spent Tune's time
+    without a train() call this run measured, and would be counted as overhead."""
+    unfinished = [(r.label, r.state, r.error) for r in rows
+                  if r.state != "finished" or not r.wall_seconds or not r.train_call_seconds]
+    if unfinished or not rows:
+        raise RuntimeError(f"the overhead is measured over finished trials only, and these did not finish with "
+                           f"their timings: {unfinished or 'no trial ran'}")
+    return rows
+
+
+def overhead_per_trial(rows: list, tune_seconds: float) -> float:
+    """Trials run one at a time, so the Tune experiment's wall time minus the train() calls is everything else
+    a trial costs (scheduling, worker start, imports, tags, reporting), per trial."""
+    return (tune_seconds - sum(r.train_call_seconds for r in rows)) / len(rows)
+
+
 def _overhead_spec(trials: int) -> dict:
     return {"name": "overhead", "recipe": "cpu-demo", "max_steps": 10, "max_concurrent": 1, "max_failures": 0,
             "resources": {"cpus": 1}, "blocks": [{"name": "b", "rungs": [3], "seeds": list(range(trials))}]}
@@ -66,12 +84,8 @@ def run(quick: bool) -> Report:
             import ray
 
             ray.shutdown()
-    rows = [r for r in outcome.rows if r.state == "finished" and r.wall_seconds and r.train_call_seconds]
-    if not rows:
-        raise RuntimeError(f"no trial finished: {[(r.label, r.state, r.error) for r in outcome.rows]}")
-    # Trials run one at a time, so the Tune experiment's wall time minus the train() calls is
-    # everything else a trial costs: scheduling, worker start, imports, tags, reporting.
-    overhead = (outcome.tune_seconds - sum(r.train_call_seconds for r in rows)) / len(rows)
+    rows = finished_rows(outcome.rows)
+    overhead = overhead_per_trial(rows, outcome.tune_seconds)
     callback_overhead = statistics.median(r.wall_seconds - r.train_call_seconds for r in rows)
     job_setup = statistics.median(r.train_call_seconds - r.train_loop_seconds for r in rows)
     report.results.update({
