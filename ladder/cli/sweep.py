@@ -171,8 +171,11 @@ def _row_json(r) -> dict:
 
 
 def _render(outcome, title: str) -> None:
-    rows = [[r.label, r.key, r.state if not r.progress else f"{r.state}: {r.progress}", r.attempts, r.bpb_mean,
-             r.wall_seconds, r.run_id or "-"] for r in outcome.rows]
+    def shown(value):  # a trial not run here has no driver-observed seconds, one not finished no BPB
+        return "-" if value is None else value
+
+    rows = [[r.label, r.key, r.state if not r.progress else f"{r.state}: {r.progress}", r.attempts, shown(r.bpb_mean),
+             shown(r.wall_seconds), r.run_id or "-"] for r in outcome.rows]
     stdout_console.print(make_table(title, ["name", "key", "state", "attempts", "bpb", "seconds", "run"], rows))
     failed = [r for r in outcome.rows if r.error]
     if failed:  # one line each, under the table: an error is too long for a column
