@@ -11,7 +11,9 @@ gets the params a kill left unlogged, reads the last step stored for each metric
 last checkpoint) are not logged a second time. So flushing may happen at any time, ahead of
 checkpoints or not. On a failure path (`finish(..., failing=True)`) MLflow's HTTP retries are
 bounded, so a dead or full store cannot hold a failed job for minutes, and a tracking error
-never hides the error that ended the job.
+never hides the error that ended the job. Every write is `rungs.signals.deferred`: a SIGTERM landing inside
+one (a SQLite transaction cut halfway kept its write lock) ends the job after it, so the crash path can mark
+the run FAILED.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, Iterator
 
 from provenance import code_version  # the one code version (fit results, run tags, goldens)
 from rungs.data.atomic import atomic_write_bytes, temporary_for  # hidden, pid-marked temporaries, renamed whole
+from rungs.signals import deferred  # a SIGTERM waits for the end of a store write (a cut one keeps SQLite locked)
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +245,8 @@ class Tracker:
 
         flat = [Param(k, v) for k, v in flatten(params).items() if k not in stored]
         for i in range(0, len(flat), _BATCH):
-            self.client.log_batch(self.run_id, params=flat[i:i + _BATCH])
+            with deferred():
+                self.client.log_batch(self.run_id, params=flat[i:i + _BATCH])
 
     def _last_steps(self, run: Any) -> dict[str, int]:
         """Per metric key, the largest step the store holds for this run."""
@@ -265,15 +269,18 @@ class Tracker:
 
     def flush(self) -> None:
         while self._pending:
-            chunk, self._pending = self._pending[:1000], self._pending[1000:]
-            self.client.log_batch(self.run_id, metrics=chunk)
+            with deferred():  # a SIGTERM inside a SQLite write left it holding the lock: the run stayed RUNNING
+                chunk, self._pending = self._pending[:1000], self._pending[1000:]
+                self.client.log_batch(self.run_id, metrics=chunk)
 
     def log_artifact(self, path: Path) -> None:
         if Path(path).is_file():
-            log_artifact(self.client, self.tracking_uri, self.run_id, Path(path))
+            with deferred():
+                log_artifact(self.client, self.tracking_uri, self.run_id, Path(path))
 
     def set_tag(self, key: str, value: str) -> None:
-        self.client.set_tag(self.run_id, key, value)
+        with deferred():
+            self.client.set_tag(self.run_id, key, value)
 
     def finish(self, status: str = "FINISHED", *, failing: bool = False, skip_flush: bool = False) -> None:
         """Flush and close the run. `failing`: the job is ending on an error; bound MLflow's HTTP retries
@@ -281,7 +288,8 @@ class Tracker:
         `skip_flush`: drop pending values (a full disk: flushing to a store on it cannot succeed)."""
         if not failing:
             self.flush()
-            self.client.set_terminated(self.run_id, status=status)
+            with deferred():
+                self.client.set_terminated(self.run_id, status=status)
             return
         saved = {k: os.environ.get(k) for k in _FAILING_HTTP_ENV}
         os.environ.update(_FAILING_HTTP_ENV)
