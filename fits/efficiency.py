@@ -233,9 +233,8 @@ def efficiency_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "bas
             rows.append(row)
         arms[str(name)] = rows
         if rows and all(r.get("eg_flops_interval") is not None for r in rows):
-            by_rung = [g for _, g in group.groupby(rung, sort=True)]
-            cov = eg_log_covariance(law_flops, np.array([float(g[y].mean()) for g in by_rung]),
-                                    np.array([len(g) for g in by_rung]))
+            runs = group.groupby(rung, sort=True)[y]  # each row's BPB is its rung's mean of these runs
+            cov = eg_log_covariance(law_flops, np.array([r["bpb"] for r in rows]), runs.size().to_numpy())
             if cov is not None and np.all(np.diag(cov) > 0) and np.all(np.isfinite(cov)):
                 correlations[str(name)] = correlation(cov).tolist()
     return jsonable({"baseline": baseline, "ci_level": ci_level, "arms": arms, "eg_flops_correlation": correlations,

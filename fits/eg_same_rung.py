@@ -51,7 +51,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from fits.efficiency import baseline_law
+from fits.efficiency import baseline_law, correlation
 from fits.errors import FitInputError
 from fits.results import jsonable
 from fits.rung_noise import BORROWED_NOTE, Noise, at_rung, bartlett, check_rule, noise_at, pooled
@@ -240,15 +240,16 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
                    "baseline_bpb": float(b[y].mean()), "local_slope": s,
                    "runs": [len(b), len(g)]}
             cell_noise = noise_at(r, per_rung, seed_noise)
-            if cell_noise is not None:
-                row.update(seed_noise_log_sd=math.sqrt(cell_noise.var), seed_noise_dof=cell_noise.dof,
-                           seed_noise_from=cell_noise.source)
-                if cell_noise.source == "pooled" and seed_noise == "rung":
-                    row["seed_noise_note"] = BORROWED_NOTE
             if cell_noise is None:
                 row["eg_flops_interval"] = None
                 row["eg_flops_interval_note"] = NO_REPEATS_NOTE if pair is None else NO_PAIRS_NOTE
-            elif draws is None:  # the one interval rule: the law has no interval, so neither has its slope's part
+                rows.append(row)
+                continue
+            row.update(seed_noise_log_sd=math.sqrt(cell_noise.var), seed_noise_dof=cell_noise.dof,
+                       seed_noise_from=cell_noise.source)
+            if cell_noise.source == "pooled" and seed_noise == "rung":
+                row["seed_noise_note"] = BORROWED_NOTE
+            if draws is None:  # the one interval rule: the law has no interval, so neither has its slope's part
                 row["eg_flops_interval"], row["eg_flops_interval_note"] = None, law.interval_note
             else:
                 var_log = cell_noise.var
@@ -261,7 +262,7 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
                 parts.append((delta, s, var_delta, c_base))
                 row["eg_flops_interval_shares"] = {"seed_noise": var_delta / s**2 / se**2 if se else 1.0,
                                                    "slope": delta**2 * var_s / s**4 / se**2 if se else 0.0}
-            if cell_noise is not None and s > 0:  # the seeds a side from the seed noise alone: measured either way
+            if s > 0:  # the seeds a side from the seed noise alone: measured either way
                 sd = math.sqrt(cell_noise.var)
                 counts = [seeds_for_half_width(v, s, target_half_width, groups=cell_noise.groups, ci_level=ci_level)
                           for v in (sd, *seed_sd_interval(sd, cell_noise.dof, ci_level))]
@@ -271,8 +272,7 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
         if rows and len(parts) == len(rows) and draws is not None:
             cov = log_eg_covariance(parts, draws)
             if np.all(np.diag(cov) > 0):
-                sd = np.sqrt(np.diag(cov))
-                correlations[str(name)] = (cov / np.outer(sd, sd)).tolist()
+                correlations[str(name)] = correlation(cov).tolist()
     return jsonable({"baseline": baseline, "ci_level": ci_level, "arms": arms, "eg_flops_correlation": correlations,
                      "baseline_law_flops": law.params,
                      "seed_noise": {**noise_summary(pool, ci_level), "paired_on": pair, "rule": seed_noise,
