@@ -35,6 +35,7 @@ from curation.store import Store, read_npz, units_of, write_npz
 from rungs.data.atomic import atomic_write_bytes, atomic_write_json
 from rungs.data.errors import DataInputError
 from rungs.data.manifest import load_manifest
+from rungs.data.relocation import relative_to_dir
 from rungs.data.storage import RemoteFile
 
 log = logging.getLogger("curation")
@@ -69,12 +70,12 @@ def mix(curation_dir: str | Path, rules: Rules, out: str | Path, *, rules_path: 
     if missing:
         rule, tagger = missing[0]
         raise DataInputError(f"needs the attributes of the `{tagger}` tagger, which this curation has not run: "
-                             f"ladder data curate {meta['manifest']} --out {store.root} --taggers {tagger}",
+                             f"ladder data curate {store.manifest_path(meta)} --out {store.root} --taggers {tagger}",
                              where=rules_path, field=rule)
-    manifest = load_manifest(meta["manifest"])
+    manifest = load_manifest(store.manifest_path(meta))
     if manifest.content_hash() != meta["manifest_key"]:
         raise DataInputError("the manifest or its files changed since they were curated: curate again into a new "
-                             "directory", where=meta["manifest"])
+                             "directory", where=str(manifest.path))
     sources = [ds.name for ds in manifest.sources]
     check_sources(rules, sources, rules_path)
     _check_arm_dir(out)
@@ -100,7 +101,8 @@ def mix(curation_dir: str | Path, rules: Rules, out: str | Path, *, rules_path: 
         raise
     _replace_files(out, staging, written)
     _write_manifest(out, manifest, rules)
-    payload = {"curation": str(store.root.resolve()), "manifest": str(out / "manifest.yaml"),
+    payload = {"curation": str(store.root.resolve()), "curation_relative": relative_to_dir(store.root, out),
+               "manifest": str(out / "manifest.yaml"),
                "rules": rules.model_dump(exclude_none=True), "steps": steps, "kept": kept_per_source,
                "files": written}
     atomic_write_json(out / ARM_META, payload)
@@ -272,11 +274,11 @@ def _keep_first(units, keep, sort_keys: tuple[np.ndarray, ...], fraction: float)
 
 
 def _write_manifest(out: Path, manifest, rules: Rules) -> None:
-    def where(f) -> str:
-        return f.url if isinstance(f, RemoteFile) else str(Path(f).resolve())
+    def where(f) -> str:  # a local file relative to the arm (as a manifest's paths are): the two may move together
+        return f.url if isinstance(f, RemoteFile) else relative_to_dir(f, out)
 
     doc = {"name": f"{manifest.name}-{rules.name or 'arm'}",
-           "description": f"arm of {manifest.path} ({', '.join(rules.active()) or 'no rule'})",
+           "description": f"arm of {relative_to_dir(manifest.path, out)} ({', '.join(rules.active()) or 'no rule'})",
            "sources": [{"name": ds.name, "domain": ds.domain, "share": ds.share,
                         "files": [f"data/{ds.name}/*.jsonl.gz"]} for ds in manifest.sources],
            "eval": [{"name": ds.name, "domain": ds.domain, "files": [where(f) for f in ds.files],

@@ -354,7 +354,7 @@ def plan_curation(manifest_path: str | Path, out: str | Path, *, taggers: str | 
     manifest = load_manifest(manifest_path)
     store = Store(Path(out))
     meta = store.meta() if store.meta_path.is_file() else {}
-    if meta.get("manifest") != str(manifest.path):  # another manifest's curation: `curate` refuses it (one line)
+    if not store.records(meta, manifest):  # another manifest's curation: `curate` refuses it (one line)
         meta = {}
     elif not any(t.get("done") for t in meta.get("taggers", {}).values()) \
             and meta.get("manifest_key") != manifest.content_hash():

@@ -12,6 +12,7 @@ from curation.store import Store, read_npz, units_of
 from rungs.data.atomic import atomic_write_json
 from rungs.data.errors import DataInputError
 from rungs.data.manifest import load_manifest
+from rungs.data.relocation import located
 
 KEEP_SETS = ("exact", "near", "semantic")  # attribute sets with a `keep`: what keep_one would remove
 # `mix`'s refusal of a curation whose manifest or files changed (its attributes' rows no longer match the files)
@@ -43,7 +44,7 @@ def curation_report(root: str | Path) -> dict:
         steps[name] = rows
     sizes = {t: meta["taggers"][t]["cluster_sizes"] for t in ("exact", "near") if t in meta["taggers"]
              and "cluster_sizes" in meta["taggers"][t]}
-    return {"dir": str(store.root), "manifest": meta["manifest"], "sources": per_source, "steps": steps,
+    return {"dir": str(store.root), "manifest": str(store.manifest_path(meta)), "sources": per_source, "steps": steps,
             "cluster_sizes": sizes, "taggers": {t: {k: v for k, v in s.items() if k != "units"}
                                                 for t, s in meta["taggers"].items()}}
 
@@ -99,7 +100,7 @@ def removed_samples(directory: str | Path, step: str, n: int, chars: int = 300) 
         payload = json.loads(arm.read_text())
         if payload.get("incomplete"):
             raise DataInputError("a mix into this arm did not finish: mix it again", where=str(directory))
-        store = Store(Path(payload["curation"]))
+        store = Store(located(payload["curation"], payload.get("curation_relative"), directory))
         path = directory / "removed" / f"{step}.npz"
         rules = [s["rule"] for s in payload["steps"]]
         if step not in rules or not path.is_file():
@@ -124,9 +125,9 @@ def removed_samples(directory: str | Path, step: str, n: int, chars: int = 300) 
                                  f"{[s for s in KEEP_SETS if s in done]}", where=str(directory), field="--removed")
         pairs = [(k, int(r)) for k, u in enumerate(meta["units"])
                  for r in np.flatnonzero(~read_npz(store.attributes(step, u["unit"]))["keep"])]
-    manifest = load_manifest(meta["manifest"])
+    manifest = load_manifest(store.manifest_path(meta))
     if manifest.content_hash() != meta["manifest_key"]:  # the rows are positions in the files as curated (as mix)
-        raise DataInputError(CHANGED, where=meta["manifest"])
+        raise DataInputError(CHANGED, where=str(manifest.path))
     units = units_of(manifest)
     k = min(n, len(pairs))
     chosen = [pairs[round(i * (len(pairs) - 1) / max(k - 1, 1))] for i in range(k)]

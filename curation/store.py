@@ -36,6 +36,7 @@ from rungs.data.errors import DataInputError
 from rungs.data.manifest import DocumentSet, Manifest, checked_documents, duplicate_id, load_manifest
 from rungs.data.readers import Document, FileSpec
 from rungs.data.storage import DataFile
+from rungs.data.relocation import MANIFEST_RELATIVE, located, relative_to_dir, same_file
 
 log = logging.getLogger("curation")
 FORMAT_VERSION = 1
@@ -133,6 +134,16 @@ class Store:
     def write_meta(self, meta: dict) -> None:
         atomic_write_json(self.meta_path, meta)
 
+    def manifest_path(self, meta: dict | None = None) -> Path:
+        """The curated manifest: its recorded path, or where it sits relative to this directory after the two
+        were moved together (`rungs.data.relocation`)."""
+        meta = self.meta() if meta is None else meta
+        return located(meta["manifest"], meta.get(MANIFEST_RELATIVE), self.root)
+
+    def records(self, meta: dict, manifest: Manifest) -> bool:
+        """Whether `meta` is a curation of `manifest` (the same file, moved or not)."""
+        return bool(meta.get("manifest")) and same_file(self.manifest_path(meta), manifest.path)
+
     def open_for_writing(self, manifest: Manifest, key: str) -> dict:
         """The directory's metadata, created for `manifest` if the directory is new or empty; refused if it
         holds anything else, or a curation of another manifest (or of this one since edited, unless that one
@@ -147,9 +158,12 @@ class Store:
             meta = self.meta()
             if meta.get("manifest_key") == key:
                 remove_stale_temporaries(root, WRITTEN_FOLDERS)
+                if meta.get("manifest") != str(manifest.path) and self.records(meta, manifest):
+                    meta.update(self._manifest_fields(manifest))  # moved with its manifest: record where it is now
+                    self.write_meta(meta)
                 return meta
             finished = [name for name, t in meta.get("taggers", {}).items() if t.get("done")]
-            if meta.get("manifest") != str(manifest.path) or finished:
+            if not self.records(meta, manifest) or finished:
                 raise DataInputError(f"holds a curation of another manifest ({meta.get('manifest')}) or of this one "
                                      "before an edit: choose a new --out", where=str(root), field="--out")
             # This manifest's, edited since (a file fixed after curate refused it): no tagger finished, so
@@ -161,7 +175,11 @@ class Store:
             self.meta_path.unlink()
             remove_stale_temporaries(root, WRITTEN_FOLDERS)
         root.mkdir(parents=True, exist_ok=True)
-        return {"format_version": FORMAT_VERSION, "manifest": str(manifest.path), "manifest_key": key, "taggers": {}}
+        return {"format_version": FORMAT_VERSION, **self._manifest_fields(manifest), "manifest_key": key,
+                "taggers": {}}
+
+    def _manifest_fields(self, manifest: Manifest) -> dict:
+        return {"manifest": str(manifest.path), MANIFEST_RELATIVE: relative_to_dir(manifest.path, self.root)}
 
     def unit_index(self, unit: str) -> Path:
         return self.root / "units" / f"{unit}.npz"
@@ -245,4 +263,4 @@ def _source_file(store: Store, unit: Unit, k: int) -> DataFile:
     """The k-th file of `unit`'s source (read from the curated manifest unless it is the unit's own)."""
     if unit.name == unit_name(unit.source, k):
         return unit.file
-    return source_of(load_manifest(store.meta()["manifest"]), unit.source).files[k]
+    return source_of(load_manifest(store.manifest_path()), unit.source).files[k]

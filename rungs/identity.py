@@ -6,7 +6,9 @@ and its `ladder train` run directory (of the validated config the job runs, `Tra
 One function, so a complete config gives the same key in both uses. Left out: where a run is
 tracked and cached, its checkpoint cadence, its thread count and the intermediate evals' sample
 (`eval_tokens_per_domain`), none of which changes what is trained: pointing a sweep at a new server,
-cache or thread count reruns nothing and resumes the same checkpoint. A key whose value is its
+cache or thread count reruns nothing and resumes the same checkpoint. A config named by its corpus's content
+(a data arm's `data_key`) leaves out where that corpus's manifest lies (`data_manifest`): moving the project
+folder reruns none of its trials. A key whose value is its
 legacy default (`rungs.config.LEGACY_VALUES`) is left out too, so adding a config field with a default
 that reproduces old behaviour changes no key.
 
@@ -34,6 +36,9 @@ _NOT_TRAINED = frozenset({"tracking_uri", "experiment_name", "trial_key", "data_
                           "eval_tokens_per_domain"})
 # Top-level keys no identity includes (`log_interval` is a removed field old configs may still carry).
 NON_IDENTITY_KEYS = _NOT_TRAINED | {"log_interval", "threads"}
+# A data arm's config carries its corpus's content hash (`data_key`): its manifest's path (`data_manifest`,
+# absolute, so it changes when the project folder moves) is then left out of the key.
+CONTENT_KEY, CONTENT_NAMED = "data_key", "data_manifest"
 SEPARATORS = (",", ":")  # of the canonical JSON that is hashed (kept: no existing key changes)
 
 # The checkpoint identity before there was one identity: read, to resume what it named; never written.
@@ -76,8 +81,9 @@ def _digest(config: Mapping[str, Any], excluded: Collection[str], legacy: Mappin
 
 def config_key(config: Mapping[str, Any], legacy: Mapping[str, Any]) -> str:
     """The key of `config`: hex digest of its canonical JSON, `NON_IDENTITY_KEYS` and any key still at
-    its `legacy` value left out."""
-    return _digest(config, NON_IDENTITY_KEYS, legacy, SEPARATORS)
+    its `legacy` value left out; and the corpus's path where its content names it (`CONTENT_KEY`)."""
+    excluded = NON_IDENTITY_KEYS | {CONTENT_NAMED} if config.get(CONTENT_KEY) is not None else NON_IDENTITY_KEYS
+    return _digest(config, excluded, legacy, SEPARATORS)
 
 
 def legacy_checkpoint_key(config: Mapping[str, Any], legacy: Mapping[str, Any]) -> str:

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ladder.errors import LadderInputError
+from rungs.data.out_dir import read_state
+from rungs.data.relocation import MANIFEST_RELATIVE, located
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +126,8 @@ def _read_prepared(path: Path, where: str | None, field: str) -> CorpusData:
                                      int(round(float(s.get("weighted_tokens", s["tokens"])))))
                         for s in meta["sources"])
         evals = tuple(dict.fromkeys(e["domain"] for e in meta["eval"]))
-        manifest = Path(meta["manifest"])
+        # after the project folder moved: where the manifest lies relative to this directory (progress.json)
+        manifest = located(meta["manifest"], (read_state(path / "progress.json") or {}).get(MANIFEST_RELATIVE), path)
         tokenizer = dict(meta["tokenizer"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise LadderInputError(f"{meta_path} is not a prepared corpus's record ({type(err).__name__}: {err}); "

@@ -11,7 +11,9 @@ The arm's identity in a trial key is a content hash: SHA-256 over the arm's mani
 training and held-out file, its name in the manifest and the SHA-256 of all its bytes (`ladder data mix`
 writes the same bytes for the same kept documents). A rule that changes the kept documents (or their
 weights) changes it; rebuilding an arm that keeps the same documents does not, whatever the files'
-modification times. Hashing reads every byte once per process (about a second per GB).
+modification times. The trial key then leaves out where the arm's manifest lies (`rungs.identity.config_key`):
+a project folder moved as a whole keeps its arms' keys. Hashing reads every byte once per process (about a
+second per GB).
 
 Arms are compared on the same held-out sets: `eval_identity` is what every arm of a block must share.
 """

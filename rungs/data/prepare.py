@@ -46,6 +46,7 @@ from rungs.data.manifest import DEMO_MANIFEST, Manifest, load_manifest
 from rungs.data.out_dir import OWNED_STEP, TOKENIZER_FILE, check_out_dir, owned_files, planned_files, read_state, \
     set_table_files
 from rungs.data.outputs import Progress, write_meta, write_set_table
+from rungs.data.relocation import MANIFEST_RELATIVE, relative_to_dir
 from rungs.data.scanning import FileKey, ScanResult, scan, units_of
 from rungs.data.segments import FilePlan, plan_file
 from rungs.data.shard_writer import shard_files, shard_stem
@@ -213,6 +214,9 @@ def _prepare_into(out: Path, key: str, identity: dict, manifest: Manifest, plans
         earlier.discard(TOKENIZER_FILE)
     progress = Progress(out, key)
     progress.state.update(identity)  # which corpus this is: the same manifest may resume or update it
+    # where that manifest lies from here, so a project folder moved as a whole still finds it (meta.json, like
+    # every shard, is the same bytes wherever `out` is: the relative path is kept here only)
+    progress.state[MANIFEST_RELATIVE] = relative_to_dir(manifest.path, out)
     sets = [("train", ds) for ds in manifest.sources] + [("eval", ds) for ds in manifest.eval_sets]
     units = [u for split, ds in sets for i in range(len(ds.files))
              for u in units_of(split, ds, i, plans[(split, ds.name, i)], per_task)]

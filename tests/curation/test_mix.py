@@ -92,7 +92,7 @@ def test_an_arm_keeps_one_of_each_cluster_and_prepares_like_any_manifest(curated
     assert payload["kept"]["a"]["docs"] + payload["kept"]["b"]["docs"] == 120 - 3
     manifest = load_manifest(arm / "manifest.yaml")
     original = load_manifest(curated / "corpus" / "manifest.yaml")
-    assert [e.files for e in manifest.eval_sets] == [e.files for e in original.eval_sets]
+    assert [tuple(f.resolve() for f in e.files) for e in manifest.eval_sets] == [e.files for e in original.eval_sets]
     assert [s.share for s in manifest.sources] == [0.5, 0.5]
     kept_ids = {d.doc_id for s in manifest.sources for d in s.documents()}
     all_ids = {d.doc_id for s in original.sources for d in s.documents()}

@@ -72,6 +72,7 @@ def _contents(root: Path) -> dict[str, object]:
             doc = json.loads(p.read_text())
             doc.pop("key", None)
             doc.pop("manifest", None)
+            doc.pop("manifest_relative", None)
             out[rel] = doc
         else:
             out[rel] = p.read_bytes()

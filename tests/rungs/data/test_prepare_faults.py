@@ -25,7 +25,13 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every file's bytes; progress.json's without the manifest's path from `root` (it depends on where `root` is)."""
+    files = {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    if "progress.json" in files:
+        progress = json.loads(files["progress.json"])
+        progress.pop("manifest_relative", None)
+        files["progress.json"] = json.dumps(progress, sort_keys=True).encode()
+    return files
 
 
 def _temporaries(root: Path) -> list[Path]:
