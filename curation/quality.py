@@ -16,9 +16,13 @@ their unseen siblings, so a `keep_top` over a source it trained on would rank pa
 (DCLM's own setup: web as the negatives, then the web filtered). Each training document is scored instead by
 one of `OUT_OF_FOLD` models fitted on the training split less its stratified fold (cross-fitting): the model
 keeps each training text's fingerprint (`fingerprint`: BLAKE2b of the text it scores) and its fold, and
-`score` routes a text it trained on to the fold model that did not see it. `save` writes a directory
-holding `weights.npz` (the non-zero coefficients and their feature indices, the intercept) and `model.json`
-(the vectorizer's settings, the AUC, the counts): no pickle, loadable with `allow_pickle=False`.
+`score` routes a text it trained on to the fold model that did not see it. Both splits are by near-duplicate
+group (`curation.quality_groups`: copies and texts at Jaccard >= 0.7, as the pipeline's `near` tagger finds
+them, in one group; scikit-learn's `StratifiedGroupKFold`): split text by text, a held-out text or a fold's
+own text would have a near-copy among the texts its model trained on, and the AUC or the out-of-fold score
+would reward memory. `near_duplicates` records how many documents and groups there were. `save` writes a
+directory holding `weights.npz` (the non-zero coefficients and their feature indices, the intercept) and
+`model.json` (the vectorizer's settings, the AUC, the counts, the near-duplicate groups): no pickle, loadable with `allow_pickle=False`.
 Documents are scored on their first `max_chars` characters (default 20,000). A path that holds no saved model
 (or a damaged one) and a class too small to split are the caller's input: `rungs.data.errors.DataInputError`
 (a ValueError), which the CLI reports as one line.
@@ -68,7 +72,8 @@ def split_sizes(n_documents: int, heldout_fraction: float) -> tuple[int, int]:
 def min_documents(heldout_fraction: float = HELDOUT_FRACTION) -> int:
     """The fewest documents of one class that `train_quality_classifier` can split with as many of the other
     class: the stratified split then trains on at least one of each class and holds out at least one of each
-    (3 at the default fifth; 10 at 0.9, where the held-out share is rounded up over both classes)."""
+    (3 at the default fifth; 10 at 0.9, where the held-out share is rounded up over both classes). Distinct
+    documents: near-duplicates are split as one (`curation.quality_groups`), and too few groups are refused."""
     if not 0.0 < heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
     n = 1
@@ -117,6 +122,9 @@ class QualityModel:
     folds: list[QualityModel] = field(default_factory=list)
     trained_fingerprint: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     trained_fold: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # The training texts' near-duplicate groups (`curation.quality_groups`): documents, groups, documents in a
+    # group of more than one. Empty: not recorded (a fold model, or a model saved before they were).
+    near_duplicates: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.coef_index = np.asarray(self.coef_index, dtype=np.int64)
@@ -175,7 +183,7 @@ class QualityModel:
         # always written (empty without folds), so a save over another model's directory leaves no stale one
         write_npz(out / TRAINED_FILE, fingerprint=self.trained_fingerprint, fold=self.trained_fold)
         meta = {"format": "curation.quality", "version": FORMAT_VERSION, "settings": asdict(self.settings),
-                "heldout_auc": self.heldout_auc, "counts": self.counts}
+                "heldout_auc": self.heldout_auc, "counts": self.counts, "near_duplicates": self.near_duplicates}
         atomic_write_bytes(out / META_FILE, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
         return out
 
@@ -207,7 +215,7 @@ class QualityModel:
             with np.load(weights_path, allow_pickle=False) as w:
                 return cls(HashingSettings(**meta["settings"]), w["coef_index"], w["coef_value"],
                            float(w["intercept"][0]), float(meta["heldout_auc"]), dict(meta.get("counts", {})),
-                           folds, trained["fingerprint"], trained["fold"])
+                           folds, trained["fingerprint"], trained["fold"], dict(meta.get("near_duplicates", {})))
         except (OSError, EOFError, zipfile.BadZipFile, KeyError, IndexError, TypeError, ValueError) as err:
             raise DataInputError(f"a damaged quality model ({type(err).__name__}: {err})", where=str(src)) from None
 
@@ -215,12 +223,13 @@ class QualityModel:
 def train_quality_classifier(positive_texts: Sequence[str], negative_texts: Sequence[str], seed: int, *,
                              heldout_fraction: float = HELDOUT_FRACTION, C: float = 10.0, max_iter: int = 1000,
                              settings: HashingSettings | None = None) -> QualityModel:
-    """Fit on a stratified (1 - heldout_fraction) split of positives (label 1) and negatives (label 0), fixed
-    by `seed`; measure the ROC AUC on the rest. `C`: inverse L2 strength (rows are unit-norm, so the default
-    of 1 underfits)."""
+    """Fit on a stratified (1 - heldout_fraction) split of positives (label 1) and negatives (label 0) by
+    near-duplicate group (`curation.quality_groups`), fixed by `seed`; measure the ROC AUC on the rest. `C`:
+    inverse L2 strength (rows are unit-norm, so the default of 1 underfits)."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
-    from sklearn.model_selection import train_test_split
+
+    from curation.quality_groups import heldout_split, near_duplicate_groups, out_of_fold
 
     pos, neg = _check_texts(positive_texts, "positive_texts"), _check_texts(negative_texts, "negative_texts")
     if not 0.0 < heldout_fraction < 1.0:
@@ -233,12 +242,14 @@ def train_quality_classifier(positive_texts: Sequence[str], negative_texts: Sequ
     if not C > 0:
         raise ValueError(f"C must be > 0, got {C}")
     settings = settings or HashingSettings()
-    texts = pos + neg
+    texts = [t[:settings.max_chars] for t in pos + neg]
     y = np.concatenate([np.ones(len(pos), dtype=np.int64), np.zeros(len(neg), dtype=np.int64)])
-    train_idx, held_idx = train_test_split(np.arange(len(texts)), test_size=heldout_fraction, stratify=y,
-                                           random_state=seed % 2**32)
-    train_idx, held_idx = np.sort(train_idx), np.sort(held_idx)
-    features = settings.vectorizer().transform([texts[i][:settings.max_chars] for i in train_idx])
+    groups = near_duplicate_groups(texts)
+    group_sizes = np.bincount(groups)
+    near_duplicates = {"documents": len(texts), "groups": int(group_sizes.size),
+                       "grouped_documents": int(group_sizes[group_sizes > 1].sum())}
+    train_idx, held_idx = heldout_split(y, groups, heldout_fraction, seed)
+    features = settings.vectorizer().transform([texts[i] for i in train_idx])
 
     def fitted(rows: np.ndarray) -> QualityModel:
         clf = LogisticRegression(C=C, max_iter=max_iter, solver="lbfgs")
@@ -251,22 +262,20 @@ def train_quality_classifier(positive_texts: Sequence[str], negative_texts: Sequ
     model.counts = {"train_positive": int(y[train_idx].sum()), "train_negative": int((1 - y[train_idx]).sum()),
                     "heldout_positive": int(y[held_idx].sum()), "heldout_negative": int((1 - y[held_idx]).sum())}
     model.heldout_auc = float(roc_auc_score(y[held_idx], model.score([texts[i] for i in held_idx])))
-    n_folds = min(OUT_OF_FOLD, model.counts["train_positive"], model.counts["train_negative"])
-    if n_folds >= 2:  # a class of one training document cannot be split: its texts keep in-sample scores
-        from sklearn.model_selection import StratifiedKFold
-
-        fold = np.zeros(len(train_idx), dtype=np.int64)
-        folds = []
-        for k, (rest, own) in enumerate(StratifiedKFold(n_folds, shuffle=True, random_state=seed % 2**32).split(
-                train_idx, y[train_idx])):
-            fold[own] = k
-            folds.append(fitted(rest))
+    fold = out_of_fold(y[train_idx], groups[train_idx], OUT_OF_FOLD, seed)
+    if fold is not None:
+        folds = [fitted(np.flatnonzero(fold != k)) for k in range(int(fold.max()) + 1)]
         prints = np.array([fingerprint(texts[i], settings.max_chars) for i in train_idx], dtype=np.int64)
         model = QualityModel(model.settings, model.coef_index, model.coef_value, model.intercept, model.heldout_auc,
                              model.counts, folds, prints, fold)
-    else:
-        logger.warning("quality classifier: a class has %d training document(s): its training texts are scored "
-                       "in-sample", min(model.counts["train_positive"], model.counts["train_negative"]))
+    else:  # a class of one training group cannot be split: its texts keep in-sample scores
+        logger.warning("quality classifier: a class has %d training group(s) of near-duplicates: its training "
+                       "texts are scored in-sample", min(len(np.unique(groups[train_idx][y[train_idx] == c]))
+                                                         for c in (0, 1)))
+    model.near_duplicates = near_duplicates
+    logger.info("quality classifier: %d documents in %d near-duplicate groups (%d documents share a group), split "
+                "by group", near_duplicates["documents"], near_duplicates["groups"],
+                near_duplicates["grouped_documents"])
     logger.info("quality classifier: %d features, held-out AUC %.4f on %d documents", model.coef_index.size,
                 model.heldout_auc, held_idx.size)
     return model

@@ -11,9 +11,13 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
-from sklearn.model_selection import train_test_split
+from sklearn.model_selection import StratifiedGroupKFold
 
-from curation.quality import HashingSettings, QualityModel, train_quality_classifier
+from curation.exact import normalise
+from curation.minhash import LSHParams, jaccard, shingle_sets
+from curation.quality import HashingSettings, QualityModel, fingerprint, train_quality_classifier
+from curation.quality_groups import near_duplicate_groups
+from rungs.data.errors import DataInputError
 
 CORPUS = Path(__file__).resolve().parents[2] / "rungs" / "data" / "demo" / "corpus"
 SMALL = HashingSettings(n_features=2**16, max_chars=4000)  # small and fast; the defaults are 2^20 and 20,000
@@ -45,16 +49,19 @@ def test_separates_the_demo_split_on_held_out_documents(demo_model, demo_split):
 
 
 def sklearn_split(demo_split):
-    """(texts, labels, training rows, held-out rows): scikit-learn's own stratified split at seed 0."""
+    """(texts, labels, training rows, held-out rows, groups): scikit-learn's own stratified split by
+    near-duplicate group at seed 0 (the first of five folds held out)."""
     pos, neg = demo_split
     texts = pos + neg
     y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
-    train, held = train_test_split(np.arange(len(texts)), test_size=0.2, stratify=y, random_state=0)
-    return texts, y, np.sort(train), np.sort(held)
+    groups = near_duplicate_groups([t[:4000] for t in texts])
+    train, held = next(StratifiedGroupKFold(5, shuffle=True, random_state=0).split(texts, y, groups))
+    assert set(y[train]) == set(y[held]) == {0, 1}
+    return texts, y, np.sort(train), np.sort(held), groups
 
 
 def test_score_is_sklearn_predict_proba_of_the_same_fit(demo_model, demo_split):
-    texts, y, train, held = sklearn_split(demo_split)
+    texts, y, train, held, _ = sklearn_split(demo_split)
     vec = SMALL.vectorizer()
     clf = LogisticRegression(C=10.0, max_iter=1000).fit(vec.transform([texts[i][:4000] for i in train]), y[train])
     expected = clf.predict_proba(vec.transform([texts[i][:4000] for i in held]))[:, 1]
@@ -83,15 +90,14 @@ def test_save_and_load_round_trip_without_pickle(demo_model, demo_split, tmp_pat
 
 
 def test_training_texts_are_scored_out_of_fold_as_sklearn_cross_fits_them(demo_model, demo_split):
-    """Each training text gets the score of a model fitted without its fold (StratifiedKFold, 5 folds, seeded),
-    not the in-sample score of the model that saw it; texts it was not trained on keep the main model's."""
-    from sklearn.model_selection import StratifiedKFold
-
-    texts, y, train, held = sklearn_split(demo_split)
+    """Each training text gets the score of a model fitted without its fold (StratifiedGroupKFold over the
+    near-duplicate groups, 5 folds, seeded), not the in-sample score of the model that saw it; texts it was not
+    trained on keep the main model's."""
+    texts, y, train, held, groups = sklearn_split(demo_split)
     vec = SMALL.vectorizer()
     features = vec.transform([texts[i][:4000] for i in train])
     expected = np.empty(len(train))
-    for rest, own in StratifiedKFold(5, shuffle=True, random_state=0).split(train, y[train]):
+    for rest, own in StratifiedGroupKFold(5, shuffle=True, random_state=0).split(train, y[train], groups[train]):
         clf = LogisticRegression(C=10.0, max_iter=1000).fit(features[rest], y[train][rest])
         expected[own] = clf.predict_proba(features[own])[:, 1]
     got = demo_model.score([texts[i] for i in train])
@@ -186,3 +192,132 @@ def test_a_model_saved_over_another_keeps_none_of_its_out_of_fold_models(demo_mo
                          demo_model.heldout_auc, demo_model.counts)
     plain.save(path)  # no folds: its trained.npz is written empty, not left as the first model's
     assert QualityModel.load(path).folds == []
+
+
+# --- splits by near-duplicate group ------------------------------------------------------------------------------
+
+VOCABULARY = [f"v{i}" for i in range(3000)]
+
+
+def near_copies(rng: np.random.Generator, words: int, copies: int, changed: int) -> list[str]:
+    """`copies` texts of one random `words`-word text, each with `changed` words replaced (Jaccard ~0.9 apart)."""
+    base = rng.choice(VOCABULARY, size=words)
+    out = []
+    for _ in range(copies):
+        text = base.copy()
+        text[rng.choice(words, size=changed, replace=False)] = rng.choice(VOCABULARY, size=changed)
+        out.append(" ".join(text))
+    return out
+
+
+def grouped_corpus(seed: int, n_groups: int = 200, copies: int = 5) -> tuple[list[str], list[str], list[int]]:
+    """Positives and negatives whose labels are random per group of near-copies: nothing in a text says its
+    label except its near-copies'. Returns (positives, negatives, the group of each text of positives + negatives)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.arange(n_groups) % 2)
+    pos, neg, pos_group, neg_group = [], [], [], []
+    for g in range(n_groups):
+        texts = near_copies(rng, 300, copies, 2)
+        (pos if labels[g] else neg).extend(texts)
+        (pos_group if labels[g] else neg_group).extend([g] * copies)
+    return pos, neg, pos_group + neg_group
+
+
+@pytest.fixture(scope="module")
+def grouped() -> tuple[list[str], list[str], list[int], QualityModel]:
+    pos, neg, group = grouped_corpus(0)
+    return pos, neg, group, train_quality_classifier(pos, neg, seed=0, settings=SMALL)
+
+
+def test_near_copies_never_straddle_the_held_out_split_or_two_folds(grouped):
+    pos, neg, group, model = grouped
+    texts = pos + neg
+    fold_of = dict(zip(model.trained_fingerprint.tolist(), model.trained_fold.tolist()))
+    side = [fold_of.get(fingerprint(t, SMALL.max_chars), -1) for t in texts]  # -1: held out
+    by_group: dict[int, set[int]] = {}
+    for g, s in zip(group, side):
+        by_group.setdefault(g, set()).add(s)
+    assert all(len(s) == 1 for s in by_group.values())  # held out together, or trained in one fold together
+    held = [g for g, s in by_group.items() if s == {-1}]
+    assert model.counts["heldout_positive"] + model.counts["heldout_negative"] == 5 * len(held) == side.count(-1)
+    assert 30 <= len(held) <= 50 and len(model.folds) == 5  # about a fifth of the 200 groups held out
+    assert model.near_duplicates == {"documents": 1000, "groups": 200, "grouped_documents": 1000}
+
+
+def test_held_out_auc_is_not_inflated_by_memorised_near_copies(grouped):
+    """Labels are random per group: the only way to score a held-out text right is to have trained on its
+    near-copies. Split by group, the held-out AUC is chance; split document by document it was ~1."""
+    *_, model = grouped
+    assert abs(model.heldout_auc - 0.5) < 0.2
+
+
+def test_near_duplicate_groups_are_the_components_of_all_pairs_at_the_threshold():
+    """Against brute force: every pair's exact Jaccard (texts with words), or the same normalised text, as
+    edges; its connected components. Wide LSH bands (64 x 2) make every pair above Jaccard ~0.3 a candidate,
+    so the threshold itself decides pairs at 0.73 (joined) and 0.66 (not)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    rng = np.random.default_rng(3)
+
+    def edit(words: list[str], positions: list[int]) -> list[str]:
+        out = list(words)
+        for p in positions:
+            out[p] = str(rng.choice(VOCABULARY))
+        return out
+
+    texts = []
+    for _ in range(4):  # 100-word texts; substitutions 10 words apart each drop 5 of the 96 shingles
+        base = list(rng.choice(VOCABULARY, size=100))
+        one = edit(base, [5, 25, 45])                     # Jaccard with base 81/111 = 0.73: joined
+        texts += [" ".join(base), " ".join(one), " ".join(edit(base, [10, 30, 50, 70])),  # 76/116 = 0.66: not
+                  " ".join(edit(one, [60, 80, 94])),      # 0.73 with `one` but ~0.5 with base: joined via `one`
+                  " ".join(base).upper() + "  "]          # the same normalised text
+    texts += ["", "  ", "!!", "!!", "?", "a b c", "A  B c", "a b d"]  # no words; fewer than five words
+    order = rng.permutation(len(texts))
+    texts = [texts[i] for i in order]
+    params = LSHParams(bands=64, rows=2)
+    flat, offsets = shingle_sets(texts)
+    sets = [flat[offsets[i]:offsets[i + 1]] for i in range(len(texts))]
+    edges = [(i, j) for i in range(len(texts)) for j in range(i + 1, len(texts))
+             if normalise(texts[i]) == normalise(texts[j])
+             or (len(sets[i]) and len(sets[j]) and jaccard(sets[i], sets[j]) >= params.threshold)]
+    sims = [jaccard(sets[i], sets[j]) for i in range(len(texts)) for j in range(i) if len(sets[i]) and len(sets[j])]
+    assert any(0.7 <= s < 0.75 for s in sims) and any(0.6 < s < 0.7 for s in sims)  # pairs either side of it
+    i, j = np.array(edges).T
+    _, ref = connected_components(coo_matrix((np.ones(len(i)), (i, j)), shape=(len(texts),) * 2), directed=False)
+    _, first = np.unique(ref, return_index=True)
+    expected = np.argsort(np.argsort(first))[ref]  # numbered in order of each group's first text
+    got = near_duplicate_groups(texts, params)
+    np.testing.assert_array_equal(got, expected)
+    # per family: {base, one, chain, upper} and the 0.66 copy; then {"", "  "}, {"!!", "!!"}, {"?"},
+    # {"a b c", "A  B c"}, {"a b d"}
+    assert got.max() + 1 == 4 * 2 + 5
+    # the default 14 x 8 bands may miss a pair at 0.73 (caught with probability 0.6), never join one below it
+    default = near_duplicate_groups(texts)
+    assert all(got[default == g].min() == got[default == g].max() for g in range(default.max() + 1))
+
+
+def test_too_few_distinct_documents_are_refused_with_a_clear_message():
+    rng = np.random.default_rng(1)
+    neg = [" ".join(rng.choice(VOCABULARY, size=50)) for _ in range(10)]
+    copies = near_copies(rng, 300, 10, 2)  # ten documents, one group of near-copies
+    with pytest.raises(DataInputError, match="near-duplicates leave too few distinct documents.*positive_texts 10 "
+                                             "documents in 1 groups"):
+        train_quality_classifier(copies, neg, seed=0, settings=SMALL)
+    same = ["The same text."] * 4 + ["the  SAME text."] * 4  # exact duplicates after normalising
+    with pytest.raises(DataInputError, match="negative_texts 8 documents in 1 groups"):
+        train_quality_classifier(neg, same, seed=0, settings=SMALL)
+
+
+def test_a_model_saved_before_near_duplicate_groups_were_recorded_still_loads(grouped, tmp_path):
+    *_, model = grouped
+    path = model.save(tmp_path / "model")
+    assert QualityModel.load(path).near_duplicates == model.near_duplicates
+    meta = json.loads((path / "model.json").read_text())
+    del meta["near_duplicates"]  # model.json as saved before
+    (path / "model.json").write_text(json.dumps(meta))
+    old = QualityModel.load(path)
+    assert old.near_duplicates == {} and old.counts == model.counts
+    texts = grouped[0][:3] + grouped[1][:3]
+    np.testing.assert_array_equal(old.score(texts), model.score(texts))
