@@ -2,10 +2,11 @@
 
 The arm directory holds `manifest.yaml` (the schema of `rungs.data.manifest`: `ladder data prepare` and
 every other reader of manifests take it), `data/<source>/<unit>.jsonl.gz` (the kept documents of each
-training file with their original ids, and a `weight` where a rule weights), `removed/<rule>.npz` (which
+training file with their original ids, and a `weight` where a rule weights: the diversity weights measured over
+the arm's kept documents, `curation.arm_weights`), `removed/<rule>.npz` (which
 documents each rule removed, for `ladder data inspect`) and `arm.json` (the rules, the counts). Shares stay
 the curated manifest's; held-out sets are never curated: the arm's `eval` names the original files by
-absolute path or URL. A directory that is not empty and holds no `arm.json` is refused.
+their path from the arm, or URL. A directory that is not empty and holds no `arm.json` is refused.
 
 Mixing again into an arm replaces what the last mix wrote there and nothing else: `arm.json` lists the files
 a mix wrote, and a rejected mix (bad rules, a source left empty) writes nothing. The new files are written
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from curation.arm_weights import kept_diversity_weights
 from curation.rules import FILTER_ORDER, RULE_ATTRIBUTES, Rules, check_sources
 from curation.store import Store, read_npz, units_of, write_npz
 from rungs.data.atomic import atomic_write_bytes, atomic_write_json
@@ -117,8 +119,7 @@ def _write_files(store: Store, units, keep: dict[str, np.ndarray], steps: list[d
         unit_no, rows = step.pop("removed_rows")
         write_npz(root / "removed" / f"{step['rule']}.npz", unit=unit_no, row=rows)
         written.append(f"removed/{step['rule']}.npz")
-    weights = {u.name: read_npz(store.attributes("diversity", u.name))["weight"] for u in units} \
-        if rules.diversity else {}
+    weights = kept_diversity_weights(store, units, keep) if rules.diversity else {}
     for unit in units:
         mask = keep[unit.name]
         if not mask.any():

@@ -342,3 +342,62 @@ def test_a_crash_while_files_move_leaves_an_arm_the_next_mix_replaces(mirrored, 
     got, want = _files(arm), _files(reference)
     assert {k: v for k, v in got.items() if k not in ("arm.json", "manifest.yaml")} == \
         {k: v for k, v in want.items() if k not in ("arm.json", "manifest.yaml")}
+
+
+@pytest.fixture(scope="module")
+def tagged_semantic(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("weights")
+    write_corpus(root / "corpus", files_per_source=2, docs_per_file=25)
+    curate(root / "corpus" / "manifest.yaml", root / "cur", taggers=["exact", "near", "semantic"], partitions=2,
+           model_options=ModelOptions(n_topics=3))
+    return root
+
+
+def _arm_weights(arm: Path) -> dict[str, float]:
+    return {r["id"]: r["weight"] for f in sorted((arm / "data").rglob("*.jsonl.gz"))
+            for r in map(json.loads, gzip.open(f, "rt"))}
+
+
+def _corpus_table(cur: Path) -> dict[str, np.ndarray]:
+    """Every document of the curation in uid order: id, uid, embedding, topic, the tagger's weight."""
+    meta = json.loads((cur / "curation.json").read_text())
+    units = [u["unit"] for u in meta["units"]]
+    index = [read_npz(cur / "units" / f"{u}.npz") for u in units]
+    table = {"id": np.concatenate([i["id"] for i in index]), "uid": np.concatenate([i["uid"] for i in index]),
+             "x": np.concatenate([np.load(cur / "work" / "embed" / f"{u}.npy") for u in units]),
+             "topic": np.concatenate([read_npz(cur / "attributes" / "topics" / f"{u}.npz")["topic"] for u in units]),
+             "weight": np.concatenate([read_npz(cur / "attributes" / "diversity" / f"{u}.npz")["weight"]
+                                       for u in units])}
+    order = np.argsort(table["uid"], kind="stable")
+    return {k: v[order] for k, v in table.items()}
+
+
+def test_an_arms_diversity_weights_are_measured_over_the_documents_it_keeps(tagged_semantic):
+    root = tagged_semantic
+    table = _corpus_table(root / "cur")
+    centroids = np.load(root / "cur" / "work" / "topics" / "centroids.npy")
+    # weights alone, nothing removed: the curation's own weights, exactly
+    mix(root / "cur", Rules(name="w", diversity="weight"), root / "all")
+    got = _arm_weights(root / "all")
+    np.testing.assert_allclose([got[i] for i in table["id"]], table["weight"], rtol=1e-12)
+    # after dedup: diversity_weights of the kept documents' embeddings taken at once (uid order, as the tagger)
+    mix(root / "cur", Rules(name="dw", exact_duplicates="keep_one", near_duplicates="keep_one", diversity="weight"),
+        root / "dedup")
+    got = _arm_weights(root / "dedup")
+    kept = np.isin(table["id"], list(got))
+    assert 0 < (~kept).sum() < len(kept)
+    reference = diversity_weights(table["x"][kept], table["topic"][kept], centroids)
+    np.testing.assert_allclose([got[i] for i in table["id"][kept]], reference, rtol=1e-12)
+    assert np.mean(reference) == pytest.approx(1.0)
+    # the copy a cluster keeps is no longer weighed down by the copies the arm removed
+    corpus_scaled = table["weight"][kept] / table["weight"][kept].mean()
+    assert np.max(reference / corpus_scaled) > 1.2  # 1.26 on this corpus
+
+
+def test_an_arm_whose_curation_lost_its_embeddings_is_refused_with_what_to_do(tagged_semantic, tmp_path):
+    cur = tmp_path / "cur"
+    shutil.copytree(tagged_semantic / "cur", cur)
+    shutil.rmtree(cur / "work" / "embed")
+    with pytest.raises(DataInputError, match="embeddings or topic centroids are gone"):
+        mix(cur, Rules(name="w", diversity="weight"), tmp_path / "arm")
+    assert not (tmp_path / "arm").exists()
