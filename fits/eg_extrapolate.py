@@ -2,12 +2,13 @@
 
 `fits.eg_scaling` fits, per arm and domain, the trend log EG = a + b·log C across the rungs (generalised
 least squares on the rungs' covariance, or weighted where a trend was fitted without it; the Birge-scaled
-covariance of (a, b), n − 2 degrees of freedom). At a target compute
-C* the EG is exp(a + b·log C*), and its interval is the interval of the trend's mean there: log EG ±
-t(dof)·√(g·Σ·g), g = (1, log C*), Σ the covariance of (a, b), exponentiated. It is the interval of
-the mean EG, not of one new measurement of it: what a recipe decision rests on. Two rungs give a
-trend and no interval (no degree of freedom is left); an interval holding EG = 1 is "no measured
-gain", the wording of the fit (`fits.eg_scaling.eg_verdict`).
+covariance of (a, b), and the degrees of freedom of its slope's quantile, `quantile_dof`). At a target
+compute C* the EG is exp(a + b·log C*), and its interval is the interval of the trend's mean there: log EG ±
+t(quantile_dof)·√(g·Σ·g), g = (1, log C*), Σ the covariance of (a, b), exponentiated: the quantile of the
+trend's own interval (the normal one where quantile_dof is null, every rung's σ known; t(n − 2) for a trend
+saved before it had one). It is the interval of the mean EG, not of one new measurement of it: what a
+recipe decision rests on. Two rungs give a trend and no interval (no degree of freedom is left); an interval
+holding EG = 1 is "no measured gain", the wording of the fit (`fits.eg_scaling.eg_verdict`).
 
 A target beyond `fits.extrapolate.FAR_EXTRAPOLATION` times the largest compute an arm was measured at
 is warned about: a trend fitted over two decades of compute says little about ten more, whatever its
@@ -78,9 +79,15 @@ def eg_at(cell: dict[str, Any], train_flops: float, level: float = 0.95) -> dict
         raise ValueError(f"trend.cov must be a finite 2×2 matrix, got shape {cov.shape}")
     if isinstance(dof, bool) or not isinstance(dof, int) or dof < 0:
         raise ValueError(f"trend.dof must be a whole number ≥ 0, got {dof!r}")
+    quantile_dof = trend["quantile_dof"] if "quantile_dof" in trend else dof
+    if quantile_dof is not None and (isinstance(quantile_dof, bool) or not isinstance(quantile_dof, (int, float))
+                                     or not quantile_dof > 0):
+        raise ValueError(f"trend.quantile_dof must be a number above 0 or null (normal), got {quantile_dof!r}")
+    out["quantile_dof"] = quantile_dof
     g = np.array([1.0, x0])
     se = math.sqrt(max(float(g @ cov @ g), 0.0))
-    half = float(stats.t.ppf(0.5 + level / 2, dof)) * se
+    q = 0.5 + level / 2
+    half = float(stats.norm.ppf(q) if quantile_dof is None else stats.t.ppf(q, quantile_dof)) * se
     out["interval"] = [_exp(mean - half), _exp(mean + half)]
     out["log_eg_se"] = se
     out["verdict"] = eg_verdict(out["interval"])

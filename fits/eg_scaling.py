@@ -16,12 +16,25 @@ every rung's EG is read off the same fitted law, whose parameter error moves the
 (`fits.eg_same_rung.log_eg_covariance`). Their correlation R, with each rung's σ_i, makes the covariance
 V = diag(σ)·R·diag(σ) of the rungs' log EG, and the fit is generalised least squares on it (method "gls":
 weighted least squares, weights 1/σ_i², where no correlation is given), its standard error scaled up by the
-Birge ratio √(χ²/dof), χ² = r'·V⁻¹·r, when the rungs scatter more than V says (never down), and the interval
-Student-t with n − 2 degrees of freedom. Without rung intervals it is ordinary least squares with the
-residuals' standard error. Two rungs give a slope and no interval. A slope whose interval holds 0 is "no
-measured trend". The trend keeps its design (log compute, weights 1/σ_i², the correlation it used), dof and
-the covariance of (a, b), and each cell the compute range its rungs span: what `fits.eg_extrapolate` needs to
-carry the EG to a target's compute (`ladder extrapolate`'s card).
+Birge ratio √(χ²/dof), χ² = r'·V⁻¹·r, when the rungs scatter more than V says (never down). The interval is
+Student-t on the degrees of freedom of the variance it uses (`quantile_dof`). Where the rungs scatter no more
+than V says (Birge ratio 1) the slope's variance is V's alone, and V's σ_i are estimates on ν_i degrees of
+freedom: the slope is b = w·y, its variance v = Σ c_i with c_i = w_i·(V·w)_i (each rung's share: ∂v/∂ log σ_i²,
+the GLS weights being optimal, so their own change does not move v to first order), and the Welch-Satterthwaite
+dof ν_eff = v² / Σ_g (Σ_{i∈g} |c_i|/√ν_i)² over groups g of rungs whose σ share one estimate: a rung's own
+seeds make a group of one (the usual (Σc)² / Σ c_i²/ν_i), one law's residual scale or one pooled seed noise
+makes all of them one group (ν_eff ≤ their ν; the Cauchy-Schwarz bound on σ̂'s that share their error in any
+way), and a normal interval's σ (ν_i = ∞) adds nothing, so all-normal rungs give the normal quantile. Where the
+Birge ratio is above 1 the scale is the residuals', on n − 2 degrees of freedom: the smaller of that and
+ν_eff. So it is with fewer than `LINE_CHECK_DOF` (2) residual degrees of freedom (three rungs), where the
+residuals cannot tell a line from a bend: a misfit the σ_i do not hold shows in χ² on one degree of freedom
+only, and the σ-based quantile covered 87% there (`tests/fits/test_eg_trend_coverage.py`). (Always n − 2, as first made, covered 99.5% with σ on 6 dof and 99.95% with σ known:
+`tests/fits/test_eg_trend_coverage.py`.) Without rung intervals it is ordinary least squares with the
+residuals' standard error and n − 2 degrees of freedom. Two rungs give a slope and no interval. A slope whose
+interval holds 0 is "no measured trend". The trend keeps its design (log compute, weights 1/σ_i², the
+correlation it used), dof (n − 2), quantile_dof (None: normal) and the covariance of (a, b), and each cell the
+compute range its rungs span: what `fits.eg_extrapolate` needs to carry the EG to a target's compute
+(`ladder extrapolate`'s card).
 """
 
 from __future__ import annotations
@@ -78,21 +91,40 @@ SAME_RUNG_KEYS = ("local_slope", "runs", "seeds_for_target", "seeds_for_target_r
 BEYOND_FLOOR = "gain beyond the baseline's floor"
 
 
+LINE_CHECK_DOF = 2  # residual dof below which the trend's quantile stays Student-t on n − 2 (module docstring)
+
 def eg_verdict(interval: list[float] | None) -> str:
     """A gain, a loss, or "no measured gain" (the interval holds EG = 1)."""
     return verdict(interval, 1.0, above="gain", below="loss", inside="no measured gain")
 
 
+def effective_dof(contributions: np.ndarray, dofs: list[float | None],
+                  groups: list[object] | None = None) -> float:
+    """Welch-Satterthwaite degrees of freedom of a variance Σ c_i whose i-th part rests on a σ̂ with dofs[i]
+    degrees of freedom (None or inf: known), parts in one of `groups` sharing their estimate, different groups
+    independent; `groups` None: all of them one group (module docstring). inf where every part is known."""
+    nu = np.array([math.inf if d is None else float(d) for d in dofs])
+    share = np.abs(np.asarray(contributions, dtype=float)) / np.sqrt(nu)  # √(Var σ̂²/2)/σ² = 1/√ν per part
+    labels = [0] * len(nu) if groups is None else list(groups)
+    spread = sum(float(share[[k == g for k in labels]].sum()) ** 2 for g in dict.fromkeys(labels))
+    total = float(np.sum(contributions))
+    return math.inf if spread == 0 else total**2 / spread
+
+
 def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float] | None], *,
              ci_level: float = 0.95, min_dof_for_interval: int = 1,
              interval_dofs: list[float | None] | None = None,
-             correlation: np.ndarray | list[list[float]] | None = None) -> dict[str, Any]:
+             correlation: np.ndarray | list[list[float]] | None = None,
+             noise_groups: list[object] | None = None) -> dict[str, Any]:
     """The slope of log EG against log compute with its Student-t interval (module docstring). `intervals`
     are the rungs' EG intervals at `ci_level`; `interval_dofs` the degrees of freedom of each one's Student-t
     quantile (`eg_flops_interval_dof` of `efficiency_gains` and `same_rung_gains`), None (or a None entry)
     for an interval made with the normal quantile, as a bootstrap's percentiles are. `correlation`: the
     correlation of the rungs' log EG (`eg_flops_correlation` of the same), which with each rung's σ from its
-    interval makes the rungs' covariance for generalised least squares; None treats the rungs as independent."""
+    interval makes the rungs' covariance for generalised least squares; None treats the rungs as independent.
+    `noise_groups`: one label a rung, equal for rungs whose σ share one estimate (a pool), distinct for independent
+    ones (each rung's own seeds); None: all may share one (one law's residual scale): the quantile's
+    Welch-Satterthwaite dof (module docstring)."""
     x = np.asarray(log_compute, dtype=float)
     y = np.log(np.asarray(eg, dtype=float))
     n = len(x)
@@ -100,7 +132,6 @@ def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float
         return {"slope": None, "interval": None, "rungs": n, "verdict": "no trend",
                 "note": "a trend needs at least two rungs of different compute"}
     dof = n - 2
-    t = float(stats.t.ppf(0.5 + ci_level / 2, max(dof, 1)))
     weighted = all(iv is not None and iv[0] > 0 and iv[1] > iv[0] for iv in intervals)
     if weighted:
         # Each rung's interval is a t (or normal) interval in log space: its half-width over that quantile is σ.
@@ -112,6 +143,9 @@ def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float
         quantiles = [float(stats.norm.ppf(q)) if d is None or not math.isfinite(d) else float(stats.t.ppf(q, d))
                      for d in dofs]
         sigma = np.array([(math.log(hi) - math.log(lo)) / (2 * k) for (lo, hi), k in zip(intervals, quantiles)])
+        if noise_groups is not None and len(noise_groups) != n:
+            raise FitInputError(f"noise_groups has {len(noise_groups)} entries for {n} rungs; give one per rung",
+                                column="noise_groups")
     else:
         sigma = np.ones(n)
     gls = weighted and correlation is not None
@@ -148,8 +182,14 @@ def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float
         birge = max(1.0, math.sqrt(chi2 / dof))
         scale2 = birge**2
         out["birge_ratio"] = birge
+        # The slope is w·y; each rung's share of its variance under cov_y, what the σ̂'s dof weigh.
+        w = (unit_cov @ white_x.T @ np.linalg.inv(chol))[1]
+        nu = effective_dof(w * (cov_y @ w), dofs, noise_groups)
+        # the residuals' scale, or no check of the line at all (three rungs: one residual dof): n − 2 at most
+        quantile_dof = min(nu, dof) if birge > 1 or dof < LINE_CHECK_DOF else nu
     else:
         scale2 = chi2 / dof
+        quantile_dof = dof
     # The covariance of (intercept, slope): what a prediction of log EG at a new log compute needs
     # (fits.eg_extrapolate), with the same scale as the slope's standard error.
     cov = scale2 * unit_cov
@@ -160,10 +200,20 @@ def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float
     se = math.sqrt(float(cov[1, 1]))
     out["se"] = se
     out["cov"] = cov.tolist()
+    t = float(stats.norm.ppf(0.5 + ci_level / 2) if math.isinf(quantile_dof)
+              else stats.t.ppf(0.5 + ci_level / 2, quantile_dof))
+    out["quantile_dof"] = None if math.isinf(quantile_dof) else quantile_dof
     out["interval"] = [slope - t * se, slope + t * se]
     out["verdict"] = verdict(out["interval"], 0.0, above="grows with scale", below="shrinks with scale",
                              inside="no measured trend")
     return out
+
+
+def noise_groups(rows: list[dict[str, Any]]) -> list[object]:
+    """Against the same rung, which rungs' σ share one estimate: a rung's own seed noise is its own, the pool a
+    rung without repeats borrows (or every rung's, `seed_noise="pooled"`) is one; the pool's kinship with the
+    rungs it pools is left out (`tests/fits/test_eg_trend_coverage.py` measures the shipped mix with it)."""
+    return [("rung", r["rung"]) if r.get("seed_noise_from") == "rung" else "pooled" for r in rows]
 
 
 def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baseline", rung: str = "rung",
@@ -241,7 +291,8 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
             trend = eg_trend(np.log([c["train_flops"] for c in cells]), np.array([c["eg"] for c in cells]),
                              [c["interval"] for c in cells], ci_level=ci_level,
                              interval_dofs=[r.get("eg_flops_interval_dof") for r in rows],
-                             correlation=out["eg_flops_correlation"].get(str(name))) \
+                             correlation=out["eg_flops_correlation"].get(str(name)),
+                             noise_groups=noise_groups(rows) if against == "rung" else None) \
                 if all(c["eg"] is not None and c["eg"] > 0 for c in cells) else {
                     "slope": None, "interval": None, "verdict": "no trend",
                     "note": "a rung's EG is unbounded (the arm's BPB is below the baseline law's floor) or 0"}

@@ -82,21 +82,28 @@ def test_a_gain_growing_with_compute_has_its_slope_recovered():
 
 
 def test_the_trend_of_exact_points_is_their_slope_and_two_rungs_give_no_interval():
-    x = np.log([1e12, 1e13, 1e14])
+    x = np.log([1e12, 1e13, 1e14, 1e15])
     eg = np.exp(0.05 + 0.1 * x)
     intervals = [[v / 1.1, v * 1.1] for v in eg]
     t = eg_trend(x, eg, intervals)
     assert t["slope"] == pytest.approx(0.1, rel=1e-9)
     assert t["birge_ratio"] == 1.0  # exact points: the rungs' own intervals set the width, never less
-    # The half-width: t(1) · σ / sqrt(Σ w (x - x̄)²), σ = log(1.1²) / (2 z).
+    # The half-width: z · σ / sqrt(Σ w (x - x̄)²), σ = log(1.1²) / (2 z): with the Birge ratio at 1 the variance
+    # is the rungs' σ alone, known for normal intervals, so the quantile is the normal one (quantile_dof None).
     from scipy import stats
 
     sigma = 2 * math.log(1.1) / (2 * stats.norm.ppf(0.975))
     se = sigma / math.sqrt(np.sum((x - x.mean()) ** 2))
-    assert t["interval"][1] - t["slope"] == pytest.approx(stats.t.ppf(0.975, 1) * se, rel=1e-9)
+    assert t["quantile_dof"] is None and t["dof"] == 2
+    assert t["interval"][1] - t["slope"] == pytest.approx(stats.norm.ppf(0.975) * se, rel=1e-9)
+    # three rungs: one residual dof cannot check the line, so the quantile stays Student-t on n − 2 = 1
+    three = eg_trend(x[:3], eg[:3], intervals[:3])
+    se3 = sigma / math.sqrt(np.sum((x[:3] - x[:3].mean()) ** 2))
+    assert three["quantile_dof"] == 1 and three["interval"][1] - three["slope"] == pytest.approx(
+        stats.t.ppf(0.975, 1) * se3, rel=1e-9)
     two = eg_trend(x[:2], eg[:2], intervals[:2])
     assert two["slope"] == pytest.approx(0.1, rel=1e-9) and two["interval"] is None
-    unweighted = eg_trend(x, eg * np.array([1.0, 1.02, 1.0]), [None, None, None])
+    unweighted = eg_trend(x[:3], eg[:3] * np.array([1.0, 1.02, 1.0]), [None, None, None])
     assert unweighted["method"] == "ols" and unweighted["interval"][0] < unweighted["slope"] < unweighted["interval"][1]
 
 
@@ -156,8 +163,18 @@ def test_the_trend_weights_each_rung_by_its_own_student_t_interval():
     assert trend["birge_ratio"] == 1.0 and trend["slope"] == pytest.approx(0.01, rel=1e-9)
     assert trend["se"] == pytest.approx(math.sqrt(cov[1, 1]), rel=1e-9)
     assert np.allclose(trend["cov"], cov, rtol=1e-9, atol=0)
-    assert trend["interval"][1] - trend["slope"] == pytest.approx(stats.t.ppf(0.975, 3) * math.sqrt(cov[1, 1]),
+    # The quantile's dof: Welch-Satterthwaite over the rungs' shares c_i = w_i²σ_i² of the slope's variance, the
+    # rungs' σ taken as possibly sharing one estimate (no noise_groups): (Σ c)² / (Σ c_i/√ν_i)², the normal
+    # rung adding nothing; with each rung's σ its own (distinct groups), the usual (Σ c)² / Σ c_i²/ν_i.
+    slope_w = (cov @ design.T * w)[1]
+    c = slope_w**2 / w
+    nu = np.array([math.inf if d is None else d for d in dofs])
+    shared, own = c.sum() ** 2 / np.sum(c / np.sqrt(nu)) ** 2, c.sum() ** 2 / np.sum(c**2 / nu)
+    assert trend["quantile_dof"] == pytest.approx(shared, rel=1e-9) and 4 < shared < own
+    assert trend["interval"][1] - trend["slope"] == pytest.approx(stats.t.ppf(0.975, shared) * math.sqrt(cov[1, 1]),
                                                                   rel=1e-9)
+    apart = eg_trend(x, eg, intervals, interval_dofs=dofs, noise_groups=list(range(5)))
+    assert apart["quantile_dof"] == pytest.approx(own, rel=1e-9) and apart["se"] == trend["se"]
     with pytest.raises(FitInputError, match="one per rung"):
         eg_trend(x, eg, intervals, interval_dofs=dofs[:2])
 

@@ -60,7 +60,14 @@ def test_the_trend_with_a_covariance_is_statsmodels_gls(scatter):
     assert trend["birge_ratio"] == pytest.approx(birge, rel=1e-9)
     assert np.allclose(trend["cov"], birge**2 * fit.normalized_cov_params, rtol=1e-9, atol=0)
     assert trend["se"] == pytest.approx(birge * math.sqrt(fit.normalized_cov_params[1, 1]), rel=1e-9)
-    assert trend["interval"][1] - trend["slope"] == pytest.approx(stats.t.ppf(0.975, 3) * trend["se"], rel=1e-9)
+    # The quantile's dof: the rungs' σ, on 12 dof each, taken as one shared estimate (a law's scale): the
+    # Welch-Satterthwaite bound (Σ c)² / (Σ |c_i|/√12)², c_i = w_i·(V·w)_i, where the Birge ratio is 1; else the
+    # residuals' n − 2 = 3 (the smaller of the two).
+    w = (fit.normalized_cov_params @ sm.add_constant(x).T @ np.linalg.inv(cov))[1]
+    c = w * (cov @ w)
+    nu = min(c.sum() ** 2 / (np.abs(c).sum() / math.sqrt(12.0)) ** 2, 12.0 if birge == 1.0 else 3.0)
+    assert trend["quantile_dof"] == pytest.approx(nu, rel=1e-9)
+    assert trend["interval"][1] - trend["slope"] == pytest.approx(stats.t.ppf(0.975, nu) * trend["se"], rel=1e-9)
     assert trend["weights"] == pytest.approx((1 / sd**2).tolist(), rel=1e-9)  # each rung's own σ, as before
     # The identity correlation is the weighted fit the trend was before, and without intervals it stays ordinary
     wls = eg_trend(x, eg, intervals_of(eg, sd, 12.0), interval_dofs=[12.0] * 5)
@@ -162,9 +169,10 @@ def test_the_slopes_standard_error_matches_its_spread_over_ladders_drawn_from_a_
     Measured on these ladders: the slope's spread is 0.046; its standard error before the Birge widening, as
     the root mean square over ladders, is 0.82 of that when the rungs are taken as independent (weighted least
     squares, the trend before it had the rungs' covariance) and 0.95 with the law's covariance (generalised
-    least squares). The 95% interval, Student-t on n − 2 = 3 dof with the Birge ratio never below 1, covers 0
-    in 99.0% of the ladders taken as independent and 99.3% with the covariance: t(3) is wide for a standard
-    error that the rungs' intervals, not 3 residual dof, mostly set, so the interval covered before too."""
+    least squares). The 95% interval (Birge ratio never below 1; Student-t on the law's residual dof where the
+    rungs scatter within their intervals, on n − 2 = 3 where they scatter more: fits.eg_scaling) covers 0 in
+    95.3% of the ladders taken as independent and 98.0% with the covariance (Student-t on n − 2 always, as first
+    made, 99.0% and 99.3%: t(3) is wide for a standard error the rungs' intervals mostly set)."""
     rng = np.random.default_rng(7)
     found = {"wls": [], "gls": []}
     for _ in range(300):
