@@ -304,3 +304,31 @@ def test_six_seeds_a_side_reach_ten_percent_where_the_rungs_noise_allows_and_not
     assert half["own"] == [7.1, 13.7, 5.5] and half["pooled"] == [8.5, 8.5, 8.5]
     l3 = own["arms"]["replica"]["all"]["rungs"][1]
     assert (l3["seeds_for_target"], l3["seeds_for_target_range"]) == (10, [6, 28])
+
+
+def test_the_rebuilt_quality_and_diverse_arms_keep_the_readings():
+    """notebooks/fixtures/data_curation_rebuilt_runs.csv: the experiment's runs with the quality and diverse arms
+    rerun as the curation builds them now (sweeps/data_curation_rebuilt.yaml). Against the same rung the quality
+    filter still measures nothing at any rung in the mean over domains, diversity weighting still loses compute
+    (outside 1 at L2, L4 and L6), the replica holds 1 at every rung and the quarter control loses at every rung."""
+    import pandas as pd
+
+    rebuilt = FIXTURE.with_name("data_curation_rebuilt_runs.csv")
+    runs, first = pd.read_csv(rebuilt), pd.read_csv(FIXTURE)
+    assert len(runs) == len(first) == 46
+    for arm in ("quality", "diverse"):  # rerun: other runs, the same design
+        assert not set(runs[runs.arm == arm].run_id) & set(first.run_id)
+        assert sorted(zip(runs[runs.arm == arm].rung, runs[runs.arm == arm].seed)) == \
+            sorted(zip(first[first.arm == arm].rung, first[first.arm == arm].seed))
+    kept = ~runs.arm.isin(["quality", "diverse"])
+    assert set(runs[kept].run_id) == set(first[~first.arm.isin(["quality", "diverse"])].run_id)
+    result = fit_arms("--against", "rung", csv=rebuilt)
+
+    def readings(arm: str) -> list[str]:
+        return [r["verdict"] for r in result["arms"][arm]["all"]["rungs"]]
+
+    assert set(readings("quality")) == {"no measured gain"}
+    assert readings("diverse") == ["loss", "no measured gain", "loss", "no measured gain", "loss"]
+    assert set(readings("replica")) == {"no measured gain"}
+    assert set(readings("quarter")) == {"loss"}
+    assert result["arms"]["diverse"]["all"]["trend"]["verdict"] == "no measured trend"
