@@ -88,15 +88,16 @@ def compute_optimal(params: dict[str, float]) -> dict[str, float]:
 
 def objective(theta: np.ndarray, log_n: np.ndarray, log_d: np.ndarray, log_l: np.ndarray, delta: float,
               weight: float) -> tuple[float, np.ndarray]:
+    # L-BFGS-B calls this ~45 times per start, 4,500 starts in Epoch's grid: the three terms of the LSE are
+    # kept apart, not stacked (the same operations on the same numbers, bit for bit, in fewer numpy calls)
     a, b, e, al, be = theta
-    terms = np.stack([a - al * log_n, b - be * log_d, np.full_like(log_n, e)])
-    top = terms.max(axis=0)
-    ex = np.exp(terms - top)
-    tot = ex.sum(axis=0)
+    t_n, t_d = a - al * log_n, b - be * log_d
+    top = np.maximum(np.maximum(t_n, t_d), e)
+    ex_n, ex_d, ex_e = np.exp(t_n - top), np.exp(t_d - top), np.exp(e - top)
+    tot = ex_n + ex_d + ex_e
     r = top + np.log(tot) - log_l
     psi = weight * huber_grad(r, delta) / tot
-    g0, g1, g2 = psi @ ex[0], psi @ ex[1], psi @ ex[2]
-    grad = np.array([g0, g1, g2, -(psi * log_n) @ ex[0], -(psi * log_d) @ ex[1]])
+    grad = np.array([psi @ ex_n, psi @ ex_d, psi @ ex_e, -(psi * log_n) @ ex_n, -(psi * log_d) @ ex_d])
     return weight * float(huber(r, delta).sum()), grad
 
 

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import special
 
 from fits.efficiency import baseline_law, correlation
 from fits.errors import FitInputError
@@ -132,7 +132,20 @@ def seed_variance(df: pd.DataFrame, *, arm: str, rung: str, y: str) -> tuple[flo
     dof = int((groups.count() - 1).clip(lower=0).sum())
     if dof == 0:
         return None, 0
-    return float(groups.apply(lambda g: ((g - g.mean()) ** 2).sum()).sum() / dof), dof
+    return float(((logs - groups.transform("mean")) ** 2).sum() / dof), dof
+
+
+# The quantiles below are scipy.stats' own kernels (t.ppf is special.stdtrit, chi2.ppf 2·gammaincinv(dof/2, ·),
+# norm.ppf ndtri: the same numbers, bit for bit), called without the distribution objects' argument handling,
+# which costs ~200 µs a call: a ladder's cells call them thousands of times in the seed search.
+def t_quantile(q: float, dof: float) -> float:
+    """The q quantile of Student's t on `dof` > 0 degrees of freedom (0 < q < 1)."""
+    return float(special.stdtrit(dof, q))
+
+
+def chi2_quantile(q: float, dof: float) -> float:
+    """The q quantile of χ² on `dof` > 0 degrees of freedom (0 < q < 1)."""
+    return float(2 * special.gammaincinv(dof / 2, q))
 
 
 def seeds_for_half_width(log_sd: float, slope: float, half_width: float, *, groups: int,
@@ -149,9 +162,9 @@ def seeds_for_half_width(log_sd: float, slope: float, half_width: float, *, grou
     target = math.log1p(half_width) * slope / log_sd
     q = 0.5 + ci_level / 2
     # t > z at any degrees of freedom, so no n below the normal quantile's answer will do: start there
-    n = max(2, math.floor(2 * (float(stats.norm.ppf(q)) / target) ** 2))
+    n = max(2, math.floor(2 * (float(special.ndtri(q)) / target) ** 2))
     while n <= most:
-        if float(stats.t.ppf(q, groups * (n - 1))) * math.sqrt(2 / n) <= target:
+        if t_quantile(q, groups * (n - 1)) * math.sqrt(2 / n) <= target:
             return n
         n += 1
     return None
@@ -160,8 +173,8 @@ def seeds_for_half_width(log_sd: float, slope: float, half_width: float, *, grou
 def seed_sd_interval(log_sd: float, dof: int, ci_level: float = 0.95) -> tuple[float, float]:
     """The χ² interval of a noise sd estimated as `log_sd` on `dof` degrees of freedom (normal noise)."""
     tail = (1 - ci_level) / 2
-    return (log_sd * math.sqrt(dof / float(stats.chi2.ppf(1 - tail, dof))),
-            log_sd * math.sqrt(dof / float(stats.chi2.ppf(tail, dof))))
+    return (log_sd * math.sqrt(dof / chi2_quantile(1 - tail, dof)),
+            log_sd * math.sqrt(dof / chi2_quantile(tail, dof)))
 
 
 def log_eg_covariance(parts: list[tuple[float, float, float, float]], draws: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -256,7 +269,7 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
                 var_delta = var_log * (1 / len(b) + 1 / len(g)) if d is None else 2 * var_log / len(d)
                 var_s = float(np.var(local_slope(*draws, c_base), ddof=1))
                 se = math.sqrt(var_delta / s**2 + delta**2 * var_s / s**4)
-                t = float(stats.t.ppf(q, cell_noise.dof))
+                t = t_quantile(q, cell_noise.dof)
                 row["eg_flops_interval"] = [math.exp(log_eg - t * se), math.exp(log_eg + t * se)]
                 row["eg_flops_interval_dof"] = cell_noise.dof  # its Student-t's, the seed noise's
                 parts.append((delta, s, var_delta, c_base))

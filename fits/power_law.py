@@ -38,7 +38,7 @@ from fits.identify import require_span
 from fits.noise import seed_noise
 from fits.prediction import PredictionModel, prediction_model
 from fits.results import BootstrapDraws, FitResult, bootstrap_fields, percentile_interval, resolve_level
-from fits.robust import HUBER_DELTA, delta_from_replicates, huber, huber_grad, lse_terms, reduce_weight
+from fits.robust import HUBER_DELTA, delta_from_replicates, huber, huber_grad, reduce_weight
 from fits.threads import one_blas_thread
 from fits.validate import (check_bootstrap, check_level, cluster_labels, numeric_column, require_columns, require_points,
                            row_ids)
@@ -69,11 +69,17 @@ class RawFit:
 
 
 def _objective(theta: np.ndarray, z: np.ndarray, log_y: np.ndarray, delta: float, weight: float):
+    # L-BFGS-B calls this some 600 times a fit on a few dozen points, so each numpy call counts: the two
+    # terms of the LSE are kept apart, not stacked (the same operations on the same numbers, bit for bit)
     a, alpha, e = theta
-    lse, soft = lse_terms(np.stack([a - alpha * z, np.full_like(z, e)]))
-    r = lse - log_y
+    power = a - alpha * z
+    top = np.maximum(power, e)
+    ex_power, ex_floor = np.exp(power - top), np.exp(e - top)
+    total = ex_power + ex_floor
+    r = top + np.log(total) - log_y
     psi = weight * huber_grad(r, delta)
-    grad = np.array([psi @ soft[0], -(psi * z) @ soft[0], psi @ soft[1]])
+    soft_power = ex_power / total  # d LSE / d power; the floor's is ex_floor / total
+    grad = np.array([psi @ soft_power, -(psi * z) @ soft_power, psi @ (ex_floor / total)])
     return weight * huber(r, delta).sum(), grad
 
 

@@ -18,8 +18,8 @@ def huber(r: np.ndarray, delta: float = HUBER_DELTA) -> np.ndarray:
 
 
 def huber_grad(r: np.ndarray, delta: float = HUBER_DELTA) -> np.ndarray:
-    """d huber / d r."""
-    return np.clip(r, -delta, delta)
+    """d huber / d r: r clipped to [−δ, δ] (as np.clip, NaN kept, without its wrappers' cost per call)."""
+    return np.minimum(np.maximum(r, -delta), delta)
 
 
 def reduce_weight(n: int, reduction: str) -> float:
@@ -28,14 +28,6 @@ def reduce_weight(n: int, reduction: str) -> float:
     if reduction == "mean":
         return 1.0 / n
     raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
-
-
-def lse_terms(terms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """log Σ_k exp(terms[k]) over axis 0 and the softmax weights (for the gradient)."""
-    top = terms.max(axis=0)
-    ex = np.exp(terms - top)
-    total = ex.sum(axis=0)
-    return top + np.log(total), ex / total
 
 
 def replicate_log_scale(x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
