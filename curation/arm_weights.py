@@ -7,8 +7,9 @@ filters by quality) first would then weigh the copy it keeps down for neighbours
 `diversity: weight` recomputes the weights over the arm's kept documents: each kept document's spread among the
 kept documents of its topic (`neighbour_spread`), the median and mean over the kept ones (`spread_scale`), the
 weights from them (`weights_from_spread`), exactly `diversity_weights` of the kept documents' embeddings taken
-at once (tests/curation/test_mix.py). One topic at a time, the embeddings memory-mapped: memory holds the
-largest topic's kept documents. An arm that removes nothing gets the curation's own weights.
+at once (tests/curation/test_mix.py). The kept documents are sorted once by topic and uid, then one topic at a
+time is gathered from the memory-mapped embeddings (one read per file holding it): memory holds the largest
+topic's kept documents. An arm that removes nothing gets the curation's own weights.
 """
 
 from __future__ import annotations
@@ -33,27 +34,33 @@ def kept_diversity_weights(store: Store, units, keep: dict[str, np.ndarray]) -> 
                              "a new directory", where=str(store.root))
     centroids = np.load(centroids_path, allow_pickle=False)
     names = [u.name for u in units]
-    topic = {n: read_npz(store.attributes("topics", n))["topic"] for n in names}
-    uid = {n: read_npz(store.unit_index(n))["uid"] for n in names}
     embed = {n: np.load(p, mmap_mode="r", allow_pickle=False) for n, p in embed_paths.items()}
-    spread = {n: np.full(len(topic[n]), np.nan) for n in names}
-    kept_topics = np.unique(np.concatenate([topic[n][keep[n]] for n in names])) if names else []
-    for t in kept_topics:
-        rows = {n: np.flatnonzero(keep[n] & (topic[n] == t)) for n in names}
-        # in uid order, as the tagger orders a topic: the spreads do not depend on the files' order
-        owner = np.concatenate([np.full(len(r), k) for k, r in enumerate(rows.values())])
-        row = np.concatenate(list(rows.values()))
-        order = np.argsort(np.concatenate([uid[n][r] for n, r in rows.items()]), kind="stable")
-        owner, row = owner[order], row[order]
-        x = np.stack([embed[names[k]][r] for k, r in zip(owner.tolist(), row.tolist())])
-        s = neighbour_spread(x, np.full(len(row), t, dtype=np.int64), centroids)
-        for k, n in enumerate(names):
-            mine = owner == k
-            spread[n][row[mine]] = s[mine]
+    spread = {n: np.full(len(keep[n]), np.nan) for n in names}
+    # Every kept document as (unit, row, topic, uid), sorted once by topic, then uid (the tagger's order within a
+    # topic: the spreads do not depend on the files' order); each topic is then one run of rows.
+    row = [np.flatnonzero(keep[n]) for n in names]
+    owner = np.concatenate([np.full(len(r), k, dtype=np.int64) for k, r in enumerate(row)] or [np.zeros(0, np.int64)])
+    row = np.concatenate(row or [np.zeros(0, np.int64)])
+    topic = np.concatenate([read_npz(store.attributes("topics", n))["topic"][keep[n]] for n in names] or [np.zeros(0)])
+    uid = np.concatenate([read_npz(store.unit_index(n))["uid"][keep[n]] for n in names] or [np.zeros(0)])
+    order = np.lexsort((uid, topic))
+    owner, row, topic = owner[order], row[order], topic[order]
+    bounds = np.r_[0, np.flatnonzero(topic[1:] != topic[:-1]) + 1, len(topic)]
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        if lo == hi:
+            continue
+        who, rows = owner[lo:hi], row[lo:hi]
+        files = [(names[k], who == k) for k in np.unique(who).tolist()]  # the files holding this topic's documents
+        x = np.empty((hi - lo, embed[names[0]].shape[1]), dtype=embed[names[0]].dtype)
+        for name, mine in files:  # one gather per file
+            x[mine] = embed[name][rows[mine]]
+        s = neighbour_spread(x, np.full(hi - lo, topic[lo], dtype=np.int64), centroids)
+        for name, mine in files:
+            spread[name][rows[mine]] = s[mine]
     scale = spread_scale(np.concatenate([spread[n][keep[n]] for n in names]) if names else np.zeros(0))
     out = {}
     for n in names:
-        w = np.full(len(topic[n]), np.nan)
+        w = np.full(len(keep[n]), np.nan)
         w[keep[n]] = weights_from_spread(spread[n][keep[n]], scale)
         out[n] = w
     return out
