@@ -35,8 +35,8 @@ from rungs.data.atomic import atomic_write_bytes, atomic_write_json, remove_stal
 from rungs.data.errors import DataInputError
 from rungs.data.manifest import DocumentSet, Manifest, checked_documents, duplicate_id, load_manifest
 from rungs.data.readers import Document, FileSpec
-from rungs.data.storage import DataFile
 from rungs.data.relocation import MANIFEST_RELATIVE, located, relative_to_dir, same_file
+from rungs.data.storage import DataFile
 
 log = logging.getLogger("curation")
 FORMAT_VERSION = 1

@@ -209,7 +209,7 @@ def eg_trend(log_compute: np.ndarray, eg: np.ndarray, intervals: list[list[float
     return out
 
 
-def noise_groups(rows: list[dict[str, Any]]) -> list[object]:
+def rung_noise_groups(rows: list[dict[str, Any]]) -> list[object]:
     """Against the same rung, which rungs' σ share one estimate: a rung's own seed noise is its own, the pool a
     rung without repeats borrows (or every rung's, `seed_noise="pooled"`) is one; the pool's kinship with the
     rungs it pools is left out (`tests/fits/test_eg_trend_coverage.py` measures the shipped mix with it)."""
@@ -292,7 +292,7 @@ def eg_by_domain(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "baselin
                              [c["interval"] for c in cells], ci_level=ci_level,
                              interval_dofs=[r.get("eg_flops_interval_dof") for r in rows],
                              correlation=out["eg_flops_correlation"].get(str(name)),
-                             noise_groups=noise_groups(rows) if against == "rung" else None) \
+                             noise_groups=rung_noise_groups(rows) if against == "rung" else None) \
                 if all(c["eg"] is not None and c["eg"] > 0 for c in cells) else {
                     "slope": None, "interval": None, "verdict": "no trend",
                     "note": "a rung's EG is unbounded (the arm's BPB is below the baseline law's floor) or 0"}
