@@ -13,10 +13,10 @@ score (a classifier), wired into the pipeline as stages of per-file and per-part
 - quality: `curation.quality.train_quality_classifier` on documents of the sources named as positives and
   negatives (the first `quality_docs` of each source, in file order), or a saved model; `score` per file
   → attributes/quality (`score`, probability of looking like the positives; a document the classifier was
-  trained on is scored by the fold model that did not see it, so a `keep_top` over a training source does not
-  rank by training membership). The classifier is trained (or
-  copied) once, into work/quality/model, and a resumed run scores with that one; `check_quality_sources`
-  refuses sources it could not be trained on before any tagger runs.
+  trained on, or a near-copy of one, is scored by the fold model that did not see it, so a `keep_top` over a
+  training source does not rank by training membership). The classifier is trained (or copied) once, into
+  work/quality/model, and a resumed run scores with that one; `check_quality_sources` refuses sources it could
+  not be trained on before any tagger runs.
 
 `ModelOptions` leaves a setting unset (None, or no sources) where the caller did not give it: `curate` takes
 the one the directory was tagged with, else the default (`curation.pipeline.resolve_settings`).

@@ -15,8 +15,10 @@ does not score in-sample: a model scores what it was fitted on higher (positives
 their unseen siblings, so a `keep_top` over a source it trained on would rank partly by training membership
 (DCLM's own setup: web as the negatives, then the web filtered). Each training document is scored instead by
 one of `OUT_OF_FOLD` models fitted on the training split less its stratified fold (cross-fitting): the model
-keeps each training text's fingerprint (`fingerprint`: BLAKE2b of the text it scores) and its fold, and
-`score` routes a text it trained on to the fold model that did not see it. Both splits are by near-duplicate
+keeps each training text's fingerprint (`fingerprint`: BLAKE2b of the text it scores), its MinHash signature and
+its fold, and `score` routes a text it trained on, or a near-copy of one (a later document of a source past the
+documents trained on, a copy in another source), to the fold model that did not see it or its group: scored by
+the main model, a near-copy is scored by memory of its twin. Both splits are by near-duplicate
 group (`curation.quality_groups`: copies and texts at Jaccard >= 0.7, as the pipeline's `near` tagger finds
 them, in one group; scikit-learn's `StratifiedGroupKFold`): split text by text, a held-out text or a fold's
 own text would have a near-copy among the texts its model trained on, and the AUC or the out-of-fold score
@@ -125,6 +127,12 @@ class QualityModel:
     # The training texts' near-duplicate groups (`curation.quality_groups`): documents, groups, documents in a
     # group of more than one. Empty: not recorded (a fold model, or a model saved before they were).
     near_duplicates: dict[str, int] = field(default_factory=dict)
+    # The training texts' MinHash signatures (rows as trained_fingerprint's; a text without a word unsigned) and
+    # the LSH settings that made them: a scored text that is a near-copy of a training text, not the same text,
+    # goes to that text's fold model too. Empty: near-copies are not routed (a model saved before they were).
+    trained_signature: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.uint32))
+    trained_signed: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    lsh: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.coef_index = np.asarray(self.coef_index, dtype=np.int64)
@@ -142,6 +150,12 @@ class QualityModel:
                 self.trained_fold.size and not (0 <= self.trained_fold.min() and self.trained_fold.max() < len(self.folds))):
             raise ValueError("trained_fingerprint and trained_fold must be 1-D arrays of one length, folds in range")
         self._fold_of = dict(zip(self.trained_fingerprint.tolist(), self.trained_fold.tolist()))
+        self.trained_signature = np.asarray(self.trained_signature, dtype=np.uint32)
+        self.trained_signed = np.asarray(self.trained_signed, dtype=bool)
+        if self.trained_signature.size and (
+                self.trained_signature.ndim != 2 or self.trained_signature.shape[0] != self.trained_fold.size
+                or self.trained_signed.shape != self.trained_fold.shape or not self.lsh):
+            raise ValueError("trained_signature must hold one row per trained text, with trained_signed and lsh")
 
     def logits(self, texts: Sequence[str]) -> np.ndarray:
         texts = _check_texts(texts, "texts")
@@ -153,18 +167,35 @@ class QualityModel:
 
     def score(self, texts: Sequence[str]) -> np.ndarray:
         """Probability (float64, in [0, 1]) that each text is like the positives: by this model, or, for a text
-        it was trained on, by the fold model that did not see it (module docstring)."""
+        it was trained on or a near-copy of one, by the fold model that did not see it (module docstring)."""
         from scipy.special import expit
 
         texts = _check_texts(texts, "texts")
         logits = self.logits(texts)
         if self._fold_of:
-            cap = self.settings.max_chars
-            fold = np.array([self._fold_of.get(fingerprint(t, cap), -1) for t in texts], dtype=np.int64)
+            fold = self.routed_folds(texts)
             for k in np.unique(fold[fold >= 0]).tolist():
                 rows = np.flatnonzero(fold == k)
                 logits[rows] = self.folds[k].logits([texts[i] for i in rows])
         return expit(logits)
+
+    def routed_folds(self, texts: Sequence[str]) -> np.ndarray:
+        """The fold model that scores each text (int64; -1: this model): a training text's own fold, found by
+        its fingerprint; else, where signatures are kept, the fold of the training text it is a near-copy of
+        (`curation.quality_groups.nearest_near_copy`: an LSH candidate whose MinHash estimate of Jaccard reaches
+        the grouping's threshold)."""
+        from curation.minhash import LSHParams
+        from curation.quality_groups import minhash_rows, nearest_near_copy
+
+        cap = self.settings.max_chars
+        fold = np.array([self._fold_of.get(fingerprint(t, cap), -1) for t in texts], dtype=np.int64)
+        rest = np.flatnonzero(fold < 0)
+        if self.trained_signature.size and rest.size:
+            params = LSHParams(**self.lsh)
+            sigs, signed = minhash_rows([texts[i][:cap] for i in rest], params)
+            near = nearest_near_copy(sigs, signed, self.trained_signature, self.trained_signed, params)
+            fold[rest[near >= 0]] = self.trained_fold[near[near >= 0]]
+        return fold
 
     def save(self, path: str | Path) -> Path:
         """Write `path/weights.npz` and `path/model.json` (the directory is created); returns `path`.
@@ -181,9 +212,11 @@ class QualityModel:
         for k, fold in enumerate(self.folds):
             fold.save(out / FOLDS_DIR / str(k))
         # always written (empty without folds), so a save over another model's directory leaves no stale one
-        write_npz(out / TRAINED_FILE, fingerprint=self.trained_fingerprint, fold=self.trained_fold)
+        write_npz(out / TRAINED_FILE, fingerprint=self.trained_fingerprint, fold=self.trained_fold,
+                  signature=self.trained_signature, signed=self.trained_signed)
         meta = {"format": "curation.quality", "version": FORMAT_VERSION, "settings": asdict(self.settings),
-                "heldout_auc": self.heldout_auc, "counts": self.counts, "near_duplicates": self.near_duplicates}
+                "heldout_auc": self.heldout_auc, "counts": self.counts, "near_duplicates": self.near_duplicates,
+                "lsh": self.lsh}
         atomic_write_bytes(out / META_FILE, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
         return out
 
@@ -207,15 +240,17 @@ class QualityModel:
             raise DataInputError(f"format {found[0]!r} version {found[1]!r}, expected 'curation.quality' version "
                                  f"{FORMAT_VERSION}: not a saved quality model", where=str(meta_path))
         try:
-            folds, trained = [], {"fingerprint": np.zeros(0, np.int64), "fold": np.zeros(0, np.int64)}
+            folds, trained = [], {"fingerprint": np.zeros(0, np.int64), "fold": np.zeros(0, np.int64),
+                                  "signature": np.zeros((0, 0), np.uint32), "signed": np.zeros(0, bool)}
             if (src / TRAINED_FILE).is_file():
-                with np.load(src / TRAINED_FILE, allow_pickle=False) as t:
-                    trained = {"fingerprint": t["fingerprint"], "fold": t["fold"]}
+                with np.load(src / TRAINED_FILE, allow_pickle=False) as t:  # signatures: absent before they were kept
+                    trained.update({name: t[name] for name in trained if name in t.files})
                 folds = [cls.load(src / FOLDS_DIR / str(k)) for k in range(int(trained["fold"].max(initial=-1)) + 1)]
             with np.load(weights_path, allow_pickle=False) as w:
                 return cls(HashingSettings(**meta["settings"]), w["coef_index"], w["coef_value"],
                            float(w["intercept"][0]), float(meta["heldout_auc"]), dict(meta.get("counts", {})),
-                           folds, trained["fingerprint"], trained["fold"], dict(meta.get("near_duplicates", {})))
+                           folds, trained["fingerprint"], trained["fold"], dict(meta.get("near_duplicates", {})),
+                           trained["signature"], trained["signed"], dict(meta.get("lsh", {})))
         except (OSError, EOFError, zipfile.BadZipFile, KeyError, IndexError, TypeError, ValueError) as err:
             raise DataInputError(f"a damaged quality model ({type(err).__name__}: {err})", where=str(src)) from None
 
@@ -229,7 +264,8 @@ def train_quality_classifier(positive_texts: Sequence[str], negative_texts: Sequ
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
 
-    from curation.quality_groups import heldout_split, near_duplicate_groups, out_of_fold
+    from curation.minhash import LSHParams
+    from curation.quality_groups import heldout_split, minhash_rows, near_duplicate_groups, out_of_fold
 
     pos, neg = _check_texts(positive_texts, "positive_texts"), _check_texts(negative_texts, "negative_texts")
     if not 0.0 < heldout_fraction < 1.0:
@@ -266,8 +302,11 @@ def train_quality_classifier(positive_texts: Sequence[str], negative_texts: Sequ
     if fold is not None:
         folds = [fitted(np.flatnonzero(fold != k)) for k in range(int(fold.max()) + 1)]
         prints = np.array([fingerprint(texts[i], settings.max_chars) for i in train_idx], dtype=np.int64)
+        lsh = LSHParams()
+        sigs, signed = minhash_rows([texts[i] for i in train_idx], lsh)
         model = QualityModel(model.settings, model.coef_index, model.coef_value, model.intercept, model.heldout_auc,
-                             model.counts, folds, prints, fold)
+                             model.counts, folds, prints, fold, {}, sigs, signed,
+                             {k: getattr(lsh, k) for k in ("bands", "rows", "threshold", "seed")})
     else:  # a class of one training group cannot be split: its texts keep in-sample scores
         logger.warning("quality classifier: a class has %d training group(s) of near-duplicates: its training "
                        "texts are scored in-sample", min(len(np.unique(groups[train_idx][y[train_idx] == c]))

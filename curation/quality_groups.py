@@ -52,12 +52,9 @@ def near_duplicate_groups(texts: Sequence[str], params: LSHParams | None = None)
         else:
             join(first, i)
     flat, offsets = shingle_sets([texts[i] for i in distinct])
-    sizes = np.diff(offsets)
-    rows = np.flatnonzero(sizes > 0)  # a text without a word has no shingles and no signature
+    rows = np.flatnonzero(np.diff(offsets) > 0)  # a text without a word has no shingles and no signature
     if len(rows) > 1:
-        sel_flat = np.concatenate([flat[offsets[r]:offsets[r + 1]] for r in rows])
-        sel_offsets = np.r_[0, np.cumsum(sizes[rows])].astype(np.int64)
-        keys = band_keys(signatures(sel_flat, sel_offsets, params), params)  # (m, bands)
+        keys = band_keys(_signatures_of(flat, offsets, rows, params), params)  # (m, bands)
         rejected: set[tuple[int, int]] = set()
         for band in range(params.bands):
             order = np.argsort(keys[:, band], kind="stable")
@@ -79,6 +76,63 @@ def near_duplicate_groups(texts: Sequence[str], params: LSHParams | None = None)
                             rejected.add((a, b))
     roots = np.array([find(i) for i in range(len(texts))], dtype=np.int64)
     return np.unique(roots, return_inverse=True)[1].astype(np.int64).reshape(-1)
+
+
+def _signatures_of(flat: np.ndarray, offsets: np.ndarray, rows: np.ndarray, params: LSHParams) -> np.ndarray:
+    """(len(rows), num_perm) uint32 MinHash signatures of the given rows (each non-empty) of ragged shingle sets."""
+    sizes = np.diff(offsets)[rows]
+    sel_flat = np.concatenate([flat[offsets[r]:offsets[r + 1]] for r in rows])
+    return signatures(sel_flat, np.r_[0, np.cumsum(sizes)].astype(np.int64), params)
+
+
+def minhash_rows(texts: Sequence[str], params: LSHParams) -> tuple[np.ndarray, np.ndarray]:
+    """(signatures, signed): every text's MinHash signature ((n, num_perm) uint32) of its word 5-gram shingles,
+    as `near_duplicate_groups` signs them; a text without a word has none (a row of zeros, `signed` False)."""
+    flat, offsets = shingle_sets(list(texts))
+    signed = np.diff(offsets) > 0
+    out = np.zeros((len(texts), params.num_perm), dtype=np.uint32)
+    rows = np.flatnonzero(signed)
+    if rows.size:
+        out[rows] = _signatures_of(flat, offsets, rows, params)
+    return out, signed
+
+
+def nearest_near_copy(query: np.ndarray, query_signed: np.ndarray, reference: np.ndarray,
+                      reference_signed: np.ndarray, params: LSHParams) -> np.ndarray:
+    """For each query signature, the reference row it is a near-copy of, or -1: among the signed reference rows
+    that share an LSH bucket with it, the one whose signature agrees with it in the most of the `num_perm`
+    places (MinHash's estimate of their Jaccard; the lowest row among equals), if that estimate is at least
+    `params.threshold`. The shingle sets are not at hand here (only signatures are kept), so the check is the
+    estimate, not the exact Jaccard `near_duplicate_groups` verifies (its standard error at 0.7 is
+    sqrt(0.7 x 0.3 / num_perm), 0.043 at the default 112)."""
+    out = np.full(len(query), -1, dtype=np.int64)
+    q_rows, r_rows = np.flatnonzero(query_signed), np.flatnonzero(reference_signed)
+    if not q_rows.size or not r_rows.size:
+        return out
+    q_keys, r_keys = band_keys(query[q_rows], params), band_keys(reference[r_rows], params)
+    pairs_q, pairs_r = [], []
+    for band in range(params.bands):
+        order = np.argsort(r_keys[:, band], kind="stable")
+        sorted_keys = r_keys[order, band]
+        left = np.searchsorted(sorted_keys, q_keys[:, band], side="left")
+        count = np.searchsorted(sorted_keys, q_keys[:, band], side="right") - left
+        hit = np.flatnonzero(count)
+        if not hit.size:
+            continue
+        n = count[hit]
+        starts = np.repeat(left[hit] - np.r_[0, np.cumsum(n)[:-1]], n) + np.arange(n.sum())
+        pairs_q.append(np.repeat(hit, n))
+        pairs_r.append(order[starts])
+    if not pairs_q:
+        return out
+    pair = np.unique(np.concatenate(pairs_q) * len(r_rows) + np.concatenate(pairs_r))
+    pq, pr = pair // len(r_rows), pair % len(r_rows)
+    agree = (query[q_rows[pq]] == reference[r_rows[pr]]).sum(axis=1)
+    best = np.lexsort((pr, -agree, pq))  # by query, then most agreement, then lowest reference row
+    first = best[np.r_[True, pq[best][1:] != pq[best][:-1]]]
+    close = agree[first] >= params.threshold * params.num_perm
+    out[q_rows[pq[first][close]]] = r_rows[pr[first][close]]
+    return out
 
 
 def _distinct_groups(y: np.ndarray, groups: np.ndarray, label: int) -> int:

@@ -321,3 +321,76 @@ def test_a_model_saved_before_near_duplicate_groups_were_recorded_still_loads(gr
     assert old.near_duplicates == {} and old.counts == model.counts
     texts = grouped[0][:3] + grouped[1][:3]
     np.testing.assert_array_equal(old.score(texts), model.score(texts))
+
+
+def _edited(text: str, rng: np.random.Generator, changed: int) -> str:
+    words = text.split()
+    for p in rng.choice(len(words), size=changed, replace=False):
+        words[p] = str(rng.choice(VOCABULARY))
+    return " ".join(words)
+
+
+def test_a_near_copy_of_a_training_text_is_scored_by_the_fold_model_that_did_not_see_it(grouped):
+    """Labels are random per group, so only memory scores a text right. A fresh near-copy of a training text
+    (two more words changed: Jaccard ~0.9 with it) went to the main model, which trained on its group, and was
+    scored by memory (AUC ~1); routed to its group's fold model it is scored at chance, as its twins are."""
+    pos, neg, group, model = grouped
+    rng = np.random.default_rng(11)
+    fold_of = dict(zip(model.trained_fingerprint.tolist(), model.trained_fold.tolist()))
+    trained = [(t, int(i < len(pos)), fold_of[fingerprint(t, SMALL.max_chars)])
+               for i, t in enumerate(pos + neg) if fingerprint(t, SMALL.max_chars) in fold_of]
+    copies = [_edited(t, rng, 2) for t, _, _ in trained]
+    labels = np.array([y for _, y, _ in trained])
+    assert not any(fingerprint(c, SMALL.max_chars) in fold_of for c in copies)  # not the training texts themselves
+    np.testing.assert_array_equal(model.routed_folds(copies), [k for *_, k in trained])
+    main = roc_auc_score(labels, model.logits(copies))
+    routed = roc_auc_score(labels, model.score(copies))
+    assert main > 0.95 and abs(routed - 0.5) < 0.15, (main, routed)
+    by_fold = np.array([model.folds[k].logits([c])[0] for c, (*_, k) in zip(copies, trained)])
+    np.testing.assert_allclose(model.score(copies), 1 / (1 + np.exp(-by_fold)), rtol=1e-12)
+
+
+def test_near_copy_routing_matches_exact_jaccard_away_from_the_threshold():
+    """Against brute force: a query goes to a reference row when its exact Jaccard with it is clearly above the
+    threshold (>= 0.8) and to none when every exact Jaccard is clearly below (<= 0.6); the estimate decides
+    only the band between. Texts without words are never routed."""
+    from curation.quality_groups import minhash_rows, nearest_near_copy
+
+    rng = np.random.default_rng(5)
+    params = LSHParams()
+    reference = [" ".join(rng.choice(VOCABULARY, size=200)) for _ in range(60)]
+    queries = [_edited(reference[i], rng, k) for i in range(60) for k in (0, 2, 6, 14)] + ["", "!!"]
+    query_sigs, query_signed = minhash_rows(queries, params)
+    ref_sigs, ref_signed = minhash_rows(reference, params)
+    got = nearest_near_copy(query_sigs, query_signed, ref_sigs, ref_signed, params)
+    flat_q, off_q = shingle_sets(queries)
+    flat_r, off_r = shingle_sets(reference)
+    checked = 0
+    for q in range(len(queries)):
+        exact = [jaccard(flat_q[off_q[q]:off_q[q + 1]], flat_r[off_r[r]:off_r[r + 1]]) if off_q[q + 1] > off_q[q]
+                 else 0.0 for r in range(len(reference))]
+        best = int(np.argmax(exact))
+        if exact[best] >= 0.8:
+            assert got[q] == best
+            checked += 1
+        elif exact[best] <= 0.6:
+            assert got[q] == -1
+            checked += 1
+    assert checked >= 170 and got[-2:].tolist() == [-1, -1] and not query_signed[-2:].any()
+
+
+def test_a_model_saved_before_signatures_were_kept_routes_exact_copies_only(grouped, tmp_path):
+    pos, neg, _, model = grouped
+    path = model.save(tmp_path / "model")
+    loaded = QualityModel.load(path)
+    np.testing.assert_array_equal(loaded.trained_signature, model.trained_signature)
+    assert loaded.lsh == model.lsh == {"bands": 14, "rows": 8, "threshold": 0.7, "seed": 42}
+    with np.load(path / "trained.npz") as t:
+        kept = {"fingerprint": t["fingerprint"], "fold": t["fold"]}
+    np.savez(path / "trained.npz", **kept)  # trained.npz as saved before
+    old = QualityModel.load(path)
+    assert old.trained_signature.size == 0
+    texts = pos[:20] + neg[:20]
+    copies = [_edited(t, np.random.default_rng(1), 2) for t in texts]
+    np.testing.assert_array_equal(old.score(texts), model.score(texts))  # exact copies: routed as before
+    np.testing.assert_array_equal(old.score(copies), 1 / (1 + np.exp(-model.logits(copies))))  # near: main model
