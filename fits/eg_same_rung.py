@@ -291,7 +291,10 @@ def same_rung_gains(df: pd.DataFrame, *, arm: str = "arm", baseline: str = "base
                      "seed_noise": {**noise_summary(pool, ci_level), "paired_on": pair, "rule": seed_noise,
                                     "by_rung": {str(r): noise_summary(n if n.dof else None, ci_level)
                                                 for r, n in per_rung.items()},
-                                    "equal_across_rungs": bartlett(per_rung)},
+                                    "equal_across_rungs": bartlett(per_rung),
+                                    "equal_across_arms": None if pair is not None else bartlett(
+                                        {a: at_rung(*seed_variance(g, arm=arm, rung=rung, y=y), 1)
+                                         for a, g in df.groupby(arm, sort=True)})},
                      "target_half_width": target_half_width})
 
 

@@ -85,6 +85,30 @@ def test_each_cell_uses_its_rungs_noise_and_a_rung_without_repeats_borrows_the_p
     assert width["pooled"][3] < width["rung"][3] and width["pooled"][2] > width["rung"][2]
 
 
+def test_equal_noise_across_arms_is_bartletts_test_on_each_arms_noise_pooled_over_its_rungs():
+    """The intervals pool the arms at a rung; the JSON tests that assumption. Each arm's noise is its scatter
+    about its own mean at each rung, pooled over its rungs (computed by hand here); an arm with five times the
+    others' noise is found, arms with one noise are not, and a paired fit (a residual noise) leaves it out."""
+    rng = np.random.default_rng(8)
+    df = heteroscedastic_ladder({r: 0.004 for r in range(2, 7)}, {r: 3 for r in range(2, 7)}, rng)
+    noisy = df.copy()
+    loud = noisy["arm"] == "b"
+    noisy.loc[loud, "bpb"] = np.exp(np.log(noisy.loc[loud, "bpb"]) + 0.02 * rng.standard_normal(loud.sum()))
+    for frame, detected in ((df, False), (noisy, True)):
+        test = same_rung_gains(frame, baseline="baseline", bootstrap=20)["seed_noise"]["equal_across_arms"]
+        logs = np.log(frame["bpb"])
+        per_arm = {}
+        for name, runs in frame.groupby("arm"):
+            resid = logs[runs.index] - logs[runs.index].groupby(runs["rung"]).transform("mean")
+            per_arm[name] = Noise(float(resid @ resid) / (len(runs) - runs["rung"].nunique()),
+                                  len(runs) - runs["rung"].nunique(), 1, "rung")
+        expected = bartlett(per_arm)
+        assert test["statistic"] == pytest.approx(expected["statistic"], rel=1e-12) and test["dof"] == 2
+        assert test["p_value"] < 1e-4 if detected else test["p_value"] > 0.05, test
+    paired = same_rung_gains(df, baseline="baseline", bootstrap=20, pair="seed")["seed_noise"]
+    assert paired["equal_across_arms"] is None
+
+
 def test_an_unknown_rule_is_refused_and_the_cli_flag_needs_the_same_rung(tmp_path, capsys):
     df = heteroscedastic_ladder({r: 0.003 for r in range(2, 7)}, {r: 2 for r in range(2, 7)},
                                 np.random.default_rng(1))

@@ -163,21 +163,26 @@ def run_arms(args: argparse.Namespace) -> int:
 
 def noise_table(seed_noise: dict):
     """Against the same rung: each domain's seed noise of log BPB at each rung (sd, degrees of freedom), the
-    pool over the rungs, Bartlett's p for equal noise, and which the intervals used (`fits.rung_noise`)."""
+    pool over the rungs, Bartlett's p for equal noise across the rungs and across the arms (each arm's noise
+    pooled over its rungs; the intervals pool the arms at a rung), and which the intervals used
+    (`fits.rung_noise`)."""
     rungs = sorted({r for n in seed_noise.values() for r in n.get("by_rung", {})}, key=float)
 
     def sd(n: dict) -> str:
         return f"{n['log_sd']:.2%} ({n['dof']})" if n.get("log_sd") is not None and n.get("dof") else "-"
 
+    def p_value(test: dict | None) -> str:
+        return f"{test['p_value']:.3f}" if test else "-"
+
     rows = []
     for domain, n in seed_noise.items():
-        test = n.get("equal_across_rungs")
         rows.append([domain, *[sd(n.get("by_rung", {}).get(r, {})) for r in rungs], sd(n),
-                     f"{test['p_value']:.3f}" if test else "-"])
+                     p_value(n.get("equal_across_rungs")), p_value(n.get("equal_across_arms"))])
     rule = next(iter(seed_noise.values())).get("rule", "pooled")
     used = ("each rung's own; a rung without repeats ('-') the pool" if rule == "rung" else "the pool, at every rung")
     return make_table(f"seed noise of log BPB between seeds (sd, dof); the intervals use {used}",
-                      ["domain", *[f"L{r}" for r in rungs], "pooled", "equal across rungs (Bartlett p)"], rows)
+                      ["domain", *[f"L{r}" for r in rungs], "pooled", "equal across rungs (Bartlett p)",
+                       "equal across arms (Bartlett p)"], rows)
 
 
 def _eg_text(value: float | None) -> str:
