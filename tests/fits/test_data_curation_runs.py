@@ -332,3 +332,42 @@ def test_the_rebuilt_quality_and_diverse_arms_keep_the_readings():
     assert set(readings("replica")) == {"no measured gain"}
     assert set(readings("quarter")) == {"loss"}
     assert result["arms"]["diverse"]["all"]["trend"]["verdict"] == "no measured trend"
+
+
+def test_two_seeds_at_every_rung_calibrate_the_replica_at_all_five():
+    """notebooks/fixtures/data_curation_upper_runs.csv: the rebuilt experiment and sweeps/data_curation_upper.yaml's
+    14 runs (every arm's second seed at L5-L6, the replica there too): two seeds an arm at every rung. Each rung's
+    interval then has its own noise (none borrows the pool), the replica holds 1 at all five rungs in the mean
+    over domains (32 of 35 cells), its interval is inside ±10% only where the rung's noise is small (L5), and the
+    arms' noise is not shown to differ (the assumption of pooling them at a rung)."""
+    import pandas as pd
+
+    upper = FIXTURE.with_name("data_curation_upper_runs.csv")
+    runs, rebuilt = pd.read_csv(upper), pd.read_csv(FIXTURE.with_name("data_curation_rebuilt_runs.csv"))
+    assert len(runs) == 60 and list(runs.run_id[:46]) == list(rebuilt.run_id)
+    new = runs.iloc[46:]
+    assert set(new.rung) == {5, 6} and sorted(new[new.arm == "replica"].seed) == [2, 2, 3, 3]
+    assert sorted(new[new.arm != "replica"].arm) == sorted(["baseline", "dedup", "quality", "diverse", "quarter"] * 2)
+    assert (runs.groupby(["arm", "rung"]).size() == 2).all()
+    result = fit_arms("--against", "rung", csv=upper)
+    noise = result["seed_noise"]["all"]
+    assert {r: n["dof"] for r, n in noise["by_rung"].items()} == {str(r): 6 for r in range(2, 7)}
+    assert [round(100 * noise["by_rung"][str(r)]["log_sd"], 2) for r in range(2, 7)] == [0.38, 0.89, 0.35, 0.2, 0.65]
+    assert noise["equal_across_arms"]["p_value"] == pytest.approx(0.082, abs=1e-3)
+    replica = result["arms"]["replica"]
+    cells = {(d, r["rung"]): r for d, per in replica.items() for r in per["rungs"]}
+    assert len(cells) == 35 and all(r["seed_noise_from"] == "rung" for r in cells.values())
+    missed = sorted(k for k, r in cells.items() if not r["interval"][0] <= 1 <= r["interval"][1])
+    assert missed == [("books", 5), ("code", 4), ("web", 2)]
+    half = [round(100 * (math.sqrt(cells["all", L]["interval"][1] / cells["all", L]["interval"][0]) - 1), 1)
+            for L in range(2, 7)]
+    assert half == [11.8, 29.6, 10.6, 6.0, 20.8]
+    assert [cells["all", L]["seeds_for_target"] for L in range(2, 7)] == [3, 10, 3, 2, 6]
+
+    def readings(arm: str) -> list[str]:
+        return [r["verdict"] for r in result["arms"][arm]["all"]["rungs"]]
+
+    assert readings("diverse") == ["loss", "no measured gain", "loss", "loss", "loss"]
+    assert set(readings("quarter")) == {"loss"} and set(readings("dedup")) == {"no measured gain"}
+    assert readings("quality") == ["no measured gain"] * 3 + ["loss", "no measured gain"]
+    assert all(result["arms"][a]["all"]["trend"]["verdict"] == "no measured trend" for a in result["arms"])
