@@ -152,10 +152,14 @@ class QualityModel:
         self._fold_of = dict(zip(self.trained_fingerprint.tolist(), self.trained_fold.tolist()))
         self.trained_signature = np.asarray(self.trained_signature, dtype=np.uint32)
         self.trained_signed = np.asarray(self.trained_signed, dtype=bool)
-        if self.trained_signature.size and (
-                self.trained_signature.ndim != 2 or self.trained_signature.shape[0] != self.trained_fold.size
-                or self.trained_signed.shape != self.trained_fold.shape or not self.lsh):
-            raise ValueError("trained_signature must hold one row per trained text, with trained_signed and lsh")
+        if self.trained_signature.size:
+            from curation.minhash import LSHParams
+
+            width = LSHParams(**self.lsh).num_perm if self.lsh else -1  # a wrong setting raises here, not at score
+            if self.trained_signature.shape != (self.trained_fold.size, width) \
+                    or self.trained_signed.shape != self.trained_fold.shape:
+                raise ValueError("trained_signature must hold one row of lsh's num_perm per trained text, with "
+                                 "trained_signed")
 
     def logits(self, texts: Sequence[str]) -> np.ndarray:
         texts = _check_texts(texts, "texts")

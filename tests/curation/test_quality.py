@@ -394,3 +394,9 @@ def test_a_model_saved_before_signatures_were_kept_routes_exact_copies_only(grou
     copies = [_edited(t, np.random.default_rng(1), 2) for t in texts]
     np.testing.assert_array_equal(old.score(texts), model.score(texts))  # exact copies: routed as before
     np.testing.assert_array_equal(old.score(copies), 1 / (1 + np.exp(-model.logits(copies))))  # near: main model
+    model.save(path)
+    meta = json.loads((path / "model.json").read_text())
+    for lsh in ({**meta["lsh"], "rows": 4}, {**meta["lsh"], "colour": 1}, {}):  # not the signatures' settings
+        (path / "model.json").write_text(json.dumps({**meta, "lsh": lsh}))
+        with pytest.raises(DataInputError, match="damaged quality model"):
+            QualityModel.load(path)
