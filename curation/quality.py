@@ -309,8 +309,7 @@ def train_quality_classifier(positive_texts: Sequence[str], negative_texts: Sequ
         lsh = LSHParams()
         sigs, signed = minhash_rows([texts[i] for i in train_idx], lsh)
         model = QualityModel(model.settings, model.coef_index, model.coef_value, model.intercept, model.heldout_auc,
-                             model.counts, folds, prints, fold, {}, sigs, signed,
-                             {k: getattr(lsh, k) for k in ("bands", "rows", "threshold", "seed")})
+                             model.counts, folds, prints, fold, {}, sigs, signed, asdict(lsh))
     else:  # a class of one training group cannot be split: its texts keep in-sample scores
         logger.warning("quality classifier: a class has %d training group(s) of near-duplicates: its training "
                        "texts are scored in-sample", min(len(np.unique(groups[train_idx][y[train_idx] == c]))
