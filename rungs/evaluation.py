@@ -54,6 +54,11 @@ class DomainScore:
     # eval's documents include the sample's (the default), else None. It ends the learning curve at
     # the last step without scoring the sample a second time.
     sample_bpb: float | None = None
+    # The final eval's: each document's bits and UTF-8 bytes, in held-out order (empty for the intermediate
+    # eval). Seeds scored on the same documents differ by the model and by how each model fits each document;
+    # `fits.heldout_noise` splits the seed noise into those two parts from them.
+    doc_bits: tuple[float, ...] = ()
+    doc_bytes: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -135,7 +140,9 @@ def score_domains(logits_fn: Callable[[torch.Tensor], torch.Tensor], corpus: Pre
                 sample_bpb = float(doc_nats[sample].sum() / (math.log(2) * doc_bytes[sample].sum()))
         scores[domain] = DomainScore(bpb=nats / (math.log(2) * n_bytes) if n_bytes else float("nan"),
                                      bpb_se=ratio_standard_error(doc_nats / math.log(2), doc_bytes),
-                                     docs=len(ids), tokens=tokens, bytes=n_bytes, sample_bpb=sample_bpb)
+                                     docs=len(ids), tokens=tokens, bytes=n_bytes, sample_bpb=sample_bpb,
+                                     doc_bits=tuple((doc_nats / math.log(2)).tolist()) if final else (),
+                                     doc_bytes=tuple(doc_bytes.tolist()) if final else ())
     return scores
 
 

@@ -244,6 +244,9 @@ def _evaluate(engine: Engine, state: LoopState, *, final: bool, due: bool) -> di
             curve = {d: s.bpb for d, s in engine.evaluate(final=False).items()}
     if final and curve:
         entry["sample_bpb"] = curve
+    if final:  # each held-out document's bits and bytes (`fits.heldout_noise`)
+        entry["doc_bits"] = {d: list(s.doc_bits) for d, s in scores.items()}
+        entry["doc_bytes"] = {d: list(s.doc_bytes) for d, s in scores.items()}
     entry["seconds"] = time.perf_counter() - t0
     state.evals.append(entry)
     log.info("step %d: %s BPB %s (%.1fs)", state.step, "final" if final else "sample",

@@ -301,3 +301,25 @@ def log_fit_run(tracking_uri: str, experiment: str, *, command: str, payload: di
     client.set_terminated(run.info.run_id, "FINISHED")
     log.info("logged fit %s as MLflow run %s", command, run.info.run_id)
     return run.info.run_id
+
+
+def final_doc_bits(tracking_uri: str, run_ids: list[str]) -> dict[str, dict[str, list[float]] | None]:
+    """Each run's final eval per-document bits (eval.json's final entry `doc_bits`: domain → bits per held-out
+    document), from its MLflow artifact; None for a run without them (logged before they were kept, or with
+    no final eval)."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client(tracking_uri)
+    out: dict[str, dict[str, list[float]] | None] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for run_id in run_ids:
+            try:
+                path = Path(client.download_artifacts(run_id, "eval.json", str(Path(tmp) / run_id)))
+                evals = json.loads(path.read_text()).get("evals", [])
+            except (OSError, ValueError, MlflowException) as err:  # no such artifact, or a damaged one
+                log.info("run %s: no readable eval.json (%s)", run_id, err)
+                out[run_id] = None
+                continue
+            final = [e for e in evals if e.get("final") and e.get("doc_bits")]
+            out[run_id] = final[-1]["doc_bits"] if final else None
+    return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
 from ladder.run.mlflow_runs import domains_of, fit_table, read_runs
@@ -34,6 +35,11 @@ def test_the_curve_ends_on_the_sample_and_the_final_eval_has_its_own_keys(tmp_pa
         assert history[-1][1] != final_bpb  # ... not the final eval's
         assert metrics[f"final_bpb/{domain}"] == final_bpb == final["bpb"][domain]
         assert metrics[f"final_bpb_se/{domain}"] == res.bpb_se[domain] == final["bpb_se"][domain] > 0
+        # each held-out document's bits and bytes: the final BPB is their ratio of sums (fits.heldout_noise)
+        bits, nbytes = final["doc_bits"][domain], final["doc_bytes"][domain]
+        assert len(bits) == len(nbytes) == 2 and all(b > 0 for b in bits)
+        assert sum(bits) / sum(nbytes) == pytest.approx(final_bpb, rel=1e-9)
+    assert "doc_bits" not in sample_at_2  # the intermediate eval keeps none
     stored = json.loads((tmp_path / "run" / "result.json").read_text())
     assert stored["bpb_se"] == res.bpb_se and set(res.bpb_se) == set(res.bpb)
     table = fit_table(read_runs("curve", uri))  # the fits' table: bpb_se_<domain> beside bpb_<domain>

@@ -1,4 +1,4 @@
-"""`ladder fit power-law|chinchilla|hparams|efficiency|iso-bpb`: fit laws to a CSV or straight to an MLflow
+"""`ladder fit power-law|chinchilla|hparams|efficiency|iso-bpb|arms|heldout`: fit laws to a CSV or straight to an MLflow
 experiment.
 
 JSON contracts (docs/architecture.md): power-law → `ladder/cli/fit/power_law.py`; chinchilla → E, A, B, alpha,
@@ -16,7 +16,7 @@ import logging
 import math
 import sys
 
-from ladder.cli.fit import arms, efficiency, power_law
+from ladder.cli.fit import arms, efficiency, heldout, power_law
 from ladder.cli.fit.inputs import (add_ci_level_and_seed, check_counts_and_level, delta_arg, column_arg, finish, input_error, load_input)
 from ladder.errors import LadderInputError
 from ladder.plan.recipe import HparamLaws
@@ -75,6 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     efficiency.register(fit_sub, common)
     arms.register(fit_sub, common)
+    heldout.register(fit_sub)
 
 
 # ---------------------------------------------------------------- chinchilla
