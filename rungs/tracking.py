@@ -181,6 +181,21 @@ def log_artifact(client: Any, tracking_uri: str, run_id: str, path: Path) -> Non
     client.log_artifact(run_id, str(path))
 
 
+def fetch_artifact(client: Any, tracking_uri: str, run_id: str, name: str, dest: Path) -> Path:
+    """The local path of run `run_id`'s artifact `name`: `client.download_artifacts` into `dest`, or, for a run
+    whose experiment a tracking server created (`mlflow-artifacts:/…`, see `log_artifact`), the file where the
+    server keeps it beside the SQLite store, read in place. Raises OSError where there is no such file."""
+    uri = client.get_run(run_id).info.artifact_uri
+    root = local_artifacts_dir(tracking_uri)
+    if uri.startswith("mlflow-artifacts:") and root is not None:
+        path = root / uri[len("mlflow-artifacts:"):].lstrip("/") / name
+        if not path.is_file():
+            raise FileNotFoundError(f"no artifact {name} of run {run_id} at {path}")
+        return path
+    dest.mkdir(parents=True, exist_ok=True)
+    return Path(client.download_artifacts(run_id, name, str(dest)))
+
+
 def _run_is_missing(err: Exception) -> bool:
     """Whether MLflow said the run does not exist (the store was wiped, moved or is another one), as opposed to
     failing to answer: only then is a new run the right continuation of a resumed job."""

@@ -309,15 +309,17 @@ def final_doc_bits(tracking_uri: str, run_ids: list[str]) -> dict[str, dict[str,
     no final eval)."""
     from mlflow.exceptions import MlflowException
 
+    from rungs.tracking import fetch_artifact
+
     client = _client(tracking_uri)
     out: dict[str, dict[str, list[float]] | None] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for run_id in run_ids:
             try:
-                path = Path(client.download_artifacts(run_id, "eval.json", str(Path(tmp) / run_id)))
+                path = fetch_artifact(client, tracking_uri, run_id, "eval.json", Path(tmp) / run_id)
                 evals = json.loads(path.read_text()).get("evals", [])
             except (OSError, ValueError, MlflowException) as err:  # no such artifact, or a damaged one
-                log.info("run %s: no readable eval.json (%s)", run_id, err)
+                log.debug("run %s: no readable eval.json (%s)", run_id, err)
                 out[run_id] = None
                 continue
             final = [e for e in evals if e.get("final") and e.get("doc_bits")]

@@ -100,3 +100,37 @@ def test_bad_columns_and_numbers_are_refused(store, capsys, argv, says):
     uri, _ = store
     code, out, err = fit(capsys, "--experiment", EXPERIMENT, "--tracking-uri", uri, "--no-log", *argv)
     assert code == 2 and out == "" and says in err and "Traceback" not in err
+
+
+def test_an_experiment_of_runs_without_per_document_bits_is_refused_saying_why(store, capsys):
+    uri, _ = store
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("older"), tags={"rung": "3", "trial_key": "older"})
+    client.log_metric(run.info.run_id, "final_bpb/code", 4.0)
+    client.set_terminated(run.info.run_id, "FINISHED")
+    code, out, err = fit(capsys, "--experiment", "older", "--tracking-uri", uri, "--no-log")
+    assert code == 2 and out == "" and "no run has per-document bits" in err and "Traceback" not in err
+
+
+def test_runs_a_tracking_server_logged_are_read_beside_the_store(store, tmp_path):
+    """A sweep's runs are logged through its tracking server, their artifacts under `mlflow-artifacts:/…`, which
+    only a server resolves; read on the SQLite file (as after `ladder sweep run`), the files are where the
+    server keeps them, `mlartifacts/` beside the store (`rungs.tracking.log_artifact` writes there too)."""
+    from ladder.run.mlflow_runs import final_doc_bits
+    from rungs.tracking import log_artifact
+
+    uri, dirs = store
+    client = MlflowClient(uri)
+    exp = client.create_experiment("served", artifact_location="mlflow-artifacts:/served")
+    ids = []
+    for d in dirs:
+        run = client.create_run(exp)
+        assert run.info.artifact_uri.startswith("mlflow-artifacts:")
+        log_artifact(client, uri, run.info.run_id, d / "eval.json")
+        ids.append(run.info.run_id)
+    bare = client.create_run(exp).info.run_id  # no eval.json at all
+    got = final_doc_bits(uri, [*ids, bare])
+    for run_id, d in zip(ids, dirs):
+        final = [e for e in json.loads((d / "eval.json").read_text())["evals"] if e["final"]][-1]
+        assert got[run_id] == final["doc_bits"]
+    assert got[bare] is None
