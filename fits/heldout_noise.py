@@ -17,7 +17,8 @@ and the second term is the documents' part. Each document's residual c_si = r_si
 σ_i²(1 − 2w_i) + Σ_j w_j² σ_j² over seeds; the sample variances v_i of the c_si give σ² by solving that
 linear system (a moment estimator, unbiased to first order), and the documents' part is Σ_i w_i² σ_i². The
 model part is Var(δ) minus it. Doubling the held-out documents (drawn like these) halves the documents' part
-and leaves the model's.
+and leaves the model's. Configurations that differ in more than their seed (a sweep's arms, two seeds each)
+are each centred on their own means, and their sums of squares pooled on Σ (seeds − 1) degrees of freedom.
 
 Across domains, the mean of log BPB over D domains has the documents' part Σ_d (their part)/D², since the
 domains' documents are distinct; the model's part is whatever is left of the mean's variance.
