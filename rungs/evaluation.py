@@ -60,7 +60,7 @@ class DomainScore:
     doc_bits: tuple[float, ...] = ()
     doc_bytes: tuple[int, ...] = ()
 
-    def to_dict(self) -> dict[str, float | int]:
+    def to_dict(self) -> dict[str, float | int | tuple[float, ...] | tuple[int, ...] | None]:
         return asdict(self)
 
 
