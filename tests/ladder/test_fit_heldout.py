@@ -134,3 +134,17 @@ def test_runs_a_tracking_server_logged_are_read_beside_the_store(store, tmp_path
         final = [e for e in json.loads((d / "eval.json").read_text())["evals"] if e["final"]][-1]
         assert got[run_id] == final["doc_bits"]
     assert got[bare] is None
+
+
+def test_the_figure_is_written_and_a_figure_of_nothing_is_refused(store, capsys, tmp_path):
+    from matplotlib.image import imread
+
+    uri, _ = store
+    path = tmp_path / "fig" / "heldout.png"
+    code, out, err = fit(capsys, "--experiment", EXPERIMENT, "--tracking-uri", uri, "--json", "--no-log",
+                         "--plot", str(path))
+    assert code == 0, err
+    assert json.loads(out)["plot"] == str(path) and imread(path).shape[0] > 100
+    code, out, err = fit(capsys, "--experiment", EXPERIMENT, "--tracking-uri", uri, "--no-log", "--configs", "seed",
+                         "--plot", str(tmp_path / "none.png"))
+    assert code == 2 and "--plot" in err and "no split to plot" in err and not (tmp_path / "none.png").exists()

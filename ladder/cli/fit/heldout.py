@@ -14,7 +14,7 @@ import argparse
 import sys
 from typing import Any
 
-from ladder.cli.output import make_table, print_json, stdout_console
+from ladder.cli.output import make_table, output_file, print_json, stdout_console
 from ladder.errors import LadderInputError
 from rungs.tracking_uri import DEFAULT_STORE_HELP
 
@@ -31,6 +31,8 @@ def register(fit_sub: argparse._SubParsersAction) -> None:
                                      "its seeds (default: whichever of arm, lr, wd, dropout the runs have)")
     q.add_argument("--more-documents", type=float, default=4.0, metavar="K",
                    help="also say one seed's noise with K times the held-out documents, drawn like these (default 4)")
+    q.add_argument("--plot", type=output_file((".png",)),
+                   help="write a PNG: per rung, each domain's seed sd with the held-out documents' part inside it")
     q.add_argument("--no-log", action="store_true", help="do not log the result back to MLflow")
     q.add_argument("--json", action="store_true", help="print one JSON object")
     q.set_defaults(handler=run_heldout)
@@ -88,6 +90,14 @@ def run_heldout(args: argparse.Namespace) -> int:
         splits.append(entry)
     payload = {"experiment": args.experiment, "tracking_uri": uri, "by": args.by, "configs": configs,
                "more_documents": args.more_documents, "splits": splits, "runs_without_doc_bits": without}
+    if args.plot:
+        from fits.heldout_plots import plot_heldout_split
+
+        try:
+            plot_heldout_split(splits, args.more_documents, by=args.by, path=args.plot)
+        except ValueError as err:
+            raise LadderInputError(str(err), where=where, field="--plot") from None
+        payload["plot"] = args.plot
     if not args.no_log:
         metrics = {f"{args.by}_{s['by']}/{d}/{k}": v for s in splits for d, cell in s.get("domains", {}).items()
                    for k, v in cell.items() if k in ("sd_total", "sd_model", "sd_documents", "documents_share")
