@@ -164,17 +164,23 @@ def mark_model_training(client: Any, experiment: Any) -> None:
         client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND_TAGS[EXPERIMENT_KIND_TAG])
 
 
-def log_artifact(client: Any, tracking_uri: str, run_id: str, path: Path) -> None:
-    """`client.log_artifact`, also for a run whose experiment a tracking server created.
-
-    Such runs store artifacts under `mlflow-artifacts:/…`, which only the server can resolve; a client
-    on the server's SQLite file (`ladder fit --experiment` after `ladder sweep run`) writes the file
-    where the server keeps it instead: `<store dir>/mlartifacts/…` (ladder.run.tracking_server's default).
-    """
+def _served_artifact_dir(client: Any, tracking_uri: str, run_id: str) -> Path | None:
+    """Where a run whose experiment a tracking server created keeps its artifacts on this machine: its
+    `mlflow-artifacts:/…` URI, which only the server resolves, under `<store dir>/mlartifacts/`
+    (ladder.run.tracking_server's default); None for any other run or store."""
     uri = client.get_run(run_id).info.artifact_uri
     root = local_artifacts_dir(tracking_uri)
     if uri.startswith("mlflow-artifacts:") and root is not None:
-        dest = root / uri[len("mlflow-artifacts:"):].lstrip("/")
+        return root / uri[len("mlflow-artifacts:"):].lstrip("/")
+    return None
+
+
+def log_artifact(client: Any, tracking_uri: str, run_id: str, path: Path) -> None:
+    """`client.log_artifact`, also for a run whose experiment a tracking server created: a client on the
+    server's SQLite file (`ladder fit --experiment` after `ladder sweep run`) writes the file where the server
+    keeps it instead (`_served_artifact_dir`)."""
+    dest = _served_artifact_dir(client, tracking_uri, run_id)
+    if dest is not None:
         dest.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, dest / Path(path).name)
         return
@@ -183,12 +189,11 @@ def log_artifact(client: Any, tracking_uri: str, run_id: str, path: Path) -> Non
 
 def fetch_artifact(client: Any, tracking_uri: str, run_id: str, name: str, dest: Path) -> Path:
     """The local path of run `run_id`'s artifact `name`: `client.download_artifacts` into `dest`, or, for a run
-    whose experiment a tracking server created (`mlflow-artifacts:/…`, see `log_artifact`), the file where the
-    server keeps it beside the SQLite store, read in place. Raises OSError where there is no such file."""
-    uri = client.get_run(run_id).info.artifact_uri
-    root = local_artifacts_dir(tracking_uri)
-    if uri.startswith("mlflow-artifacts:") and root is not None:
-        path = root / uri[len("mlflow-artifacts:"):].lstrip("/") / name
+    whose experiment a tracking server created, the file where the server keeps it, read in place
+    (`_served_artifact_dir`). Raises OSError where there is no such file."""
+    served = _served_artifact_dir(client, tracking_uri, run_id)
+    if served is not None:
+        path = served / name
         if not path.is_file():
             raise FileNotFoundError(f"no artifact {name} of run {run_id} at {path}")
         return path
