@@ -11,6 +11,7 @@ of one configuration, each centred on its own means and their scatter pooled.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
@@ -39,8 +40,6 @@ def register(fit_sub: argparse._SubParsersAction) -> None:
 
 
 def run_heldout(args: argparse.Namespace) -> int:
-    import pandas as pd
-
     from fits.heldout_noise import split_runs
     from ladder.run.mlflow_runs import final_doc_bits, fit_table, log_fit_run, read_runs
     from rungs.tracking_uri import default_tracking_uri
@@ -83,7 +82,7 @@ def run_heldout(args: argparse.Namespace) -> int:
             entry["not_split"] = str(err)
         else:
             entry["domains"] = {d: {"seeds": h.seeds, "documents": h.documents, "sd_total": h.sd_total,
-                                    "sd_model": None if pd.isna(h.sd_model) else h.sd_model,
+                                    "sd_model": None if math.isnan(h.sd_model) else h.sd_model,
                                     "sd_documents": h.sd_documents, "documents_share": h.documents_share,
                                     "sd_with_more_documents": h.sd_with_documents(args.more_documents)}
                                 for d, h in result.items()}
