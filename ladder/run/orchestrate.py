@@ -39,7 +39,7 @@ from ladder.run.sweep_status import (ERROR_CHARS, STALE_AFTER_SECONDS, SweepOutc
                                      sweep_status, trial_row)
 from ladder.run.tracking_server import TrackingServer, is_local_store
 from ladder.run.tune_experiment import run_on_tune
-from rungs.tracking import sqlite_path, store_lock
+from rungs.tracking import EXPERIMENT_KIND_TAGS, mark_model_training, sqlite_path, store_lock
 from sweeps.spec import SweepSpec
 
 __all__ = ["ERROR_CHARS", "RAY_CLIENT_PORT", "RAY_PROBE_SECONDS", "STALE_AFTER_SECONDS", "SweepOutcome", "TrialRow",
@@ -79,12 +79,17 @@ def _payload(planned: PlannedTrial, spec: SweepSpec, *, tracking_uri: str, runs_
 
 
 def ensure_experiment(tracking_uri: str, name: str) -> str:
-    """Create the sweep's experiment once, here, so concurrent trials do not race to create it."""
+    """Create the sweep's experiment once, here, tagged as model training, so concurrent trials neither race
+    to create it nor to tag it: two trials tagging one untagged experiment through a tracking server both
+    insert the tag, and the second fails on the store's unique key (its attempt then reran)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
     exp = client.get_experiment_by_name(name)
-    return exp.experiment_id if exp is not None else client.create_experiment(name)
+    if exp is None:
+        return client.create_experiment(name, tags=EXPERIMENT_KIND_TAGS)
+    mark_model_training(client, exp)
+    return exp.experiment_id
 
 
 def _new_local_store(store: str) -> bool:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ladder.plan.memory import planned_expert_parallel, trial_capacity_factor
 from ladder.run.sweep_runs import TAG_ATTEMPT, TAG_ERROR, TAG_KEY, TAG_LABEL, TAG_OUTCOME, TAG_SWEEP, tag_run
+from rungs.tracking import EXPERIMENT_KIND_TAGS
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def _record_failure(payload: dict, run_dir: Path, tags: dict, err: BaseException
         client = MlflowClient(uri)
         name = payload["config"]["experiment_name"]
         exp = client.get_experiment_by_name(name)
-        exp_id = exp.experiment_id if exp is not None else client.create_experiment(name)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(name, tags=EXPERIMENT_KIND_TAGS)
         run = client.create_run(exp_id, run_name=f"failed-{payload['key'][:8]}",
                                 tags={k: str(v) for k, v in tags.items()})
         client.set_terminated(run.info.run_id, status="FAILED")

@@ -103,6 +103,30 @@ def test_status_shows_a_failed_trials_error(tmp_path, capsys):
     assert rc == 0 and "FileNotFoundError: manifest file not found: /data/gone.yaml" in out
 
 
+def test_the_sweep_driver_marks_its_experiment_as_model_training_so_trials_never_tag_it(tmp_path):
+    """Trials tag an experiment that lacks the kind tag; two doing so at once through a tracking server both
+    insert it, and one fails on the store's unique key. The driver creates the experiment tagged, and tags an
+    older untagged one, before any trial starts; the failure record creates it tagged too."""
+    from mlflow import MlflowClient
+
+    from ladder.run.orchestrate import ensure_experiment
+    from ladder.run.trial import _record_failure
+    from rungs.tracking import EXPERIMENT_KIND_TAG
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(store)
+    fresh = ensure_experiment(store, "fresh")
+    old = client.create_experiment("older")  # as a version before the tag, or another tool, left it
+    assert EXPERIMENT_KIND_TAG not in client.get_experiment(old).tags
+    assert ensure_experiment(store, "older") == old
+    assert ensure_experiment(store, "fresh") == fresh
+    for exp_id in (fresh, old):
+        assert client.get_experiment(exp_id).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    payload = {"key": "k" * 16, "config": {"tracking_uri": store, "experiment_name": "failed-first"}}
+    _record_failure(payload, tmp_path / "run", {"trial_key": "k" * 16}, RuntimeError("died before its run"))
+    assert client.get_experiment_by_name("failed-first").tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+
+
 @pytest.mark.parametrize("where", ["spec", "block", "arm"])
 def test_a_relative_data_manifest_override_is_relative_to_the_spec_and_keyed_absolute(tmp_path, monkeypatch, where):
     """As `data:` is: run from another directory, the spec trains on the corpus beside it, and the key names
