@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -166,3 +167,11 @@ def split_runs(evals: Sequence[Mapping[str, Sequence[float]]],
     # every run has every domain, so the domains' groups hold the same seeds: no check beyond split_domain's
     out["all"] = _mean_over_domains({d: _groups(gs) for d, gs in arrays.items()}, out)
     return out
+
+
+def split_label(by: str, value: Any, sep: str = " ") -> str:
+    """A split's name: "rung 3" for `--by rung`; "arm unrouted rung 3" for `--by arm,rung` (a list of values)."""
+    columns = by.split(",")
+    values = value if isinstance(value, list) else [value]
+    return sep.join(f"{c}{sep}{v:g}" if isinstance(v, float) else f"{c}{sep}{v}"
+                    for c, v in zip(columns, values, strict=True))

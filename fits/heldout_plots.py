@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from fits.heldout_noise import split_label
 from fits.plots import new_figure, save_figure
 
 MAX_COLUMNS = 4
@@ -18,7 +19,8 @@ MAX_COLUMNS = 4
 
 def plot_heldout_split(splits: list[dict[str, Any]], more_documents: float, *, by: str = "rung",
                        path: str | Path | None = None) -> Figure:
-    """`splits`: the `splits` of `ladder fit heldout --json` (each {"by": value, "domains": {domain: cell}});
+    """`splits`: the `splits` of `ladder fit heldout --json` (each {"by": value, or a list of values for several
+    comma-separated `by` columns, "domains": {domain: cell}});
     a split without domains (not split, for want of seeds) is left out."""
     shown = [s for s in splits if s.get("domains")]
     if not shown:
@@ -34,7 +36,7 @@ def plot_heldout_split(splits: list[dict[str, Any]], more_documents: float, *, b
         ax.scatter(x, [100 * c["sd_with_more_documents"] for c in cells], marker="_", s=220, color="k", zorder=3,
                    label=f"with {more_documents:g}× the documents")
         ax.set_xticks(x, domains, fontsize=7, rotation=30)
-        ax.set_title(f"{by} {split['by']} ({split['runs']} runs)", fontsize=9)
+        ax.set_title(f"{split_label(by, split['by'])} ({split['runs']} runs)", fontsize=9)
         ax.set_ylabel("sd of log BPB (%)", fontsize=8)
         ax.tick_params(labelsize=7)
     for ax in axes[len(shown):]:

@@ -91,8 +91,24 @@ def test_a_split_with_one_seed_a_configuration_says_why(store, capsys):
     assert "at least 2 degrees of freedom" in split["not_split"]
 
 
+def test_splits_by_several_columns_name_each_combination(store, capsys):
+    """`--by rung,seed`: one split per (rung, seed), its `by` the list of values; one run each is not split."""
+    uri, _ = store
+    code, out, err = fit(capsys, "--experiment", EXPERIMENT, "--tracking-uri", uri, "--json", "--no-log",
+                         "--by", "rung,seed")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["by"] == "rung,seed"
+    assert [s["by"] for s in got["splits"]] == [[3, s] for s in range(4)]
+    assert all(s["runs"] == 1 and "not_split" in s for s in got["splits"])
+    code, out, err = fit(capsys, "--experiment", EXPERIMENT, "--tracking-uri", uri, "--no-log", "--by", "rung,seed")
+    assert code == 0 and "rung 3 seed 2: one seed's sd of log BPB, 1 run in 1 configuration: not split" in err
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--by", "colour"], "--by"),
+    (["--by", "rung,colour"], "--by"),
+    (["--by", ","], "--by"),
     (["--configs", "arm,colour"], "--configs"),
     (["--more-documents", "0"], "--more-documents"),
 ])

@@ -27,7 +27,8 @@ def register(fit_sub: argparse._SubParsersAction) -> None:
                                            "documents' part: what more held-out documents would narrow")
     q.add_argument("--experiment", required=True, help="the MLflow experiment whose runs to read")
     q.add_argument("--tracking-uri", help=f"MLflow store ({DEFAULT_STORE_HELP})")
-    q.add_argument("--by", default="rung", help="one split per value of this column (default rung)")
+    q.add_argument("--by", default="rung", help="one split per value of this column, or per combination of these "
+                                                "comma-separated columns (default rung; e.g. arm,rung)")
     q.add_argument("--configs", help="comma-separated columns whose values make a configuration, its runs being "
                                      "its seeds (default: whichever of arm, lr, wd, dropout the runs have)")
     q.add_argument("--more-documents", type=float, default=4.0, metavar="K",
@@ -40,7 +41,7 @@ def register(fit_sub: argparse._SubParsersAction) -> None:
 
 
 def run_heldout(args: argparse.Namespace) -> int:
-    from fits.heldout_noise import split_runs
+    from fits.heldout_noise import split_label, split_runs
     from ladder.run.mlflow_runs import final_doc_bits, fit_table, log_fit_run, read_runs
     from rungs.tracking_uri import default_tracking_uri
 
@@ -49,11 +50,14 @@ def run_heldout(args: argparse.Namespace) -> int:
     uri = default_tracking_uri(args.tracking_uri)
     runs = fit_table(read_runs(args.experiment, uri))
     where = f"experiment {args.experiment}"
-    if args.by not in runs.columns:
-        raise LadderInputError(f"no such column; the runs have {sorted(map(str, runs.columns))}", where=where,
-                               field="--by")
+    by = [c.strip() for c in args.by.split(",") if c.strip()]
+    bad = [c for c in by if c not in runs.columns]
+    if not by or bad:
+        raise LadderInputError(f"no such column(s) {bad or [args.by]}; the runs have {sorted(map(str, runs.columns))}",
+                               where=where, field="--by")
+    by_name = ",".join(by)
     configs = ([c.strip() for c in args.configs.split(",") if c.strip()] if args.configs is not None
-               else [c for c in CONFIG_COLUMNS if c in runs.columns and c != args.by])
+               else [c for c in CONFIG_COLUMNS if c in runs.columns and c not in by])
     missing = [c for c in configs if c not in runs.columns]
     if missing:
         raise LadderInputError(f"no such column(s) {missing}; the runs have {sorted(map(str, runs.columns))}",
@@ -72,9 +76,10 @@ def run_heldout(args: argparse.Namespace) -> int:
         raise LadderInputError("no run has per-document bits to split (the final eval keeps them in eval.json: "
                                "rerun the trials with this version)", where=where)
     splits: list[dict[str, Any]] = []
-    for value, part in runs.groupby(args.by, sort=True):
+    for value, part in runs.groupby(by, sort=True):
         labels = [tuple(row) for row in part[configs].astype(str).itertuples(index=False)] if configs else None
-        entry: dict[str, Any] = {"by": value.item() if hasattr(value, "item") else value, "runs": len(part),
+        values = [v.item() if hasattr(v, "item") else v for v in value]
+        entry: dict[str, Any] = {"by": values[0] if len(by) == 1 else values, "runs": len(part),
                                  "configurations": len(set(labels)) if labels else 1}
         try:
             result = split_runs([bits[str(r)] for r in part["run_id"]], labels)
@@ -87,21 +92,21 @@ def run_heldout(args: argparse.Namespace) -> int:
                                     "sd_with_more_documents": h.sd_with_documents(args.more_documents)}
                                 for d, h in result.items()}
         splits.append(entry)
-    payload = {"experiment": args.experiment, "tracking_uri": uri, "by": args.by, "configs": configs,
+    payload = {"experiment": args.experiment, "tracking_uri": uri, "by": by_name, "configs": configs,
                "more_documents": args.more_documents, "splits": splits, "runs_without_doc_bits": without}
     if args.plot:
         from fits.heldout_plots import plot_heldout_split
 
         try:
-            plot_heldout_split(splits, args.more_documents, by=args.by, path=args.plot)
+            plot_heldout_split(splits, args.more_documents, by=by_name, path=args.plot)
         except ValueError as err:
             raise LadderInputError(str(err), where=where, field="--plot") from None
         payload["plot"] = args.plot
     if not args.no_log:
-        metrics = {f"{args.by}_{s['by']}/{d}/{k}": v for s in splits for d, cell in s.get("domains", {}).items()
+        metrics = {f"{split_label(by_name, s['by'], '_')}/{d}/{k}": v for s in splits for d, cell in s.get("domains", {}).items()
                    for k, v in cell.items() if k in ("sd_total", "sd_model", "sd_documents", "documents_share")
                    and v is not None}
-        options = {"by": args.by, "configs": ",".join(configs), "more_documents": args.more_documents}
+        options = {"by": by_name, "configs": ",".join(configs), "more_documents": args.more_documents}
         payload["mlflow_fit_run_id"] = log_fit_run(uri, args.experiment, command="heldout", payload=payload,
                                                    source_run_ids=[str(r) for r in runs["run_id"]], options=options,
                                                    metrics=metrics)
@@ -110,7 +115,7 @@ def run_heldout(args: argparse.Namespace) -> int:
         return 0
     k = f"{args.more_documents:g}"
     for s in splits:
-        title = (f"{args.by} {s['by']}: one seed's sd of log BPB, {s['runs']} runs in {s['configurations']} "
+        title = (f"{split_label(by_name, s['by'])}: one seed's sd of log BPB, {s['runs']} run{'s' if s['runs'] > 1 else ''} in {s['configurations']} "
                  f"configuration{'s' if s['configurations'] > 1 else ''}")
         if "not_split" in s:
             print(f"{title}: not split: {s['not_split']}", file=sys.stderr)
