@@ -253,6 +253,28 @@ def test_the_routing_choices_are_not_where_the_seed_noise_is():
     assert 100 * math.expm1(mean["unrouted"][4] - mean["routed"][4]) == pytest.approx(1.81, abs=0.005)
 
 
+TPP10 = FIXTURE.with_name("seed_noise_tpp_runs.csv")  # sweeps/seed_noise_tpp.yaml: the demo corpus at TPP 10
+
+
+def test_a_third_of_the_tokens_per_parameter_leaves_noise_over_slope_as_it_was():
+    """Six seeds at L2-L4 at TPP 10 (the recipe's is 30): one seed's scatter of log BPB, pooled over the rungs,
+    is 0.41% (15 dof) and the local slope 0.053, so noise over slope is 0.076, the routed recipe's 0.078."""
+    import numpy as np
+    import pandas as pd
+
+    domains = ["books", "code", "math", "qa", "stem", "web"]
+    runs = pd.read_csv(TPP10)
+    assert len(runs) == 18 and set(runs.tpp) == {10} and sorted(runs.groupby("rung").seed.nunique()) == [6, 6, 6]
+    runs["log_bpb"] = np.mean([np.log(runs[f"bpb_{d}"]) for d in domains], axis=0)
+    cells = runs.groupby("rung").log_bpb
+    assert [round(100 * cells.std()[r], 3) for r in (2, 3, 4)] == [0.401, 0.393, 0.426]
+    pooled = math.sqrt(((runs.log_bpb - cells.transform("mean")) ** 2).sum() / 15)
+    flops = runs.groupby("rung").train_flops.mean()
+    slope = -np.polyfit(np.log(flops.to_numpy()), cells.mean().to_numpy(), 1)[0]
+    assert 100 * pooled == pytest.approx(0.407, abs=5e-4) and slope == pytest.approx(0.0534, abs=5e-4)
+    assert pooled / slope == pytest.approx(0.076, abs=5e-4)
+
+
 PAIRED = FIXTURE.with_name("data_curation_paired_runs.csv")  # the experiment + sweeps/data_curation_paired_calibration.yaml
 
 
