@@ -39,6 +39,9 @@ def plot_heldout_split(splits: list[dict[str, Any]], more_documents: float, *, b
         ax.set_title(f"{split_label(by, split['by'])} ({split['runs']} runs)", fontsize=9)
         ax.set_ylabel("sd of log BPB (%)", fontsize=8)
         ax.tick_params(labelsize=7)
+    top = max(ax.get_ylim()[1] for ax in axes[:len(shown)])
+    for ax in axes[:len(shown)]:  # one scale for every panel: the rungs' (and arms') noise is what is compared
+        ax.set_ylim(0, top)
     for ax in axes[len(shown):]:
         ax.set_visible(False)
     handles, labels = axes[0].get_legend_handles_labels()
