@@ -159,9 +159,18 @@ def seed_new_store(db: Path) -> None:
 
 def mark_model_training(client: Any, experiment: Any) -> None:
     """Tag an experiment someone else created (a sweep driver, an older version) as model training,
-    unless it says what it is already."""
-    if EXPERIMENT_KIND_TAG not in experiment.tags:
+    unless it says what it is already. Jobs that start together through a tracking server may tag it at the
+    same moment: the server inserts the tag twice and the second insert fails on the store's unique key; the
+    tag is then there, which is all this asks."""
+    from mlflow.exceptions import MlflowException
+
+    if EXPERIMENT_KIND_TAG in experiment.tags:
+        return
+    try:
         client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND_TAGS[EXPERIMENT_KIND_TAG])
+    except MlflowException:
+        if EXPERIMENT_KIND_TAG not in client.get_experiment(experiment.experiment_id).tags:
+            raise
 
 
 def _served_artifact_dir(client: Any, tracking_uri: str, run_id: str) -> Path | None:
