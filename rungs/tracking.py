@@ -254,8 +254,7 @@ class Tracker:
                 raise ValueError(f"the MLflow experiment {experiment_name!r} (id {exp.experiment_id}) was deleted "
                                  f"in {tracking_uri}; restore it or name another experiment")
             if exp is None:
-                exp_id = self.client.create_experiment(experiment_name, tags=EXPERIMENT_KIND_TAGS,
-                                                       artifact_location=_artifact_location(tracking_uri))
+                exp_id = self._create_experiment(experiment_name, tracking_uri)
             else:
                 exp_id = exp.experiment_id
                 mark_model_training(self.client, exp)
@@ -267,6 +266,23 @@ class Tracker:
         id_file.parent.mkdir(parents=True, exist_ok=True)
         id_file.write_text(self.run_id + "\n")
         self._log_params(params, stored={})
+
+    def _create_experiment(self, name: str, tracking_uri: str) -> str:
+        """Create the experiment, tagged as model training; where another job created it a moment before (the
+        lock above serialises only a SQLite file's users, not a tracking server's clients), that one."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.create_experiment(name, tags=EXPERIMENT_KIND_TAGS,
+                                                 artifact_location=_artifact_location(tracking_uri))
+        except MlflowException as err:
+            if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+        mark_model_training(self.client, exp)
+        return exp.experiment_id
 
     def _log_params(self, params: dict[str, Any], *, stored: dict[str, str]) -> None:
         """The flattened config as params, those the run does not hold yet, in batches."""

@@ -70,37 +70,58 @@ DRIVER = textwrap.dedent("""
 """)
 
 
+def start_together(jobs: int, start) -> list[str]:
+    """Run `start(j)` for j < jobs in threads released at one moment; the failures, as text."""
+    import threading
+
+    gate, failed = threading.Barrier(jobs), []
+
+    def run(j: int) -> None:
+        gate.wait()
+        try:
+            start(j)
+        except Exception as err:  # any failure is what these tests count
+            failed.append(f"{type(err).__name__}: {err}")
+
+    threads = [threading.Thread(target=run, args=(j,)) for j in range(jobs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return failed
+
+
 def test_jobs_tagging_one_experiment_together_through_the_server_all_start(tmp_path):
     """Six jobs that find one untagged experiment and tag it at the same moment (`ladder train` jobs on an
     experiment an older version made; trials before their driver tagged it): through the server two inserts of
     the tag race and one fails on the store's unique key, which failed the job's start; it is the tag already
     there, and every job goes on."""
-    import threading
-
     from rungs.tracking import EXPERIMENT_KIND_TAG, mark_model_training
 
-    failed: list[str] = []
     with TrackingServer(f"sqlite:///{tmp_path / 'mlflow.db'}") as uri:
         client = MlflowClient(uri)
         for i in range(8):  # without the fix about half of the experiments lost a job (10 of 20 measured)
             experiment = client.get_experiment(client.create_experiment(f"older-{i}"))
-            barrier = threading.Barrier(6)
-
-            def start(exp=experiment, gate=barrier) -> None:
-                job_client = MlflowClient(uri)
-                gate.wait()
-                try:
-                    mark_model_training(job_client, exp)
-                except Exception as err:  # any failure is what this test counts
-                    failed.append(f"{exp.name}: {type(err).__name__}: {err}")
-
-            jobs = [threading.Thread(target=start) for _ in range(6)]
-            for job in jobs:
-                job.start()
-            for job in jobs:
-                job.join()
+            assert start_together(6, lambda j, exp=experiment: mark_model_training(MlflowClient(uri), exp)) == []
             assert client.get_experiment(experiment.experiment_id).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
-    assert failed == []
+
+
+def test_jobs_starting_one_new_experiment_together_through_the_server_share_it(tmp_path):
+    """Four jobs that start a new experiment at the same moment through a server (the store lock serialises a
+    SQLite file's users, not a server's clients): one creates it, the others find it created (without the fix
+    17 of 32 such starts failed, RESOURCE_ALREADY_EXISTS), and all four runs are in the one experiment."""
+    from rungs.tracking import EXPERIMENT_KIND_TAG, Tracker
+
+    with TrackingServer(f"sqlite:///{tmp_path / 'mlflow.db'}") as uri:
+        client = MlflowClient(uri)
+        for i in range(4):
+            def start(j: int, name: str = f"new-{i}") -> None:
+                Tracker(uri, name, tmp_path / name / str(j), run_name=f"job-{j}", tags={}, params={"lr": 0.1})
+
+            assert start_together(4, start) == []
+            experiment = client.get_experiment_by_name(f"new-{i}")
+            assert experiment.tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+            assert len(client.search_runs([experiment.experiment_id])) == 4
 
 
 @pytest.mark.slow
