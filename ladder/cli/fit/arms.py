@@ -15,7 +15,7 @@ import sys
 from ladder.cli.fit.efficiency import check_other_arms
 from ladder.cli.fit.inputs import add_ci_level_and_seed, add_floor_arg
 from ladder.analysis.recipe_card import eg_pct
-from ladder.cli.output import make_table, print_json, stdout_console
+from ladder.cli.output import make_table, output_file, print_json, stdout_console
 from ladder.errors import LadderInputError
 
 
@@ -45,6 +45,13 @@ def register(fit_sub: argparse._SubParsersAction, common) -> None:
                         "arm's repeated seeds there (rung; a rung without repeats borrows the others' pool; default), "
                         "or one pooled over the rungs (pooled: more degrees of freedom, right only if the rungs' noise "
                         "is the same; the JSON's seed_noise.equal_across_rungs tests it)")
+    q.add_argument("--raise-seeds", metavar="SPEC",
+                   help="with --against rung and --raised-spec: the sweep spec these runs came from, to be written "
+                        "back with each arm's seeds at each rung raised to the seeds a side the target width needs "
+                        "(in the mean over domains, else the most any domain needs); a run of it trains only the "
+                        "new seeds")
+    q.add_argument("--raised-spec", type=output_file((".yaml", ".yml")), metavar="OUT",
+                   help="where --raise-seeds writes its spec")
     q.add_argument("--bootstrap", type=int, default=200,
                    help="bootstrap resamples of each baseline law (default 200)")
     add_ci_level_and_seed(q)
@@ -83,6 +90,16 @@ def run_arms(args: argparse.Namespace) -> int:
     if args.seed_noise and args.against != "rung":
         raise LadderInputError("sets the seed noise of the intervals against the same rung only: add --against rung",
                                field="--seed-noise")
+    if (args.raise_seeds is None) != (args.raised_spec is None):
+        raise LadderInputError("--raise-seeds SPEC and --raised-spec OUT go together", field="--raise-seeds")
+    spec = None
+    if args.raise_seeds is not None:
+        if args.against != "rung":
+            raise LadderInputError("the seeds a side are named against the same rung only: add --against rung",
+                                   field="--raise-seeds")
+        from sweeps.spec import load_spec
+
+        spec = load_spec(args.raise_seeds)
     df, source = load_input(args)
     where = source.get("csv") or f"experiment {source.get('experiment')}"
     for column in (args.arm, args.rung, args.x, *([args.pair_on] if args.pair_on else [])):
@@ -122,6 +139,8 @@ def run_arms(args: argparse.Namespace) -> int:
                     metrics[f"{key}/seeds_for_target"] = r["seeds_for_target"]
             if cell["trend"].get("slope") is not None:
                 metrics[f"eg_slope/{arm}/{domain}"] = cell["trend"]["slope"]
+    if spec is not None:
+        payload["raised_spec"] = write_raised_spec(out, spec, args.baseline, args.raised_spec)
     saved = {"arms": {k: v for k, v in payload.items() if k != "baseline_laws"}}  # the trends, not the laws' draws
     finish(args, payload, source, df, saved, metrics)
     if args.json:
@@ -159,6 +178,55 @@ def run_arms(args: argparse.Namespace) -> int:
     for domain, error in out["errors"].items():
         print(f"{domain}: no baseline law ({error})", file=sys.stderr)
     return 0
+
+
+def seeds_needed(out: dict) -> tuple[dict[tuple[str, int], int], list[str]]:
+    """Per (arm, rung), the seeds a side the fit names for its target width: the mean over domains' ("all"),
+    else the most any domain needs; and the cells it names none for (no seed noise, or past the search)."""
+    from fits.eg_same_rung import SEEDS_SEARCHED
+
+    needed: dict[tuple[str, int], int] = {}
+    unnamed: list[str] = []
+    for arm, per in out["arms"].items():
+        for cell in [per["all"]] if "all" in per else list(per.values()):
+            for r in cell["rungs"]:
+                rung = int(r["rung"])
+                if r.get("seeds_for_target") is None:
+                    why = "no seed noise" if "seeds_for_target" not in r else f"more than {SEEDS_SEARCHED}"
+                    unnamed.append(f"{arm} L{rung} ({why})")
+                    continue
+                needed[(arm, rung)] = max(needed.get((arm, rung), 0), int(r["seeds_for_target"]))
+    return needed, unnamed
+
+
+def write_raised_spec(out: dict, spec, baseline: str, path: str) -> dict:
+    """Write `spec` with the seeds the fit names (`sweeps.raise_seeds`) to `path`; say what it adds on stderr."""
+    import yaml
+
+    from pathlib import Path
+
+    from rungs.data.atomic import atomic_write_bytes
+    from sweeps.raise_seeds import raised_spec
+    from sweeps.spec import parse_spec
+
+    needed, unnamed = seeds_needed(out)
+    try:
+        data, added = raised_spec(spec, needed, baseline=baseline)
+    except ValueError as err:
+        raise LadderInputError(str(err), field="--raise-seeds") from None
+    parse_spec(data, path)  # what is written loads
+    header = (f"# {spec.name} with each arm's seeds at each rung raised to the seeds a side that\n"
+              f"# `ladder fit arms --against rung` names for ±{out['target_half_width']:.0%} (--raise-seeds). Trial "
+              "keys name the config,\n# not the block: a run of it trains only the new seeds.\n")
+    text = header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, allow_unicode=True, width=110)
+    atomic_write_bytes(Path(path), text.encode())
+    new = sum(len(v) for v in added.values())
+    print(f"wrote {path}: {new} new seeds" + "".join(f"; {arm} L{rung} +{len(v)}" for (arm, rung), v in
+                                                       sorted(added.items())), file=sys.stderr)
+    for cell in unnamed:
+        print(f"--raise-seeds: left as it is: {cell}", file=sys.stderr)
+    return {"path": path, "added": [{"arm": arm, "rung": rung, "seeds": v} for (arm, rung), v in sorted(added.items())],
+            "left_as_is": unnamed}
 
 
 def noise_table(seed_noise: dict):
