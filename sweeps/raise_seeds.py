@@ -15,7 +15,7 @@ the most any arm there needs: each comparison is n seeds a side.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from sweeps.spec import SweepSpec
@@ -33,21 +33,29 @@ def _cells(spec: SweepSpec) -> Iterator[tuple[int, str, int, list[int]]]:
 
 
 def raised_spec(spec: SweepSpec, needed: Mapping[tuple[str, int], int], *, baseline: str,
-                name: str | None = None) -> tuple[dict[str, Any], dict[tuple[str, int], list[int]]]:
+                run_seeds: Mapping[tuple[str, int], Iterable[int]] | None = None, name: str | None = None,
+                ) -> tuple[dict[str, Any], dict[tuple[str, int], list[int]], list[tuple[str, int]]]:
     """The spec as a mapping (paths absolute, as `load_spec` gives them), its blocks split per (block, arm,
-    rung) and each (arm, rung) in `needed` raised to that many seeds; and the seeds added to each. An (arm,
-    rung) already at its number keeps its seeds. Raises ValueError for an arm or rung the spec does not run."""
+    rung) and each (arm, rung) in `needed` raised to that many seeds; the seeds added to each; and the cells
+    of `needed` the spec does not run, left out. `run_seeds`: the seeds the fit's runs had per (arm, rung),
+    which may come from other specs of the experiment too: they count towards the number, and no new seed
+    repeats one. An (arm, rung) already at its number keeps its seeds. Raises ValueError where the spec runs
+    none of `needed`'s cells (another sweep's spec)."""
     cells = list(_cells(spec))
     have: dict[tuple[str, int], set[int]] = {}
     used: dict[int, set[int]] = {}
     for _, arm, rung, seeds in cells:
         have.setdefault((arm, rung), set()).update(seeds)
         used.setdefault(rung, set()).update(seeds)
-    missing = sorted(k for k in needed if k not in have)
-    if missing:
-        raise ValueError(f"the spec runs no (arm, rung) {missing}; it runs {sorted(have)}")
-    want = dict(needed)
-    for (arm, rung), n in needed.items():  # n a side: the baseline at least as many as any arm there
+    for (arm, rung), seeds in (run_seeds or {}).items():
+        used.setdefault(rung, set()).update(seeds)
+        if (arm, rung) in have:
+            have[(arm, rung)].update(seeds)
+    skipped = sorted(k for k in needed if k not in have)
+    if needed and len(skipped) == len(needed):
+        raise ValueError(f"the spec runs none of the fit's (arm, rung) {skipped}; it runs {sorted(have)}")
+    want = {k: n for k, n in needed.items() if k in have}
+    for (arm, rung), n in list(want.items()):  # n a side: the baseline at least as many as any arm there
         if arm != baseline and (baseline, rung) in have:
             want[(baseline, rung)] = max(want.get((baseline, rung), 0), n)
 
@@ -82,4 +90,4 @@ def raised_spec(spec: SweepSpec, needed: Mapping[tuple[str, int], int], *, basel
                      seeds=sorted(set(seeds) | set(added.get((arm, rung), []))))
         blocks.append(block)
     data["blocks"] = blocks
-    return data, added
+    return data, added, skipped

@@ -33,7 +33,9 @@ def trials(spec) -> dict[str, tuple[str, int, int]]:
 
 def test_the_baseline_and_the_arms_on_its_seeds_share_new_seeds_and_a_replica_gets_its_own():
     spec = parse_spec(SPEC, "spec")
-    data, added = raised_spec(spec, {("dedup", 3): 4, ("replica", 3): 5, ("dedup", 2): 1}, baseline="baseline")
+    data, added, skipped = raised_spec(spec, {("dedup", 3): 4, ("replica", 3): 5, ("dedup", 2): 1},
+                                       baseline="baseline")
+    assert skipped == []
     # the baseline at L3 needs the most any arm there needs (5): three new seeds, the first not used at L3
     assert added == {("baseline", 3): [4, 5, 6], ("dedup", 3): [4, 5], ("replica", 3): [7, 8, 9]}
     raised = parse_spec(data, "raised")
@@ -45,14 +47,25 @@ def test_the_baseline_and_the_arms_on_its_seeds_share_new_seeds_and_a_replica_ge
                          + [("replica", 3, s) for s in (7, 8, 9)])
 
 
-def test_an_arm_at_its_number_keeps_its_seeds_and_an_unknown_cell_is_refused():
+def test_an_arm_at_its_number_keeps_its_seeds_and_cells_of_another_spec_are_left_out():
     spec = parse_spec(SPEC, "spec")
-    data, added = raised_spec(spec, {("dedup", 2): 2, ("replica", 2): 1}, baseline="baseline")
-    assert added == {} and set(trials(parse_spec(data, "raised"))) == set(trials(spec))
-    with pytest.raises(ValueError, match=r"\('quality', 3\)"):
+    data, added, skipped = raised_spec(spec, {("dedup", 2): 2, ("replica", 2): 1}, baseline="baseline")
+    assert added == {} and skipped == [] and set(trials(parse_spec(data, "raised"))) == set(trials(spec))
+    data, added, skipped = raised_spec(spec, {("dedup", 3): 3, ("quality", 3): 4, ("dedup", 5): 4},
+                                       baseline="baseline")
+    assert skipped == [("dedup", 5), ("quality", 3)] and added == {("baseline", 3): [4], ("dedup", 3): [4]}
+    with pytest.raises(ValueError, match=r"none of the fit's .*\('quality', 3\)"):  # another sweep's spec
         raised_spec(spec, {("quality", 3): 4}, baseline="baseline")
-    with pytest.raises(ValueError, match=r"\('dedup', 5\)"):
-        raised_spec(spec, {("dedup", 5): 4}, baseline="baseline")
+
+
+def test_seeds_the_runs_had_from_other_specs_count_and_are_not_reused():
+    """An experiment holds runs of several specs (a calibration's, an earlier top-up's): the fit counted their
+    seeds, so they count towards the number, and a new seed never repeats one."""
+    spec = parse_spec(SPEC, "spec")
+    runs = {("replica", 3): [2, 3, 4, 5], ("baseline", 3): [0, 1, 6], ("dedup", 3): [0, 1]}
+    _, added, _ = raised_spec(spec, {("replica", 3): 5, ("dedup", 3): 3}, baseline="baseline", run_seeds=runs)
+    # the baseline has 0, 1, 6: three of the five the replica needs; the replica has four of five
+    assert added == {("baseline", 3): [7, 8], ("dedup", 3): [7], ("replica", 3): [9]}
 
 
 def seeds_by_cell(spec) -> dict[tuple[str, int], set[int]]:
@@ -85,6 +98,19 @@ def test_the_cli_writes_what_was_written_by_hand_from_the_same_fit(tmp_path, cap
         assert raised[(arm, 2)] == six[(arm, 2)] and raised[(arm, 4)] == six[(arm, 4)]
     text = out.read_text()
     assert text.startswith("# data_curation_calibration6 with each arm's seeds") and yaml.safe_load(text)
+
+
+def test_once_the_named_seeds_ran_the_fit_asks_for_no_more(tmp_path, capsys):
+    """Over the 60 runs of three specs (the calibration, the upper rungs, the named seeds), the runs' own seeds
+    count: the named-seeds spec's cells are at their number, and the cells it does not run are said."""
+    out = tmp_path / "raised.yaml"
+    code = main(["fit", "arms", "--csv", str(FIXTURES / "data_curation_named_seeds_runs.csv"), "--baseline",
+                 "baseline", "--floor", "auto", "--against", "rung", "--raise-seeds",
+                 str(SWEEPS_DIR / "data_curation_named_seeds.yaml"), "--raised-spec", str(out)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "0 new seeds" in err and "replica L2 (not in data_curation_named_seeds)" in err
+    assert seeds_by_cell(load_spec(out)) == seeds_by_cell(load_spec("data_curation_named_seeds"))
 
 
 @pytest.mark.parametrize("argv, says", [

@@ -140,7 +140,9 @@ def run_arms(args: argparse.Namespace) -> int:
             if cell["trend"].get("slope") is not None:
                 metrics[f"eg_slope/{arm}/{domain}"] = cell["trend"]["slope"]
     if spec is not None:
-        payload["raised_spec"] = write_raised_spec(out, spec, args.baseline, args.raised_spec)
+        run_seeds = ({(str(a), int(r)): {int(x) for x in g["seed"]} for (a, r), g in df.groupby([args.arm, args.rung])}
+                     if "seed" in df.columns else None)
+        payload["raised_spec"] = write_raised_spec(out, spec, args.baseline, args.raised_spec, run_seeds)
     saved = {"arms": {k: v for k, v in payload.items() if k != "baseline_laws"}}  # the trends, not the laws' draws
     finish(args, payload, source, df, saved, metrics)
     if args.json:
@@ -199,7 +201,7 @@ def seeds_needed(out: dict) -> tuple[dict[tuple[str, int], int], list[str]]:
     return needed, unnamed
 
 
-def write_raised_spec(out: dict, spec, baseline: str, path: str) -> dict:
+def write_raised_spec(out: dict, spec, baseline: str, path: str, run_seeds: dict | None) -> dict:
     """Write `spec` with the seeds the fit names (`sweeps.raise_seeds`) to `path`; say what it adds on stderr."""
     import yaml
 
@@ -211,7 +213,7 @@ def write_raised_spec(out: dict, spec, baseline: str, path: str) -> dict:
 
     needed, unnamed = seeds_needed(out)
     try:
-        data, added = raised_spec(spec, needed, baseline=baseline)
+        data, added, skipped = raised_spec(spec, needed, baseline=baseline, run_seeds=run_seeds)
     except ValueError as err:
         raise LadderInputError(str(err), field="--raise-seeds") from None
     parse_spec(data, path)  # what is written loads
@@ -223,6 +225,7 @@ def write_raised_spec(out: dict, spec, baseline: str, path: str) -> dict:
     new = sum(len(v) for v in added.values())
     print(f"wrote {path}: {new} new seeds" + "".join(f"; {arm} L{rung} +{len(v)}" for (arm, rung), v in
                                                        sorted(added.items())), file=sys.stderr)
+    unnamed += [f"{arm} L{rung} (not in {spec.name})" for arm, rung in skipped]
     for cell in unnamed:
         print(f"--raise-seeds: left as it is: {cell}", file=sys.stderr)
     return {"path": path, "added": [{"arm": arm, "rung": rung, "seeds": v} for (arm, rung), v in sorted(added.items())],
