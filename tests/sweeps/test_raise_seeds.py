@@ -113,6 +113,21 @@ def test_once_the_named_seeds_ran_the_fit_asks_for_no_more(tmp_path, capsys):
     assert seeds_by_cell(load_spec(out)) == seeds_by_cell(load_spec("data_curation_named_seeds"))
 
 
+def test_a_run_without_a_seed_is_not_counted(tmp_path, capsys):
+    """A table whose runs lack a seed (an older run, a hand-made CSV) counts the seeds it has."""
+    import pandas as pd
+
+    runs = pd.read_csv(FIXTURES / "data_curation_calibration6_runs.csv")
+    runs.loc[(runs.arm == "replica") & (runs.rung == 3) & (runs.seed == 11), "seed"] = None
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    code = main(["fit", "arms", "--csv", str(tmp_path / "runs.csv"), "--baseline", "baseline", "--floor", "auto",
+                 "--against", "rung", "--raise-seeds", str(SWEEPS_DIR / "data_curation_calibration6.yaml"),
+                 "--raised-spec", str(tmp_path / "raised.yaml")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "baseline L3 +4; replica L3 +4" in err  # seed 11 is in the spec: the spec's seeds count as ever
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--against", "rung", "--raise-seeds", "data_curation_calibration6"], "--raised-spec OUT go together"),
     (["--raise-seeds", "data_curation_calibration6", "--raised-spec", "x.yaml"], "add --against rung"),

@@ -140,8 +140,8 @@ def run_arms(args: argparse.Namespace) -> int:
             if cell["trend"].get("slope") is not None:
                 metrics[f"eg_slope/{arm}/{domain}"] = cell["trend"]["slope"]
     if spec is not None:
-        run_seeds = ({(str(a), int(r)): {int(x) for x in g["seed"]} for (a, r), g in df.groupby([args.arm, args.rung])}
-                     if "seed" in df.columns else None)
+        run_seeds = ({(str(a), int(r)): {int(x) for x in g["seed"].dropna()}
+                      for (a, r), g in df.groupby([args.arm, args.rung])} if "seed" in df.columns else None)
         payload["raised_spec"] = write_raised_spec(out, spec, args.baseline, args.raised_spec, run_seeds)
     saved = {"arms": {k: v for k, v in payload.items() if k != "baseline_laws"}}  # the trends, not the laws' draws
     finish(args, payload, source, df, saved, metrics)
@@ -203,9 +203,9 @@ def seeds_needed(out: dict) -> tuple[dict[tuple[str, int], int], list[str]]:
 
 def write_raised_spec(out: dict, spec, baseline: str, path: str, run_seeds: dict | None) -> dict:
     """Write `spec` with the seeds the fit names (`sweeps.raise_seeds`) to `path`; say what it adds on stderr."""
-    import yaml
-
     from pathlib import Path
+
+    import yaml
 
     from rungs.data.atomic import atomic_write_bytes
     from sweeps.raise_seeds import raised_spec
