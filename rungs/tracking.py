@@ -173,6 +173,26 @@ def mark_model_training(client: Any, experiment: Any) -> None:
             raise
 
 
+def model_experiment_id(client: Any, name: str, *, artifact_location: str | None = None) -> str:
+    """The id of experiment `name`, created tagged as model training where it is missing and tagged where an
+    older version left it untagged (`mark_model_training`). Where another job created it a moment before (a
+    tracking server's clients race: a SQLite file's `store_lock` does not reach them), the one it created."""
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            return client.create_experiment(name, tags=EXPERIMENT_KIND_TAGS, artifact_location=artifact_location)
+        except MlflowException as err:
+            if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    mark_model_training(client, exp)
+    return exp.experiment_id
+
+
 def _served_artifact_dir(client: Any, tracking_uri: str, run_id: str) -> Path | None:
     """Where a run whose experiment a tracking server created keeps its artifacts on this machine: its
     `mlflow-artifacts:/…` URI, which only the server resolves, under `<store dir>/mlartifacts/`
@@ -253,11 +273,8 @@ class Tracker:
             if exp is not None and exp.lifecycle_stage == "deleted":  # `ladder train` refuses it up front
                 raise ValueError(f"the MLflow experiment {experiment_name!r} (id {exp.experiment_id}) was deleted "
                                  f"in {tracking_uri}; restore it or name another experiment")
-            if exp is None:
-                exp_id = self._create_experiment(experiment_name, tracking_uri)
-            else:
-                exp_id = exp.experiment_id
-                mark_model_training(self.client, exp)
+            exp_id = model_experiment_id(self.client, experiment_name,
+                                         artifact_location=_artifact_location(tracking_uri))
         all_tags = {k: str(v) for k, v in tags.items() if v is not None}
         version = code_version()
         if version:
@@ -266,23 +283,6 @@ class Tracker:
         id_file.parent.mkdir(parents=True, exist_ok=True)
         id_file.write_text(self.run_id + "\n")
         self._log_params(params, stored={})
-
-    def _create_experiment(self, name: str, tracking_uri: str) -> str:
-        """Create the experiment, tagged as model training; where another job created it a moment before (the
-        lock above serialises only a SQLite file's users, not a tracking server's clients), that one."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            return self.client.create_experiment(name, tags=EXPERIMENT_KIND_TAGS,
-                                                 artifact_location=_artifact_location(tracking_uri))
-        except MlflowException as err:
-            if err.error_code != "RESOURCE_ALREADY_EXISTS":
-                raise
-            exp = self.client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-        mark_model_training(self.client, exp)
-        return exp.experiment_id
 
     def _log_params(self, params: dict[str, Any], *, stored: dict[str, str]) -> None:
         """The flattened config as params, those the run does not hold yet, in batches."""

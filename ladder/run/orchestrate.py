@@ -39,7 +39,7 @@ from ladder.run.sweep_status import (ERROR_CHARS, STALE_AFTER_SECONDS, SweepOutc
                                      sweep_status, trial_row)
 from ladder.run.tracking_server import TrackingServer, is_local_store
 from ladder.run.tune_experiment import run_on_tune
-from rungs.tracking import EXPERIMENT_KIND_TAGS, mark_model_training, sqlite_path, store_lock
+from rungs.tracking import model_experiment_id, sqlite_path, store_lock
 from sweeps.spec import SweepSpec
 
 __all__ = ["ERROR_CHARS", "RAY_CLIENT_PORT", "RAY_PROBE_SECONDS", "STALE_AFTER_SECONDS", "SweepOutcome", "TrialRow",
@@ -84,12 +84,7 @@ def ensure_experiment(tracking_uri: str, name: str) -> str:
     insert the tag, and the second fails on the store's unique key (its attempt then reran)."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name(name)
-    if exp is None:
-        return client.create_experiment(name, tags=EXPERIMENT_KIND_TAGS)
-    mark_model_training(client, exp)
-    return exp.experiment_id
+    return model_experiment_id(MlflowClient(tracking_uri), name)
 
 
 def _new_local_store(store: str) -> bool:
