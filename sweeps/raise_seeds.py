@@ -33,7 +33,7 @@ def _cells(spec: SweepSpec) -> Iterator[tuple[int, str, int, list[int]]]:
 
 
 def raised_spec(spec: SweepSpec, needed: Mapping[tuple[str, int], int], *, baseline: str,
-                run_seeds: Mapping[tuple[str, int], Iterable[int]] | None = None, name: str | None = None,
+                run_seeds: Mapping[tuple[str, int], Iterable[int]] | None = None,
                 ) -> tuple[dict[str, Any], dict[tuple[str, int], list[int]], list[tuple[str, int]]]:
     """The spec as a mapping (paths absolute, as `load_spec` gives them), its blocks split per (block, arm,
     rung) and each (arm, rung) in `needed` raised to that many seeds; the seeds added to each; and the cells
@@ -80,7 +80,7 @@ def raised_spec(spec: SweepSpec, needed: Mapping[tuple[str, int], int], *, basel
         else:
             added[(arm, rung)] = fresh(rung, k)
     data = spec.model_dump(mode="json", exclude_defaults=True)
-    data["name"] = name or f"{spec.name}_raised"
+    data["name"] = f"{spec.name}_raised"
     raw_blocks = data["blocks"]
     blocks = []
     for i, arm, rung, seeds in cells:

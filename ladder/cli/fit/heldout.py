@@ -115,7 +115,8 @@ def run_heldout(args: argparse.Namespace) -> int:
         return 0
     k = f"{args.more_documents:g}"
     for s in splits:
-        title = (f"{split_label(by_name, s['by'])}: one seed's sd of log BPB, {s['runs']} run{'s' if s['runs'] > 1 else ''} in {s['configurations']} "
+        title = (f"{split_label(by_name, s['by'])}: one seed's sd of log BPB, {s['runs']} run"
+                 f"{'s' if s['runs'] > 1 else ''} in {s['configurations']} "
                  f"configuration{'s' if s['configurations'] > 1 else ''}")
         if "not_split" in s:
             print(f"{title}: not split: {s['not_split']}", file=sys.stderr)
