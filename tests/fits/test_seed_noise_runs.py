@@ -1,6 +1,7 @@
 """Where the seed noise of the demo ladder's runs comes from, and what changes it, on the committed fixtures of
 the sweeps that measure it (docs/science.md, "Data recipes on the ladder"): the LR decayed to zero, the
-initialisation and the data order apart, the routing taken out, fewer tokens a parameter. One seed's scatter of
+initialisation and the data order apart, the routing taken out, fewer tokens a parameter, four times the
+weight decay. One seed's scatter of
 log BPB and the law's local slope, read with numpy and scipy from the runs' own BPB."""
 
 from __future__ import annotations
@@ -139,3 +140,49 @@ def test_a_third_of_the_tokens_per_parameter_leaves_noise_over_slope_as_it_was()
     slope = -np.polyfit(np.log(flops.to_numpy()), cells.mean().to_numpy(), 1)[0]
     assert 100 * pooled == pytest.approx(0.407, abs=5e-4) and slope == pytest.approx(0.0534, abs=5e-4)
     assert pooled / slope == pytest.approx(0.076, abs=5e-4)
+
+
+WD4 = FIXTURES / "seed_noise_wd_runs.csv"  # sweeps/seed_noise_wd.yaml: four times the recipe's weight decay
+
+
+def test_four_times_the_weight_decay_leaves_each_seeds_scatter_where_it_was():
+    """Six seeds at L2-L4 at four times the recipe's weight decay, the LR unchanged (LR·WD·steps ~1 instead of
+    ~0.26, so the initial weights decay to a third, not three quarters): one seed's scatter of log BPB, pooled
+    over the rungs, is 0.59% against the recipe's 0.62% on the same seeds (routing fixture's routed arm), the
+    slope 0.079 as it was, noise over slope 0.075 against 0.078. Each seed lands where it did at the recipe's
+    weight decay (its deviation from the rung's mean correlates 0.97 between the two): the scatter is set by the
+    seed, not held by weights that weight decay has not yet erased."""
+    import numpy as np
+    import pandas as pd
+    from scipy import stats
+
+    domains = ["books", "code", "math", "qa", "stem", "web"]
+    wd4 = pd.read_csv(WD4)
+    recipe = pd.read_csv(ROUTING).query("arm == 'routed'")
+    assert len(wd4) == 18 and sorted(wd4.groupby("rung").seed.nunique()) == [6, 6, 6]
+    settings = {name: table.groupby("rung")[["lr", "wd", "steps", "tokens"]].first() for name, table in
+                (("wd4", wd4), ("recipe", recipe))}
+    for column in ("lr", "steps", "tokens"):  # the weight decay alone differs
+        assert (settings["wd4"][column] == settings["recipe"][column]).all(), column
+    assert np.allclose(settings["wd4"]["wd"] / settings["recipe"]["wd"], 4.0, rtol=1e-6)
+    read = {}
+    for name, table in (("wd4", wd4), ("recipe", recipe)):
+        log_bpb = pd.Series(np.mean([np.log(table[f"bpb_{d}"]) for d in domains], axis=0),
+                            index=pd.MultiIndex.from_arrays([table.rung, table.seed])).sort_index()
+        deviation = log_bpb - log_bpb.groupby(level="rung").transform("mean")
+        pooled = math.sqrt((deviation ** 2).sum() / 15)
+        flops = table.groupby("rung").train_flops.mean()
+        slope = -np.polyfit(np.log(flops.to_numpy()), log_bpb.groupby(level="rung").mean().to_numpy(), 1)[0]
+        read[name] = (log_bpb, deviation, pooled, slope)
+    (log_wd4, dev_wd4, pooled_wd4, slope_wd4), (log_recipe, dev_recipe, pooled_recipe, slope_recipe) = (
+        read["wd4"], read["recipe"])
+    assert [round(100 * log_wd4[r].std(), 3) for r in (2, 3, 4)] == [0.540, 0.765, 0.418]
+    assert 100 * pooled_wd4 == pytest.approx(0.592, abs=5e-4) and slope_wd4 == pytest.approx(0.0788, abs=5e-4)
+    assert pooled_wd4 / slope_wd4 == pytest.approx(0.075, abs=5e-4)
+    assert pooled_recipe / slope_recipe == pytest.approx(0.078, abs=5e-4)
+    ratio = (pooled_recipe / pooled_wd4) ** 2
+    assert 2 * min(stats.f.sf(ratio, 15, 15), stats.f.cdf(ratio, 15, 15)) == pytest.approx(0.86, abs=0.005)
+    assert list(dev_wd4.index) == list(dev_recipe.index)
+    assert np.corrcoef(dev_wd4, dev_recipe)[0, 1] == pytest.approx(0.97, abs=0.005)
+    cost = np.expm1(log_wd4.groupby(level="rung").mean() - log_recipe.groupby(level="rung").mean())
+    assert [round(100 * c, 2) for c in cost] == [0.06, 0.42, 0.21]  # % BPB at L2, L3, L4
