@@ -23,7 +23,8 @@ from rungs.tracking_uri import DEFAULT_TRACKING_URI
 # trial, it had before the field existed.
 LEGACY_VALUES: dict[str, Any] = {"subset": "prefix", "peak_flops_per_device": None, "backend": "torch",
                                  "activation_checkpointing": "none", "jax_mesh_expert": None,
-                                 "capacity_factor": None, "data_key": None, "data_seed": None}
+                                 "capacity_factor": None, "data_key": None, "data_seed": None,
+                                 "data_order": "permutation"}
 # Fields that no longer exist (nothing read them): an old config that sets one still loads, and its key
 # is what it was (neither key ever included them).
 REMOVED_FIELDS = frozenset({"log_interval"})
@@ -171,6 +172,10 @@ class TrainConfig(BaseModel):
     # different orders, so the two parts of the seed noise can be measured apart and arms paired on their
     # initialisation. None, the legacy value: the data order follows `seed` (no key changes).
     data_seed: int | None = Field(default=None, ge=0, le=2**32 - 1, description="data order seed (None: seed)")
+    # How a pass orders its documents (rungs.data.sampler): "permutation" a seeded shuffle of the subset, the
+    # legacy value (no key changes); "keyed" each document by a hash of its id, so arms whose subsets share
+    # documents see them in the same order on one seed, and pairing arms on the seed pairs their data order.
+    data_order: Literal["permutation", "keyed"] = "permutation"
     deterministic: bool = False
     # Which job runs the rung: the PyTorch engine or the JAX one (rungs.jaxjob). The default is
     # a legacy value: "torch" leaves every existing key as it was; "jax" is a different trial.

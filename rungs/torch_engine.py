@@ -186,7 +186,8 @@ class TorchEngine:
         self.corpus = PreparedCorpus.open(ensure_prepared(cfg.data_manifest, vocab_size=cfg.vocab_size,
                                                           cache_root=Path(cfg.data_cache_root)))
         self.sampler = SourceScaledSampler(self.corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
-                                           batch_sequences=cfg.batch_sequences, seed=cfg.order_seed, subset=cfg.subset)
+                                           batch_sequences=cfg.batch_sequences, seed=cfg.order_seed, subset=cfg.subset,
+                                           order=cfg.data_order)
         self.device_type = resolve_device(cfg)
         self.model = Transformer(cfg.architecture()).to(self.device_type)
         self.optimizer = build_optimizer(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_lr=cfg.adam_lr,

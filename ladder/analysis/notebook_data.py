@@ -25,7 +25,7 @@ FIXTURES = Path(__file__).resolve().parents[2] / "notebooks" / "fixtures"
 # named from the repository: a Jupyter kernel starts in notebooks/, where the relative path finds no store.
 DEMO_STORE = f"sqlite:///{FIXTURES.parents[1] / DEFAULT_TRACKING_URI.removeprefix('sqlite:///')}"
 SOURCES = ("auto", "fixture", "mlflow")  # LADDER_NOTEBOOK_SOURCE's values
-KEEP = ["run_id", "rung", "block", "arm", "seed", "data_seed", "lr", "wd", "dropout", "steps", "tpp", "params_active", "train_flops",
+KEEP = ["run_id", "rung", "block", "arm", "seed", "data_seed", "data_order", "lr", "wd", "dropout", "steps", "tpp", "params_active", "train_flops",
         "wall_seconds", "tokens", "final_loss", "diverged", "bpb"]
 
 

@@ -147,6 +147,17 @@ def _order_seed(table: pd.DataFrame) -> None:
     table["data_seed"] = order.astype("int64") if order.notna().all() else order
 
 
+def _data_order(table: pd.DataFrame) -> None:
+    """A `data_order` column where a run read its passes in another order than the seeded shuffle (rungs.config:
+    "keyed"): each run's rule, "permutation" where it set none. Without such a run, no column."""
+    if "data_order" in table.columns or "params.data_order" not in table.columns:
+        return
+    rule = table["params.data_order"]
+    if not rule.notna().any() or rule.dropna().eq("permutation").all():
+        return
+    table["data_order"] = rule.fillna("permutation")
+
+
 def fit_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Add the canonical columns; diverged runs get NaN BPB (the fits drop and count them)."""
     out = runs.copy()
@@ -167,6 +178,7 @@ def fit_table(runs: pd.DataFrame) -> pd.DataFrame:
             if as_number.notna().all() and (as_number % 1 == 0).all():
                 out[c] = as_number.astype("int64")
     _order_seed(out)
+    _data_order(out)
     _steps_actually_run(out)
     domains = sorted(c[len(BPB_PREFIX):] for c in out.columns if c.startswith(BPB_PREFIX))
     for d in domains:

@@ -27,6 +27,13 @@ more with probability w_d − ⌊w_d⌋ (seeded per source and pass), in a seede
 passes a document's frequency is proportional to its weight, and a pass holds Σ w_d·n_d tokens in
 expectation. An unweighted source's passes are exactly the permutations they always were.
 
+With `order="keyed"` a pass visits its documents by a key of each document's own: a hash of (seed,
+source, pass, document id), the weighted draw's coin likewise. Two arms whose subsets share documents (a
+curated arm and its baseline) then see the shared ones in the same relative order on the same seed, where a
+permutation of a subset of another size is a different order altogether: arms paired on their seed share
+their data order's part of the seed noise as well as their initial weights'. `order="permutation"` (the
+default) is the rule of every run made before.
+
 The state is a few integers per source plus the pieces read ahead but not yet emitted, so a
 checkpoint restores the identical stream.
 """
@@ -49,6 +56,47 @@ from rungs.data.subset import caps_by_collection, collection_of, fill_prefix, pr
 log = logging.getLogger(__name__)
 STATE_VERSION = 1
 SUBSET_RULES = ("stratified", "prefix")
+ORDER_RULES = ("permutation", "keyed")
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (wrapping): a bijection that scatters nearby inputs."""
+    with np.errstate(over="ignore"):
+        x = x.astype(np.uint64, copy=True)
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def doc_id_hashes(doc_ids) -> np.ndarray:
+    """A 64-bit hash of each document id (BLAKE2b), the same wherever the document is."""
+    return np.fromiter((int.from_bytes(hashlib.blake2b(str(d).encode(), digest_size=8).digest(), "little")
+                        for d in doc_ids), dtype=np.uint64, count=len(doc_ids))
+
+
+def keyed_order(id_hashes: np.ndarray, *, seed: int, source_key: int, epoch: int,
+                weights: np.ndarray | None = None) -> np.ndarray:
+    """One pass's order of a subset's documents (indices into `id_hashes`), each placed by a key of its own
+    id and (seed, source, pass): any subset's order is the full set's order with the others left out. With
+    `weights`, document d is drawn ⌊w_d⌋ times and once more where its own coin falls below w_d − ⌊w_d⌋,
+    every copy placed by its own key."""
+    with np.errstate(over="ignore"):
+        salt = _mix64(np.array([seed], np.uint64) ^ _mix64(np.array([source_key], np.uint64))
+                      ^ _mix64(np.array([epoch + 1], np.uint64) * np.uint64(0x9E3779B97F4A7C15)))[0]
+        keys = _mix64(id_hashes ^ salt)
+        if weights is None:
+            return np.argsort(keys, kind="stable")
+        whole = np.floor(weights)
+        coin = (_mix64(keys ^ np.uint64(0xD1B54A32D192ED03)) >> np.uint64(11)).astype(np.float64) / 2.0**53
+        counts = whole.astype(np.int64) + (coin < weights - whole)
+        drawn = np.repeat(np.arange(len(id_hashes), dtype=np.int64), counts)
+        copy = np.arange(len(drawn), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        copy_keys = _mix64(keys[drawn] ^ _mix64(copy.astype(np.uint64) + np.uint64(1)))
+        return drawn[np.argsort(copy_keys, kind="stable")]
 
 
 @dataclass(frozen=True)
@@ -80,8 +128,11 @@ class Batch:
 class _SourceStream:
     """One source's capped subset and its cursor (epoch, position in the epoch's order, offset)."""
 
-    def __init__(self, name: str, shard, cap_tokens: int, epochs: float, seed: int, subset: str) -> None:
+    def __init__(self, name: str, shard, cap_tokens: int, epochs: float, seed: int, subset: str,
+                 order: str = "permutation") -> None:
         self.name = name
+        self.order_rule = order
+        self._id_hashes: np.ndarray | None = None
         self.shard = shard
         self.cap_tokens = cap_tokens
         self.epochs = epochs
@@ -105,6 +156,13 @@ class _SourceStream:
     def order(self) -> np.ndarray:
         if self._order_epoch != self.epoch:
             name_key = int.from_bytes(hashlib.sha256(self.name.encode()).digest()[:4], "little")
+            if self.order_rule == "keyed":
+                if self._id_hashes is None:
+                    self._id_hashes = doc_id_hashes([self.shard.doc_ids[int(d)] for d in self.seg_doc])
+                self._order = keyed_order(self._id_hashes, seed=self.seed, source_key=name_key, epoch=self.epoch,
+                                          weights=self.seg_weight)
+                self._order_epoch = self.epoch
+                return self._order
             rng = np.random.default_rng([self.seed, name_key, self.epoch])
             if self.seg_weight is None:
                 self._order = rng.permutation(len(self.seg_doc))
@@ -212,9 +270,12 @@ def _plan_float(plan: dict, source: str, key: str) -> float:
 
 class SourceScaledSampler:
     def __init__(self, corpus: PreparedCorpus, plan: dict[str, dict], *, seq_len: int, batch_sequences: int,
-                 seed: int, chunk_tokens: int | None = None, subset: str = "stratified") -> None:
+                 seed: int, chunk_tokens: int | None = None, subset: str = "stratified",
+                 order: str = "permutation") -> None:
         if subset not in SUBSET_RULES:
             raise DataInputError(f"subset must be one of {SUBSET_RULES}, got {subset!r}", field="subset")
+        if order not in ORDER_RULES:
+            raise DataInputError(f"order must be one of {ORDER_RULES}, got {order!r}", field="data_order")
         if seq_len <= 0 or batch_sequences <= 0:
             raise DataInputError(f"seq_len and batch_sequences must be positive, got {seq_len}, {batch_sequences}")
         if chunk_tokens is not None and chunk_tokens <= 0:  # a chunk that adds no tokens never fills a batch
@@ -235,6 +296,7 @@ class SourceScaledSampler:
         self.seed = int(seed)
         self.chunk_tokens = chunk_tokens or seq_len
         self.subset = subset
+        self.order = order
         self.plan = {s: {k: _plan_float(plan, s, k) for k in ("share", "unique_tokens", "epochs")} for s in plan}
         self.streams: list[_SourceStream] = []
         for name in plan:
@@ -249,7 +311,7 @@ class SourceScaledSampler:
                     f"short by {short:,} tokens ({short / cap:.1%} of the cap); add documents to the source or lower "
                     f"its unique_tokens in the recipe mixture", where=str(corpus.path), field=f"sources.{name}")
             self.streams.append(_SourceStream(name, shard, cap, _plan_float(plan, name, "epochs"), self.seed,
-                                             subset))
+                                             subset, order))
         # What the stream is drawn from: each source's train shards, by content. The cursors in a saved
         # state index these documents, so a state is only restored onto the same tokens.
         self.corpus_path = corpus.path
@@ -298,7 +360,8 @@ class SourceScaledSampler:
     # ---- state ----
     def _plan_key(self) -> str:
         payload = json.dumps([self.plan, self.seq_len, self.batch_sequences, self.seed, self.chunk_tokens]
-                             + ([] if self.subset == "prefix" else [self.subset]),
+                             + ([] if self.subset == "prefix" else [self.subset])
+                             + ([] if self.order == "permutation" else [self.order]),
                              sort_keys=True, default=float)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

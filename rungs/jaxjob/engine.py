@@ -163,7 +163,8 @@ class JaxEngine:
         self.corpus = PreparedCorpus.open(ensure_prepared(cfg.data_manifest, vocab_size=cfg.vocab_size,
                                                           cache_root=Path(cfg.data_cache_root)))
         self.sampler = SourceScaledSampler(self.corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
-                                           batch_sequences=cfg.batch_sequences, seed=cfg.order_seed, subset=cfg.subset)
+                                           batch_sequences=cfg.batch_sequences, seed=cfg.order_seed, subset=cfg.subset,
+                                           order=cfg.data_order)
         self.decode = self.corpus.tokenizer.decode
         if self.initial_params is not None:
             params, buffers = self.initial_params

@@ -121,7 +121,8 @@ class ShardedTorchEngine:
         seed_everything(cfg.seed, cfg.deterministic)
         self.corpus = self._open_corpus()
         self.sampler = SourceScaledSampler(self.corpus, cfg.sources_plan(), seq_len=cfg.seq_len,
-                                           batch_sequences=cfg.batch_sequences, seed=cfg.order_seed, subset=cfg.subset)
+                                           batch_sequences=cfg.batch_sequences, seed=cfg.order_seed, subset=cfg.subset,
+                                           order=cfg.data_order)
         self.device = torch.device(par.device_type)
         # Built on the meta device and materialised shard by shard: no rank holds the whole model.
         # A resume skips drawing the weights its checkpoint replaces; `load` then must restore them.

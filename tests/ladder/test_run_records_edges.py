@@ -133,6 +133,19 @@ def test_the_data_order_seed_is_a_column_where_a_run_set_one_and_the_seed_where_
     assert "data_seed" not in fit_table(read_runs("no_orders", store)).columns  # no run chose an order
 
 
+def test_the_data_order_rule_is_a_column_where_a_run_keyed_its_order(store: str) -> None:
+    """`data_order` "keyed" (rungs.data.sampler) on one run: each run's rule, "permutation" for a run that logged
+    none (made before the field) or the default; runs that all shuffled have no column, as before."""
+    for seed, rule in ((0, "keyed"), (1, "permutation"), (2, None)):
+        _run(store, "rules", tags={"rung": "2", "coord.seed": str(seed)}, metrics=BPB,
+             params={"seed": str(seed), **({} if rule is None else {"data_order": rule})})
+    table = fit_table(read_runs("rules", store)).sort_values("seed")
+    assert table["data_order"].tolist() == ["keyed", "permutation", "permutation"]
+    _run(store, "shuffled", tags={"rung": "2", "coord.seed": "0"}, metrics=BPB,
+         params={"seed": "0", "data_order": "permutation"})
+    assert "data_order" not in fit_table(read_runs("shuffled", store)).columns
+
+
 def test_a_canonical_column_falls_back_run_by_run(store: str) -> None:
     """`seed` is the sweep's coord tag where a run has one, else its param: a run `ladder train` made beside a
     sweep's (no coord tags) keeps its seed instead of an empty cell that pairing and grouping refuse."""

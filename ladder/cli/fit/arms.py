@@ -38,8 +38,9 @@ def register(fit_sub: argparse._SubParsersAction, common) -> None:
                         "(its half-width, a fraction), from the measured seed noise (default 0.10: ±10%%)")
     q.add_argument("--pair-on", metavar="COLUMN",
                    help="with --against rung: pair each arm's run with the baseline's run that has the same value in "
-                        "this column (seed: runs on one seed start from the same weights, whatever their data), so "
-                        "the initialisation's share of the seed noise cancels; only paired runs count")
+                        "this column (seed: runs on one seed start from the same weights, whatever their data, and "
+                        "with data_order=keyed read the documents they share in one order), so that share of the "
+                        "seed noise cancels; only paired runs count")
     q.add_argument("--seed-noise", choices=["rung", "pooled"],
                    help="with --against rung: the seed noise each rung's interval uses: that rung's own, from every "
                         "arm's repeated seeds there (rung; a rung without repeats borrows the others' pool; default), "
