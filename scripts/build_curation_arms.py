@@ -7,7 +7,9 @@
 2. mix one arm per rule set (`ladder data mix`), each adding one step to the one before:
    dedup (exact + near, keep one per cluster), quality (+ keep the top half of web by quality score),
    diverse (+ D4-style diversity weights on every kept document); and a control known to be worse,
-   quarter (a random quarter of every source's documents, no other rule: four times the repetition);
+   quarter (a random quarter of every source's documents, no other rule: four times the repetition); and
+   random90 (a random nine tenths of every source's documents, no other rule: the baseline's data less a
+   tenth, drawn blind, the null a curated arm paired on its seed in the keyed order is measured against);
 3. prepare the baseline (the demo corpus as it is) and every arm with the demo's tokenizer settings
    (`ladder data prepare ... --vocab-size 512`, a BPE trained on each corpus), so each arm's sources
    carry their own token counts: the sweep plans each arm's source scaling from them.
@@ -39,6 +41,7 @@ ARMS: dict[str, dict] = {
     "quality": {"name": "quality", **DEDUP, **QUALITY_RULE},
     "diverse": {"name": "diverse", **DEDUP, **QUALITY_RULE, "diversity": "weight"},
     "quarter": {"name": "quarter", "subsample": 0.25},
+    "random90": {"name": "random90", "subsample": 0.9},
 }
 
 
