@@ -57,7 +57,6 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 1
 SUBSET_RULES = ("stratified", "prefix")
 ORDER_RULES = ("permutation", "keyed")
-_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
