@@ -13,6 +13,14 @@ import pytest
 
 FIXTURES = Path(__file__).resolve().parents[2] / "notebooks" / "fixtures"
 CALIBRATION = FIXTURES / "data_curation_calibration_runs.csv"  # sweeps/data_curation_calibration.yaml
+DOMAINS = ("books", "code", "math", "qa", "stem", "web")
+
+
+def mean_log_bpb(table):
+    """Each run's log BPB, the mean over the demo's six domains."""
+    import numpy as np
+
+    return np.mean([np.log(table[f"bpb_{d}"]) for d in DOMAINS], axis=0)
 
 
 SCHEDULE = FIXTURES / "seed_noise_schedule_runs.csv"  # sweeps/seed_noise_schedule.yaml: LR decayed to 0
@@ -27,11 +35,10 @@ def test_decaying_the_lr_to_zero_leaves_the_seed_noise_as_it_was():
     import pandas as pd
     from scipy import stats
 
-    domains = ["books", "code", "math", "qa", "stem", "web"]
 
     def log_bpb(path: Path) -> pd.DataFrame:
         runs = pd.read_csv(path)
-        runs["log_bpb"] = np.mean([np.log(runs[f"bpb_{d}"]) for d in domains], axis=0)
+        runs["log_bpb"] = mean_log_bpb(runs)
         return runs
 
     tenth, zero = log_bpb(CALIBRATION), log_bpb(SCHEDULE)
@@ -56,14 +63,12 @@ def test_the_seed_noise_is_part_initialisation_and_part_data_order():
     0.37% from the weights, 0.41% and 0.35% from the order; their sum is what eight seeds varying both measured
     (0.44%, 0.86%; within an F-test's 95% range at both rungs), and the initialisation's share, pooled, is 39%:
     pairing arms on their initial weights leaves the order's 0.38% between them."""
-    import numpy as np
     import pandas as pd
     from scipy import stats
 
-    domains = ["books", "code", "math", "qa", "stem", "web"]
     runs, both = pd.read_csv(SOURCES), pd.read_csv(CALIBRATION)
     for table in (runs, both):
-        table["log_bpb"] = np.mean([np.log(table[f"bpb_{d}"]) for d in domains], axis=0)
+        table["log_bpb"] = mean_log_bpb(table)
     expected = {2: (0.227, 0.410), 3: (0.369, 0.347)}  # % (init, order), docs/science.md
     var_init = var_order = 0.0
     for rung, (sd_init, sd_order) in expected.items():
@@ -94,13 +99,12 @@ def test_the_routing_choices_are_not_where_the_seed_noise_is():
     import pandas as pd
     from scipy import stats
 
-    domains = ["books", "code", "math", "qa", "stem", "web"]
     runs = pd.read_csv(ROUTING)
     assert len(runs) == 36 and set(runs.arm) == {"routed", "unrouted"}
     settings = runs.groupby(["rung", "arm"])[["lr", "wd", "steps", "tokens"]].first().unstack("arm")
     for column in ("lr", "wd", "steps", "tokens"):  # the arms differ in their routing alone
         assert (settings[column]["routed"] == settings[column]["unrouted"]).all(), column
-    runs["log_bpb"] = np.mean([np.log(runs[f"bpb_{d}"]) for d in domains], axis=0)
+    runs["log_bpb"] = mean_log_bpb(runs)
     cells = runs.groupby(["arm", "rung"]).log_bpb
     expected = {"routed": (0.536, 0.756, 0.543), "unrouted": (0.412, 0.717, 0.278)}  # %, docs/science.md
     for arm, sds in expected.items():
@@ -129,10 +133,9 @@ def test_a_third_of_the_tokens_per_parameter_leaves_noise_over_slope_as_it_was()
     import numpy as np
     import pandas as pd
 
-    domains = ["books", "code", "math", "qa", "stem", "web"]
     runs = pd.read_csv(TPP10)
     assert len(runs) == 18 and set(runs.tpp) == {10} and sorted(runs.groupby("rung").seed.nunique()) == [6, 6, 6]
-    runs["log_bpb"] = np.mean([np.log(runs[f"bpb_{d}"]) for d in domains], axis=0)
+    runs["log_bpb"] = mean_log_bpb(runs)
     cells = runs.groupby("rung").log_bpb
     assert [round(100 * cells.std()[r], 3) for r in (2, 3, 4)] == [0.401, 0.393, 0.426]
     pooled = math.sqrt(((runs.log_bpb - cells.transform("mean")) ** 2).sum() / 15)
@@ -156,7 +159,6 @@ def test_four_times_the_weight_decay_leaves_each_seeds_scatter_where_it_was():
     import pandas as pd
     from scipy import stats
 
-    domains = ["books", "code", "math", "qa", "stem", "web"]
     wd4 = pd.read_csv(WD4)
     recipe = pd.read_csv(ROUTING).query("arm == 'routed'")
     assert len(wd4) == 18 and sorted(wd4.groupby("rung").seed.nunique()) == [6, 6, 6]
@@ -167,7 +169,7 @@ def test_four_times_the_weight_decay_leaves_each_seeds_scatter_where_it_was():
     assert np.allclose(settings["wd4"]["wd"] / settings["recipe"]["wd"], 4.0, rtol=1e-6)
     read = {}
     for name, table in (("wd4", wd4), ("recipe", recipe)):
-        log_bpb = pd.Series(np.mean([np.log(table[f"bpb_{d}"]) for d in domains], axis=0),
+        log_bpb = pd.Series(mean_log_bpb(table),
                             index=pd.MultiIndex.from_arrays([table.rung, table.seed])).sort_index()
         deviation = log_bpb - log_bpb.groupby(level="rung").transform("mean")
         pooled = math.sqrt((deviation ** 2).sum() / 15)
@@ -201,13 +203,12 @@ def test_a_keyed_data_order_does_not_make_paired_data_arms_quieter():
     import numpy as np
     import pandas as pd
 
-    domains = ["books", "code", "math", "qa", "stem", "web"]
     runs = pd.read_csv(ORDER)
     assert len(runs) == 104 and set(runs.data_order) == {"permutation", "keyed"}
     assert (runs.arm.str.startswith("keyed_") == (runs.data_order == "keyed")).all()
     settings = runs.groupby("rung")[["lr", "wd", "steps", "tokens"]].nunique()
     assert (settings == 1).all().all()  # every arm and order trains each rung alike
-    runs["log_bpb"] = np.mean([np.log(runs[f"bpb_{d}"]) for d in domains], axis=0)
+    runs["log_bpb"] = mean_log_bpb(runs)
     runs["data"] = runs.arm.str.replace("keyed_", "")
     expected = {  # % (paired, unpaired), pooled over L2 and L3, six seeds each
         ("permutation", "dedup"): (0.679, 0.826), ("permutation", "quality"): (0.421, 0.765),
